@@ -1,0 +1,382 @@
+"""Owning wrappers over the C ABI; the only module that calls ``lib.*``.
+
+``_check`` is the one place where a ``cf_status`` becomes an exception. ``Engine`` owns a
+``cf_engine_t`` (freed by ``close()``, ``with``, or garbage collection) and converts between
+Python values and C structs; it adds no behaviour of its own.
+
+Importing this module loads libcacheflow.so and raises ImportError if it is missing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from pycacheflow import errors
+from pycacheflow._ffi import ffi, load_library
+from pycacheflow.config import KV_MODES, LOG_LEVELS, POLICIES, c_enum_name
+from pycacheflow.outputs import EngineStats, ModelInfo, OutputEvent
+
+if TYPE_CHECKING:
+    from pycacheflow.config import EngineConfig
+    from pycacheflow.sampling_params import SamplingParams
+
+lib = load_library()
+
+SEED_RANDOM: int = lib.CF_SEED_RANDOM
+
+_STATUS_ERRORS: dict[int, type[errors.CacheFlowError]] = {
+    lib.CF_STATUS_INVALID_ARGUMENT: errors.InvalidArgumentError,
+    lib.CF_STATUS_MODEL_LOAD_FAILED: errors.ModelLoadError,
+    lib.CF_STATUS_PROMPT_TOO_LONG: errors.PromptTooLongError,
+    lib.CF_STATUS_OUT_OF_MEMORY: errors.OutOfMemoryError,
+    lib.CF_STATUS_NOT_FOUND: errors.NotFoundError,
+    lib.CF_STATUS_UNSUPPORTED: errors.UnsupportedError,
+    lib.CF_STATUS_BUFFER_TOO_SMALL: errors.BufferTooSmallError,
+    lib.CF_STATUS_DECODE_FAILED: errors.DecodeError,
+    lib.CF_STATUS_SHUTDOWN: errors.ShutdownError,
+    lib.CF_STATUS_INTERNAL: errors.InternalError,
+}
+
+_KV_MODE_VALUES = {name: getattr(lib, c_enum_name("CF_KV_MODE_", name)) for name in KV_MODES}
+_KV_MODE_NAMES = {value: name for name, value in _KV_MODE_VALUES.items()}
+_POLICY_VALUES = {name: getattr(lib, c_enum_name("CF_SCHED_POLICY_", name)) for name in POLICIES}
+_LOG_LEVEL_VALUES = {name: getattr(lib, c_enum_name("CF_LOG_LEVEL_", name)) for name in LOG_LEVELS}
+
+_DRAIN_CAPACITY = 1024  # events moved per cf_engine_drain call
+_INITIAL_TEXT_BYTES = 1024
+
+
+def _check(rc: int) -> None:
+    """Raise the exception class of a failed cf_status, with cf_last_error() as message.
+
+    Call right after the cf_* call, on the same thread (the message is thread-local).
+
+    Raises:
+        CacheFlowError subclass: rc < 0 (InternalError for a status unknown to this module).
+    """
+    if rc == lib.CF_STATUS_OK:
+        return
+    message = ffi.string(lib.cf_last_error()).decode("utf-8", errors="replace")
+    cls = _STATUS_ERRORS.get(rc, errors.InternalError)
+    raise cls(message or f"cf_status {rc}", status=rc)
+
+
+def version() -> str:
+    """The native library's version string, e.g. "0.1.0 (llama.cpp 0c1e570)"."""
+    return ffi.string(lib.cf_version()).decode()
+
+
+def clock_ns() -> int:
+    """Now on the monotonic clock that stamps output events, in nanoseconds."""
+    return lib.cf_clock_ns()
+
+
+def kv_mode_name(value: int) -> str:
+    """Name ("paged", "stock", ...) of a cf_kv_mode value."""
+    return _KV_MODE_NAMES.get(value, str(value))
+
+
+def _engine_config(config: EngineConfig, keep: list) -> object:
+    """cf_engine_config for ``config``; ``keep`` receives buffers that must outlive init."""
+    c = ffi.new("cf_engine_config *", lib.cf_engine_default_config())
+    path = ffi.new("char[]", config.model_path.encode())
+    keep.append(path)
+    c.model_path = path
+    c.n_ctx = config.n_ctx
+    c.max_num_seqs = config.max_num_seqs
+    c.max_num_batched_tokens = config.max_num_batched_tokens
+    c.n_threads = config.n_threads
+    c.n_gpu_layers = config.n_gpu_layers
+    c.kv_mode = _KV_MODE_VALUES[config.kv_mode]
+    c.block_size = config.block_size
+    c.policy = _POLICY_VALUES[config.policy]
+    c.flash_attn = -1 if config.flash_attn is None else int(config.flash_attn)
+    c.log_level = _LOG_LEVEL_VALUES[config.log_level]
+    return c
+
+
+def _sampling_params(params: SamplingParams, keep: list) -> object:
+    """cf_sampling_params for ``params``; ``keep`` receives the arrays it points into."""
+    c = ffi.new("cf_sampling_params *", lib.cf_sampling_params_default())
+    c.max_tokens = params.max_tokens
+    c.temperature = params.temperature
+    c.top_k = params.top_k
+    c.top_p = params.top_p
+    c.min_p = params.min_p
+    c.seed = SEED_RANDOM if params.seed is None else params.seed
+    c.ignore_eos = int(params.ignore_eos)
+    if params.stop_token_ids:
+        ids = ffi.new("int32_t[]", list(params.stop_token_ids))
+        keep.append(ids)
+        c.stop_token_ids, c.num_stop_token_ids = ids, len(params.stop_token_ids)
+    if params.stop:
+        strings = [ffi.new("char[]", s.encode()) for s in params.stop]
+        array = ffi.new("const char *[]", strings)
+        keep += [strings, array]
+        c.stop_strings, c.num_stop_strings = array, len(strings)
+    return c
+
+
+class Engine:
+    """Owning handle of one native engine (``cf_engine_t``).
+
+    Thread-safety follows cacheflow.h: every method except ``step`` may be called from several
+    threads at once; ``step`` must not run while the step thread runs (``start``). ``close``
+    must not race with other calls on the same engine.
+
+    Args:
+        config: the engine configuration.
+
+    Raises:
+        InvalidArgumentError, ModelLoadError, UnsupportedError, OutOfMemoryError: from init.
+    """
+
+    def __init__(self, config: EngineConfig) -> None:
+        keep: list = []
+        c_config = _engine_config(config, keep)
+        out = ffi.new("cf_engine_t *")
+        _check(lib.cf_engine_init(c_config, out))
+        self._handle = ffi.gc(out[0], lib.cf_engine_free)
+        self.config = config
+
+    # ------------------------------------------------------------------ lifetime
+
+    def close(self) -> None:
+        """Stop the step thread, abort all requests and free the engine. Idempotent."""
+        handle, self._handle = self._handle, None
+        if handle is not None:
+            ffi.release(handle)  # runs cf_engine_free now instead of at garbage collection
+
+    @property
+    def closed(self) -> bool:
+        """True after ``close()``."""
+        return self._handle is None
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _h(self) -> object:
+        if self._handle is None:
+            raise errors.ShutdownError("engine is closed")
+        return self._handle
+
+    # ------------------------------------------------------------------ info
+
+    def info(self) -> ModelInfo:
+        """Model and capacity facts (``cf_engine_get_info``)."""
+        out = ffi.new("cf_model_info *")
+        _check(lib.cf_engine_get_info(self._h(), out))
+        values = {}
+        for name in ModelInfo._fields[:-1]:
+            value = getattr(out, name)
+            values[name] = ffi.string(value).decode() if name in ("description", "arch") else value
+        return ModelInfo(**values, kv_mode_name=kv_mode_name(out.kv_mode))
+
+    def stats(self) -> EngineStats:
+        """Engine-wide counters (``cf_engine_get_stats``)."""
+        out = ffi.new("cf_engine_stats *")
+        _check(lib.cf_engine_get_stats(self._h(), out))
+        return EngineStats(*(getattr(out, name) for name in EngineStats._fields))
+
+    # ------------------------------------------------------------------ requests
+
+    def add_request(
+        self, prompt_token_ids: Sequence[int], params: SamplingParams, priority: int = 0
+    ) -> int:
+        """Queue a request (mutates engine state; thread-safe).
+
+        Args:
+            prompt_token_ids: [num_prompt_tokens] int32 token ids, each in [0, n_vocab).
+            params: sampling parameters.
+            priority: smaller runs first under the "priority" policy; ignored otherwise.
+
+        Returns:
+            The new request id (> 0, never reused).
+
+        Raises:
+            InvalidArgumentError: empty prompt, token out of range, bad sampling field.
+            PromptTooLongError: num_prompt_tokens >= n_ctx_per_seq.
+            ShutdownError: the engine is stopping. A failure queues nothing.
+        """
+        keep: list = []
+        c_params = _sampling_params(params, keep)
+        tokens = ffi.new("int32_t[]", list(prompt_token_ids))
+        out = ffi.new("int64_t *")
+        _check(lib.cf_engine_add_request(
+            self._h(), tokens, len(prompt_token_ids), c_params, priority, out
+        ))
+        return out[0]
+
+    def abort(self, request_id: int) -> None:
+        """Abort a waiting or running request; its final event has finish reason "abort".
+
+        Raises:
+            NotFoundError: unknown or already finished (nothing changes).
+        """
+        _check(lib.cf_engine_abort_request(self._h(), request_id))
+
+    def has_work(self) -> bool:
+        """True if any request is waiting or running."""
+        return bool(lib.cf_engine_has_work(self._h()))
+
+    # ------------------------------------------------------------------ stepping
+
+    def step(self) -> int:
+        """Run one scheduler step synchronously (not while the step thread runs).
+
+        Returns:
+            Tokens computed in the step (0 = nothing to do).
+
+        Raises:
+            DecodeError: llama_decode failed; affected requests end with "error".
+            InvalidArgumentError: the step thread is running.
+        """
+        out = ffi.new("int32_t *")
+        _check(lib.cf_engine_step(self._h(), out))
+        return out[0]
+
+    def start(self) -> None:
+        """Start the native step thread (no-op if running)."""
+        _check(lib.cf_engine_start(self._h()))
+
+    def stop(self) -> None:
+        """Stop the native step thread after its current step; requests stay queued."""
+        _check(lib.cf_engine_stop(self._h()))
+
+    def drain(self, timeout_ms: int = 0, capacity: int = _DRAIN_CAPACITY) -> list[OutputEvent]:
+        """Move queued output events out of the engine, oldest first (thread-safe).
+
+        Args:
+            timeout_ms: if none is queued, wait up to this long; 0 = do not wait, < 0 = until
+                one arrives or the engine is stopped/freed. The GIL is released while waiting.
+            capacity: most events returned by this call.
+
+        Returns:
+            Up to ``capacity`` events; empty on timeout.
+        """
+        events = ffi.new("cf_output_event[]", capacity)
+        out = ffi.new("int32_t *")
+        _check(lib.cf_engine_drain(self._h(), events, capacity, timeout_ms, out))
+        return [_event(events[i]) for i in range(out[0])]
+
+    # ------------------------------------------------------------------ text
+
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        """Tokenize UTF-8 text.
+
+        Args:
+            text: the text.
+            add_special: add BOS/EOS as the model's tokenizer wants.
+            parse_special: turn special-token text such as "<|im_start|>" into its token.
+
+        Returns:
+            Token ids.
+        """
+        data = text.encode("utf-8")
+        capacity = len(data) + 8  # a token covers >= 1 byte, plus BOS/EOS
+        while True:
+            tokens = ffi.new("int32_t[]", capacity)
+            out = ffi.new("int32_t *")
+            try:
+                _check(lib.cf_engine_tokenize(
+                    self._h(), data, len(data), int(add_special), int(parse_special),
+                    tokens, capacity, out,
+                ))
+            except errors.BufferTooSmallError:
+                capacity = _grown(capacity, out[0])
+                continue
+            return ffi.unpack(tokens, out[0])
+
+    def detokenize_bytes(
+        self, token_ids: Sequence[int], remove_special: bool = False, unparse_special: bool = False
+    ) -> bytes:
+        """Detokenize to raw UTF-8 bytes (a multi-byte character may be cut at either end).
+
+        Args:
+            token_ids: [num_tokens] int32 token ids in [0, n_vocab).
+            remove_special: drop BOS/EOS.
+            unparse_special: render special tokens (e.g. "<|im_end|>") as text.
+
+        Raises:
+            InvalidArgumentError: a token id is out of range.
+        """
+        tokens = ffi.new("int32_t[]", list(token_ids))
+        return self._text_call(
+            lambda buf, cap, out: lib.cf_engine_detokenize(
+                self._h(), tokens, len(token_ids), int(remove_special), int(unparse_special),
+                buf, cap, out,
+            ),
+            capacity=max(_INITIAL_TEXT_BYTES, 8 * len(token_ids)),
+        )
+
+    def detokenize(
+        self, token_ids: Sequence[int], remove_special: bool = False, unparse_special: bool = False
+    ) -> str:
+        """Detokenize to text (invalid UTF-8 becomes U+FFFD). Arguments as ``detokenize_bytes``."""
+        return self.detokenize_bytes(token_ids, remove_special, unparse_special).decode(
+            "utf-8", errors="replace"
+        )
+
+    def apply_chat_template(
+        self,
+        roles: Sequence[str],
+        contents: Sequence[str],
+        add_assistant: bool = True,
+        template: str | None = None,
+    ) -> str:
+        """Render messages with a chat template.
+
+        Args:
+            roles: [num_messages] roles ("system", "user", "assistant").
+            contents: [num_messages] message texts.
+            add_assistant: end with the assistant turn opener.
+            template: template name or Jinja text; None = the model's own.
+
+        Raises:
+            UnsupportedError: unknown template, or the model has none.
+        """
+        if len(roles) != len(contents):
+            raise errors.InvalidArgumentError("roles and contents differ in length")
+        keep = [ffi.new("char[]", s.encode()) for s in (*roles, *contents)]
+        c_roles = ffi.new("const char *[]", keep[: len(roles)])
+        c_contents = ffi.new("const char *[]", keep[len(roles) :])
+        c_template = ffi.NULL if template is None else ffi.new("char[]", template.encode())
+        text_bytes = sum(len(s) for s in contents)
+        data = self._text_call(
+            lambda buf, cap, out: lib.cf_engine_apply_chat_template(
+                self._h(), c_template, c_roles, c_contents, len(roles), int(add_assistant),
+                buf, cap, out,
+            ),
+            capacity=_INITIAL_TEXT_BYTES + 2 * text_bytes,
+        )
+        return data.decode("utf-8", errors="replace")
+
+    @staticmethod
+    def _text_call(call, capacity: int) -> bytes:
+        """Run a call that writes bytes, growing the buffer on CF_STATUS_BUFFER_TOO_SMALL."""
+        while True:
+            buf = ffi.new("char[]", capacity)
+            out = ffi.new("int32_t *")
+            try:
+                _check(call(buf, capacity, out))
+            except errors.BufferTooSmallError:
+                capacity = _grown(capacity, out[0])
+                continue
+            return ffi.unpack(buf, out[0])
+
+
+def _grown(capacity: int, needed: int) -> int:
+    """Next buffer size after BUFFER_TOO_SMALL; never loops on a bogus "needed" value."""
+    return needed if needed > capacity else 2 * capacity
+
+
+def _event(e: object) -> OutputEvent:
+    return OutputEvent(
+        e.request_id, e.token_id, e.finish_reason, e.time_ns, e.arrival_ns,
+        e.first_scheduled_ns, e.num_prompt_tokens, e.num_cached_tokens, e.num_output_tokens,
+        e.num_preemptions,
+    )
