@@ -1,0 +1,94 @@
+"""EngineConfig: how an engine is built (model, capacity, KV mode, scheduling policy)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+# Names accepted here map one to one onto the C enums: "stock-unified" <-> CF_KV_MODE_STOCK_UNIFIED,
+# "sjf" <-> CF_SCHED_POLICY_SJF, "warn" <-> CF_LOG_LEVEL_WARN (tests/unit/test_cdef.py checks it).
+KV_MODES = ("auto", "stock", "stock-unified", "paged")
+POLICIES = ("fcfs", "sjf", "priority")
+LOG_LEVELS = ("none", "error", "warn", "info", "debug")
+
+
+def c_enum_name(prefix: str, name: str) -> str:
+    """C constant of a config name, e.g. ``c_enum_name("CF_KV_MODE_", "stock-unified")``."""
+    return prefix + name.upper().replace("-", "_")
+
+
+@dataclass
+class EngineConfig:
+    """Configuration of one engine; validated on construction.
+
+    Attributes:
+        model: path of the GGUF model file.
+        n_ctx: total KV capacity in tokens over all sequences; 0 = max_num_seqs *
+            min(n_ctx_train, 2048).
+        max_num_seqs: sequences running at once, >= 1 (the concurrency).
+        max_num_batched_tokens: per-step token budget (llama.cpp n_batch = n_ubatch), >= 1;
+            prompts longer than it are prefilled in chunks.
+        n_threads: CPU threads for decode; 0 = number of cores.
+        n_gpu_layers: layers offloaded to a GPU backend; 0 = CPU only; -1 = all (as llama.cpp).
+        kv_mode: "auto" (paged where supported, else stock), "stock" (llama.cpp KV cache, one
+            stream per sequence), "stock-unified" (one stream shared by all sequences) or
+            "paged" (CacheFlow's block-table KV cache).
+        block_size: tokens per KV block in paged mode, >= 1.
+        policy: scheduling policy, "fcfs", "sjf" (shortest predicted work first) or "priority"
+            (smaller priority value first).
+        flash_attn: None = auto, True/False = force on/off (stock modes).
+        log_level: "none", "error", "warn", "info" or "debug" (llama.cpp and CacheFlow logs).
+
+    Raises:
+        ValueError: on construction, for a value out of range; the message names it.
+        TypeError: for a value of the wrong type.
+    """
+
+    model: str | os.PathLike[str]
+    n_ctx: int = 0
+    max_num_seqs: int = 16
+    max_num_batched_tokens: int = 512
+    n_threads: int = 0
+    n_gpu_layers: int = 0
+    kv_mode: str = "auto"
+    block_size: int = 16
+    policy: str = "fcfs"
+    flash_attn: bool | None = None
+    log_level: str = "error"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.model, (str, os.PathLike)) or not os.fspath(self.model):
+            raise ValueError(f"model must be a non-empty path, got {self.model!r}")
+        for name, minimum in (
+            ("n_ctx", 0),
+            ("max_num_seqs", 1),
+            ("max_num_batched_tokens", 1),
+            ("n_threads", 0),
+            ("n_gpu_layers", -1),
+            ("block_size", 1),
+        ):
+            _check_int(name, getattr(self, name), minimum)
+        _check_choice("kv_mode", self.kv_mode, KV_MODES)
+        _check_choice("policy", self.policy, POLICIES)
+        _check_choice("log_level", self.log_level, LOG_LEVELS)
+        if self.flash_attn is not None and not isinstance(self.flash_attn, bool):
+            raise TypeError(f"flash_attn must be None, True or False, got {self.flash_attn!r}")
+
+    @property
+    def model_path(self) -> str:
+        """The model path as a str."""
+        return os.fspath(self.model)
+
+
+def _check_int(name: str, value: object, minimum: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"{name} must be an int, got {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    if value >= 2**31:
+        raise ValueError(f"{name} must be < 2**31, got {value}")
+
+
+def _check_choice(name: str, value: object, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(choices)}; got {value!r}")

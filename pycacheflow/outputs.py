@@ -1,0 +1,256 @@
+"""Plain data coming out of the engine: raw events, model info, stats, request outputs.
+
+The three NamedTuples mirror the C structs of cacheflow.h field for field (tests/unit/test_cdef.py
+fails on drift). ``RequestMetrics`` and ``RequestOutput`` are what users see.
+
+Times: the native engine stamps events with ``cf_clock_ns()`` (a monotonic clock, nanoseconds).
+``RequestMetrics`` converts them to seconds on the same clock; only differences are meaningful.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
+
+# Mirrors of cacheflow.h constants (tests/unit/test_cdef.py checks them against the header).
+TOKEN_NONE = -1  # CF_TOKEN_NONE: an event without a token
+FINISH_REASON_NONE = 0  # CF_FINISH_REASON_NONE: the request is still running
+# cf_finish_reason value i + 1 <-> FINISH_REASONS[i]
+FINISH_REASONS = ("stop", "length", "abort", "error")
+
+_NS_PER_S = 1e9
+
+
+class OutputEvent(NamedTuple):
+    """One cf_output_event: a generated token and/or the end of a request.
+
+    ``token_id`` is CF_TOKEN_NONE (-1) when the event carries no token; ``finish_reason`` is
+    the cf_finish_reason int (0 = still running). The fields after ``time_ns`` are "final":
+    set on a request's last event only, 0 elsewhere. Times are cf_clock_ns() nanoseconds.
+    """
+
+    request_id: int
+    token_id: int
+    finish_reason: int
+    time_ns: int
+    arrival_ns: int
+    first_scheduled_ns: int
+    num_prompt_tokens: int
+    num_cached_tokens: int
+    num_output_tokens: int
+    num_preemptions: int
+
+
+class ModelInfo(NamedTuple):
+    """cf_model_info: the loaded model and the engine's resolved capacity.
+
+    ``kv_mode`` is the resolved cf_kv_mode int (see ``kv_mode_name``); ``token_bos``/``token_eos``
+    are CF_TOKEN_NONE (-1) when the model has none; ``add_bos`` is 0/1.
+    """
+
+    n_vocab: int
+    n_ctx_train: int
+    n_ctx: int
+    n_ctx_per_seq: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    n_layer: int
+    n_embd: int
+    n_head: int
+    n_head_kv: int
+    kv_mode: int
+    block_size: int
+    token_bos: int
+    token_eos: int
+    add_bos: int
+    n_threads: int
+    model_size_bytes: int
+    n_params: int
+    description: str
+    arch: str
+    kv_mode_name: str = ""
+
+
+class EngineStats(NamedTuple):
+    """cf_engine_stats: engine-wide counters since init (see cacheflow.h for each field)."""
+
+    num_steps: int
+    num_running: int
+    num_waiting: int
+    num_finished: int
+    num_prompt_tokens: int
+    num_generated_tokens: int
+    kv_tokens_used: int
+    kv_tokens_capacity: int
+    kv_blocks_total: int
+    kv_blocks_used: int
+    kv_bytes_reserved: int
+    kv_bytes_used: int
+    num_preemptions: int
+
+
+def finish_reason_name(value: int) -> str | None:
+    """"stop", "length", "abort" or "error" for a cf_finish_reason value; None while running."""
+    if value == FINISH_REASON_NONE:
+        return None
+    if 1 <= value <= len(FINISH_REASONS):
+        return FINISH_REASONS[value - 1]
+    return "error"
+
+
+def _s(time_ns: int) -> float:
+    return time_ns / _NS_PER_S
+
+
+@dataclass(frozen=True)
+class RequestMetrics:
+    """Timing and token counts of one finished request.
+
+    Times (``*_time_s``) are seconds on the engine's monotonic clock (cf_clock_ns() / 1e9);
+    latencies (``*_s``) are differences of them.
+
+    Attributes:
+        num_prompt_tokens: prompt length in tokens.
+        num_output_tokens: tokens generated.
+        num_cached_tokens: prompt tokens reused from the prefix cache.
+        num_preemptions: times the request was preempted.
+        arrival_time_s: when the engine accepted the request.
+        first_scheduled_time_s: first step that computed any of its tokens; None if never.
+        first_token_time_s: when the first output token was sampled; None if none was.
+        finish_time_s: when the request finished.
+        ttft_s: time to first token = first_token - arrival; None if no token was produced.
+        e2e_s: end-to-end latency = finish - arrival.
+        tpot_s: time per output token after the first = (e2e - ttft) / (num_output_tokens - 1);
+            None when num_output_tokens <= 1 (undefined: there is no second token).
+        queue_s: first_scheduled - arrival; None if never scheduled.
+        itl_s: inter-token latencies, one per output token after the first, in order.
+    """
+
+    num_prompt_tokens: int
+    num_output_tokens: int
+    num_cached_tokens: int
+    num_preemptions: int
+    arrival_time_s: float
+    first_scheduled_time_s: float | None
+    first_token_time_s: float | None
+    finish_time_s: float
+    ttft_s: float | None
+    e2e_s: float
+    tpot_s: float | None
+    queue_s: float | None
+    itl_s: tuple[float, ...]
+
+    @classmethod
+    def from_times_ns(
+        cls,
+        *,
+        arrival_ns: int,
+        first_scheduled_ns: int,
+        token_times_ns: Sequence[int],
+        finish_ns: int,
+        num_prompt_tokens: int,
+        num_cached_tokens: int = 0,
+        num_preemptions: int = 0,
+    ) -> RequestMetrics:
+        """Build metrics from the native nanosecond timestamps of one request.
+
+        Args:
+            arrival_ns: when the request was accepted (cf_clock_ns ns).
+            first_scheduled_ns: first step that computed it; 0 = never scheduled.
+            token_times_ns: sample time of each output token, in order; its length is the
+                number of output tokens.
+            finish_ns: time of the request's last event; 0 = use the last token's time.
+            num_prompt_tokens, num_cached_tokens, num_preemptions: counts from the final event.
+
+        Returns:
+            The metrics (pure function).
+        """
+        num_out = len(token_times_ns)
+        if finish_ns <= 0:
+            finish_ns = token_times_ns[-1] if num_out else arrival_ns
+        e2e_s = _s(finish_ns - arrival_ns)
+        ttft_s = _s(token_times_ns[0] - arrival_ns) if num_out else None
+        tpot_s = (e2e_s - ttft_s) / (num_out - 1) if num_out > 1 else None
+        itl_s = tuple(_s(b - a) for a, b in zip(token_times_ns, token_times_ns[1:]))
+        scheduled = first_scheduled_ns > 0
+        return cls(
+            num_prompt_tokens=num_prompt_tokens,
+            num_output_tokens=num_out,
+            num_cached_tokens=num_cached_tokens,
+            num_preemptions=num_preemptions,
+            arrival_time_s=_s(arrival_ns),
+            first_scheduled_time_s=_s(first_scheduled_ns) if scheduled else None,
+            first_token_time_s=_s(token_times_ns[0]) if num_out else None,
+            finish_time_s=_s(finish_ns),
+            ttft_s=ttft_s,
+            e2e_s=e2e_s,
+            tpot_s=tpot_s,
+            queue_s=_s(first_scheduled_ns - arrival_ns) if scheduled else None,
+            itl_s=itl_s,
+        )
+
+    def to_dict(self) -> dict[str, object]:
+        """JSON-ready dict of all fields (itl_s as a list)."""
+        result = dict(self.__dict__)
+        result["itl_s"] = list(self.itl_s)
+        return result
+
+
+@dataclass(frozen=True)
+class RequestOutput:
+    """The result of one finished request.
+
+    Attributes:
+        request_id: the engine's id of the request (> 0).
+        prompt: the prompt as given (the user message when a chat template was applied);
+            None when the prompt was given as token ids.
+        prompt_token_ids: the tokens actually sent to the engine.
+        text: the generated text, cut right before the earliest stop string if one occurred.
+        token_ids: the generated token ids (as sampled; may run past a stop string's start).
+        finish_reason: "stop" (end-of-generation token, stop token or stop string), "length"
+            (max_tokens or context full), "abort" or "error".
+        metrics: timings and counts.
+    """
+
+    request_id: int
+    prompt: str | None
+    prompt_token_ids: tuple[int, ...]
+    text: str
+    token_ids: tuple[int, ...]
+    finish_reason: str
+    metrics: RequestMetrics
+
+    def to_dict(self) -> dict[str, object]:
+        """JSON-ready dict: prompt, text, token_ids, finish_reason, metrics, request_id."""
+        return {
+            "request_id": self.request_id,
+            "prompt": self.prompt,
+            "text": self.text,
+            "token_ids": list(self.token_ids),
+            "finish_reason": self.finish_reason,
+            "metrics": self.metrics.to_dict(),
+        }
+
+
+@dataclass(frozen=True)
+class StreamDelta:
+    """One piece of a streamed request (from ``LLM.iter_outputs``).
+
+    Attributes:
+        request_id: the request.
+        text: new text since the previous delta; never contains (a prefix of) a stop string
+            that later completes. May be "" when new tokens did not complete a character yet.
+        token_ids: tokens sampled since the previous delta.
+        output: set on the last delta only: the full ``RequestOutput`` (finish reason, metrics).
+    """
+
+    request_id: int
+    text: str
+    token_ids: tuple[int, ...]
+    output: RequestOutput | None = None
+
+    @property
+    def finished(self) -> bool:
+        """True on the request's last delta."""
+        return self.output is not None

@@ -1,0 +1,118 @@
+"""SamplingParams: how one request is sampled and when it stops."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+# Seeds cross the C ABI as int64_t; CF_SEED_RANDOM (-1) is spelled ``seed=None`` here.
+_MAX_SEED = 2**63 - 1
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Sampling and stopping parameters of one request (immutable).
+
+    The defaults decode greedily, so outputs are deterministic.
+
+    Attributes:
+        max_tokens: tokens to generate at most, >= 1. The request also ends with "length" when
+            its sequence's context is full.
+        temperature: >= 0; 0 = greedy (argmax), ignoring top_k/top_p/min_p/seed.
+        top_k: keep the k most likely tokens, >= 0; 0 = disabled.
+        top_p: nucleus sampling mass in (0, 1]; 1 = disabled.
+        min_p: drop tokens below min_p * p(most likely), in [0, 1]; 0 = disabled.
+        seed: RNG seed in [0, 2**63) for reproducible sampling; None = random.
+        stop: stop strings. The request finishes when its output text contains one; the
+            returned and streamed text ends right before the earliest occurrence. A single str
+            is accepted as a one-element list. Stored as a tuple.
+        stop_token_ids: token ids, each >= 0, that finish the request (the token is kept in
+            ``token_ids``; special tokens render as no text). Stored as a tuple.
+        ignore_eos: do not stop at the model's end-of-generation tokens.
+
+    Raises:
+        ValueError: on construction, for a value out of range; the message names it.
+        TypeError: for a value of the wrong type.
+    """
+
+    max_tokens: int = 16
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    seed: int | None = None
+    stop: tuple[str, ...] = field(default_factory=tuple)
+    stop_token_ids: tuple[int, ...] = field(default_factory=tuple)
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        # Normalise containers first (frozen: assign through object.__setattr__).
+        stop = (self.stop,) if isinstance(self.stop, str) else self.stop
+        object.__setattr__(self, "stop", _as_tuple("stop", stop))
+        object.__setattr__(self, "stop_token_ids", _as_tuple("stop_token_ids", self.stop_token_ids))
+        self._validate_numbers()
+        self._validate_stops()
+        if not isinstance(self.ignore_eos, bool):
+            raise TypeError(f"ignore_eos must be a bool, got {self.ignore_eos!r}")
+
+    def _validate_numbers(self) -> None:
+        _require_int("max_tokens", self.max_tokens)
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        for name in ("temperature", "top_p", "min_p"):
+            value = getattr(self, name)
+            if not _is_number(value):
+                raise TypeError(f"{name} must be a number, got {value!r}")
+            if not math.isfinite(value):
+                raise ValueError(f"{name} must be finite, got {value}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        _require_int("top_k", self.top_k)
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0 = disabled), got {self.top_k}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not 0 <= self.min_p <= 1:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        if self.seed is not None:
+            _require_int("seed", self.seed)
+            if not 0 <= self.seed <= _MAX_SEED:
+                raise ValueError(f"seed must be in [0, 2**63) or None, got {self.seed}")
+
+    def _validate_stops(self) -> None:
+        for s in self.stop:
+            if not isinstance(s, str):
+                raise TypeError(f"stop strings must be str, got {s!r}")
+            if not s:
+                raise ValueError("stop strings must be non-empty, got ''")
+        for token_id in self.stop_token_ids:
+            _require_int("stop_token_ids entry", token_id)
+            if token_id < 0:
+                raise ValueError(f"stop_token_ids entries must be >= 0, got {token_id}")
+
+    @property
+    def greedy(self) -> bool:
+        """True when decoding is greedy (temperature 0), i.e. deterministic."""
+        return self.temperature == 0.0
+
+
+def _require_int(name: str, value: object) -> None:
+    if not _is_int(value):
+        raise TypeError(f"{name} must be an int, got {value!r}")
+
+
+def _as_tuple(name: str, value: object) -> tuple:
+    if value is None:
+        return ()
+    if not isinstance(value, Iterable) or isinstance(value, (bytes, dict)):
+        raise TypeError(f"{name} must be a list, got {value!r}")
+    return tuple(value)
