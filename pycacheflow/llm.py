@@ -1,0 +1,385 @@
+"""LLM: the friendly Python entry point (batch generation, streaming, server hooks)."""
+
+from __future__ import annotations
+
+import os
+import threading
+import weakref
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Union
+
+from pycacheflow import errors
+from pycacheflow._native import Engine
+from pycacheflow.config import EngineConfig
+from pycacheflow.engine import EngineRunner, RequestStream
+from pycacheflow.outputs import EngineStats, ModelInfo, RequestOutput, StreamDelta
+from pycacheflow.request_state import RequestState
+from pycacheflow.sampling_params import SamplingParams
+
+PromptInput = Union[str, Sequence[int]]  # text, or token ids
+
+
+@dataclass
+class _Pending:
+    """A request submitted through ``add_request`` and not yet fully consumed."""
+
+    state: RequestState
+    stream: RequestStream
+    abort_sent: bool = False
+
+
+@dataclass(frozen=True)
+class _Prepared:
+    """A validated prompt, ready to submit."""
+
+    prompt: str | None
+    token_ids: list[int]
+    params: SamplingParams
+
+
+class LLM:
+    """A loaded model serving many requests at once.
+
+    Generation runs on the engine's native step thread; Python only submits requests and
+    consumes output events in batches. All methods are thread-safe.
+
+    Args:
+        model: GGUF path; None = the default model (SmolLM2-135M-Instruct Q4_1), downloaded to
+            the user cache on first use.
+        config: a full EngineConfig (its ``model`` is used when ``model`` is None).
+        **config_kwargs: EngineConfig fields (n_ctx, max_num_seqs, kv_mode, ...) overriding
+            ``config``.
+
+    Raises:
+        ValueError/TypeError: a bad config value. ModelLoadError, UnsupportedError,
+        OutOfMemoryError: the engine could not be built.
+    """
+
+    def __init__(
+        self,
+        model: str | os.PathLike[str] | None = None,
+        *,
+        config: EngineConfig | None = None,
+        **config_kwargs: object,
+    ) -> None:
+        self.config = _make_config(model, config, config_kwargs)
+        self._runner = EngineRunner(Engine(self.config))
+        self._engine = self._runner.engine
+        self._info = self._engine.info()
+        self._lock = threading.Lock()  # guards _pending
+        self._pending: dict[int, _Pending] = {}  # add_request'ed, not yet fully consumed
+        # Stops native threads before interpreter teardown even without close().
+        self._finalizer = weakref.finalize(self, self._runner.close)
+
+    # ------------------------------------------------------------------ lifetime
+
+    def close(self) -> None:
+        """Stop the engine and free it; unfinished requests are dropped. Idempotent."""
+        self._finalizer()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    @property
+    def info(self) -> ModelInfo:
+        """Model and capacity facts (n_vocab, n_ctx_per_seq, resolved kv_mode, ...)."""
+        return self._info
+
+    def stats(self) -> EngineStats:
+        """Engine-wide counters now (steps, tokens, KV use, preemptions)."""
+        return self._engine.stats()
+
+    # ------------------------------------------------------------------ text helpers
+
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        """Tokenize text as prompts are tokenized (BOS added if the model wants it)."""
+        return self._engine.tokenize(text, add_special, parse_special)
+
+    def detokenize(self, token_ids: Sequence[int], skip_special: bool = True) -> str:
+        """Detokenize; ``skip_special`` renders special tokens (e.g. "<|im_end|>") as nothing."""
+        return self._engine.detokenize(token_ids, unparse_special=not skip_special)
+
+    def apply_chat_template(
+        self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True
+    ) -> str:
+        """Render chat messages with the model's template.
+
+        Args:
+            messages: [{"role": "system"|"user"|"assistant", "content": str}, ...].
+            add_generation_prompt: end with the assistant turn opener.
+
+        Raises:
+            UnsupportedError: the model has no chat template.
+        """
+        roles = [m["role"] for m in messages]
+        contents = [m["content"] for m in messages]
+        return self._engine.apply_chat_template(roles, contents, add_generation_prompt)
+
+    # ------------------------------------------------------------------ batch generation
+
+    def generate(
+        self,
+        prompts: PromptInput | Sequence[PromptInput],
+        params: SamplingParams | Sequence[SamplingParams] | None = None,
+        *,
+        use_chat_template: bool = False,
+    ) -> list[RequestOutput]:
+        """Generate completions for all prompts concurrently.
+
+        Every prompt is tokenized and checked before anything is submitted, so a bad prompt
+        raises without starting work. If the call is interrupted, its requests are aborted.
+
+        Args:
+            prompts: a str, a list of str, or a list of token-id lists ([[1, 2, 3]]).
+            params: one SamplingParams for all, one per prompt, or None (greedy, 16 tokens).
+            use_chat_template: wrap each text prompt as a user message of the chat template.
+
+        Returns:
+            One RequestOutput per prompt, in input order.
+
+        Raises:
+            PromptTooLongError: a prompt does not fit a sequence (prompt + 1 >= n_ctx_per_seq).
+            InvalidArgumentError: empty prompt or token id out of range. TypeError: bad input.
+            ShutdownError: the LLM was closed.
+        """
+        prepared = self._prepare_all(prompts, params, use_chat_template)
+        submitted: list[tuple[RequestState, RequestStream]] = []
+        try:
+            for p in prepared:
+                stream = self._runner.add_request(p.token_ids, p.params)
+                state = RequestState(stream.request_id, p.prompt, p.token_ids, p.params,
+                                     self._engine.detokenize_bytes)
+                submitted.append((state, stream))
+            for state, stream in submitted:
+                while not state.finished:
+                    state.add(stream.get())
+        finally:
+            for state, stream in submitted:
+                if not state.finished:
+                    self._runner.abort(stream.request_id)
+        return [state.output for state, _ in submitted]
+
+    # ------------------------------------------------------------------ streaming
+
+    def stream(
+        self,
+        prompt: PromptInput,
+        params: SamplingParams | None = None,
+        *,
+        use_chat_template: bool = False,
+    ) -> Iterator[str]:
+        """Generate one completion and yield its text as it is produced.
+
+        Pieces never split a UTF-8 character and never include a stop string or text after it.
+        Closing the generator early aborts the request.
+
+        Raises:
+            Same as ``generate``, before the first piece.
+        """
+        request_id = self.add_request(prompt, params, use_chat_template=use_chat_template)
+        for delta in self.iter_outputs(request_id):
+            if delta.text:
+                yield delta.text
+
+    def add_request(
+        self,
+        prompt: PromptInput,
+        params: SamplingParams | None = None,
+        *,
+        use_chat_template: bool = False,
+        priority: int = 0,
+        notify: Callable[[], None] | None = None,
+    ) -> int:
+        """Submit one request without waiting (for servers); consume it with ``iter_outputs``.
+
+        Args:
+            prompt: text or token ids.
+            params: sampling parameters (None = defaults).
+            use_chat_template: wrap a text prompt as a user message of the chat template.
+            priority: smaller runs first under the "priority" policy.
+            notify: called on the dispatcher thread whenever new output is queued for this
+                request (e.g. to wake an asyncio loop); must be cheap and must not block.
+
+        Returns:
+            The request id.
+
+        Raises:
+            Same as ``generate``.
+        """
+        p = self._prepare_all([prompt], params, use_chat_template)[0]
+        with self._lock:
+            stream = self._runner.add_request(p.token_ids, p.params, priority, notify)
+            state = RequestState(stream.request_id, p.prompt, p.token_ids, p.params,
+                                 self._engine.detokenize_bytes, streaming=True)
+            self._pending[stream.request_id] = _Pending(state, stream)
+        return stream.request_id
+
+    def iter_outputs(self, request_id: int, timeout: float | None = None) -> Iterator[StreamDelta]:
+        """Yield a request's output as StreamDeltas until its last one (which has ``output``).
+
+        One consumer per request. If a stop string shows up in the text before the engine
+        stops by itself, the request is aborted and finishes with "stop". Closing the iterator
+        early, or a timeout, aborts the request.
+
+        Args:
+            request_id: an id returned by ``add_request``.
+            timeout: seconds to wait for each batch of output; None = forever.
+
+        Raises:
+            NotFoundError: unknown id or already consumed. queue.Empty: timeout passed.
+            ShutdownError: the LLM was closed first.
+        """
+        with self._lock:
+            pending = self._pending.pop(request_id, None)
+        if pending is None:
+            raise errors.NotFoundError(f"no pending request with id {request_id}")
+        try:
+            while not pending.state.finished:
+                delta = self._consume(pending, pending.stream.get(timeout))
+                if delta.text or delta.token_ids or delta.finished:
+                    yield delta
+        finally:
+            if not pending.state.finished and not pending.abort_sent:
+                self._runner.abort(request_id)
+
+    def take_outputs(self, request_id: int) -> list[StreamDelta]:
+        """Deltas queued for a request right now, without blocking ([] if none).
+
+        For event-loop servers: pass ``notify`` to ``add_request`` to learn when to call this.
+        After the delta with ``output`` the id is forgotten. One consumer per request; do not
+        mix with ``iter_outputs`` for the same request.
+
+        Raises:
+            NotFoundError: unknown id, or its last delta was already taken.
+        """
+        with self._lock:
+            pending = self._pending.get(request_id)
+        if pending is None:
+            raise errors.NotFoundError(f"no pending request with id {request_id}")
+        deltas = []
+        while not pending.state.finished:
+            batch = pending.stream.get_nowait()
+            if batch is None:
+                break
+            deltas.append(self._consume(pending, batch))
+        if pending.state.finished:
+            with self._lock:
+                self._pending.pop(request_id, None)
+        return deltas
+
+    def _consume(self, pending: _Pending, batch: list) -> StreamDelta:
+        delta = pending.state.add(batch)
+        state = pending.state
+        if state.hit_stop_string and not state.finished and not pending.abort_sent:
+            # The engine has not matched the stop string (yet): stop it from generating more.
+            pending.abort_sent = True
+            self._runner.abort(state.request_id)
+        return delta
+
+    def abort(self, request_id: int) -> bool:
+        """Abort a request; its consumer still gets a final delta with finish_reason "abort".
+
+        Returns:
+            False if the id is unknown or the request already finished.
+        """
+        return self._runner.abort(request_id)
+
+    # ------------------------------------------------------------------ preparation
+
+    def _prepare_all(
+        self,
+        prompts: PromptInput | Sequence[PromptInput],
+        params: SamplingParams | Sequence[SamplingParams] | None,
+        use_chat_template: bool,
+    ) -> list[_Prepared]:
+        prompt_list = _normalize_prompts(prompts)
+        params_list = _normalize_params(params, len(prompt_list))
+        return [
+            self._prepare(prompt, p, use_chat_template, index)
+            for index, (prompt, p) in enumerate(zip(prompt_list, params_list))
+        ]
+
+    def _prepare(
+        self, prompt: PromptInput, params: SamplingParams, use_chat_template: bool, index: int
+    ) -> _Prepared:
+        if isinstance(prompt, str):
+            text = prompt
+            if use_chat_template:
+                text = self.apply_chat_template([{"role": "user", "content": prompt}])
+            token_ids = self._tokenize_prompt(text, templated=use_chat_template)
+            original: str | None = prompt
+        else:
+            token_ids, original = [int(t) for t in prompt], None
+        self._validate_tokens(token_ids, index)
+        return _Prepared(original, token_ids, params)
+
+    def _tokenize_prompt(self, text: str, templated: bool) -> list[int]:
+        token_ids = self._engine.tokenize(text, add_special=True, parse_special=True)
+        bos = self._info.token_bos
+        # A template that writes BOS itself plus the tokenizer's BOS would give two.
+        if templated and len(token_ids) >= 2 and token_ids[0] == token_ids[1] == bos:
+            token_ids = token_ids[1:]
+        return token_ids
+
+    def _validate_tokens(self, token_ids: list[int], index: int) -> None:
+        n_vocab, limit = self._info.n_vocab, self._info.n_ctx_per_seq
+        if not token_ids:
+            raise errors.InvalidArgumentError(f"prompt {index} is empty")
+        if len(token_ids) >= limit:
+            raise errors.PromptTooLongError(
+                f"prompt {index} has {len(token_ids)} tokens; a sequence holds at most "
+                f"{limit} (prompt + output), so prompts must be shorter than {limit} tokens"
+            )
+        bad = next((t for t in token_ids if not 0 <= t < n_vocab), None)
+        if bad is not None:
+            raise errors.InvalidArgumentError(
+                f"prompt {index}: token id {bad} out of range [0, {n_vocab})"
+            )
+
+
+def _make_config(
+    model: str | os.PathLike[str] | None,
+    config: EngineConfig | None,
+    overrides: Mapping[str, object],
+) -> EngineConfig:
+    if config is None:
+        if model is None:
+            from pycacheflow.model_hub import ensure_default_model
+
+            model = ensure_default_model()
+        return EngineConfig(model=model, **overrides)
+    changes = dict(overrides)
+    if model is not None:
+        changes["model"] = model
+    return replace(config, **changes) if changes else config
+
+
+def _normalize_prompts(prompts: PromptInput | Sequence[PromptInput]) -> list[PromptInput]:
+    if isinstance(prompts, str):
+        return [prompts]
+    prompts = list(prompts)
+    for i, p in enumerate(prompts):
+        if isinstance(p, int):
+            raise TypeError(
+                f"prompt {i} is an int; pass token-id prompts as a list of lists, e.g. [[1, 2, 3]]"
+            )
+        if not isinstance(p, str) and not all(isinstance(t, int) for t in p):
+            raise TypeError(f"prompt {i} must be a str or a list of int token ids, got {p!r:.80}")
+    return prompts
+
+
+def _normalize_params(
+    params: SamplingParams | Sequence[SamplingParams] | None, num_prompts: int
+) -> list[SamplingParams]:
+    if params is None:
+        return [SamplingParams()] * num_prompts
+    if isinstance(params, SamplingParams):
+        return [params] * num_prompts
+    params = list(params)
+    if len(params) != num_prompts:
+        raise ValueError(f"got {len(params)} SamplingParams for {num_prompts} prompts")
+    return params
