@@ -1,0 +1,65 @@
+"""EngineConfig: defaults and validation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pycacheflow import EngineConfig
+from pycacheflow.config import KV_MODES, LOG_LEVELS, POLICIES, c_enum_name
+
+
+def test_defaults():
+    c = EngineConfig(model="m.gguf")
+    assert (c.n_ctx, c.max_num_seqs, c.max_num_batched_tokens) == (0, 16, 512)
+    assert (c.kv_mode, c.policy, c.log_level, c.flash_attn, c.block_size) == (
+        "auto", "fcfs", "error", None, 16)
+    assert c.model_path == "m.gguf"
+
+
+def test_path_like_model():
+    assert EngineConfig(model=Path("/x/m.gguf")).model_path == "/x/m.gguf"
+
+
+@pytest.mark.parametrize("kv_mode", KV_MODES)
+@pytest.mark.parametrize("policy", POLICIES)
+def test_all_choices_accepted(kv_mode, policy):
+    EngineConfig(model="m", kv_mode=kv_mode, policy=policy)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"model": ""}, "model must be a non-empty path"),
+        ({"n_ctx": -1}, "n_ctx must be >= 0, got -1"),
+        ({"max_num_seqs": 0}, "max_num_seqs must be >= 1, got 0"),
+        ({"max_num_batched_tokens": 0}, "max_num_batched_tokens must be >= 1, got 0"),
+        ({"n_threads": -2}, "n_threads must be >= 0, got -2"),
+        ({"n_gpu_layers": -2}, "n_gpu_layers must be >= -1, got -2"),
+        ({"block_size": 0}, "block_size must be >= 1, got 0"),
+        ({"n_ctx": 2**31}, "n_ctx must be < 2**31"),
+        ({"kv_mode": "fast"}, "kv_mode must be one of auto, stock, stock-unified, paged; got 'fast'"),
+        ({"policy": "lifo"}, "policy must be one of fcfs, sjf, priority; got 'lifo'"),
+        ({"log_level": "loud"}, "log_level must be one of"),
+    ],
+)
+def test_bad_values_name_the_value(kwargs, message):
+    kwargs.setdefault("model", "m.gguf")
+    with pytest.raises(ValueError) as info:
+        EngineConfig(**kwargs)
+    assert message in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "kwargs", [{"max_num_seqs": 2.0}, {"n_ctx": True}, {"flash_attn": 1}, {"model": 3}]
+)
+def test_wrong_types(kwargs):
+    kwargs.setdefault("model", "m.gguf")
+    with pytest.raises((TypeError, ValueError)):
+        EngineConfig(**kwargs)
+
+
+def test_c_enum_name():
+    assert c_enum_name("CF_KV_MODE_", "stock-unified") == "CF_KV_MODE_STOCK_UNIFIED"
+    assert "warn" in LOG_LEVELS

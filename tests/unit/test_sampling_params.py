@@ -1,0 +1,78 @@
+"""SamplingParams: defaults, normalisation and validation messages."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+
+from pycacheflow import SamplingParams
+
+
+def test_defaults_are_greedy_and_deterministic():
+    p = SamplingParams()
+    assert (p.max_tokens, p.temperature, p.top_k, p.top_p, p.min_p) == (16, 0.0, 0, 1.0, 0.0)
+    assert p.seed is None and p.stop == () and p.stop_token_ids == () and not p.ignore_eos
+    assert p.greedy
+
+
+def test_frozen():
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        SamplingParams().max_tokens = 3  # type: ignore[misc]
+
+
+def test_lists_become_tuples_and_single_stop_string_is_wrapped():
+    p = SamplingParams(stop=["\n\n", "END"], stop_token_ids=[2, 7])
+    assert p.stop == ("\n\n", "END") and p.stop_token_ids == (2, 7)
+    assert SamplingParams(stop="END").stop == ("END",)
+    assert hash(p) == hash(SamplingParams(stop=("\n\n", "END"), stop_token_ids=(2, 7)))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"max_tokens": 0}, "max_tokens must be >= 1, got 0"),
+        ({"temperature": -1.0}, "temperature must be >= 0, got -1.0"),
+        ({"temperature": math.nan}, "temperature must be finite, got nan"),
+        ({"top_k": -1}, "top_k must be >= 0"),
+        ({"top_p": 0.0}, "top_p must be in (0, 1], got 0.0"),
+        ({"top_p": 1.5}, "top_p must be in (0, 1], got 1.5"),
+        ({"min_p": -0.1}, "min_p must be in [0, 1], got -0.1"),
+        ({"min_p": 2}, "min_p must be in [0, 1], got 2"),
+        ({"seed": -1}, "seed must be in [0, 2**63) or None, got -1"),
+        ({"seed": 2**63}, "seed must be in [0, 2**63)"),
+        ({"stop": [""]}, "stop strings must be non-empty"),
+        ({"stop_token_ids": [-1]}, "stop_token_ids entries must be >= 0, got -1"),
+    ],
+)
+def test_out_of_range_values_name_the_value(kwargs, message):
+    with pytest.raises(ValueError) as info:
+        SamplingParams(**kwargs)
+    assert message in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"max_tokens": 1.5},
+        {"max_tokens": True},
+        {"temperature": "hot"},
+        {"top_k": 2.0},
+        {"seed": 1.0},
+        {"stop": [3]},
+        {"stop": 5},
+        {"stop_token_ids": ["a"]},
+        {"ignore_eos": 1},
+    ],
+)
+def test_wrong_types_raise_type_error(kwargs):
+    with pytest.raises(TypeError):
+        SamplingParams(**kwargs)
+
+
+def test_boundaries_accepted():
+    p = SamplingParams(max_tokens=1, temperature=0.7, top_k=40, top_p=1.0, min_p=1.0,
+                       seed=2**63 - 1, ignore_eos=True)
+    assert not p.greedy and p.seed == 2**63 - 1
+    assert SamplingParams(seed=0, min_p=0.0, top_p=1e-6).seed == 0
