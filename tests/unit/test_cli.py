@@ -1,0 +1,93 @@
+"""CLI parts that need no native library: help, prompts files, usage errors, summary."""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+
+from cli.main import cacheflow, format_summary
+from cli.prompts import PromptsFileError, read_prompts_file
+from pycacheflow.outputs import RequestMetrics, RequestOutput
+
+
+@pytest.fixture
+def runner():
+    return CliRunner()
+
+
+@pytest.mark.parametrize("args", [["--help"], ["generate", "--help"], ["model", "--help"],
+                                  ["model", "pull", "--help"], ["model", "path", "--help"]])
+def test_help(runner, args):
+    result = runner.invoke(cacheflow, args)
+    assert result.exit_code == 0 and "Usage: cacheflow" in result.output
+
+
+def test_model_path(runner, tmp_path, monkeypatch):
+    monkeypatch.setenv("CACHEFLOW_CACHE_DIR", str(tmp_path))
+    result = runner.invoke(cacheflow, ["model", "path"])
+    assert result.exit_code == 0
+    assert str(tmp_path / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf") in result.output
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["generate", "-m", "/no/such.gguf", "hi"], "does not exist"),
+        (["generate", "--temperature", "-1", "hi"], "--temperature"),
+        (["generate", "-n", "0", "hi"], "--max-tokens"),
+        (["generate", "--kv-mode", "fast", "hi"], "--kv-mode"),
+        (["generate", "--stream", "--json", "hi"], "cannot be combined"),
+        (["generate", "--stop", "", "hi"], "stop strings must be non-empty"),
+    ],
+)
+def test_usage_errors_exit_2_without_traceback(runner, args, message):
+    result = runner.invoke(cacheflow, args)
+    assert result.exit_code == 2, result.output
+    assert "Error:" in result.output and message in result.output
+    assert "Traceback" not in result.output
+
+
+def test_bad_prompts_file_is_a_usage_error(runner, tmp_path):
+    bad = tmp_path / "p.jsonl"
+    bad.write_text('{"prompt": "ok"}\n{"text": "no prompt key"}\n')
+    result = runner.invoke(cacheflow, ["generate", "--prompts-file", str(bad)])
+    assert result.exit_code == 2 and "p.jsonl:2" in result.output
+
+
+def test_prompts_file_text_and_jsonl(tmp_path):
+    text = tmp_path / "p.txt"
+    text.write_text("first prompt\n\n  second  \n")
+    assert read_prompts_file(text) == ["first prompt", "  second  "]
+    jsonl = tmp_path / "p.jsonl"
+    jsonl.write_text('{"prompt": "a", "id": 1}\n\n{"prompt": "b\\nc"}\n')
+    assert read_prompts_file(jsonl) == ["a", "b\nc"]
+    sniffed = tmp_path / "p.data"
+    sniffed.write_text('  {"prompt": "x"}\n')
+    assert read_prompts_file(sniffed) == ["x"]
+    assert read_prompts_file("<stdin>", "one\ntwo\n") == ["one", "two"]
+
+
+@pytest.mark.parametrize("line", ["{bad json", '["list"]', '{"prompt": 3}'])
+def test_prompts_file_errors_name_the_line(tmp_path, line):
+    path = tmp_path / "p.jsonl"
+    path.write_text('{"prompt": "ok"}\n' + line + "\n")
+    with pytest.raises(PromptsFileError, match="p.jsonl:2"):
+        read_prompts_file(path)
+
+
+def _output(n_prompt, token_ms, finish_ms):
+    ms = 1_000_000
+    metrics = RequestMetrics.from_times_ns(
+        arrival_ns=0, first_scheduled_ns=ms, token_times_ns=[t * ms for t in token_ms],
+        finish_ns=finish_ms * ms, num_prompt_tokens=n_prompt)
+    return RequestOutput(1, "p", (1,), "t", tuple(range(len(token_ms))), "length", metrics)
+
+
+def test_format_summary():
+    outs = [_output(5, [10, 20, 30], 30), _output(7, [20], 20)]
+    text = format_summary(outs, wall_s=0.5)
+    assert "requests: 2" in text and "prompt tokens: 12" in text and "output tokens: 4" in text
+    assert "mean TTFT: 15.0 ms" in text  # (10 + 20) / 2
+    assert "mean TPOT: 10.0 ms" in text  # only the 3-token request has a TPOT
+    assert "output: 8.0 tok/s" in text and "wall: 0.50 s" in text
+    assert "mean TTFT: n/a" in format_summary([], 1.0)
