@@ -1,0 +1,129 @@
+// sequence.cpp - validation of requests and sequence helpers.
+#include "core/sequence.h"
+
+#include "core/error.h"
+
+#include <algorithm>
+#include <cstdio>
+
+namespace cf {
+
+namespace {
+
+std::string format_float(float value) {
+    char buf[64];
+    std::snprintf(buf, sizeof(buf), "%g", (double) value);
+    return buf;
+}
+
+void validate_numbers(const cf_sampling_params & p) {
+    if (p.max_tokens < 1) {
+        fail_invalid("max_tokens must be >= 1, got " + std::to_string(p.max_tokens));
+    }
+    if (!(p.temperature >= 0.0f)) {  // also rejects NaN
+        fail_invalid("temperature must be >= 0, got " + format_float(p.temperature));
+    }
+    if (p.top_k < 0) {
+        fail_invalid("top_k must be >= 0, got " + std::to_string(p.top_k));
+    }
+    if (!(p.top_p > 0.0f && p.top_p <= 1.0f)) {
+        fail_invalid("top_p must be in (0, 1], got " + format_float(p.top_p));
+    }
+    if (!(p.min_p >= 0.0f && p.min_p <= 1.0f)) {
+        fail_invalid("min_p must be in [0, 1], got " + format_float(p.min_p));
+    }
+    if (p.seed < 0 && p.seed != CF_SEED_RANDOM) {
+        fail_invalid("seed must be >= 0 or CF_SEED_RANDOM (-1), got " + std::to_string(p.seed));
+    }
+}
+
+std::vector<int32_t> copy_stop_token_ids(const cf_sampling_params & p, int32_t n_vocab) {
+    if (p.num_stop_token_ids < 0 || (p.num_stop_token_ids > 0 && p.stop_token_ids == nullptr)) {
+        fail_invalid("num_stop_token_ids must be >= 0 with stop_token_ids non-NULL, got " +
+                     std::to_string(p.num_stop_token_ids));
+    }
+    std::vector<int32_t> ids(p.stop_token_ids, p.stop_token_ids + p.num_stop_token_ids);
+    for (size_t i = 0; i < ids.size(); ++i) {
+        if (ids[i] < 0 || (n_vocab > 0 && ids[i] >= n_vocab)) {
+            fail_invalid("stop_token_ids[" + std::to_string(i) + "] = " + std::to_string(ids[i]) +
+                         " is out of range [0, " + std::to_string(n_vocab) + ")");
+        }
+    }
+    return ids;
+}
+
+std::vector<std::string> copy_stop_strings(const cf_sampling_params & p) {
+    if (p.num_stop_strings < 0 || (p.num_stop_strings > 0 && p.stop_strings == nullptr)) {
+        fail_invalid("num_stop_strings must be >= 0 with stop_strings non-NULL, got " +
+                     std::to_string(p.num_stop_strings));
+    }
+    std::vector<std::string> strings;
+    strings.reserve(p.num_stop_strings);
+    for (int32_t i = 0; i < p.num_stop_strings; ++i) {
+        const char * s = p.stop_strings[i];
+        if (s == nullptr || s[0] == '\0') {
+            fail_invalid("stop_strings[" + std::to_string(i) + "] must be a non-empty string");
+        }
+        strings.emplace_back(s);
+    }
+    return strings;
+}
+
+}  // namespace
+
+SamplingParams SamplingParams::from_c(const cf_sampling_params & p, int32_t n_vocab) {
+    validate_numbers(p);
+    SamplingParams out;
+    out.max_tokens = p.max_tokens;
+    out.temperature = p.temperature;
+    out.top_k = p.top_k;
+    out.top_p = p.top_p;
+    out.min_p = p.min_p;
+    out.seed = p.seed;
+    out.stop_token_ids = copy_stop_token_ids(p, n_vocab);
+    out.stop_strings = copy_stop_strings(p);
+    out.ignore_eos = p.ignore_eos != 0;
+    return out;
+}
+
+void validate_prompt(const int32_t * tokens, int32_t num_tokens, int32_t n_vocab, int32_t n_ctx_per_seq) {
+    if (num_tokens <= 0) {
+        fail_invalid("prompt is empty");
+    }
+    if (tokens == nullptr) {
+        fail_invalid("prompt_tokens is NULL but num_prompt_tokens is " + std::to_string(num_tokens));
+    }
+    for (int32_t i = 0; i < num_tokens; ++i) {
+        if (tokens[i] < 0 || tokens[i] >= n_vocab) {
+            fail_invalid("prompt_tokens[" + std::to_string(i) + "] = " + std::to_string(tokens[i]) +
+                         " is out of range [0, " + std::to_string(n_vocab) + ")");
+        }
+    }
+    if (num_tokens >= n_ctx_per_seq) {
+        throw Error(CF_STATUS_PROMPT_TOO_LONG, "prompt has " + std::to_string(num_tokens) +
+                                                   " tokens but the context holds at most " +
+                                                   std::to_string(n_ctx_per_seq) +
+                                                   " per sequence (prompt + 1 generated token must fit)");
+    }
+}
+
+void opaque_handle_no_free(void * /*ptr*/) {}
+
+Sequence::Sequence(int64_t request_id_, const int32_t * prompt, int32_t num_prompt_tokens_, SamplingParams params_,
+                   int32_t priority_, int64_t arrival_ns_, int32_t max_tokens_capacity)
+    : request_id(request_id_),
+      priority(priority_),
+      params(std::move(params_)),
+      num_prompt_tokens(num_prompt_tokens_),
+      arrival_ns(arrival_ns_) {
+    // Reserve once so that appending output tokens never reallocates in the step loop.
+    tokens.reserve((size_t) std::max(max_tokens_capacity, num_prompt_tokens_));
+    tokens.assign(prompt, prompt + num_prompt_tokens_);
+}
+
+int32_t Sequence::max_kv_tokens(int32_t n_ctx_per_seq) const {
+    const int64_t want = (int64_t) num_prompt_tokens + params.max_tokens;
+    return (int32_t) std::min<int64_t>(want, n_ctx_per_seq);
+}
+
+}  // namespace cf

@@ -1,0 +1,93 @@
+// sequence.h - one request while the engine works on it: tokens, progress, sampling parameters,
+// timestamps and status. Plain data plus small helpers; no llama.cpp dependency.
+//
+// Token regions of a sequence (half-open ranges over `tokens`):
+//
+//   tokens:  | prompt ............................ | output ............ |
+//            0                        num_prompt_tokens          num_tokens()
+//   KV:      | computed (in the KV cache) | not computed yet |
+//            0                 num_computed_tokens       num_tokens()
+//
+// A running sequence always has at least one uncomputed token: the rest of its prompt while it
+// prefills, then exactly the last sampled token while it decodes.
+#pragma once
+
+#include "cacheflow.h"
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace cf {
+
+// llama.cpp sequence slot of a sequence that holds none (waiting or finished).
+constexpr int32_t CF_SEQ_ID_NONE = -1;
+
+enum class SequenceStatus { WAITING, RUNNING, FINISHED };
+
+// Validated copy of cf_sampling_params (the engine owns the strings and arrays).
+struct SamplingParams {
+    int32_t max_tokens = 16;
+    float temperature = 0.0f;  // 0 = greedy
+    int32_t top_k = 0;         // 0 = disabled
+    float top_p = 1.0f;        // 1 = disabled
+    float min_p = 0.0f;        // 0 = disabled
+    int64_t seed = CF_SEED_RANDOM;
+    std::vector<int32_t> stop_token_ids;
+    std::vector<std::string> stop_strings;
+    bool ignore_eos = false;
+
+    bool is_greedy() const { return temperature == 0.0f; }
+
+    // Copy and validate; throws cf::Error(INVALID_ARGUMENT) naming the bad field.
+    // n_vocab bounds stop_token_ids; pass 0 to skip that check.
+    static SamplingParams from_c(const cf_sampling_params & params, int32_t n_vocab);
+};
+
+// Throws cf::Error for an empty prompt (INVALID_ARGUMENT), a token outside [0, n_vocab)
+// (INVALID_ARGUMENT naming index and value) or num_tokens >= n_ctx_per_seq (PROMPT_TOO_LONG).
+void validate_prompt(const int32_t * tokens, int32_t num_tokens, int32_t n_vocab, int32_t n_ctx_per_seq);
+
+// Engine-owned state attached to a sequence without core knowing its type (the sampler chain).
+using OpaqueHandle = std::unique_ptr<void, void (*)(void *)>;
+void opaque_handle_no_free(void * ptr);
+
+struct Sequence {
+    Sequence(int64_t request_id, const int32_t * prompt, int32_t num_prompt_tokens, SamplingParams params,
+             int32_t priority, int64_t arrival_ns, int32_t max_tokens_capacity);
+
+    int64_t request_id;
+    int32_t priority;
+    SamplingParams params;
+    SequenceStatus status = SequenceStatus::WAITING;
+    int32_t seq_id = CF_SEQ_ID_NONE;  // llama.cpp sequence slot while running
+    int32_t num_prompt_tokens;
+    int32_t num_computed_tokens = 0;  // the single progress counter, see the diagram above
+    int32_t num_cached_tokens = 0;    // prompt tokens reused from a prefix cache (none yet)
+    int32_t num_preemptions = 0;
+    std::vector<int32_t> tokens;      // prompt then output, reserved up front
+    cf_finish_reason finish_reason = CF_FINISH_REASON_NONE;
+
+    int64_t arrival_ns;
+    int64_t first_scheduled_ns = 0;
+    int64_t first_token_ns = 0;
+    int64_t finish_ns = 0;
+
+    std::string output_text;  // output detokenized so far; kept only when stop strings are set
+    OpaqueHandle sampler{nullptr, opaque_handle_no_free};
+
+    int32_t num_tokens() const { return (int32_t) tokens.size(); }
+    int32_t num_output_tokens() const { return num_tokens() - num_prompt_tokens; }
+    int32_t num_uncomputed_tokens() const { return num_tokens() - num_computed_tokens; }
+    bool is_prefilled() const { return num_computed_tokens >= num_prompt_tokens; }
+    bool is_finished() const { return status == SequenceStatus::FINISHED; }
+
+    // Tokens the sequence may still occupy in the KV cache: prompt + max_tokens, capped.
+    int32_t max_kv_tokens(int32_t n_ctx_per_seq) const;
+
+    // Call only after sampling: appends one output token.
+    void append_token(int32_t token_id) { tokens.push_back(token_id); }
+};
+
+}  // namespace cf
