@@ -1,0 +1,107 @@
+// config.cpp - defaults and validation of the engine configuration.
+#include "engine/config.h"
+
+#include "core/error.h"
+
+#include <algorithm>
+#include <thread>
+
+namespace cf {
+
+namespace {
+
+void check_range(const char * name, int32_t value, int32_t lo, int32_t hi) {
+    if (value < lo || value > hi) {
+        fail_invalid(std::string(name) + " must be in [" + std::to_string(lo) + ", " + std::to_string(hi) +
+                     "], got " + std::to_string(value));
+    }
+}
+
+void check_at_least(const char * name, int32_t value, int32_t lo) {
+    if (value < lo) {
+        fail_invalid(std::string(name) + " must be >= " + std::to_string(lo) + ", got " + std::to_string(value));
+    }
+}
+
+// The stock llama.cpp context holds at most this many sequences (LLAMA_MAX_SEQ).
+constexpr int32_t kMaxStockSeqs = 256;
+
+cf_kv_mode resolve_kv_mode(int32_t kv_mode) {
+    switch (kv_mode) {
+        case CF_KV_MODE_AUTO:  // paged is not available yet: AUTO means split stock streams
+        case CF_KV_MODE_STOCK:
+            return CF_KV_MODE_STOCK;
+        case CF_KV_MODE_STOCK_UNIFIED:
+            return CF_KV_MODE_STOCK_UNIFIED;
+        case CF_KV_MODE_PAGED:
+            throw Error(CF_STATUS_UNSUPPORTED, "kv_mode=paged is not available yet");
+        default:
+            check_range("kv_mode", kv_mode, CF_KV_MODE_AUTO, CF_KV_MODE_PAGED);
+            return CF_KV_MODE_STOCK;
+    }
+}
+
+}  // namespace
+
+EngineConfig EngineConfig::from_c(const cf_engine_config & c) {
+    if (c.model_path == nullptr || c.model_path[0] == '\0') {
+        fail_invalid("model_path is required");
+    }
+    check_at_least("n_ctx", c.n_ctx, 0);
+    check_range("max_num_seqs", c.max_num_seqs, 1, kMaxStockSeqs);
+    check_at_least("max_num_batched_tokens", c.max_num_batched_tokens, 1);
+    check_at_least("n_threads", c.n_threads, 0);
+    check_at_least("n_gpu_layers", c.n_gpu_layers, -1);
+    check_at_least("block_size", c.block_size, 1);
+    check_range("policy", c.policy, CF_SCHED_POLICY_FCFS, CF_SCHED_POLICY_PRIORITY);
+    check_range("flash_attn", c.flash_attn, -1, 1);
+    check_range("log_level", c.log_level, CF_LOG_LEVEL_NONE, CF_LOG_LEVEL_DEBUG);
+
+    EngineConfig out;
+    out.model_path = c.model_path;
+    out.n_ctx = c.n_ctx;
+    out.max_num_seqs = c.max_num_seqs;
+    out.max_num_batched_tokens = c.max_num_batched_tokens;
+    out.n_threads = c.n_threads > 0 ? c.n_threads : (int32_t) std::max(1u, std::thread::hardware_concurrency());
+    out.n_gpu_layers = c.n_gpu_layers;
+    out.kv_mode = resolve_kv_mode(c.kv_mode);
+    out.block_size = c.block_size;
+    out.policy = (cf_sched_policy) c.policy;
+    out.flash_attn = c.flash_attn;
+    out.log_level = (cf_log_level) c.log_level;
+    return out;
+}
+
+cf_engine_config default_engine_config() {
+    cf_engine_config c;
+    c.model_path = nullptr;
+    c.n_ctx = 0;
+    c.max_num_seqs = 16;
+    c.max_num_batched_tokens = 512;
+    c.n_threads = 0;
+    c.n_gpu_layers = 0;
+    c.kv_mode = CF_KV_MODE_AUTO;
+    c.block_size = 16;
+    c.policy = CF_SCHED_POLICY_FCFS;
+    c.flash_attn = -1;
+    c.log_level = CF_LOG_LEVEL_ERROR;
+    return c;
+}
+
+cf_sampling_params default_sampling_params() {
+    cf_sampling_params p;
+    p.max_tokens = 16;
+    p.temperature = 0.0f;
+    p.top_k = 0;
+    p.top_p = 1.0f;
+    p.min_p = 0.0f;
+    p.seed = CF_SEED_RANDOM;
+    p.stop_token_ids = nullptr;
+    p.num_stop_token_ids = 0;
+    p.stop_strings = nullptr;
+    p.num_stop_strings = 0;
+    p.ignore_eos = 0;
+    return p;
+}
+
+}  // namespace cf

@@ -1,0 +1,34 @@
+// config.h - validated engine configuration (copy of cf_engine_config with kv_mode resolved).
+#pragma once
+
+#include "cacheflow.h"
+
+#include <cstdint>
+#include <string>
+
+namespace cf {
+
+struct EngineConfig {
+    std::string model_path;
+    int32_t n_ctx = 0;  // requested total KV rows; 0 = max_num_seqs * min(n_ctx_train, 2048)
+    int32_t max_num_seqs = 16;
+    int32_t max_num_batched_tokens = 512;
+    int32_t n_threads = 0;  // 0 = hardware concurrency (resolved by from_c)
+    int32_t n_gpu_layers = 0;
+    cf_kv_mode kv_mode = CF_KV_MODE_STOCK;  // resolved: STOCK or STOCK_UNIFIED
+    int32_t block_size = 16;
+    cf_sched_policy policy = CF_SCHED_POLICY_FCFS;
+    int32_t flash_attn = -1;
+    cf_log_level log_level = CF_LOG_LEVEL_ERROR;
+
+    bool kv_unified() const { return kv_mode == CF_KV_MODE_STOCK_UNIFIED; }
+
+    // Validate and resolve; throws cf::Error (INVALID_ARGUMENT naming the field, UNSUPPORTED for
+    // kv_mode=paged). Does not touch the model file.
+    static EngineConfig from_c(const cf_engine_config & config);
+};
+
+cf_engine_config default_engine_config();
+cf_sampling_params default_sampling_params();
+
+}  // namespace cf

@@ -1,0 +1,146 @@
+// engine.cpp - engine construction, request intake, step thread control, outputs and stats.
+// The step itself lives in engine_step.cpp.
+#include "engine/engine.h"
+
+#include "core/error.h"
+
+#include <algorithm>
+#include <chrono>
+
+namespace cf {
+
+int64_t clock_ns() {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+}
+
+namespace {
+
+SchedulerConfig scheduler_config(const LlamaSession & session) {
+    SchedulerConfig c;
+    c.max_num_seqs = session.config().max_num_seqs;
+    c.max_num_batched_tokens = session.n_batch();
+    c.n_ctx = session.n_ctx();
+    c.n_ctx_per_seq = session.n_ctx_per_seq();
+    c.kv_unified = session.config().kv_unified();
+    c.policy = session.config().policy;
+    return c;
+}
+
+}  // namespace
+
+Engine::Engine(const EngineConfig & config)
+    : session_(LlamaSession::open(config)),
+      scheduler_(scheduler_config(*session_)),
+      batch_(session_->n_batch()),
+      sampler_(session_->n_vocab()),
+      stop_checker_(session_->vocab(), session_->n_ctx_per_seq()) {
+    const size_t max_seqs = (size_t) config.max_num_seqs;
+    step_events_.reserve(2 * max_seqs + 64);
+    finished_ids_.reserve(2 * max_seqs + 64);
+    stats_.kv_tokens_capacity = session_->n_ctx();
+}
+
+Engine::~Engine() {
+    {
+        std::lock_guard<std::mutex> lock(inbox_mu_);
+        shutting_down_ = true;
+    }
+    stop();
+    events_.close();
+}
+
+int64_t Engine::add_request(const int32_t * prompt, int32_t num_prompt_tokens, const cf_sampling_params & params,
+                            int32_t priority) {
+    const int64_t arrival_ns = clock_ns();
+    validate_prompt(prompt, num_prompt_tokens, session_->n_vocab(), session_->n_ctx_per_seq());
+    SamplingParams sp = SamplingParams::from_c(params, session_->n_vocab());
+    const int32_t capacity = (int32_t) std::min<int64_t>((int64_t) num_prompt_tokens + sp.max_tokens,
+                                                         session_->n_ctx_per_seq());
+    OpaqueHandle sampler = make_sampler(sp);
+    auto seq = std::make_unique<Sequence>(0, prompt, num_prompt_tokens, std::move(sp), priority, arrival_ns, capacity);
+    seq->sampler = std::move(sampler);
+    int64_t request_id = 0;
+    {
+        std::lock_guard<std::mutex> lock(inbox_mu_);
+        if (shutting_down_) {
+            throw Error(CF_STATUS_SHUTDOWN, "the engine is shutting down; no new requests");
+        }
+        request_id = next_request_id_++;
+        seq->request_id = request_id;
+        pending_adds_.push_back(std::move(seq));
+        live_ids_.insert(request_id);
+    }
+    work_cv_.notify_one();
+    return request_id;
+}
+
+void Engine::abort_request(int64_t request_id) {
+    {
+        std::lock_guard<std::mutex> lock(inbox_mu_);
+        if (live_ids_.count(request_id) == 0) {
+            throw Error(CF_STATUS_NOT_FOUND, "request " + std::to_string(request_id) + " is unknown or already finished");
+        }
+        pending_aborts_.push_back(request_id);
+    }
+    work_cv_.notify_one();
+}
+
+StepResult Engine::step() {
+    if (thread_running_.load()) {
+        fail_invalid("cf_engine_step cannot be called while the step thread runs (cf_engine_start)");
+    }
+    std::lock_guard<std::mutex> lock(step_mu_);
+    return step_guarded();
+}
+
+void Engine::start() {
+    std::lock_guard<std::mutex> lock(control_mu_);
+    if (thread_running_.load()) {
+        return;
+    }
+    {
+        std::lock_guard<std::mutex> inbox_lock(inbox_mu_);
+        stop_requested_ = false;
+    }
+    thread_ = std::thread(&Engine::run_loop, this);
+    thread_running_.store(true);
+}
+
+void Engine::stop() {
+    {
+        std::lock_guard<std::mutex> lock(control_mu_);
+        if (thread_running_.load()) {
+            {
+                std::lock_guard<std::mutex> inbox_lock(inbox_mu_);
+                stop_requested_ = true;
+            }
+            work_cv_.notify_all();
+            thread_.join();
+            thread_running_.store(false);
+        }
+    }
+    events_.wake_all();
+}
+
+int32_t Engine::drain(cf_output_event * events, int32_t capacity, int32_t timeout_ms) {
+    return events_.drain(events, capacity, timeout_ms);
+}
+
+bool Engine::has_work() const {
+    std::lock_guard<std::mutex> lock(inbox_mu_);
+    return !live_ids_.empty();
+}
+
+cf_engine_stats Engine::get_stats() const {
+    cf_engine_stats out;
+    {
+        std::lock_guard<std::mutex> lock(stats_mu_);
+        out = stats_;
+    }
+    std::lock_guard<std::mutex> lock(inbox_mu_);
+    out.num_waiting += (int32_t) pending_adds_.size();
+    return out;
+}
+
+}  // namespace cf

@@ -1,0 +1,118 @@
+// engine.h - the CacheFlow engine behind cf_engine_t (stock llama.cpp KV modes).
+//
+// One step: consume the inbox (new requests, aborts) -> Scheduler::schedule -> BatchBuilder ->
+// llama_decode -> sample -> stop checks -> events. Requests and aborts from other threads go
+// through a mutex-protected inbox that the step consumes at its start; no lock is held during
+// llama_decode. Events go to an EventQueue that drain() reads.
+//
+// Thread-safety: add_request, abort_request, drain, has_work, info, stats and the text
+// functions may be called from any thread. step() is serialized internally and refused while
+// the step thread (start/stop) runs.
+#pragma once
+
+#include "cacheflow.h"
+#include "core/scheduler.h"
+#include "engine/batch_builder.h"
+#include "engine/config.h"
+#include "engine/event_queue.h"
+#include "engine/llama_session.h"
+#include "engine/sampling.h"
+#include "engine/stop_checker.h"
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_set>
+#include <vector>
+
+namespace cf {
+
+int64_t clock_ns();
+
+struct StepResult {
+    int32_t num_scheduled_tokens = 0;
+    cf_status status = CF_STATUS_OK;  // CF_STATUS_DECODE_FAILED when llama_decode failed
+    std::string message;
+};
+
+class Engine {
+  public:
+    // Loads the model; throws cf::Error (see cf_engine_init).
+    explicit Engine(const EngineConfig & config);
+    // Stops the step thread, wakes and waits out drainers, frees everything.
+    ~Engine();
+    Engine(const Engine &) = delete;
+    Engine & operator=(const Engine &) = delete;
+
+    // Validate and queue; returns the new request id. Throws INVALID_ARGUMENT, PROMPT_TOO_LONG, SHUTDOWN.
+    int64_t add_request(const int32_t * prompt, int32_t num_prompt_tokens, const cf_sampling_params & params,
+                        int32_t priority);
+    // Throws NOT_FOUND for unknown or finished ids.
+    void abort_request(int64_t request_id);
+
+    // Throws INVALID_ARGUMENT while the step thread runs.
+    StepResult step();
+    void start();
+    void stop();
+    int32_t drain(cf_output_event * events, int32_t capacity, int32_t timeout_ms);
+    bool has_work() const;
+
+    void get_info(cf_model_info * info) const { session_->fill_info(info); }
+    cf_engine_stats get_stats() const;
+    const LlamaSession & session() const { return *session_; }
+
+  private:
+    // engine_step.cpp
+    StepResult step_guarded();
+    StepResult step_locked();
+    void consume_inbox();
+    void run_decoded_step(const SchedulerOutput & out);
+    void fail_step(const SchedulerOutput & out);
+    void finish(Sequence * seq, cf_finish_reason reason, int32_t token_id, int64_t now_ns);
+    void emit_final(const Sequence & seq, int32_t token_id, int64_t now_ns);
+    void emit_token(const Sequence & seq, int32_t token_id, int64_t now_ns);
+    void fail_everything(const std::string & why);
+    void publish();
+    void run_loop();
+
+    // Stepping thread only (guarded by step_mu_).
+    std::unique_ptr<LlamaSession> session_;
+    Scheduler scheduler_;
+    BatchBuilder batch_;
+    TokenSampler sampler_;
+    StopChecker stop_checker_;
+    std::vector<std::unique_ptr<Sequence>> inbox_adds_;  // swapped with pending_adds_
+    std::vector<int64_t> inbox_aborts_;                   // swapped with pending_aborts_
+    std::vector<cf_output_event> step_events_;
+    std::vector<int64_t> finished_ids_;
+    int64_t step_start_ns_ = 0;
+    cf_engine_stats totals_{};  // cumulative counters (num_steps, num_finished, token counts)
+    std::mutex step_mu_;
+
+    // Inbox, guarded by inbox_mu_; work_cv_ wakes the step thread.
+    mutable std::mutex inbox_mu_;
+    std::condition_variable work_cv_;
+    std::vector<std::unique_ptr<Sequence>> pending_adds_;
+    std::vector<int64_t> pending_aborts_;
+    std::unordered_set<int64_t> live_ids_;  // accepted and not yet finished
+    int64_t next_request_id_ = 1;
+    bool sched_has_work_ = false;
+    bool stop_requested_ = false;
+    bool shutting_down_ = false;
+
+    // Step thread control, guarded by control_mu_.
+    std::mutex control_mu_;
+    std::thread thread_;
+    std::atomic<bool> thread_running_{false};
+
+    EventQueue events_;
+
+    mutable std::mutex stats_mu_;
+    cf_engine_stats stats_{};  // snapshot published at the end of each step
+};
+
+}  // namespace cf

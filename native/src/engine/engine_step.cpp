@@ -1,0 +1,209 @@
+// engine_step.cpp - one engine step and the step thread loop.
+//
+//   consume inbox (adds, aborts) -> schedule -> build batch -> llama_decode
+//     ok:     commit computed tokens -> sample where a chunk reached the last token -> stop checks
+//     failed: finish every scheduled request with CF_FINISH_REASON_ERROR, free its KV
+//   -> publish events (one lock) and a stats snapshot
+#include "core/error.h"
+#include "engine/engine.h"
+
+#include <cstdio>
+
+namespace cf {
+
+namespace {
+
+cf_output_event make_event(const Sequence & seq, int32_t token_id, cf_finish_reason reason, int64_t now_ns) {
+    cf_output_event ev{};
+    ev.request_id = seq.request_id;
+    ev.token_id = token_id;
+    ev.finish_reason = reason;
+    ev.time_ns = now_ns;
+    if (reason != CF_FINISH_REASON_NONE) {
+        ev.arrival_ns = seq.arrival_ns;
+        ev.first_scheduled_ns = seq.first_scheduled_ns;
+        ev.num_prompt_tokens = seq.num_prompt_tokens;
+        ev.num_cached_tokens = seq.num_cached_tokens;
+        ev.num_output_tokens = seq.num_output_tokens();
+        ev.num_preemptions = seq.num_preemptions;
+    }
+    return ev;
+}
+
+}  // namespace
+
+StepResult Engine::step_guarded() {
+    try {
+        return step_locked();
+    } catch (const std::exception & e) {
+        // State may be half-updated: end every request instead of failing the same way forever.
+        fail_everything(e.what());
+        throw Error(CF_STATUS_INTERNAL, std::string("engine step failed: ") + e.what() +
+                                            "; every request was finished with CF_FINISH_REASON_ERROR");
+    }
+}
+
+StepResult Engine::step_locked() {
+    step_events_.clear();
+    finished_ids_.clear();
+    step_start_ns_ = clock_ns();
+    consume_inbox();
+    const SchedulerOutput & out = scheduler_.schedule();
+    StepResult result;
+    result.num_scheduled_tokens = out.num_scheduled_tokens;
+    if (!out.seqs.empty()) {
+        totals_.num_steps += 1;
+        const int32_t rc = session_->decode(batch_.build(out));
+        if (rc == 0) {
+            run_decoded_step(out);
+        } else {
+            result.status = CF_STATUS_DECODE_FAILED;
+            result.message = "llama_decode returned " + std::to_string(rc) + " for a batch of " +
+                             std::to_string(out.num_scheduled_tokens) + " tokens over " +
+                             std::to_string(out.seqs.size()) + " sequences; they were finished with "
+                             "CF_FINISH_REASON_ERROR";
+            fail_step(out);
+        }
+    }
+    publish();
+    return result;
+}
+
+void Engine::consume_inbox() {
+    {
+        std::lock_guard<std::mutex> lock(inbox_mu_);
+        inbox_adds_.swap(pending_adds_);
+        inbox_aborts_.swap(pending_aborts_);
+    }
+    for (auto & seq : inbox_adds_) {
+        scheduler_.add(std::move(seq));
+    }
+    inbox_adds_.clear();
+    for (const int64_t request_id : inbox_aborts_) {
+        std::unique_ptr<Sequence> seq = scheduler_.remove(request_id, CF_FINISH_REASON_ABORT);
+        if (!seq) {
+            continue;  // finished in the meantime, or aborted twice
+        }
+        if (seq->seq_id != CF_SEQ_ID_NONE) {
+            session_->clear_seq(seq->seq_id);
+        }
+        seq->finish_ns = step_start_ns_;
+        emit_final(*seq, CF_TOKEN_NONE, step_start_ns_);
+    }
+    inbox_aborts_.clear();
+}
+
+void Engine::run_decoded_step(const SchedulerOutput & out) {
+    scheduler_.commit_step(out);
+    totals_.num_prompt_tokens += out.num_prefill_tokens;
+    for (size_t i = 0; i < out.seqs.size(); ++i) {
+        const ScheduledSeq & s = out.seqs[i];
+        Sequence * seq = s.seq;
+        if (seq->first_scheduled_ns == 0) {
+            seq->first_scheduled_ns = step_start_ns_;
+        }
+        if (!s.needs_sample) {
+            continue;  // a prompt chunk that does not reach the end of the prompt
+        }
+        const int32_t token_id = sampler_.sample(*seq, session_->logits(batch_.sample_index(i)));
+        seq->append_token(token_id);
+        totals_.num_generated_tokens += 1;
+        const int64_t now_ns = clock_ns();
+        if (seq->first_token_ns == 0) {
+            seq->first_token_ns = now_ns;
+        }
+        const cf_finish_reason reason = stop_checker_.check(*seq, token_id);
+        if (reason == CF_FINISH_REASON_NONE) {
+            emit_token(*seq, token_id, now_ns);
+        } else {
+            finish(seq, reason, token_id, now_ns);
+        }
+    }
+}
+
+void Engine::fail_step(const SchedulerOutput & out) {
+    const int64_t now_ns = clock_ns();
+    for (const ScheduledSeq & s : out.seqs) {
+        finish(s.seq, CF_FINISH_REASON_ERROR, CF_TOKEN_NONE, now_ns);
+    }
+}
+
+// Call only with a running sequence: frees its slot and KV, queues its final event.
+void Engine::finish(Sequence * seq, cf_finish_reason reason, int32_t token_id, int64_t now_ns) {
+    std::unique_ptr<Sequence> done = scheduler_.finish(seq, reason);
+    session_->clear_seq(done->seq_id);
+    done->finish_ns = now_ns;
+    emit_final(*done, token_id, now_ns);
+}
+
+void Engine::emit_token(const Sequence & seq, int32_t token_id, int64_t now_ns) {
+    step_events_.push_back(make_event(seq, token_id, CF_FINISH_REASON_NONE, now_ns));
+}
+
+void Engine::emit_final(const Sequence & seq, int32_t token_id, int64_t now_ns) {
+    step_events_.push_back(make_event(seq, token_id, seq.finish_reason, now_ns));
+    finished_ids_.push_back(seq.request_id);
+    totals_.num_finished += 1;
+}
+
+void Engine::fail_everything(const std::string & why) {
+    if (session_->config().log_level >= CF_LOG_LEVEL_ERROR) {
+        std::fprintf(stderr, "cacheflow: engine step failed: %s\n", why.c_str());
+    }
+    const int64_t now_ns = clock_ns();
+    for (const int64_t request_id : scheduler_.request_ids()) {
+        std::unique_ptr<Sequence> seq = scheduler_.remove(request_id, CF_FINISH_REASON_ERROR);
+        if (seq->seq_id != CF_SEQ_ID_NONE) {
+            session_->clear_seq(seq->seq_id);
+        }
+        seq->finish_ns = now_ns;
+        emit_final(*seq, CF_TOKEN_NONE, now_ns);
+    }
+    publish();
+}
+
+// Make this step's results visible: live ids first (so that an abort after the final event
+// reports NOT_FOUND), then events, then the stats snapshot.
+void Engine::publish() {
+    {
+        std::lock_guard<std::mutex> lock(inbox_mu_);
+        for (const int64_t request_id : finished_ids_) {
+            live_ids_.erase(request_id);
+        }
+        sched_has_work_ = scheduler_.has_work();
+    }
+    finished_ids_.clear();
+    events_.push(step_events_);
+    step_events_.clear();
+    const int64_t bytes_per_token = session_->kv_bytes_per_token();
+    std::lock_guard<std::mutex> lock(stats_mu_);
+    stats_ = totals_;
+    stats_.num_running = scheduler_.num_running();
+    stats_.num_waiting = scheduler_.num_waiting();
+    stats_.kv_tokens_used = (int32_t) scheduler_.kv_tokens_used();
+    stats_.kv_tokens_capacity = session_->n_ctx();
+    stats_.kv_bytes_reserved = scheduler_.kv_tokens_reserved() * bytes_per_token;
+    stats_.kv_bytes_used = scheduler_.kv_tokens_used() * bytes_per_token;
+}
+
+void Engine::run_loop() {
+    while (true) {
+        {
+            std::unique_lock<std::mutex> lock(inbox_mu_);
+            work_cv_.wait(lock, [this] {
+                return stop_requested_ || sched_has_work_ || !pending_adds_.empty() || !pending_aborts_.empty();
+            });
+            if (stop_requested_) {
+                return;
+            }
+        }
+        std::lock_guard<std::mutex> lock(step_mu_);
+        try {
+            step_guarded();
+        } catch (const std::exception &) {
+            // step_guarded already finished every request and logged; keep serving new ones.
+        }
+    }
+}
+
+}  // namespace cf

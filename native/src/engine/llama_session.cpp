@@ -1,0 +1,189 @@
+// llama_session.cpp - model loading, context creation and the thin decode/logits bridge.
+#include "engine/llama_session.h"
+
+#include "core/error.h"
+#include "llama.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <cstring>
+#include <mutex>
+#include <sys/stat.h>
+
+static_assert(LLAMA_TOKEN_NULL == CF_TOKEN_NONE, "token sentinels must agree");
+
+namespace cf {
+
+namespace {
+
+std::atomic<int> g_log_level{CF_LOG_LEVEL_ERROR};
+std::atomic<bool> g_log_last_shown{false};  // whether the message a CONT line continues was shown
+
+bool shows(ggml_log_level level) {
+    const int threshold = g_log_level.load(std::memory_order_relaxed);
+    switch (level) {
+        case GGML_LOG_LEVEL_ERROR: return threshold >= CF_LOG_LEVEL_ERROR;
+        case GGML_LOG_LEVEL_WARN: return threshold >= CF_LOG_LEVEL_WARN;
+        case GGML_LOG_LEVEL_INFO: return threshold >= CF_LOG_LEVEL_INFO;
+        case GGML_LOG_LEVEL_CONT: return g_log_last_shown.load(std::memory_order_relaxed);
+        default: return threshold >= CF_LOG_LEVEL_DEBUG;
+    }
+}
+
+void log_callback(ggml_log_level level, const char * text, void * /*user_data*/) {
+    const bool show = shows(level);
+    if (level != GGML_LOG_LEVEL_CONT) {
+        g_log_last_shown.store(show, std::memory_order_relaxed);
+    }
+    if (show) {
+        std::fputs(text, stderr);
+    }
+}
+
+void init_backend_once() {
+    static std::once_flag once;
+    std::call_once(once, [] {
+        llama_log_set(log_callback, nullptr);
+        llama_backend_init();
+    });
+}
+
+bool file_exists(const std::string & path) {
+    struct stat st;
+    return ::stat(path.c_str(), &st) == 0;
+}
+
+llama_flash_attn_type flash_attn_type(int32_t flash_attn) {
+    if (flash_attn < 0) {
+        return LLAMA_FLASH_ATTN_TYPE_AUTO;
+    }
+    return flash_attn ? LLAMA_FLASH_ATTN_TYPE_ENABLED : LLAMA_FLASH_ATTN_TYPE_DISABLED;
+}
+
+void copy_cstr(char * dst, size_t capacity, const char * src) {
+    std::snprintf(dst, capacity, "%s", src ? src : "");
+}
+
+}  // namespace
+
+void set_log_level(cf_log_level level) {
+    g_log_level.store(level, std::memory_order_relaxed);
+    llama_log_set(log_callback, nullptr);
+}
+
+std::unique_ptr<LlamaSession> LlamaSession::open(const EngineConfig & config) {
+    set_log_level(config.log_level);
+    init_backend_once();
+    std::unique_ptr<LlamaSession> session(new LlamaSession(config));
+    session->load_model();
+    session->create_context();
+    return session;
+}
+
+LlamaSession::~LlamaSession() {
+    if (ctx_ != nullptr) {
+        llama_free(ctx_);
+    }
+    if (model_ != nullptr) {
+        llama_model_free(model_);
+    }
+}
+
+void LlamaSession::load_model() {
+    const std::string & path = config_.model_path;
+    if (!file_exists(path)) {
+        throw Error(CF_STATUS_MODEL_LOAD_FAILED, "model file not found: " + path);
+    }
+    llama_model_params mp = llama_model_default_params();
+    mp.n_gpu_layers = config_.n_gpu_layers;
+    model_ = llama_model_load_from_file(path.c_str(), mp);
+    if (model_ == nullptr) {
+        throw Error(CF_STATUS_MODEL_LOAD_FAILED, "failed to load model from " + path + " (corrupt or unsupported GGUF?)");
+    }
+    if (!llama_model_has_decoder(model_) || llama_model_has_encoder(model_)) {
+        throw Error(CF_STATUS_UNSUPPORTED, "model " + path + " is not a decoder-only model; CacheFlow serves "
+                                                           "decoder-only (causal LM) models");
+    }
+    vocab_ = llama_model_get_vocab(model_);
+    n_vocab_ = llama_vocab_n_tokens(vocab_);
+}
+
+void LlamaSession::create_context() {
+    const int32_t n_ctx_train = llama_model_n_ctx_train(model_);
+    const int64_t n_ctx_default = (int64_t) config_.max_num_seqs * std::min(n_ctx_train > 0 ? n_ctx_train : 2048, 2048);
+
+    llama_context_params cp = llama_context_default_params();
+    cp.n_ctx = (uint32_t) (config_.n_ctx > 0 ? config_.n_ctx : n_ctx_default);
+    cp.n_batch = (uint32_t) config_.max_num_batched_tokens;
+    cp.n_ubatch = (uint32_t) config_.max_num_batched_tokens;  // one ubatch per step where possible
+    cp.n_seq_max = (uint32_t) config_.max_num_seqs;
+    cp.n_threads = config_.n_threads;
+    cp.n_threads_batch = config_.n_threads;
+    cp.flash_attn_type = flash_attn_type(config_.flash_attn);
+    cp.kv_unified = config_.kv_unified();
+    cp.no_perf = true;
+
+    ctx_ = llama_init_from_model(model_, cp);
+    if (ctx_ == nullptr) {
+        throw Error(CF_STATUS_OUT_OF_MEMORY, "failed to create the llama.cpp context (n_ctx=" + std::to_string(cp.n_ctx) +
+                                                 ", max_num_seqs=" + std::to_string(cp.n_seq_max) +
+                                                 "): out of memory or unsupported settings");
+    }
+    // llama.cpp rounds n_ctx (and, in split mode, the per-sequence slice) up to multiples of 256.
+    n_ctx_ = (int32_t) llama_n_ctx(ctx_);
+    n_ctx_per_seq_ = (int32_t) llama_n_ctx_seq(ctx_);
+    n_batch_ = (int32_t) llama_n_batch(ctx_);
+    // K and V rows of every layer, f16 (llama.cpp's default cache type).
+    const int64_t n_head = std::max(1, llama_model_n_head(model_));
+    const int64_t head_dim = llama_model_n_embd(model_) / n_head;
+    kv_bytes_per_token_ = 2 * (int64_t) llama_model_n_layer(model_) * llama_model_n_head_kv(model_) * head_dim * 2;
+}
+
+int32_t LlamaSession::decode(const llama_batch & batch) {
+    return llama_decode(ctx_, batch);
+}
+
+const float * LlamaSession::logits(int32_t batch_index) {
+    const float * row = llama_get_logits_ith(ctx_, batch_index);
+    if (row == nullptr) {
+        throw Error(CF_STATUS_INTERNAL, "llama_get_logits_ith returned NULL for batch index " + std::to_string(batch_index));
+    }
+    return row;
+}
+
+void LlamaSession::clear_seq(int32_t seq_id) {
+    llama_memory_seq_rm(llama_get_memory(ctx_), seq_id, -1, -1);
+}
+
+void LlamaSession::fill_info(cf_model_info * info) const {
+    std::memset(info, 0, sizeof(*info));
+    info->n_vocab = n_vocab_;
+    info->n_ctx_train = llama_model_n_ctx_train(model_);
+    info->n_ctx = n_ctx_;
+    info->n_ctx_per_seq = n_ctx_per_seq_;
+    info->max_num_seqs = config_.max_num_seqs;
+    info->max_num_batched_tokens = n_batch_;
+    info->n_layer = llama_model_n_layer(model_);
+    info->n_embd = llama_model_n_embd(model_);
+    info->n_head = llama_model_n_head(model_);
+    info->n_head_kv = llama_model_n_head_kv(model_);
+    info->kv_mode = config_.kv_mode;
+    info->block_size = 0;
+    info->token_bos = llama_vocab_bos(vocab_);  // LLAMA_TOKEN_NULL == CF_TOKEN_NONE == -1
+    info->token_eos = llama_vocab_eos(vocab_);
+    info->add_bos = llama_vocab_get_add_bos(vocab_) ? 1 : 0;
+    info->n_threads = config_.n_threads;
+    info->model_size_bytes = (int64_t) llama_model_size(model_);
+    info->n_params = (int64_t) llama_model_n_params(model_);
+    char desc[sizeof(info->description)];
+    llama_model_desc(model_, desc, sizeof(desc));
+    copy_cstr(info->description, sizeof(info->description), desc);
+    char arch[sizeof(info->arch)] = {0};
+    if (llama_model_meta_val_str(model_, "general.architecture", arch, sizeof(arch)) < 0) {
+        arch[0] = '\0';
+    }
+    copy_cstr(info->arch, sizeof(info->arch), arch);
+}
+
+}  // namespace cf

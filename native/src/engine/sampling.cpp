@@ -1,0 +1,75 @@
+// sampling.cpp - see sampling.h.
+#include "engine/sampling.h"
+
+#include "core/error.h"
+
+namespace cf {
+
+namespace {
+
+void free_sampler(void * ptr) {
+    llama_sampler_free(static_cast<llama_sampler *>(ptr));
+}
+
+uint32_t seed_of(int64_t seed) {
+    // CF_SEED_RANDOM maps to llama.cpp's "random seed"; other seeds are taken modulo 2^32.
+    return seed == CF_SEED_RANDOM ? LLAMA_DEFAULT_SEED : (uint32_t) (uint64_t) seed;
+}
+
+}  // namespace
+
+int32_t argmax_token(const float * logits, int32_t n_vocab) {
+    int32_t best = 0;
+    float best_logit = logits[0];
+    for (int32_t i = 1; i < n_vocab; ++i) {
+        if (logits[i] > best_logit) {
+            best_logit = logits[i];
+            best = i;
+        }
+    }
+    return best;
+}
+
+OpaqueHandle make_sampler(const SamplingParams & params) {
+    if (params.is_greedy()) {
+        return OpaqueHandle(nullptr, opaque_handle_no_free);
+    }
+    llama_sampler_chain_params cp = llama_sampler_chain_default_params();
+    cp.no_perf = true;
+    llama_sampler * chain = llama_sampler_chain_init(cp);
+    OpaqueHandle handle(chain, free_sampler);  // owns the chain (and what is added) from here on
+    if (params.top_k > 0) {
+        llama_sampler_chain_add(chain, llama_sampler_init_top_k(params.top_k));
+    }
+    if (params.top_p < 1.0f) {
+        llama_sampler_chain_add(chain, llama_sampler_init_top_p(params.top_p, 1));
+    }
+    if (params.min_p > 0.0f) {
+        llama_sampler_chain_add(chain, llama_sampler_init_min_p(params.min_p, 1));
+    }
+    llama_sampler_chain_add(chain, llama_sampler_init_temp(params.temperature));
+    llama_sampler_chain_add(chain, llama_sampler_init_dist(seed_of(params.seed)));
+    return handle;
+}
+
+TokenSampler::TokenSampler(int32_t n_vocab) : n_vocab_(n_vocab), candidates_((size_t) n_vocab) {}
+
+int32_t TokenSampler::sample(Sequence & seq, const float * logits) {
+    if (seq.sampler == nullptr) {
+        return argmax_token(logits, n_vocab_);
+    }
+    for (int32_t i = 0; i < n_vocab_; ++i) {
+        candidates_[(size_t) i] = llama_token_data{i, logits[i], 0.0f};
+    }
+    llama_token_data_array cur = {candidates_.data(), candidates_.size(), -1, false};
+    auto * chain = static_cast<llama_sampler *>(seq.sampler.get());
+    llama_sampler_apply(chain, &cur);
+    if (cur.selected < 0 || (size_t) cur.selected >= cur.size) {
+        throw Error(CF_STATUS_INTERNAL, "sampler chain selected no token for request " + std::to_string(seq.request_id));
+    }
+    const int32_t token = cur.data[cur.selected].id;
+    llama_sampler_accept(chain, token);
+    return token;
+}
+
+}  // namespace cf

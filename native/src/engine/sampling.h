@@ -1,0 +1,36 @@
+// sampling.h - picks the next token of a sequence from its logits row.
+//
+// Greedy (temperature == 0): argmax over the row, ties to the lowest token id; no sampler
+// object, so a sequence gets the same tokens batched or alone whenever its logits agree.
+// Otherwise: the sequence's own llama.cpp sampler chain top_k -> top_p -> min_p -> temp ->
+// dist(seed), applied to a candidate buffer shared by all sequences (filled per call, never
+// reallocated).
+#pragma once
+
+#include "core/sequence.h"
+#include "llama.h"
+
+#include <cstdint>
+#include <vector>
+
+namespace cf {
+
+// Index of the largest of logits[0..n_vocab); the lowest index among equal maxima.
+int32_t argmax_token(const float * logits, int32_t n_vocab);
+
+// Sampler chain for a non-greedy sequence, or an empty handle for greedy ones.
+OpaqueHandle make_sampler(const SamplingParams & params);
+
+class TokenSampler {
+  public:
+    explicit TokenSampler(int32_t n_vocab);
+
+    // Choose the next token of seq from logits [n_vocab] float. Only the stepping thread calls it.
+    int32_t sample(Sequence & seq, const float * logits);
+
+  private:
+    int32_t n_vocab_;
+    std::vector<llama_token_data> candidates_;  // [n_vocab]
+};
+
+}  // namespace cf
