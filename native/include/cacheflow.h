@@ -1,0 +1,289 @@
+/*
+ * cacheflow.h - the one public C ABI of CacheFlow (cf_*).
+ *
+ * CacheFlow is a multi-request inference engine on top of a pinned, patched llama.cpp.
+ * This header must compile as plain C (C99). pycacheflow derives its cffi cdef from it by
+ * stripping CF_API and the include guards; tests/unit/test_cdef.py fails on drift.
+ *
+ * Conventions (see shared STYLE.md section 3):
+ *   - every fallible call returns cf_status (0 = ok, negative = error) and writes results
+ *     through out-pointers; the message of the last error on the calling thread is
+ *     cf_last_error();
+ *   - only sized integers, float and size_t cross the ABI; booleans are int32_t (0/1);
+ *   - times are nanoseconds of a monotonic clock (std::chrono::steady_clock), see cf_clock_ns();
+ *   - ranges are half-open [start, end).
+ *
+ * Threading: a cf_engine_t may be used from several threads at once for add_request,
+ * abort_request, drain, tokenize, detokenize, apply_chat_template, get_info and get_stats.
+ * cf_engine_step must not be called while the engine's own step thread runs (cf_engine_start).
+ */
+#ifndef CACHEFLOW_H
+#define CACHEFLOW_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(_WIN32)
+#define CF_API __declspec(dllexport)
+#else
+#define CF_API __attribute__((visibility("default")))
+#endif
+
+/* ---------------------------------------------------------------- status and errors */
+
+typedef enum cf_status {
+    CF_STATUS_OK = 0,
+    CF_STATUS_INVALID_ARGUMENT = -1,  /* a bad value; the message names the argument       */
+    CF_STATUS_MODEL_LOAD_FAILED = -2, /* missing, unreadable or corrupt model file          */
+    CF_STATUS_PROMPT_TOO_LONG = -3,   /* prompt (+1 generated token) does not fit a sequence */
+    CF_STATUS_OUT_OF_MEMORY = -4,     /* KV cache / pool cannot be allocated                */
+    CF_STATUS_NOT_FOUND = -5,         /* unknown request id                                 */
+    CF_STATUS_UNSUPPORTED = -6,       /* e.g. kv_mode not available for this model          */
+    CF_STATUS_BUFFER_TOO_SMALL = -7,  /* out buffer too small; the out count holds the need */
+    CF_STATUS_DECODE_FAILED = -8,     /* llama_decode returned an error                     */
+    CF_STATUS_SHUTDOWN = -9,          /* the engine is stopping; no new requests            */
+    CF_STATUS_INTERNAL = -10          /* a bug; the message says where                      */
+} cf_status;
+
+/* Message of the last failed cf_* call on this thread; "" if none. The pointer is owned by
+ * the library and valid until the next cf_* call on the same thread. Thread-safe. */
+CF_API const char * cf_last_error(void);
+
+/* Library version string, e.g. "0.1.0 (llama.cpp 0c1e570)". Static storage. */
+CF_API const char * cf_version(void);
+
+/* Current time of the monotonic clock the engine stamps events with, in nanoseconds. */
+CF_API int64_t cf_clock_ns(void);
+
+/* ---------------------------------------------------------------- engine configuration */
+
+typedef enum cf_kv_mode {
+    CF_KV_MODE_AUTO = 0,          /* paged where supported, else stock (resolved at init)     */
+    CF_KV_MODE_STOCK = 1,         /* llama.cpp's KV cache, one stream per sequence (split)    */
+    CF_KV_MODE_STOCK_UNIFIED = 2, /* llama.cpp's KV cache, one stream shared by all sequences */
+    CF_KV_MODE_PAGED = 3          /* CacheFlow's block-table KV cache (paged attention)       */
+} cf_kv_mode;
+
+typedef enum cf_sched_policy {
+    CF_SCHED_POLICY_FCFS = 0,     /* first come, first served                                 */
+    CF_SCHED_POLICY_SJF = 1,      /* shortest predicted remaining work first                  */
+    CF_SCHED_POLICY_PRIORITY = 2  /* lower priority value first, ties by arrival              */
+} cf_sched_policy;
+
+typedef enum cf_log_level {
+    CF_LOG_LEVEL_NONE = 0,  /* silence llama.cpp and CacheFlow logs */
+    CF_LOG_LEVEL_ERROR = 1,
+    CF_LOG_LEVEL_WARN = 2,
+    CF_LOG_LEVEL_INFO = 3,
+    CF_LOG_LEVEL_DEBUG = 4
+} cf_log_level;
+
+/* Engine configuration. Get defaults from cf_engine_default_config() and change fields.
+ * The engine copies what it needs during cf_engine_init; the caller keeps ownership of
+ * model_path. */
+typedef struct cf_engine_config {
+    const char * model_path;         /* GGUF file; required                                    */
+    int32_t n_ctx;                   /* total KV capacity in tokens over all sequences;
+                                        0 = max_num_seqs * min(n_ctx_train, 2048)             */
+    int32_t max_num_seqs;            /* max sequences running at once (>= 1), default 16       */
+    int32_t max_num_batched_tokens;  /* per-step token budget = llama n_batch = n_ubatch,
+                                        default 512; chunked prefill splits prompts under it  */
+    int32_t n_threads;               /* CPU threads for decode; 0 = number of cores            */
+    int32_t n_gpu_layers;            /* layers offloaded to a GPU backend; 0 = CPU only        */
+    int32_t kv_mode;                 /* cf_kv_mode, default CF_KV_MODE_AUTO                    */
+    int32_t block_size;              /* paged mode: tokens per KV block, default 16            */
+    int32_t policy;                  /* cf_sched_policy, default CF_SCHED_POLICY_FCFS          */
+    int32_t flash_attn;              /* -1 auto, 0 off, 1 on (stock modes)                     */
+    int32_t log_level;               /* cf_log_level, default CF_LOG_LEVEL_ERROR               */
+} cf_engine_config;
+
+typedef struct cf_engine * cf_engine_t;
+
+/* Defaults for every field; model_path is NULL. Never fails. */
+CF_API cf_engine_config cf_engine_default_config(void);
+
+/* Load the model, create the llama.cpp context and the scheduler.
+ * Ownership: on success *out_engine is a new engine the caller frees with cf_engine_free.
+ * Returns CF_STATUS_INVALID_ARGUMENT (a field out of range; message names it),
+ * CF_STATUS_MODEL_LOAD_FAILED (missing/corrupt file; message has the path),
+ * CF_STATUS_UNSUPPORTED (kv_mode impossible for this model), CF_STATUS_OUT_OF_MEMORY.
+ * On failure *out_engine is set to NULL and nothing leaks. Thread-safe. */
+CF_API cf_status cf_engine_init(const cf_engine_config * config, cf_engine_t * out_engine);
+
+/* Stop the step thread if running, abort all requests, free everything. NULL is a no-op. */
+CF_API void cf_engine_free(cf_engine_t engine);
+
+/* ---------------------------------------------------------------- model info and stats */
+
+typedef struct cf_model_info {
+    int32_t n_vocab;          /* vocabulary size                                            */
+    int32_t n_ctx_train;      /* context length the model was trained with                  */
+    int32_t n_ctx;            /* total KV capacity of this engine, tokens                   */
+    int32_t n_ctx_per_seq;    /* max tokens (prompt + output) one sequence can hold         */
+    int32_t max_num_seqs;
+    int32_t max_num_batched_tokens;
+    int32_t n_layer;
+    int32_t n_embd;
+    int32_t n_head;
+    int32_t n_head_kv;
+    int32_t kv_mode;          /* resolved cf_kv_mode (never AUTO)                           */
+    int32_t block_size;       /* paged mode only; 0 otherwise                               */
+    int32_t token_bos;        /* CF_TOKEN_NONE if the model has none                        */
+    int32_t token_eos;
+    int32_t add_bos;          /* 1 if tokenizing a prompt should add BOS                    */
+    int32_t n_threads;
+    int64_t model_size_bytes;
+    int64_t n_params;
+    char description[128];    /* e.g. "llama ?B Q4_1", NUL-terminated                      */
+    char arch[32];            /* general.architecture, e.g. "llama"                         */
+} cf_model_info;
+
+CF_API cf_status cf_engine_get_info(cf_engine_t engine, cf_model_info * out_info);
+
+typedef struct cf_engine_stats {
+    int64_t num_steps;              /* steps run since init                                 */
+    int32_t num_running;            /* sequences holding KV                                 */
+    int32_t num_waiting;            /* requests not yet admitted                            */
+    int64_t num_finished;           /* requests finished (any reason) since init            */
+    int64_t num_prompt_tokens;      /* prompt tokens computed since init                    */
+    int64_t num_generated_tokens;   /* tokens sampled since init                            */
+    int32_t kv_tokens_used;         /* KV rows holding live tokens now                      */
+    int32_t kv_tokens_capacity;     /* KV rows in the cache                                 */
+    int32_t kv_blocks_total;        /* paged mode; 0 otherwise                              */
+    int32_t kv_blocks_used;
+    int64_t kv_bytes_reserved;      /* KV bytes set aside for running sequences             */
+    int64_t kv_bytes_used;          /* KV bytes holding live tokens                         */
+    int64_t num_preemptions;
+} cf_engine_stats;
+
+CF_API cf_status cf_engine_get_stats(cf_engine_t engine, cf_engine_stats * out_stats);
+
+/* ---------------------------------------------------------------- requests */
+
+#define CF_TOKEN_NONE (-1)
+#define CF_SEED_RANDOM (-1)
+
+/* Sampling parameters of one request. Pointers are read during cf_engine_add_request only
+ * (the engine copies them). Validation errors name the field. */
+typedef struct cf_sampling_params {
+    int32_t max_tokens;                 /* >= 1: tokens to generate at most                  */
+    float temperature;                  /* >= 0; 0 = greedy (argmax)                         */
+    int32_t top_k;                      /* >= 0; 0 = disabled                                */
+    float top_p;                        /* (0, 1]; 1 = disabled                              */
+    float min_p;                        /* [0, 1]; 0 = disabled                              */
+    int64_t seed;                       /* >= 0, or CF_SEED_RANDOM                           */
+    const int32_t * stop_token_ids;     /* [num_stop_token_ids] int32, may be NULL if 0      */
+    int32_t num_stop_token_ids;
+    const char * const * stop_strings;  /* [num_stop_strings] UTF-8, may be NULL if 0        */
+    int32_t num_stop_strings;
+    int32_t ignore_eos;                 /* 1 = do not stop at end-of-generation tokens       */
+} cf_sampling_params;
+
+/* Defaults: max_tokens 16, temperature 0 (greedy), top_k 0, top_p 1, min_p 0, seed random. */
+CF_API cf_sampling_params cf_sampling_params_default(void);
+
+typedef enum cf_finish_reason {
+    CF_FINISH_REASON_NONE = 0,    /* still running                                          */
+    CF_FINISH_REASON_STOP = 1,    /* end-of-generation token, stop token or stop string     */
+    CF_FINISH_REASON_LENGTH = 2,  /* max_tokens reached or the sequence's context is full   */
+    CF_FINISH_REASON_ABORT = 3,   /* cf_engine_abort_request                                */
+    CF_FINISH_REASON_ERROR = 4    /* the engine could not continue this request             */
+} cf_finish_reason;
+
+/* Queue a request. prompt_tokens: [num_prompt_tokens] int32 token ids (copied), each in
+ * [0, n_vocab). priority: smaller runs first under CF_SCHED_POLICY_PRIORITY (ignored otherwise).
+ * On success *out_request_id is a new id (> 0, never reused by this engine).
+ * Returns CF_STATUS_INVALID_ARGUMENT (empty prompt, token out of range, bad sampling field),
+ * CF_STATUS_PROMPT_TOO_LONG (num_prompt_tokens >= n_ctx_per_seq), CF_STATUS_SHUTDOWN.
+ * A failed call queues nothing and does not affect other requests. Thread-safe. */
+CF_API cf_status cf_engine_add_request(cf_engine_t engine, const int32_t * prompt_tokens,
+                                       int32_t num_prompt_tokens, const cf_sampling_params * params,
+                                       int32_t priority, int64_t * out_request_id);
+
+/* Abort a waiting or running request: its KV is freed before the next step and a final event
+ * with CF_FINISH_REASON_ABORT is queued. Returns CF_STATUS_NOT_FOUND if the id is unknown or
+ * already finished (nothing changes). Thread-safe. */
+CF_API cf_status cf_engine_abort_request(cf_engine_t engine, int64_t request_id);
+
+/* ---------------------------------------------------------------- stepping and outputs */
+
+/* One output event. A request produces one event per generated token, in order; the last
+ * event of a request has finish_reason != CF_FINISH_REASON_NONE (it may also carry the last
+ * token, or token_id == CF_TOKEN_NONE for abort/error). The timing fields marked "final" are
+ * set on the last event only (0 elsewhere). */
+typedef struct cf_output_event {
+    int64_t request_id;
+    int32_t token_id;             /* CF_TOKEN_NONE if this event carries no token            */
+    int32_t finish_reason;        /* cf_finish_reason                                        */
+    int64_t time_ns;              /* when the token was sampled (cf_clock_ns clock)          */
+    int64_t arrival_ns;           /* final: when cf_engine_add_request accepted it           */
+    int64_t first_scheduled_ns;   /* final: first step that computed any of its tokens       */
+    int32_t num_prompt_tokens;    /* final                                                   */
+    int32_t num_cached_tokens;    /* final: prompt tokens reused from the prefix cache       */
+    int32_t num_output_tokens;    /* final: tokens generated                                 */
+    int32_t num_preemptions;      /* final                                                   */
+} cf_output_event;
+
+/* Run one scheduler step synchronously: schedule (decode tokens of running sequences plus
+ * prefill chunks of waiting ones under max_num_batched_tokens), one llama_decode, sample,
+ * queue output events. *out_num_scheduled_tokens = tokens computed (0 = nothing to do).
+ * Must not be called while the step thread runs (CF_STATUS_INVALID_ARGUMENT then).
+ * Returns CF_STATUS_DECODE_FAILED if llama_decode failed (the affected requests are finished
+ * with CF_FINISH_REASON_ERROR; the engine stays usable). */
+CF_API cf_status cf_engine_step(cf_engine_t engine, int32_t * out_num_scheduled_tokens);
+
+/* Start / stop the engine's own step thread, which steps whenever there is work and sleeps
+ * otherwise. start on a started engine and stop on a stopped one are no-ops. stop waits for the
+ * current step to finish; requests stay queued. */
+CF_API cf_status cf_engine_start(cf_engine_t engine);
+CF_API cf_status cf_engine_stop(cf_engine_t engine);
+
+/* Move up to capacity queued events into events[0..*out_num_events), oldest first. If none is
+ * queued, wait up to timeout_ms (0 = do not wait, < 0 = wait until one arrives or the engine
+ * is freed/stopped). events: caller-owned [capacity] array. Thread-safe; the GIL is released
+ * by cffi during the wait. */
+CF_API cf_status cf_engine_drain(cf_engine_t engine, cf_output_event * events, int32_t capacity,
+                                 int32_t timeout_ms, int32_t * out_num_events);
+
+/* 1 if any request is waiting or running (work remains), else 0. */
+CF_API int32_t cf_engine_has_work(cf_engine_t engine);
+
+/* ---------------------------------------------------------------- text */
+
+/* Tokenize UTF-8 text[0..text_len) into tokens[0..capacity).
+ * add_special: add BOS/EOS as the model's tokenizer wants. parse_special: treat special token
+ * text such as "<|im_start|>" as special tokens. *out_num_tokens = tokens produced, or the
+ * needed capacity with CF_STATUS_BUFFER_TOO_SMALL. Thread-safe. */
+CF_API cf_status cf_engine_tokenize(cf_engine_t engine, const char * text, int32_t text_len,
+                                    int32_t add_special, int32_t parse_special, int32_t * tokens,
+                                    int32_t capacity, int32_t * out_num_tokens);
+
+/* Detokenize tokens[0..num_tokens) into buf[0..capacity) (not NUL-terminated).
+ * remove_special: drop BOS/EOS. unparse_special: render special tokens as text.
+ * *out_len = bytes written, or the needed capacity with CF_STATUS_BUFFER_TOO_SMALL.
+ * A token id out of range gives CF_STATUS_INVALID_ARGUMENT. Thread-safe. */
+CF_API cf_status cf_engine_detokenize(cf_engine_t engine, const int32_t * tokens, int32_t num_tokens,
+                                      int32_t remove_special, int32_t unparse_special, char * buf,
+                                      int32_t capacity, int32_t * out_len);
+
+/* Apply a chat template to num_messages messages (roles[i], contents[i], UTF-8) and write the
+ * prompt text to buf[0..capacity) (not NUL-terminated). tmpl: a template name or Jinja text
+ * understood by llama_chat_apply_template, or NULL for the model's own template.
+ * add_assistant: end with the assistant turn opener. *out_len = bytes written, or the needed
+ * capacity with CF_STATUS_BUFFER_TOO_SMALL. CF_STATUS_UNSUPPORTED if the template is unknown or
+ * the model has none. Thread-safe. */
+CF_API cf_status cf_engine_apply_chat_template(cf_engine_t engine, const char * tmpl,
+                                               const char * const * roles,
+                                               const char * const * contents, int32_t num_messages,
+                                               int32_t add_assistant, char * buf, int32_t capacity,
+                                               int32_t * out_len);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* CACHEFLOW_H */

@@ -1,0 +1,217 @@
+// capi.cpp - the C ABI (cacheflow.h): thin shims that check arguments, call into cf::Engine,
+// catch every exception and turn it into a cf_status plus the thread's last error message.
+#include "cacheflow.h"
+#include "core/error.h"
+#include "engine/config.h"
+#include "engine/engine.h"
+#include "engine/text.h"
+
+#include <new>
+#include <string>
+
+#ifndef CACHEFLOW_VERSION
+#define CACHEFLOW_VERSION "0.1.0"
+#endif
+#ifndef CACHEFLOW_LLAMA_COMMIT
+#define CACHEFLOW_LLAMA_COMMIT "0c1e570"
+#endif
+
+struct cf_engine {
+    explicit cf_engine(const cf::EngineConfig & config) : engine(config) {}
+    cf::Engine engine;
+};
+
+namespace {
+
+thread_local std::string g_last_error;
+
+cf_status set_error(cf_status status, const std::string & message) {
+    g_last_error = message;
+    return status;
+}
+
+// Run body; map exceptions to statuses. `fn` names the C function in internal-error messages.
+template <typename Body> cf_status guarded(const char * fn, Body && body) {
+    try {
+        body();
+        return CF_STATUS_OK;
+    } catch (const cf::Error & e) {
+        return set_error(e.status(), e.what());
+    } catch (const std::bad_alloc &) {
+        return set_error(CF_STATUS_OUT_OF_MEMORY, std::string(fn) + ": out of memory");
+    } catch (const std::exception & e) {
+        return set_error(CF_STATUS_INTERNAL, std::string(fn) + ": internal error: " + e.what());
+    } catch (...) {
+        return set_error(CF_STATUS_INTERNAL, std::string(fn) + ": internal error: unknown exception");
+    }
+}
+
+void require(bool ok, const char * message) {
+    if (!ok) {
+        cf::fail_invalid(message);
+    }
+}
+
+}  // namespace
+
+extern "C" {
+
+const char * cf_last_error(void) {
+    return g_last_error.c_str();
+}
+
+const char * cf_version(void) {
+    return CACHEFLOW_VERSION " (llama.cpp " CACHEFLOW_LLAMA_COMMIT ")";
+}
+
+int64_t cf_clock_ns(void) {
+    return cf::clock_ns();
+}
+
+cf_engine_config cf_engine_default_config(void) {
+    return cf::default_engine_config();
+}
+
+cf_sampling_params cf_sampling_params_default(void) {
+    return cf::default_sampling_params();
+}
+
+cf_status cf_engine_init(const cf_engine_config * config, cf_engine_t * out_engine) {
+    if (out_engine != nullptr) {
+        *out_engine = nullptr;
+    }
+    return guarded("cf_engine_init", [&] {
+        require(out_engine != nullptr, "out_engine is NULL");
+        require(config != nullptr, "config is NULL");
+        const cf::EngineConfig resolved = cf::EngineConfig::from_c(*config);
+        *out_engine = new cf_engine(resolved);
+    });
+}
+
+void cf_engine_free(cf_engine_t engine) {
+    try {
+        delete engine;
+    } catch (...) {
+        // destructors do not throw; nothing may cross the ABI regardless
+    }
+}
+
+cf_status cf_engine_get_info(cf_engine_t engine, cf_model_info * out_info) {
+    return guarded("cf_engine_get_info", [&] {
+        require(engine != nullptr && out_info != nullptr, "engine and out_info must be non-NULL");
+        engine->engine.get_info(out_info);
+    });
+}
+
+cf_status cf_engine_get_stats(cf_engine_t engine, cf_engine_stats * out_stats) {
+    return guarded("cf_engine_get_stats", [&] {
+        require(engine != nullptr && out_stats != nullptr, "engine and out_stats must be non-NULL");
+        *out_stats = engine->engine.get_stats();
+    });
+}
+
+cf_status cf_engine_add_request(cf_engine_t engine, const int32_t * prompt_tokens, int32_t num_prompt_tokens,
+                                const cf_sampling_params * params, int32_t priority, int64_t * out_request_id) {
+    return guarded("cf_engine_add_request", [&] {
+        require(engine != nullptr, "engine is NULL");
+        require(params != nullptr, "params is NULL");
+        require(out_request_id != nullptr, "out_request_id is NULL");
+        *out_request_id = engine->engine.add_request(prompt_tokens, num_prompt_tokens, *params, priority);
+    });
+}
+
+cf_status cf_engine_abort_request(cf_engine_t engine, int64_t request_id) {
+    return guarded("cf_engine_abort_request", [&] {
+        require(engine != nullptr, "engine is NULL");
+        engine->engine.abort_request(request_id);
+    });
+}
+
+cf_status cf_engine_step(cf_engine_t engine, int32_t * out_num_scheduled_tokens) {
+    if (out_num_scheduled_tokens != nullptr) {
+        *out_num_scheduled_tokens = 0;
+    }
+    cf_status status = CF_STATUS_OK;
+    const cf_status rc = guarded("cf_engine_step", [&] {
+        require(engine != nullptr, "engine is NULL");
+        const cf::StepResult result = engine->engine.step();
+        if (out_num_scheduled_tokens != nullptr) {
+            *out_num_scheduled_tokens = result.num_scheduled_tokens;
+        }
+        if (result.status != CF_STATUS_OK) {
+            status = set_error(result.status, result.message);
+        }
+    });
+    return rc != CF_STATUS_OK ? rc : status;
+}
+
+cf_status cf_engine_start(cf_engine_t engine) {
+    return guarded("cf_engine_start", [&] {
+        require(engine != nullptr, "engine is NULL");
+        engine->engine.start();
+    });
+}
+
+cf_status cf_engine_stop(cf_engine_t engine) {
+    return guarded("cf_engine_stop", [&] {
+        require(engine != nullptr, "engine is NULL");
+        engine->engine.stop();
+    });
+}
+
+cf_status cf_engine_drain(cf_engine_t engine, cf_output_event * events, int32_t capacity, int32_t timeout_ms,
+                          int32_t * out_num_events) {
+    if (out_num_events != nullptr) {
+        *out_num_events = 0;
+    }
+    return guarded("cf_engine_drain", [&] {
+        require(engine != nullptr, "engine is NULL");
+        require(out_num_events != nullptr, "out_num_events is NULL");
+        require(events != nullptr && capacity >= 1, "events must be non-NULL with capacity >= 1");
+        *out_num_events = engine->engine.drain(events, capacity, timeout_ms);
+    });
+}
+
+int32_t cf_engine_has_work(cf_engine_t engine) {
+    if (engine == nullptr) {
+        return 0;
+    }
+    try {
+        return engine->engine.has_work() ? 1 : 0;
+    } catch (...) {
+        return 0;
+    }
+}
+
+cf_status cf_engine_tokenize(cf_engine_t engine, const char * text, int32_t text_len, int32_t add_special,
+                             int32_t parse_special, int32_t * tokens, int32_t capacity, int32_t * out_num_tokens) {
+    return guarded("cf_engine_tokenize", [&] {
+        require(engine != nullptr && out_num_tokens != nullptr, "engine and out_num_tokens must be non-NULL");
+        *out_num_tokens = 0;
+        *out_num_tokens = cf::tokenize(engine->engine.session().vocab(), text, text_len, add_special != 0,
+                                       parse_special != 0, tokens, capacity, out_num_tokens);
+    });
+}
+
+cf_status cf_engine_detokenize(cf_engine_t engine, const int32_t * tokens, int32_t num_tokens, int32_t remove_special,
+                               int32_t unparse_special, char * buf, int32_t capacity, int32_t * out_len) {
+    return guarded("cf_engine_detokenize", [&] {
+        require(engine != nullptr && out_len != nullptr, "engine and out_len must be non-NULL");
+        *out_len = 0;
+        *out_len = cf::detokenize(engine->engine.session().vocab(), tokens, num_tokens, remove_special != 0,
+                                  unparse_special != 0, buf, capacity, out_len);
+    });
+}
+
+cf_status cf_engine_apply_chat_template(cf_engine_t engine, const char * tmpl, const char * const * roles,
+                                        const char * const * contents, int32_t num_messages, int32_t add_assistant,
+                                        char * buf, int32_t capacity, int32_t * out_len) {
+    return guarded("cf_engine_apply_chat_template", [&] {
+        require(engine != nullptr && out_len != nullptr, "engine and out_len must be non-NULL");
+        *out_len = 0;
+        *out_len = cf::apply_chat_template(engine->engine.session().model(), tmpl, roles, contents, num_messages,
+                                           add_assistant != 0, buf, capacity, out_len);
+    });
+}
+
+}  // extern "C"
