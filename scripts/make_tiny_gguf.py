@@ -27,10 +27,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
-# Imported lazily in functions would hide a missing dependency until late; fail early instead.
 import gguf
+import numpy as np
 
 ARCH = "llama"
 TOKENIZER_KEY_PREFIX = "tokenizer."
@@ -58,7 +56,9 @@ class TinyLlamaConfig:
         if self.n_embd % self.n_head != 0:
             raise ValueError(f"n_embd ({self.n_embd}) must be a multiple of n_head ({self.n_head})")
         if self.n_head % self.n_head_kv != 0:
-            raise ValueError(f"n_head ({self.n_head}) must be a multiple of n_head_kv ({self.n_head_kv})")
+            raise ValueError(
+                f"n_head ({self.n_head}) must be a multiple of n_head_kv ({self.n_head_kv})"
+            )
         if self.head_dim % 2 != 0:
             raise ValueError(f"head_dim ({self.head_dim}) must be even for RoPE")
 
