@@ -1,0 +1,129 @@
+"""`cacheflow generate` end to end on the tiny model: JSON output, errors and exit codes.
+
+Most cases run the click command in-process with CliRunner; one runs `python -m cli` in a
+subprocess to cover the real entry point, stdout/stderr separation and the exit status.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from cli.main import cacheflow
+from pycacheflow import SamplingParams
+
+pytestmark = pytest.mark.e2e
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+PROMPTS = ["First prompt", "Second, longer prompt with more words in it", "Third"]
+
+
+def run_cli(*args: str):
+    """Invoke `cacheflow ARGS...` in-process; returns click's Result."""
+    return CliRunner().invoke(cacheflow, list(args))
+
+
+def test_generate_json_one_object_per_prompt_in_order(tiny_model_path, tiny_llm):
+    result = run_cli("generate", "-m", str(tiny_model_path), "--json", "-q", "-n", "6",
+                     "--ignore-eos", "-c", "2", *PROMPTS)
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert len(lines) == len(PROMPTS)
+    records = [json.loads(line) for line in lines]
+    assert [r["prompt"] for r in records] == PROMPTS
+    expected = tiny_llm.generate(PROMPTS, SamplingParams(max_tokens=6, ignore_eos=True))
+    assert [r["token_ids"] for r in records] == [list(o.token_ids) for o in expected]
+    assert [r["text"] for r in records] == [o.text for o in expected]
+    assert {r["finish_reason"] for r in records} == {"length"}
+    assert [r["metrics"]["num_output_tokens"] for r in records] == [6, 6, 6]
+
+
+def test_generate_prompts_file_jsonl(tmp_path, tiny_model_path):
+    prompts_file = tmp_path / "prompts.jsonl"
+    prompts_file.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))
+    result = run_cli("generate", "-m", str(tiny_model_path), "--json", "-q", "-n", "2",
+                     "--prompts-file", str(prompts_file), "extra prompt")
+    assert result.exit_code == 0, result.output
+    assert [json.loads(line)["prompt"] for line in result.stdout.splitlines()] == [
+        "extra prompt", *PROMPTS]
+
+
+def test_generate_stop_string(tiny_model_path, tiny_llm):
+    full = tiny_llm.generate(["Stop here"], SamplingParams(max_tokens=16, ignore_eos=True))[0]
+    pieces = [tiny_llm.detokenize([t]) for t in full.token_ids[4:]]
+    stop = next(p for p in pieces if len(p.strip()) >= 2 and p.isprintable() and "\ufffd" not in p)
+    result = run_cli("generate", "-m", str(tiny_model_path), "--json", "-q", "-n", "16",
+                     "--ignore-eos", "--stop", stop, "Stop here")
+    assert result.exit_code == 0, result.output
+    record = json.loads(result.stdout)
+    assert record["finish_reason"] == "stop"
+    assert record["text"] == full.text[: full.text.index(stop)]
+
+
+def test_unknown_flag_is_a_usage_error(tiny_model_path):
+    result = run_cli("generate", "-m", str(tiny_model_path), "--no-such-flag", "hi")
+    assert result.exit_code == 2
+    assert "No such option" in result.output and "--no-such-flag" in result.output
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["-n", "0"], "--max-tokens"),
+        (["--temperature", "-1"], "--temperature"),
+        (["--top-p", "0"], "--top-p"),
+        (["--kv-mode", "bogus"], "--kv-mode"),
+        (["--stream", "--json"], "cannot be combined"),
+    ],
+)
+def test_bad_option_values_are_usage_errors(args, message, tiny_model_path):
+    result = run_cli("generate", "-m", str(tiny_model_path), *args, "hi")
+    assert result.exit_code == 2, result.output
+    assert message in result.output
+
+
+def test_missing_model_file(tmp_path):
+    missing = tmp_path / "missing.gguf"
+    result = run_cli("generate", "-m", str(missing), "hi")
+    assert result.exit_code != 0
+    assert str(missing) in result.output and "does not exist" in result.output
+
+
+def test_corrupt_model_file(tmp_path):
+    corrupt = tmp_path / "corrupt.gguf"
+    corrupt.write_bytes(b"GGUF" + bytes(1000))
+    result = run_cli("generate", "-m", str(corrupt), "hi")
+    assert result.exit_code == 1
+    assert "ModelLoadError" in result.output and str(corrupt) in result.output
+
+
+def test_prompt_too_long(tiny_model_path):
+    result = run_cli("generate", "-m", str(tiny_model_path), "-c", "1", "--ctx-size", "64",
+                     "word " * 600)
+    assert result.exit_code == 1
+    assert "PromptTooLongError" in result.output
+
+
+def test_subprocess_entry_point(tiny_model_path, tiny_llm):
+    cmd = [sys.executable, "-m", "cli", "generate", "-m", str(tiny_model_path), "--json",
+           "-n", "4", "--ignore-eos", "Hello", "World"]
+    result = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=REPO_ROOT)
+    assert result.returncode == 0, result.stderr
+    records = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [r["prompt"] for r in records] == ["Hello", "World"]
+    expected = tiny_llm.generate(["Hello", "World"], SamplingParams(max_tokens=4, ignore_eos=True))
+    assert [r["token_ids"] for r in records] == [list(o.token_ids) for o in expected]
+    assert "output tokens: 8" in result.stderr  # the stats summary goes to stderr
+
+
+def test_subprocess_unknown_flag_exit_code():
+    cmd = [sys.executable, "-m", "cli", "generate", "--bogus"]
+    result = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=REPO_ROOT)
+    assert result.returncode == 2
+    assert "No such option: --bogus" in result.stderr

@@ -1,0 +1,147 @@
+"""Continuous batching must not change what a request produces.
+
+Greedy decoding with ignore_eos fixes every output's length, so outputs are compared token for
+token between modes: concurrent vs alone, few slots vs many, stock vs stock-unified KV, with and
+without an aborted neighbour.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from pycacheflow import SamplingParams
+
+pytestmark = pytest.mark.e2e
+
+PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):",
+    "Once upon a time, in a small village by the sea,",
+    "List three primary colors:",
+    "2 + 2 =",
+    "The quick brown fox jumps over the lazy dog. The quick brown fox",
+    "Water boils at",
+    "In machine learning, a transformer is",
+]
+
+
+def greedy(max_tokens: int, **kwargs: object) -> SamplingParams:
+    """Greedy params whose output length is exactly max_tokens (EOS ignored)."""
+    return SamplingParams(max_tokens=max_tokens, ignore_eos=True, **kwargs)
+
+
+def request_prompts(n: int) -> list[str]:
+    """n distinct prompts of different lengths."""
+    return [f"Request {i}: " + "one two three " * (i % 5) + PROMPTS[i % len(PROMPTS)]
+            for i in range(n)]
+
+
+@pytest.mark.parametrize("model", ["real", "tiny"])
+def test_concurrent_greedy_matches_alone(model, real_llm, tiny_llm):
+    llm = real_llm if model == "real" else tiny_llm
+    params = greedy(24)
+    together = llm.generate(PROMPTS, params)
+    alone = [llm.generate([p], params)[0] for p in PROMPTS]
+    assert [o.prompt for o in together] == PROMPTS
+    for i, (t, a) in enumerate(zip(together, alone)):
+        assert t.token_ids == a.token_ids, f"prompt {i} ({PROMPTS[i]!r}) differs when batched"
+        assert t.text == a.text
+        assert len(t.token_ids) == 24 and t.finish_reason == "length"
+    # Different prompts give different continuations: the comparison above is not vacuous.
+    assert len({o.token_ids for o in together}) == len(PROMPTS)
+
+
+def test_many_requests_through_few_slots(tiny_model_path, make_llm, tiny_llm):
+    prompts = request_prompts(32)
+    params = [greedy(1 + i % 12) for i in range(32)]
+    few = make_llm(tiny_model_path, max_num_seqs=4, n_ctx=4 * 256)
+    outputs = few.generate(prompts, params)
+    assert [o.prompt for o in outputs] == prompts
+    assert [len(o.token_ids) for o in outputs] == [1 + i % 12 for i in range(32)]
+    assert {o.finish_reason for o in outputs} == {"length"}
+    assert [o.metrics.num_output_tokens for o in outputs] == [1 + i % 12 for i in range(32)]
+    assert [o.metrics.num_prompt_tokens for o in outputs] == [
+        len(few.tokenize(p)) for p in prompts]
+    # The same requests with room for 8 at once produce the same tokens.
+    reference = tiny_llm.generate(prompts, params)
+    assert [o.token_ids for o in outputs] == [o.token_ids for o in reference]
+    stats = few.stats()
+    assert (stats.num_running, stats.num_waiting, stats.num_finished) == (0, 0, 32)
+    assert stats.num_generated_tokens == sum(1 + i % 12 for i in range(32))
+
+
+@pytest.mark.parametrize("kv_mode", ["stock-unified", "paged"])
+def test_kv_modes_agree_with_stock(kv_mode, tiny_model_path, make_llm):
+    from pycacheflow.errors import UnsupportedError
+
+    prompts = request_prompts(6)
+    params = greedy(20)
+    stock = make_llm(tiny_model_path, kv_mode="stock", max_num_seqs=4, n_ctx=4 * 256)
+    try:
+        other = make_llm(tiny_model_path, kv_mode=kv_mode, max_num_seqs=4, n_ctx=4 * 256)
+    except UnsupportedError as exc:
+        pytest.skip(f"kv_mode {kv_mode!r} unsupported in this build: {exc}")
+    assert stock.info.kv_mode_name == "stock"
+    assert other.info.kv_mode_name == kv_mode
+    expected = [o.token_ids for o in stock.generate(prompts, params)]
+    assert [o.token_ids for o in other.generate(prompts, params)] == expected
+
+
+def test_real_model_kv_modes_agree(real_model_path, make_llm):
+    prompts = PROMPTS[:4]
+    params = greedy(16)
+    stock = make_llm(real_model_path, kv_mode="stock", max_num_seqs=4, n_ctx=4 * 128)
+    unified = make_llm(real_model_path, kv_mode="stock-unified", max_num_seqs=4, n_ctx=4 * 128)
+    assert [o.token_ids for o in unified.generate(prompts, params)] == [
+        o.token_ids for o in stock.generate(prompts, params)]
+
+
+def drain(llm, request_id: int):
+    """Consume a request's deltas; return its RequestOutput."""
+    deltas = list(llm.iter_outputs(request_id))
+    assert deltas[-1].output is not None
+    return deltas[-1].output
+
+
+def test_abort_running_leaves_others_unchanged(tiny_model_path, make_llm):
+    llm = make_llm(tiny_model_path, max_num_seqs=4, n_ctx=4 * 2048)
+    others = request_prompts(3)
+    params = greedy(24)
+    baseline = llm.generate(others, params)
+
+    # The victim could run for 2000 tokens: it is still running when it is aborted.
+    victim_id = llm.add_request("This request gets aborted:", greedy(2000))
+    other_ids = [llm.add_request(p, params) for p in others]
+    victim_deltas = llm.iter_outputs(victim_id)
+    first = next(d for d in victim_deltas if d.token_ids)  # it has started generating
+    assert llm.abort(victim_id) is True
+    rest = list(victim_deltas)
+    victim = rest[-1].output
+    assert victim.finish_reason == "abort"
+    assert 1 <= len(victim.token_ids) < 2000
+    assert victim.token_ids[: len(first.token_ids)] == first.token_ids
+    assert llm.abort(victim_id) is False  # already finished
+
+    outputs = [drain(llm, i) for i in other_ids]
+    assert [o.token_ids for o in outputs] == [o.token_ids for o in baseline]
+    assert [o.text for o in outputs] == [o.text for o in baseline]
+    assert {o.finish_reason for o in outputs} == {"length"}
+    # What the victim produced before the abort is what it produces alone.
+    alone = llm.generate(["This request gets aborted:"], greedy(len(victim.token_ids)))[0]
+    assert alone.token_ids == victim.token_ids
+
+
+def test_abort_waiting_request(tiny_model_path, make_llm):
+    llm = make_llm(tiny_model_path, max_num_seqs=1, n_ctx=2048)
+    expected = llm.generate(["After the aborts"], greedy(8))[0]
+    running_id = llm.add_request("Runs long", greedy(2000))
+    waiting_id = llm.add_request("Never admitted", greedy(8))  # the only slot is taken
+    assert llm.abort(waiting_id) is True
+    waiting = drain(llm, waiting_id)
+    assert (waiting.finish_reason, waiting.token_ids, waiting.text) == ("abort", (), "")
+    assert llm.abort(running_id) is True
+    assert drain(llm, running_id).finish_reason == "abort"
+    # The engine is clean afterwards: a new request runs as it did before.
+    assert llm.generate(["After the aborts"], greedy(8))[0].token_ids == expected.token_ids
+    stats = llm.stats()
+    assert (stats.num_running, stats.num_waiting) == (0, 0)
