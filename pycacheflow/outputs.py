@@ -224,12 +224,12 @@ class RequestOutput:
     def to_dict(self) -> dict[str, object]:
         """JSON-ready dict: prompt, text, token_ids, finish_reason, metrics, request_id."""
         return {
-            "request_id": self.request_id,
             "prompt": self.prompt,
             "text": self.text,
             "token_ids": list(self.token_ids),
             "finish_reason": self.finish_reason,
             "metrics": self.metrics.to_dict(),
+            "request_id": self.request_id,
         }
 
 
