@@ -310,18 +310,19 @@ class LLM:
             text = prompt
             if use_chat_template:
                 text = self.apply_chat_template([{"role": "user", "content": prompt}])
-            token_ids = self._tokenize_prompt(text, templated=use_chat_template)
+            token_ids = self._tokenize_prompt(text)
             original: str | None = prompt
         else:
             token_ids, original = [int(t) for t in prompt], None
         self._validate_tokens(token_ids, index)
         return _Prepared(original, token_ids, params)
 
-    def _tokenize_prompt(self, text: str, templated: bool) -> list[int]:
+    def _tokenize_prompt(self, text: str) -> list[int]:
         token_ids = self._engine.tokenize(text, add_special=True, parse_special=True)
         bos = self._info.token_bos
-        # A template that writes BOS itself plus the tokenizer's BOS would give two.
-        if templated and len(token_ids) >= 2 and token_ids[0] == token_ids[1] == bos:
+        # Text that starts with the BOS token's text (chat templates do; SmolLM2's BOS is
+        # <|im_start|>) plus the BOS the tokenizer adds would give two: keep one.
+        if self._info.add_bos and len(token_ids) >= 2 and token_ids[0] == token_ids[1] == bos:
             token_ids = token_ids[1:]
         return token_ids
 
