@@ -49,49 +49,129 @@ def cacheflow() -> None:
 
 @cacheflow.command(epilog=_EPILOG)
 @click.argument("prompts", nargs=-1)
-@click.option("-m", "--model", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help="GGUF model file. Default: the default model (downloaded on first use).")
-@click.option("--prompts-file", type=click.Path(exists=True, dir_okay=False, allow_dash=True),
-              help="Read more prompts: one per line, or JSONL with a \"prompt\" key (a .jsonl "
-                   "name or a first character '{'). '-' reads stdin.")
-@click.option("-n", "--max-tokens", type=click.IntRange(min=1), default=128, show_default=True,
-              help="Tokens to generate at most per prompt.")
-@click.option("--temperature", type=click.FloatRange(min=0), default=0.0, show_default=True,
-              help="Sampling temperature; 0 = greedy (deterministic).")
-@click.option("--top-k", type=click.IntRange(min=0), default=0, show_default=True,
-              help="Keep the k most likely tokens; 0 = off.")
-@click.option("--top-p", type=click.FloatRange(min=0, max=1, min_open=True), default=1.0,
-              show_default=True, help="Nucleus sampling mass; 1 = off.")
-@click.option("--min-p", type=click.FloatRange(min=0, max=1), default=0.0, show_default=True,
-              help="Drop tokens below min-p times the top probability; 0 = off.")
-@click.option("--seed", type=click.IntRange(min=0), default=None,
-              help="Seed for reproducible sampling (default: random).")
-@click.option("--stop", multiple=True, metavar="TEXT",
-              help="Stop string (repeatable); the output ends right before it.")
+@click.option(
+    "-m",
+    "--model",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="GGUF model file. Default: the default model (downloaded on first use).",
+)
+@click.option(
+    "--prompts-file",
+    type=click.Path(exists=True, dir_okay=False, allow_dash=True),
+    help='Read more prompts: one per line, or JSONL with a "prompt" key (a .jsonl '
+    "name or a first character '{'). '-' reads stdin.",
+)
+@click.option(
+    "-n",
+    "--max-tokens",
+    type=click.IntRange(min=1),
+    default=128,
+    show_default=True,
+    help="Tokens to generate at most per prompt.",
+)
+@click.option(
+    "--temperature",
+    type=click.FloatRange(min=0),
+    default=0.0,
+    show_default=True,
+    help="Sampling temperature; 0 = greedy (deterministic).",
+)
+@click.option(
+    "--top-k",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="Keep the k most likely tokens; 0 = off.",
+)
+@click.option(
+    "--top-p",
+    type=click.FloatRange(min=0, max=1, min_open=True),
+    default=1.0,
+    show_default=True,
+    help="Nucleus sampling mass; 1 = off.",
+)
+@click.option(
+    "--min-p",
+    type=click.FloatRange(min=0, max=1),
+    default=0.0,
+    show_default=True,
+    help="Drop tokens below min-p times the top probability; 0 = off.",
+)
+@click.option(
+    "--seed",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Seed for reproducible sampling (default: random).",
+)
+@click.option(
+    "--stop",
+    multiple=True,
+    metavar="TEXT",
+    help="Stop string (repeatable); the output ends right before it.",
+)
 @click.option("--ignore-eos", is_flag=True, help="Keep generating past end-of-generation tokens.")
-@click.option("--chat", is_flag=True,
-              help="Wrap each prompt as a user message of the model's chat template.")
-@click.option("-c", "--concurrency", type=click.IntRange(min=1), default=16, show_default=True,
-              help="Max sequences running at once (max_num_seqs).")
-@click.option("--ctx-size", type=click.IntRange(min=0), default=0,
-              help="Total KV capacity in tokens over all sequences; 0 = concurrency x "
-                   "min(trained context, 2048).")
-@click.option("--batch-tokens", type=click.IntRange(min=1), default=512, show_default=True,
-              help="Token budget per engine step (max_num_batched_tokens).")
-@click.option("--threads", type=click.IntRange(min=0), default=0,
-              help="CPU threads; 0 = all cores.")
-@click.option("--gpu-layers", type=click.IntRange(min=-1), default=0, show_default=True,
-              help="Layers offloaded to the GPU (CUDA builds); -1 = all.")
-@click.option("--kv-mode", type=click.Choice(KV_MODES), default="auto", show_default=True,
-              help="KV cache: paged (CacheFlow), stock / stock-unified (llama.cpp), or auto.")
+@click.option(
+    "--chat", is_flag=True, help="Wrap each prompt as a user message of the model's chat template."
+)
+@click.option(
+    "-c",
+    "--concurrency",
+    type=click.IntRange(min=1),
+    default=16,
+    show_default=True,
+    help="Max sequences running at once (max_num_seqs).",
+)
+@click.option(
+    "--ctx-size",
+    type=click.IntRange(min=0),
+    default=0,
+    help="Total KV capacity in tokens over all sequences; 0 = concurrency x "
+    "min(trained context, 2048).",
+)
+@click.option(
+    "--batch-tokens",
+    type=click.IntRange(min=1),
+    default=512,
+    show_default=True,
+    help="Token budget per engine step (max_num_batched_tokens).",
+)
+@click.option(
+    "--threads", type=click.IntRange(min=0), default=0, help="CPU threads; 0 = all cores."
+)
+@click.option(
+    "--gpu-layers",
+    type=click.IntRange(min=-1),
+    default=0,
+    show_default=True,
+    help="Layers offloaded to the GPU (CUDA builds); -1 = all.",
+)
+@click.option(
+    "--kv-mode",
+    type=click.Choice(KV_MODES),
+    default="auto",
+    show_default=True,
+    help="KV cache: paged (CacheFlow), stock / stock-unified (llama.cpp), or auto.",
+)
 @click.option("--stream", is_flag=True, help="Print text as it is generated.")
-@click.option("--json", "as_json", is_flag=True,
-              help="Print one JSON object per prompt (input order): prompt, text, token_ids, "
-                   "finish_reason, metrics.")
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print one JSON object per prompt (input order): prompt, text, token_ids, "
+    "finish_reason, metrics.",
+)
 @click.option("-q", "--quiet", is_flag=True, help="Do not print the stats summary on stderr.")
 @click.option("-v", "--verbose", is_flag=True, help="Show llama.cpp and engine logs.")
-def generate(prompts: tuple[str, ...], model: Path | None, prompts_file: str | None,
-             stream: bool, as_json: bool, quiet: bool, chat: bool, **options: object) -> None:
+def generate(
+    prompts: tuple[str, ...],
+    model: Path | None,
+    prompts_file: str | None,
+    stream: bool,
+    as_json: bool,
+    quiet: bool,
+    chat: bool,
+    **options: object,
+) -> None:
     """Generate completions for PROMPTS, all at once with continuous batching.
 
     Text goes to stdout (with a header per prompt when there are several), a stats summary
@@ -140,9 +220,14 @@ def _collect_prompts(prompts: tuple[str, ...], prompts_file: str | None) -> list
 def _sampling_params(options: dict[str, object]) -> SamplingParams:
     try:
         return SamplingParams(
-            max_tokens=options["max_tokens"], temperature=options["temperature"],
-            top_k=options["top_k"], top_p=options["top_p"], min_p=options["min_p"],
-            seed=options["seed"], stop=list(options["stop"]), ignore_eos=options["ignore_eos"],
+            max_tokens=options["max_tokens"],
+            temperature=options["temperature"],
+            top_k=options["top_k"],
+            top_p=options["top_p"],
+            min_p=options["min_p"],
+            seed=options["seed"],
+            stop=list(options["stop"]),
+            ignore_eos=options["ignore_eos"],
         )
     except (ValueError, TypeError) as exc:
         raise click.UsageError(str(exc)) from None
@@ -186,8 +271,9 @@ def _to_click_error(exc: CacheFlowError) -> click.ClickException:
     return click.ClickException(f"{type(exc).__name__}: {exc}")
 
 
-def _run(llm: LLM, prompts: list[str], params: SamplingParams, chat: bool, stream: bool,
-         as_json: bool) -> list[RequestOutput]:
+def _run(
+    llm: LLM, prompts: list[str], params: SamplingParams, chat: bool, stream: bool, as_json: bool
+) -> list[RequestOutput]:
     if stream:
         return _run_streaming(llm, prompts, params, chat)
     outputs = llm.generate(prompts, params, use_chat_template=chat)
@@ -200,8 +286,9 @@ def _run(llm: LLM, prompts: list[str], params: SamplingParams, chat: bool, strea
     return outputs
 
 
-def _run_streaming(llm: LLM, prompts: list[str], params: SamplingParams,
-                   chat: bool) -> list[RequestOutput]:
+def _run_streaming(
+    llm: LLM, prompts: list[str], params: SamplingParams, chat: bool
+) -> list[RequestOutput]:
     """Submit all prompts, then print each one's stream in input order (later ones run
     concurrently and print from their backlog when their turn comes)."""
     request_ids = [llm.add_request(p, params, use_chat_template=chat) for p in prompts]

@@ -73,7 +73,8 @@ def cdef_from_header(text: str) -> str:
 
     Strips comments, ``#include`` lines, the include guard, every other conditional block
     (``extern "C"`` for C++, the ``CF_API`` definitions) and the ``CF_API`` marker; integer
-    ``#define`` constants such as ``#define CF_TOKEN_NONE (-1)`` become ``#define CF_TOKEN_NONE -1``.
+    ``#define`` constants such as ``#define CF_TOKEN_NONE (-1)`` become
+    ``#define CF_TOKEN_NONE -1``.
 
     Args:
         text: the full header text.
@@ -89,7 +90,9 @@ def cdef_from_header(text: str) -> str:
         if stripped.startswith("#"):
             directive = stripped[1:].strip()
             if directive.startswith(("if", "ifdef", "ifndef")):
-                is_guard = directive.split()[-1] == _INCLUDE_GUARD and directive.startswith("ifndef")
+                is_guard = directive.split()[-1] == _INCLUDE_GUARD and directive.startswith(
+                    "ifndef"
+                )
                 keep_stack.append(is_guard and all(keep_stack))
             elif directive.startswith("endif"):
                 keep_stack.pop()

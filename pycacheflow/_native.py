@@ -206,9 +206,11 @@ class Engine:
         c_params = _sampling_params(params, keep)
         tokens = ffi.new("int32_t[]", list(prompt_token_ids))
         out = ffi.new("int64_t *")
-        _check(lib.cf_engine_add_request(
-            self._h(), tokens, len(prompt_token_ids), c_params, priority, out
-        ))
+        _check(
+            lib.cf_engine_add_request(
+                self._h(), tokens, len(prompt_token_ids), c_params, priority, out
+            )
+        )
         return out[0]
 
     def abort(self, request_id: int) -> None:
@@ -265,7 +267,9 @@ class Engine:
 
     # ------------------------------------------------------------------ text
 
-    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
+    def tokenize(
+        self, text: str, add_special: bool = True, parse_special: bool = True
+    ) -> list[int]:
         """Tokenize UTF-8 text.
 
         Args:
@@ -282,10 +286,18 @@ class Engine:
             tokens = ffi.new("int32_t[]", capacity)
             out = ffi.new("int32_t *")
             try:
-                _check(lib.cf_engine_tokenize(
-                    self._h(), data, len(data), int(add_special), int(parse_special),
-                    tokens, capacity, out,
-                ))
+                _check(
+                    lib.cf_engine_tokenize(
+                        self._h(),
+                        data,
+                        len(data),
+                        int(add_special),
+                        int(parse_special),
+                        tokens,
+                        capacity,
+                        out,
+                    )
+                )
             except errors.BufferTooSmallError:
                 capacity = _grown(capacity, out[0])
                 continue
@@ -307,8 +319,14 @@ class Engine:
         tokens = ffi.new("int32_t[]", list(token_ids))
         return self._text_call(
             lambda buf, cap, out: lib.cf_engine_detokenize(
-                self._h(), tokens, len(token_ids), int(remove_special), int(unparse_special),
-                buf, cap, out,
+                self._h(),
+                tokens,
+                len(token_ids),
+                int(remove_special),
+                int(unparse_special),
+                buf,
+                cap,
+                out,
             ),
             capacity=max(_INITIAL_TEXT_BYTES, 8 * len(token_ids)),
         )
@@ -348,8 +366,15 @@ class Engine:
         text_bytes = sum(len(s) for s in contents)
         data = self._text_call(
             lambda buf, cap, out: lib.cf_engine_apply_chat_template(
-                self._h(), c_template, c_roles, c_contents, len(roles), int(add_assistant),
-                buf, cap, out,
+                self._h(),
+                c_template,
+                c_roles,
+                c_contents,
+                len(roles),
+                int(add_assistant),
+                buf,
+                cap,
+                out,
             ),
             capacity=_INITIAL_TEXT_BYTES + 2 * text_bytes,
         )
@@ -376,7 +401,14 @@ def _grown(capacity: int, needed: int) -> int:
 
 def _event(e: object) -> OutputEvent:
     return OutputEvent(
-        e.request_id, e.token_id, e.finish_reason, e.time_ns, e.arrival_ns,
-        e.first_scheduled_ns, e.num_prompt_tokens, e.num_cached_tokens, e.num_output_tokens,
+        e.request_id,
+        e.token_id,
+        e.finish_reason,
+        e.time_ns,
+        e.arrival_ns,
+        e.first_scheduled_ns,
+        e.num_prompt_tokens,
+        e.num_cached_tokens,
+        e.num_output_tokens,
         e.num_preemptions,
     )

@@ -101,7 +101,9 @@ class EngineRunner:
         self._closed = False
         self._stop = threading.Event()
         engine.start()
-        self._thread = threading.Thread(target=self._dispatch, name="cacheflow-dispatch", daemon=True)
+        self._thread = threading.Thread(
+            target=self._dispatch, name="cacheflow-dispatch", daemon=True
+        )
         self._thread.start()
 
     def add_request(

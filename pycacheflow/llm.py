@@ -95,7 +95,9 @@ class LLM:
 
     # ------------------------------------------------------------------ text helpers
 
-    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
+    def tokenize(
+        self, text: str, add_special: bool = True, parse_special: bool = True
+    ) -> list[int]:
         """Tokenize text as prompts are tokenized (BOS added if the model wants it)."""
         return self._engine.tokenize(text, add_special, parse_special)
 
@@ -151,8 +153,13 @@ class LLM:
         try:
             for p in prepared:
                 stream = self._runner.add_request(p.token_ids, p.params)
-                state = RequestState(stream.request_id, p.prompt, p.token_ids, p.params,
-                                     self._engine.detokenize_bytes)
+                state = RequestState(
+                    stream.request_id,
+                    p.prompt,
+                    p.token_ids,
+                    p.params,
+                    self._engine.detokenize_bytes,
+                )
                 submitted.append((state, stream))
             for state, stream in submitted:
                 while not state.finished:
@@ -213,8 +220,14 @@ class LLM:
         p = self._prepare_all([prompt], params, use_chat_template)[0]
         with self._lock:
             stream = self._runner.add_request(p.token_ids, p.params, priority, notify)
-            state = RequestState(stream.request_id, p.prompt, p.token_ids, p.params,
-                                 self._engine.detokenize_bytes, streaming=True)
+            state = RequestState(
+                stream.request_id,
+                p.prompt,
+                p.token_ids,
+                p.params,
+                self._engine.detokenize_bytes,
+                streaming=True,
+            )
             self._pending[stream.request_id] = _Pending(state, stream)
         return stream.request_id
 

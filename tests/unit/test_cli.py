@@ -15,8 +15,16 @@ def runner():
     return CliRunner()
 
 
-@pytest.mark.parametrize("args", [["--help"], ["generate", "--help"], ["model", "--help"],
-                                  ["model", "pull", "--help"], ["model", "path", "--help"]])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--help"],
+        ["generate", "--help"],
+        ["model", "--help"],
+        ["model", "pull", "--help"],
+        ["model", "path", "--help"],
+    ],
+)
 def test_help(runner, args):
     result = runner.invoke(cacheflow, args)
     assert result.exit_code == 0 and "Usage: cacheflow" in result.output
@@ -78,8 +86,12 @@ def test_prompts_file_errors_name_the_line(tmp_path, line):
 def _output(n_prompt, token_ms, finish_ms):
     ms = 1_000_000
     metrics = RequestMetrics.from_times_ns(
-        arrival_ns=0, first_scheduled_ns=ms, token_times_ns=[t * ms for t in token_ms],
-        finish_ns=finish_ms * ms, num_prompt_tokens=n_prompt)
+        arrival_ns=0,
+        first_scheduled_ns=ms,
+        token_times_ns=[t * ms for t in token_ms],
+        finish_ns=finish_ms * ms,
+        num_prompt_tokens=n_prompt,
+    )
     return RequestOutput(1, "p", (1,), "t", tuple(range(len(token_ms))), "length", metrics)
 
 

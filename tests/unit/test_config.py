@@ -14,7 +14,12 @@ def test_defaults():
     c = EngineConfig(model="m.gguf")
     assert (c.n_ctx, c.max_num_seqs, c.max_num_batched_tokens) == (0, 16, 512)
     assert (c.kv_mode, c.policy, c.log_level, c.flash_attn, c.block_size) == (
-        "auto", "fcfs", "error", None, 16)
+        "auto",
+        "fcfs",
+        "error",
+        None,
+        16,
+    )
     assert c.model_path == "m.gguf"
 
 
@@ -39,7 +44,10 @@ def test_all_choices_accepted(kv_mode, policy):
         ({"n_gpu_layers": -2}, "n_gpu_layers must be >= -1, got -2"),
         ({"block_size": 0}, "block_size must be >= 1, got 0"),
         ({"n_ctx": 2**31}, "n_ctx must be < 2**31"),
-        ({"kv_mode": "fast"}, "kv_mode must be one of auto, stock, stock-unified, paged; got 'fast'"),
+        (
+            {"kv_mode": "fast"},
+            "kv_mode must be one of auto, stock, stock-unified, paged; got 'fast'",
+        ),
         ({"policy": "lifo"}, "policy must be one of fcfs, sjf, priority; got 'lifo'"),
         ({"log_level": "loud"}, "log_level must be one of"),
     ],

@@ -7,8 +7,19 @@ import pytest
 from pycacheflow.detokenizer import IncrementalDetokenizer, StopStringMatcher, truncate_at_stop
 
 # A fake byte-level vocabulary: "é" (c3 a9) and "😀" (f0 9f 98 80) are split over tokens.
-VOCAB = {0: b"Hello", 1: b" w", 2: b"orld", 3: b"\xc3", 4: b"\xa9", 5: b"\xf0\x9f",
-         6: b"\x98", 7: b"\x80", 8: b"!", 9: b" ", 10: b"\xff"}
+VOCAB = {
+    0: b"Hello",
+    1: b" w",
+    2: b"orld",
+    3: b"\xc3",
+    4: b"\xa9",
+    5: b"\xf0\x9f",
+    6: b"\x98",
+    7: b"\x80",
+    8: b"!",
+    9: b" ",
+    10: b"\xff",
+}
 
 
 def detok(ids):

@@ -29,8 +29,21 @@ def fake_lib_path(tmp_path_factory) -> Path:
     if cc is None:
         pytest.skip("no C compiler for the fake libcacheflow")
     out = tmp_path_factory.mktemp("fakecf") / "libcacheflow_fake.so"
-    subprocess.run([cc, "-std=c11", "-O1", "-shared", "-fPIC", f"-I{REPO / 'native' / 'include'}",
-                    str(FAKE_SOURCE), "-o", str(out), "-lpthread"], check=True)
+    subprocess.run(
+        [
+            cc,
+            "-std=c11",
+            "-O1",
+            "-shared",
+            "-fPIC",
+            f"-I{REPO / 'native' / 'include'}",
+            str(FAKE_SOURCE),
+            "-o",
+            str(out),
+            "-lpthread",
+        ],
+        check=True,
+    )
     return out
 
 
@@ -221,15 +234,20 @@ def test_cli_generate_json_and_stream(native, model_file):
     from cli.main import cacheflow
 
     runner = CliRunner()
-    result = runner.invoke(cacheflow, ["generate", "-m", str(model_file), "--json", "-n", "3",
-                                       "ab", "cd"])
+    result = runner.invoke(
+        cacheflow, ["generate", "-m", str(model_file), "--json", "-n", "3", "ab", "cd"]
+    )
     assert result.exit_code == 0, result.output
     lines = [json.loads(line) for line in result.stdout.splitlines()]
     assert [(r["prompt"], r["text"], r["finish_reason"]) for r in lines] == [
-        ("ab", "aba", "length"), ("cd", "cdc", "length")]
+        ("ab", "aba", "length"),
+        ("cd", "cdc", "length"),
+    ]
     assert "requests: 2" in result.stderr
-    result = runner.invoke(cacheflow, ["generate", "-m", str(model_file), "--stream", "-q",
-                                       "-n", "20", "--stop", "lo", "Hello"])
+    result = runner.invoke(
+        cacheflow,
+        ["generate", "-m", str(model_file), "--stream", "-q", "-n", "20", "--stop", "lo", "Hello"],
+    )
     assert result.exit_code == 0 and result.stdout == "Hel\n" and result.stderr == ""
 
 

@@ -29,7 +29,11 @@ def test_four_tokens():
     assert m.itl_s == pytest.approx((0.010, 0.015, 0.005))
     assert m.queue_s == pytest.approx(0.005)
     assert (m.num_prompt_tokens, m.num_output_tokens, m.num_cached_tokens, m.num_preemptions) == (
-        7, 4, 4, 1)
+        7,
+        4,
+        4,
+        1,
+    )
     assert m.arrival_time_s == pytest.approx(0.100)
     assert m.first_token_time_s == pytest.approx(0.150)
     assert m.finish_time_s == pytest.approx(0.180)

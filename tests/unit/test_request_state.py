@@ -22,9 +22,18 @@ def reason(name):
 
 def ev(token_id, t_ms, finish=0, request_id=7):
     final = finish != 0
-    return OutputEvent(request_id, token_id, finish, t_ms * MS,
-                       10 * MS if final else 0, 12 * MS if final else 0,
-                       5 if final else 0, 2 if final else 0, 0, 0)
+    return OutputEvent(
+        request_id,
+        token_id,
+        finish,
+        t_ms * MS,
+        10 * MS if final else 0,
+        12 * MS if final else 0,
+        5 if final else 0,
+        2 if final else 0,
+        0,
+        0,
+    )
 
 
 def make(stop=(), streaming=True):

@@ -72,7 +72,14 @@ def test_wrong_types_raise_type_error(kwargs):
 
 
 def test_boundaries_accepted():
-    p = SamplingParams(max_tokens=1, temperature=0.7, top_k=40, top_p=1.0, min_p=1.0,
-                       seed=2**63 - 1, ignore_eos=True)
+    p = SamplingParams(
+        max_tokens=1,
+        temperature=0.7,
+        top_k=40,
+        top_p=1.0,
+        min_p=1.0,
+        seed=2**63 - 1,
+        ignore_eos=True,
+    )
     assert not p.greedy and p.seed == 2**63 - 1
     assert SamplingParams(seed=0, min_p=0.0, top_p=1e-6).seed == 0
