@@ -49,9 +49,15 @@ void init_backend_once() {
     });
 }
 
-bool file_exists(const std::string & path) {
+// Throws MODEL_LOAD_FAILED unless path names an existing regular file (or a link to one).
+void check_model_file(const std::string & path) {
     struct stat st;
-    return ::stat(path.c_str(), &st) == 0;
+    if (::stat(path.c_str(), &st) != 0) {
+        throw Error(CF_STATUS_MODEL_LOAD_FAILED, "model file not found: " + path);
+    }
+    if (S_ISDIR(st.st_mode)) {
+        throw Error(CF_STATUS_MODEL_LOAD_FAILED, "model path is a directory, not a GGUF file: " + path);
+    }
 }
 
 llama_flash_attn_type flash_attn_type(int32_t flash_attn) {
@@ -92,9 +98,7 @@ LlamaSession::~LlamaSession() {
 
 void LlamaSession::load_model() {
     const std::string & path = config_.model_path;
-    if (!file_exists(path)) {
-        throw Error(CF_STATUS_MODEL_LOAD_FAILED, "model file not found: " + path);
-    }
+    check_model_file(path);
     llama_model_params mp = llama_model_default_params();
     mp.n_gpu_layers = config_.n_gpu_layers;
     model_ = llama_model_load_from_file(path.c_str(), mp);
