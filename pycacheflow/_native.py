@@ -9,7 +9,8 @@ Importing this module loads libcacheflow.so and raises ImportError if it is miss
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from pycacheflow import errors
@@ -118,12 +119,55 @@ def _sampling_params(params: SamplingParams, keep: list) -> object:
     return c
 
 
+class _HandleGuard:
+    """Hands out the engine handle to native calls and counts them, so that ``close`` never
+    frees the engine under a call still running on another thread."""
+
+    def __init__(self, handle: object) -> None:
+        self._cond = threading.Condition()
+        self._handle: object | None = handle
+        self._num_calls = 0
+
+    @property
+    def closed(self) -> bool:
+        return self._handle is None
+
+    def __enter__(self) -> object:
+        with self._cond:
+            if self._handle is None:
+                raise errors.ShutdownError("engine is closed")
+            self._num_calls += 1
+            return self._handle
+
+    def __exit__(self, *exc_info: object) -> None:
+        with self._cond:
+            self._num_calls -= 1
+            if self._num_calls == 0:
+                self._cond.notify_all()
+
+    def close(self, wake: Callable[[object], object]) -> object | None:
+        """Refuse new calls, ``wake(handle)`` blocked ones, wait for all to return.
+
+        Returns:
+            The handle, now unused, for the caller to free; None if already closed.
+        """
+        with self._cond:
+            handle, self._handle = self._handle, None
+        if handle is None:
+            return None
+        wake(handle)
+        with self._cond:
+            self._cond.wait_for(lambda: self._num_calls == 0)
+        return handle
+
+
 class Engine:
     """Owning handle of one native engine (``cf_engine_t``).
 
     Thread-safety follows cacheflow.h: every method except ``step`` may be called from several
     threads at once; ``step`` must not run while the step thread runs (``start``). ``close``
-    must not race with other calls on the same engine.
+    may be called from any thread: it waits for native calls in flight (blocked ``drain``s are
+    woken by stopping the step thread); later calls raise ShutdownError.
 
     Args:
         config: the engine configuration.
@@ -137,21 +181,21 @@ class Engine:
         c_config = _engine_config(config, keep)
         out = ffi.new("cf_engine_t *")
         _check(lib.cf_engine_init(c_config, out))
-        self._handle = ffi.gc(out[0], lib.cf_engine_free)
+        self._guard = _HandleGuard(ffi.gc(out[0], lib.cf_engine_free))
         self.config = config
 
     # ------------------------------------------------------------------ lifetime
 
     def close(self) -> None:
         """Stop the step thread, abort all requests and free the engine. Idempotent."""
-        handle, self._handle = self._handle, None
+        handle = self._guard.close(wake=lib.cf_engine_stop)
         if handle is not None:
             ffi.release(handle)  # runs cf_engine_free now instead of at garbage collection
 
     @property
     def closed(self) -> bool:
         """True after ``close()``."""
-        return self._handle is None
+        return self._guard.closed
 
     def __enter__(self) -> Engine:
         return self
@@ -159,17 +203,17 @@ class Engine:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    def _h(self) -> object:
-        if self._handle is None:
-            raise errors.ShutdownError("engine is closed")
-        return self._handle
+    def _call(self, fn: Callable[..., int], *args: object) -> None:
+        """``fn(handle, *args)`` with the handle held open, then ``_check`` its status."""
+        with self._guard as handle:
+            _check(fn(handle, *args))
 
     # ------------------------------------------------------------------ info
 
     def info(self) -> ModelInfo:
         """Model and capacity facts (``cf_engine_get_info``)."""
         out = ffi.new("cf_model_info *")
-        _check(lib.cf_engine_get_info(self._h(), out))
+        self._call(lib.cf_engine_get_info, out)
         values = {}
         for name in ModelInfo._fields[:-1]:
             value = getattr(out, name)
@@ -179,7 +223,7 @@ class Engine:
     def stats(self) -> EngineStats:
         """Engine-wide counters (``cf_engine_get_stats``)."""
         out = ffi.new("cf_engine_stats *")
-        _check(lib.cf_engine_get_stats(self._h(), out))
+        self._call(lib.cf_engine_get_stats, out)
         return EngineStats(*(getattr(out, name) for name in EngineStats._fields))
 
     # ------------------------------------------------------------------ requests
@@ -206,10 +250,8 @@ class Engine:
         c_params = _sampling_params(params, keep)
         tokens = ffi.new("int32_t[]", list(prompt_token_ids))
         out = ffi.new("int64_t *")
-        _check(
-            lib.cf_engine_add_request(
-                self._h(), tokens, len(prompt_token_ids), c_params, priority, out
-            )
+        self._call(
+            lib.cf_engine_add_request, tokens, len(prompt_token_ids), c_params, priority, out
         )
         return out[0]
 
@@ -219,11 +261,12 @@ class Engine:
         Raises:
             NotFoundError: unknown or already finished (nothing changes).
         """
-        _check(lib.cf_engine_abort_request(self._h(), request_id))
+        self._call(lib.cf_engine_abort_request, request_id)
 
     def has_work(self) -> bool:
         """True if any request is waiting or running."""
-        return bool(lib.cf_engine_has_work(self._h()))
+        with self._guard as handle:
+            return bool(lib.cf_engine_has_work(handle))
 
     # ------------------------------------------------------------------ stepping
 
@@ -238,16 +281,16 @@ class Engine:
             InvalidArgumentError: the step thread is running.
         """
         out = ffi.new("int32_t *")
-        _check(lib.cf_engine_step(self._h(), out))
+        self._call(lib.cf_engine_step, out)
         return out[0]
 
     def start(self) -> None:
         """Start the native step thread (no-op if running)."""
-        _check(lib.cf_engine_start(self._h()))
+        self._call(lib.cf_engine_start)
 
     def stop(self) -> None:
         """Stop the native step thread after its current step; requests stay queued."""
-        _check(lib.cf_engine_stop(self._h()))
+        self._call(lib.cf_engine_stop)
 
     def drain(self, timeout_ms: int = 0, capacity: int = _DRAIN_CAPACITY) -> list[OutputEvent]:
         """Move queued output events out of the engine, oldest first (thread-safe).
@@ -262,7 +305,7 @@ class Engine:
         """
         events = ffi.new("cf_output_event[]", capacity)
         out = ffi.new("int32_t *")
-        _check(lib.cf_engine_drain(self._h(), events, capacity, timeout_ms, out))
+        self._call(lib.cf_engine_drain, events, capacity, timeout_ms, out)
         return [_event(events[i]) for i in range(out[0])]
 
     # ------------------------------------------------------------------ text
@@ -285,19 +328,9 @@ class Engine:
         while True:
             tokens = ffi.new("int32_t[]", capacity)
             out = ffi.new("int32_t *")
+            flags = (int(add_special), int(parse_special))
             try:
-                _check(
-                    lib.cf_engine_tokenize(
-                        self._h(),
-                        data,
-                        len(data),
-                        int(add_special),
-                        int(parse_special),
-                        tokens,
-                        capacity,
-                        out,
-                    )
-                )
+                self._call(lib.cf_engine_tokenize, data, len(data), *flags, tokens, capacity, out)
             except errors.BufferTooSmallError:
                 capacity = _grown(capacity, out[0])
                 continue
@@ -317,19 +350,9 @@ class Engine:
             InvalidArgumentError: a token id is out of range.
         """
         tokens = ffi.new("int32_t[]", list(token_ids))
-        return self._text_call(
-            lambda buf, cap, out: lib.cf_engine_detokenize(
-                self._h(),
-                tokens,
-                len(token_ids),
-                int(remove_special),
-                int(unparse_special),
-                buf,
-                cap,
-                out,
-            ),
-            capacity=max(_INITIAL_TEXT_BYTES, 8 * len(token_ids)),
-        )
+        args = (tokens, len(token_ids), int(remove_special), int(unparse_special))
+        capacity = max(_INITIAL_TEXT_BYTES, 8 * len(token_ids))
+        return self._text_call(lib.cf_engine_detokenize, args, capacity)
 
     def detokenize(
         self, token_ids: Sequence[int], remove_special: bool = False, unparse_special: bool = False
@@ -364,30 +387,19 @@ class Engine:
         c_contents = ffi.new("const char *[]", keep[len(roles) :])
         c_template = ffi.NULL if template is None else ffi.new("char[]", template.encode())
         text_bytes = sum(len(s) for s in contents)
-        data = self._text_call(
-            lambda buf, cap, out: lib.cf_engine_apply_chat_template(
-                self._h(),
-                c_template,
-                c_roles,
-                c_contents,
-                len(roles),
-                int(add_assistant),
-                buf,
-                cap,
-                out,
-            ),
-            capacity=_INITIAL_TEXT_BYTES + 2 * text_bytes,
-        )
+        args = (c_template, c_roles, c_contents, len(roles), int(add_assistant))
+        capacity = _INITIAL_TEXT_BYTES + 2 * text_bytes
+        data = self._text_call(lib.cf_engine_apply_chat_template, args, capacity)
         return data.decode("utf-8", errors="replace")
 
-    @staticmethod
-    def _text_call(call, capacity: int) -> bytes:
-        """Run a call that writes bytes, growing the buffer on CF_STATUS_BUFFER_TOO_SMALL."""
+    def _text_call(self, fn: Callable[..., int], args: tuple, capacity: int) -> bytes:
+        """``fn(handle, *args, buf, capacity, out_len)`` for a call that writes bytes, growing
+        the buffer on CF_STATUS_BUFFER_TOO_SMALL."""
         while True:
             buf = ffi.new("char[]", capacity)
             out = ffi.new("int32_t *")
             try:
-                _check(call(buf, capacity, out))
+                self._call(fn, *args, buf, capacity, out)
             except errors.BufferTooSmallError:
                 capacity = _grown(capacity, out[0])
                 continue

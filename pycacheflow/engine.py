@@ -136,11 +136,11 @@ class EngineRunner:
         """Abort a request; its stream still receives a final "abort" event.
 
         Returns:
-            False if the request was unknown or had already finished.
+            False if the request was unknown or had already finished, or the runner is closed.
         """
         try:
             self.engine.abort(request_id)
-        except errors.NotFoundError:
+        except (errors.NotFoundError, errors.ShutdownError):
             return False
         return True
 

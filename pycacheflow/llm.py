@@ -64,9 +64,9 @@ class LLM:
         **config_kwargs: object,
     ) -> None:
         self.config = _make_config(model, config, config_kwargs)
-        self._runner = EngineRunner(Engine(self.config))
-        self._engine = self._runner.engine
+        self._engine = Engine(self.config)
         self._info = self._engine.info()
+        self._runner = EngineRunner(self._engine)  # starts the native and dispatcher threads
         self._lock = threading.Lock()  # guards _pending
         self._pending: dict[int, _Pending] = {}  # add_request'ed, not yet fully consumed
         # Stops native threads before interpreter teardown even without close().
@@ -188,9 +188,13 @@ class LLM:
             Same as ``generate``, before the first piece.
         """
         request_id = self.add_request(prompt, params, use_chat_template=use_chat_template)
-        for delta in self.iter_outputs(request_id):
-            if delta.text:
-                yield delta.text
+        outputs = self.iter_outputs(request_id)
+        try:
+            for delta in outputs:
+                if delta.text:
+                    yield delta.text
+        finally:
+            outputs.close()  # aborts the request if the caller stopped early
 
     def add_request(
         self,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -213,19 +214,41 @@ def native_config(model_file):
     return EngineConfig(model=model_file)
 
 
-def test_text_buffers_grow_on_buffer_too_small(native):
+def test_text_buffers_grow_on_buffer_too_small(native, model_file):
     calls = []
 
-    def call(buf, capacity, out):
-        calls.append(capacity)
+    def call(handle, prefix, buf, capacity, out):
+        calls.append((prefix, capacity))
         out[0] = 10
         if capacity < 10:
             return native.lib.CF_STATUS_BUFFER_TOO_SMALL
         native.ffi.memmove(buf, b"0123456789", 10)
         return native.lib.CF_STATUS_OK
 
-    assert native.Engine._text_call(call, capacity=4) == b"0123456789"
-    assert calls == [4, 10]
+    with native.Engine(native_config(model_file)) as engine:
+        assert engine._text_call(call, ("p",), capacity=4) == b"0123456789"
+    assert calls == [("p", 4), ("p", 10)]
+
+
+def test_close_waits_for_calls_in_flight_and_wakes_drains(native, model_file):
+    engine = native.Engine(native_config(model_file))
+    engine.start()
+    drained = []
+
+    def drain_forever():
+        try:
+            drained.append(engine.drain(timeout_ms=-1))
+        except errors.ShutdownError:  # close() came first
+            drained.append("closed")
+
+    drainer = threading.Thread(target=drain_forever)
+    drainer.start()
+    time.sleep(0.05)  # let it block in cf_engine_drain
+    engine.close()  # must wake the blocked drain, wait for it, then free
+    drainer.join(5)
+    assert not drainer.is_alive() and drained in ([[]], ["closed"]) and engine.closed
+    with pytest.raises(errors.ShutdownError):
+        engine.tokenize("x")
 
 
 def test_cli_generate_json_and_stream(native, model_file):
