@@ -282,6 +282,113 @@ CF_API cf_status cf_engine_apply_chat_template(cf_engine_t engine, const char * 
                                                int32_t add_assistant, char * buf, int32_t capacity,
                                                int32_t * out_len);
 
+/* ---- block manager (paged KV bookkeeping; used by tests and tools) */
+
+/* A block manager owns a pool of num_blocks KV blocks of block_size tokens each and one block
+ * table per sequence; it only does bookkeeping (no tensors). Token pos of a sequence lives in
+ * block table[pos / block_size] at slot block_id * block_size + pos % block_size. Blocks are
+ * ref-counted: after cf_block_manager_fork parent and child share them. Appending to a shared,
+ * partially filled last block first moves the sequence to a fresh block and records a copy
+ * (src, dst) that the executor performs before writing that step's slots (copy-on-write).
+ * The free list is FIFO: the block freed longest ago is allocated first.
+ *
+ * Sequence ids are chosen by the caller (>= 0, e.g. request ids). A sequence exists from its
+ * first cf_block_manager_append_slots (or cf_block_manager_fork) until cf_block_manager_free_seq.
+ *
+ * Every failed call leaves the manager unchanged. Threading: one manager is not thread-safe;
+ * the caller serializes calls on it. Distinct managers are independent. */
+
+#define CF_BLOCK_ID_NONE (-1) /* pads exported block tables; never a valid block id */
+
+typedef struct cf_block_manager * cf_block_manager_t;
+
+/* Create a manager with num_blocks free blocks (>= 1) of block_size tokens each (>= 1);
+ * num_blocks * block_size must fit int32_t (it bounds the slot ids).
+ * Ownership: on success *out_mgr is a new manager the caller frees with cf_block_manager_free.
+ * Returns CF_STATUS_INVALID_ARGUMENT (a size out of range or out_mgr NULL; the message names
+ * it), CF_STATUS_OUT_OF_MEMORY (host allocation failed). On failure *out_mgr is set to NULL
+ * (when out_mgr is not NULL) and nothing leaks. Thread-safe. */
+CF_API cf_status cf_block_manager_init(int32_t num_blocks, int32_t block_size,
+                                       cf_block_manager_t * out_mgr);
+
+/* Free the manager, its tables and pending copies. NULL is a no-op. */
+CF_API void cf_block_manager_free(cf_block_manager_t mgr);
+
+/* *out_num_free_blocks = blocks in the free list, in [0, num_blocks].
+ * Returns CF_STATUS_INVALID_ARGUMENT for a NULL argument. */
+CF_API cf_status cf_block_manager_num_free_blocks(cf_block_manager_t mgr,
+                                                  int32_t * out_num_free_blocks);
+
+/* *out_can_allocate = 1 if cf_block_manager_append_slots(mgr, seq_id, num_new_tokens, ...)
+ * would succeed now, else 0; counts the copy-on-write block if one is due. An unknown seq_id
+ * counts as an empty sequence. Does not change the manager.
+ * Returns CF_STATUS_INVALID_ARGUMENT (seq_id < 0, num_new_tokens < 0, a NULL pointer). */
+CF_API cf_status cf_block_manager_can_allocate(cf_block_manager_t mgr, int64_t seq_id,
+                                               int32_t num_new_tokens, int32_t * out_can_allocate);
+
+/* Give the next num_new_tokens tokens of seq_id (positions [num_tokens, num_tokens +
+ * num_new_tokens) of the sequence) one KV slot each, allocating blocks as needed; an unknown
+ * seq_id is created (num_new_tokens 0 only creates it). slot_mapping: caller-owned
+ * [capacity] int32 array; on success slot_mapping[0, num_new_tokens) holds the slot ids.
+ * *out_num_cow = copies recorded by this call (0 or 1; collect them with
+ * cf_block_manager_take_copies). out_num_cow may be NULL.
+ * Returns CF_STATUS_INVALID_ARGUMENT (seq_id < 0, num_new_tokens < 0, a NULL pointer),
+ * CF_STATUS_BUFFER_TOO_SMALL (capacity < num_new_tokens), CF_STATUS_OUT_OF_MEMORY (not enough
+ * free blocks; the message says how many are needed and free). All-or-nothing: after any
+ * failure no block is allocated, no copy recorded and seq_id is not created. Not thread-safe. */
+CF_API cf_status cf_block_manager_append_slots(cf_block_manager_t mgr, int64_t seq_id,
+                                               int32_t num_new_tokens, int32_t * slot_mapping,
+                                               int32_t capacity, int32_t * out_num_cow);
+
+/* Move the pending copy-on-write copies, oldest first, into src_block_ids[0, n) and
+ * dst_block_ids[0, n) (caller-owned [capacity] int32 arrays), n = *out_num_copies. The executor
+ * copies every row of each src block into its dst block, in order, before writing the slots of
+ * the step that recorded them. Returns CF_STATUS_INVALID_ARGUMENT (a NULL pointer, capacity < 0),
+ * CF_STATUS_BUFFER_TOO_SMALL (capacity < pending copies; *out_num_copies = the number pending,
+ * none is taken). Not thread-safe. */
+CF_API cf_status cf_block_manager_take_copies(cf_block_manager_t mgr, int32_t * src_block_ids,
+                                              int32_t * dst_block_ids, int32_t capacity,
+                                              int32_t * out_num_copies);
+
+/* Create child_seq_id sharing every block of parent_seq_id (ref counts + 1) and its token
+ * count; allocates nothing, so it cannot run out of blocks.
+ * Returns CF_STATUS_INVALID_ARGUMENT (an id < 0, child == parent, child already exists),
+ * CF_STATUS_NOT_FOUND (unknown parent). Nothing changes on failure. Not thread-safe. */
+CF_API cf_status cf_block_manager_fork(cf_block_manager_t mgr, int64_t parent_seq_id,
+                                       int64_t child_seq_id);
+
+/* Drop seq_id's table; blocks whose ref count reaches 0 return to the free list, last block
+ * first. Pending copies stay pending. Returns CF_STATUS_INVALID_ARGUMENT (NULL mgr),
+ * CF_STATUS_NOT_FOUND (unknown seq_id; nothing changes). Not thread-safe. */
+CF_API cf_status cf_block_manager_free_seq(cf_block_manager_t mgr, int64_t seq_id);
+
+/* Write seq_id's block table into block_ids[0, capacity) (caller-owned int32 array): block ids
+ * in token order, then CF_BLOCK_ID_NONE up to capacity. *out_num_blocks = blocks the sequence
+ * holds (ceil(num_tokens / block_size)). Returns CF_STATUS_INVALID_ARGUMENT (a NULL pointer,
+ * capacity < 0), CF_STATUS_NOT_FOUND (unknown seq_id), CF_STATUS_BUFFER_TOO_SMALL (capacity <
+ * blocks held; *out_num_blocks = blocks held, block_ids untouched). Does not change the manager. */
+CF_API cf_status cf_block_manager_block_table(cf_block_manager_t mgr, int64_t seq_id,
+                                              int32_t * block_ids, int32_t capacity,
+                                              int32_t * out_num_blocks);
+
+/* *out_ref_count = holders of block_id (0 = free). Returns CF_STATUS_INVALID_ARGUMENT (a NULL
+ * pointer, block_id outside [0, num_blocks)). Does not change the manager. */
+CF_API cf_status cf_block_manager_ref_count(cf_block_manager_t mgr, int32_t block_id,
+                                            int32_t * out_ref_count);
+
+/* Check every invariant: free + used == total blocks, free blocks have ref count 0, each ref
+ * count equals the number of tables holding the block, each table holds
+ * ceil(num_tokens / block_size) blocks, holders of a shared block agree on its filled rows.
+ * Returns CF_STATUS_OK, CF_STATUS_INVALID_ARGUMENT (NULL mgr) or CF_STATUS_INTERNAL with a
+ * message describing the first violation found (a bug). O(num_blocks + blocks held). */
+CF_API cf_status cf_block_manager_check_invariants(cf_block_manager_t mgr);
+
+/* Write a human-readable dump (free list, ref counts, tables, pending copies) into
+ * buf[0, capacity) (not NUL-terminated); *out_len = bytes written, or the needed capacity with
+ * CF_STATUS_BUFFER_TOO_SMALL. Returns CF_STATUS_INVALID_ARGUMENT for a NULL pointer. */
+CF_API cf_status cf_block_manager_dump(cf_block_manager_t mgr, char * buf, int32_t capacity,
+                                       int32_t * out_len);
+
 #ifdef __cplusplus
 }
 #endif
