@@ -1,0 +1,203 @@
+#include "core/block_manager.h"
+
+#include <algorithm>
+#include <cassert>
+#include <sstream>
+
+namespace cf {
+
+namespace {
+
+int64_t ceil_div(int64_t a, int64_t b) {
+    return (a + b - 1) / b;
+}
+
+}  // namespace
+
+BlockManager::BlockManager(int32_t num_blocks, int32_t block_size) : pool_(num_blocks, block_size) {}
+
+const BlockTable * BlockManager::find(int64_t seq_id) const {
+    auto it = tables_.find(seq_id);
+    return it == tables_.end() ? nullptr : &it->second;
+}
+
+BlockTable * BlockManager::find_mut(int64_t seq_id) {
+    auto it = tables_.find(seq_id);
+    return it == tables_.end() ? nullptr : &it->second;
+}
+
+int32_t BlockManager::rows_filled(const BlockTable & table, int32_t i) const {
+    assert(i >= 0 && i < table.num_blocks());
+    return i + 1 < table.num_blocks() ? block_size() : table.num_tokens - i * block_size();
+}
+
+bool BlockManager::needs_copy_on_write(const BlockTable & table) const {
+    const bool partial = table.num_tokens % block_size() != 0;
+    return partial && pool_.ref_count(table.block_ids.back()) > 1;
+}
+
+int64_t BlockManager::num_blocks_needed(int64_t seq_id, int32_t num_new_tokens) const {
+    assert(num_new_tokens >= 0);
+    const BlockTable * table = find(seq_id);
+    if (table == nullptr) {
+        return ceil_div(num_new_tokens, block_size());
+    }
+    const int64_t num_tokens_after = (int64_t) table->num_tokens + num_new_tokens;
+    int64_t needed = ceil_div(num_tokens_after, block_size()) - table->num_blocks();
+    if (num_new_tokens > 0 && needs_copy_on_write(*table)) {
+        needed += 1;
+    }
+    return needed;
+}
+
+// See the diagram above the declaration in block_manager.h.
+bool BlockManager::append_slots(int64_t seq_id, int32_t num_new_tokens, std::vector<int32_t> * slot_mapping) {
+    // Call only with a valid id and count; running short of blocks is a result, not a bug.
+    assert(seq_id >= 0 && num_new_tokens >= 0 && slot_mapping != nullptr);
+    int64_t needed = num_blocks_needed(seq_id, num_new_tokens);
+    if (!pool_.can_allocate(needed)) {
+        return false;  // nothing touched yet: all-or-nothing
+    }
+    // From here on nothing can fail. Within the budget checked above, num_tokens stays
+    // <= num_blocks * block_size, which fits int32 (BlockPool's constructor).
+    BlockTable & table = tables_[seq_id];  // creates the table of a new sequence
+    if (num_new_tokens > 0 && needs_copy_on_write(table)) {
+        // The copy's block is taken before the growth blocks (the reference model relies on it).
+        std::vector<int32_t> fresh;
+        pool_.allocate(1, &fresh);
+        const int32_t src_block_id = table.block_ids.back();
+        copies_.push_back({ src_block_id, fresh[0] });
+        table.block_ids.back() = fresh[0];
+        pool_.decref(src_block_id);  // other holders remain: its ref count was > 1
+        needed -= 1;
+    }
+    const bool ok = pool_.allocate((int32_t) needed, &table.block_ids);
+    assert(ok);
+    (void) ok;
+
+    const int32_t bs = block_size();
+    const int32_t end = table.num_tokens + num_new_tokens;
+    slot_mapping->reserve(slot_mapping->size() + (size_t) num_new_tokens);
+    for (int32_t pos = table.num_tokens; pos < end; ++pos) {
+        slot_mapping->push_back(table.block_ids[(size_t) (pos / bs)] * bs + pos % bs);
+    }
+    table.num_tokens = end;
+    return true;
+}
+
+void BlockManager::fork(int64_t parent_seq_id, int64_t child_seq_id) {
+    // Call only when the parent exists and the child id is free.
+    assert(child_seq_id >= 0 && child_seq_id != parent_seq_id);
+    assert(find(parent_seq_id) != nullptr && find(child_seq_id) == nullptr);
+    BlockTable child = *find(parent_seq_id);  // copied before emplace can rehash the map
+    for (int32_t block_id : child.block_ids) {
+        pool_.incref(block_id);
+    }
+    tables_.emplace(child_seq_id, std::move(child));
+}
+
+void BlockManager::free(int64_t seq_id) {
+    // Call only when the sequence exists.
+    auto it = tables_.find(seq_id);
+    assert(it != tables_.end());
+    const std::vector<int32_t> & block_ids = it->second.block_ids;
+    for (auto rit = block_ids.rbegin(); rit != block_ids.rend(); ++rit) {
+        pool_.decref(*rit);
+    }
+    tables_.erase(it);
+}
+
+void BlockManager::write_block_table(int64_t seq_id, int32_t * row, int32_t max_blocks) const {
+    const BlockTable * table = find(seq_id);
+    assert(table != nullptr && row != nullptr && max_blocks >= table->num_blocks());
+    std::copy(table->block_ids.begin(), table->block_ids.end(), row);
+    std::fill(row + table->num_blocks(), row + max_blocks, CF_BLOCK_ID_NONE);
+}
+
+void BlockManager::take_copies(std::vector<BlockCopy> * out) {
+    assert(out != nullptr);
+    out->insert(out->end(), copies_.begin(), copies_.end());
+    copies_.clear();
+}
+
+std::string BlockManager::check_invariants() const {
+    std::string error = pool_.check_invariants();
+    if (!error.empty()) {
+        return error;
+    }
+    const size_t num_blocks = (size_t) pool_.num_blocks();
+    std::vector<int32_t> holders(num_blocks, 0);
+    std::vector<int32_t> fill(num_blocks, 0);     // rows filled as holders see it; 0 = no holder yet
+    std::vector<int32_t> stamp(num_blocks, 0);    // 1 + index of the last table seen holding it
+    int32_t table_index = 0;
+    for (const auto & [seq_id, table] : tables_) {
+        table_index += 1;
+        const std::string seq = "seq " + std::to_string(seq_id);
+        if (seq_id < 0 || table.num_tokens < 0) {
+            return seq + ": negative seq id or num_tokens " + std::to_string(table.num_tokens);
+        }
+        if (table.num_blocks() != ceil_div(table.num_tokens, block_size())) {
+            return seq + ": " + std::to_string(table.num_blocks()) + " blocks for " +
+                   std::to_string(table.num_tokens) + " tokens (block_size " + std::to_string(block_size()) + ")";
+        }
+        for (int32_t i = 0; i < table.num_blocks(); ++i) {
+            const int32_t block_id = table.block_ids[(size_t) i];
+            const std::string block = seq + ": block " + std::to_string(block_id);
+            if (!pool_.is_valid(block_id)) {
+                return block + " is not a valid block id";
+            }
+            if (stamp[(size_t) block_id] == table_index) {
+                return block + " appears twice in the table";
+            }
+            stamp[(size_t) block_id] = table_index;
+            holders[(size_t) block_id] += 1;
+            const int32_t rows = rows_filled(table, i);
+            if (fill[(size_t) block_id] != 0 && fill[(size_t) block_id] != rows) {
+                return block + " has " + std::to_string(rows) + " rows filled, another holder sees " +
+                       std::to_string(fill[(size_t) block_id]) + " (a shared block was written)";
+            }
+            fill[(size_t) block_id] = rows;
+        }
+    }
+    for (size_t block_id = 0; block_id < num_blocks; ++block_id) {
+        if (holders[block_id] != pool_.ref_count((int32_t) block_id)) {
+            return "block " + std::to_string(block_id) + " has ref count " +
+                   std::to_string(pool_.ref_count((int32_t) block_id)) + " but " + std::to_string(holders[block_id]) +
+                   " tables hold it";
+        }
+    }
+    for (const BlockCopy & copy : copies_) {
+        if (!pool_.is_valid(copy.src_block_id) || !pool_.is_valid(copy.dst_block_id) ||
+            copy.src_block_id == copy.dst_block_id) {
+            return "bad pending copy " + std::to_string(copy.src_block_id) + " -> " +
+                   std::to_string(copy.dst_block_id);
+        }
+    }
+    return "";
+}
+
+std::string BlockManager::dump() const {
+    std::vector<int64_t> seq_ids;
+    seq_ids.reserve(tables_.size());
+    for (const auto & entry : tables_) {
+        seq_ids.push_back(entry.first);
+    }
+    std::sort(seq_ids.begin(), seq_ids.end());
+    std::ostringstream os;
+    os << "BlockManager(num_seqs=" << seq_ids.size() << ", pending_copies=" << copies_.size() << ")\n"
+       << pool_.dump();
+    for (int64_t seq_id : seq_ids) {
+        const BlockTable & table = tables_.at(seq_id);
+        os << "  seq " << seq_id << ": num_tokens=" << table.num_tokens << " blocks=[";
+        for (int32_t i = 0; i < table.num_blocks(); ++i) {
+            os << (i ? " " : "") << table.block_ids[(size_t) i];
+        }
+        os << "]\n";
+    }
+    for (const BlockCopy & copy : copies_) {
+        os << "  copy " << copy.src_block_id << " -> " << copy.dst_block_id << "\n";
+    }
+    return os.str();
+}
+
+}  // namespace cf
