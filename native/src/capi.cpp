@@ -1,6 +1,7 @@
 // capi.cpp - the C ABI (cacheflow.h): thin shims that check arguments, call into cf::Engine,
 // catch every exception and turn it into a cf_status plus the thread's last error message.
 #include "cacheflow.h"
+#include "capi_internal.h"
 #include "core/error.h"
 #include "engine/config.h"
 #include "engine/engine.h"
@@ -23,36 +24,20 @@ struct cf_engine {
 
 namespace {
 
+// The one last-error slot of the library; the other shim files reach it through
+// cf::capi::set_error (capi_internal.h).
 thread_local std::string g_last_error;
 
-cf_status set_error(cf_status status, const std::string & message) {
+}  // namespace
+
+cf_status cf::capi::set_error(cf_status status, const std::string & message) {
     g_last_error = message;
     return status;
 }
 
-// Run body; map exceptions to statuses. `fn` names the C function in internal-error messages.
-template <typename Body> cf_status guarded(const char * fn, Body && body) {
-    try {
-        body();
-        return CF_STATUS_OK;
-    } catch (const cf::Error & e) {
-        return set_error(e.status(), e.what());
-    } catch (const std::bad_alloc &) {
-        return set_error(CF_STATUS_OUT_OF_MEMORY, std::string(fn) + ": out of memory");
-    } catch (const std::exception & e) {
-        return set_error(CF_STATUS_INTERNAL, std::string(fn) + ": internal error: " + e.what());
-    } catch (...) {
-        return set_error(CF_STATUS_INTERNAL, std::string(fn) + ": internal error: unknown exception");
-    }
-}
-
-void require(bool ok, const char * message) {
-    if (!ok) {
-        cf::fail_invalid(message);
-    }
-}
-
-}  // namespace
+using cf::capi::guarded;
+using cf::capi::require;
+using cf::capi::set_error;
 
 extern "C" {
 
