@@ -115,8 +115,8 @@ def unpack_tree(archive: Path, dest: Path) -> None:
             if not member.name.startswith(PIN_TREE):
                 continue
             rel = member.name[len(PIN_TREE):]
-            if not rel or rel.startswith(SKIP_TOP_DIRS):
-                continue
+            if not rel or rel.startswith(SKIP_TOP_DIRS) or rel in (".git", ".gitmodules"):
+                continue  # .git is a submodule pointer into llama-cpp-python's own repo
             if not (member.isfile() or member.isdir()):
                 continue  # no links or devices from an archive
             member.name = rel

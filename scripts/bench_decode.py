@@ -1,0 +1,153 @@
+#!/usr/bin/env python3
+"""Decode throughput of CacheFlow vs llama-batched-bench, side by side in one run.
+
+Workload (BENCHMARKS.md "Fixed"): npl concurrent requests of npp random prompt tokens and ntg
+output tokens each (EOS ignored). llama-batched-bench is built from the same pinned tree in the
+persistent build folder (`cmake --build build/<tag> --target llama-batched-bench`) and run with
+`-npp NPP -ntg NTG -npl NPL -c CTX -b 2048 -ub 512` (default split KV); its S_TG (decode tokens/s)
+is the baseline.
+
+CacheFlow's decode throughput is measured the same way batched-bench measures S_TG: from the
+moment every request has its first token (prefill done) until the last token, counting the
+tokens produced in that window. Iterations alternate between the two tools; medians and the
+ratio are printed and written to OUT/decode_results.csv and OUT/decode_summary.json.
+
+Usage: python scripts/bench_decode.py [-m MODEL] [--npp 128 --ntg 64 --npl 16] [-i 3] [-t N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import platform
+import random
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def find_build_dir() -> Path:
+    """Return the persistent scikit-build folder (build/<wheel tag>) that holds build.ninja."""
+    candidates = sorted(p.parent for p in (ROOT / "build").glob("*/CMakeCache.txt"))
+    if not candidates:
+        sys.exit("no build folder under build/: run `pip install .` first")
+    return candidates[-1]
+
+
+def build_batched_bench(build_dir: Path) -> Path:
+    """Build llama-batched-bench from the same pinned tree and return its path."""
+    jobs = str(os.cpu_count() or 2)
+    subprocess.run(["cmake", "--build", str(build_dir), "--target", "llama-batched-bench",
+                    "-j", jobs], check=True, stdout=subprocess.DEVNULL)
+    found = list(build_dir.rglob("llama-batched-bench"))
+    exe = [p for p in found if p.is_file() and os.access(p, os.X_OK)]
+    if not exe:
+        sys.exit(f"llama-batched-bench not found under {build_dir}")
+    return exe[0]
+
+
+def run_batched_bench(exe: Path, args: argparse.Namespace) -> dict:
+    """Run llama-batched-bench once; return its JSONL row (speed_tg, speed_pp, t_tg, ...)."""
+    cmd = [str(exe), "-m", args.model, "-c", str(args.ctx), "-b", "2048", "-ub", "512",
+           "-npp", str(args.npp), "-ntg", str(args.ntg), "-npl", str(args.npl),
+           "-t", str(args.threads), "-tb", str(args.threads), "--output-format", "jsonl"]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    rows += [json.loads(line) for line in proc.stderr.splitlines() if line.startswith("{")]
+    if proc.returncode != 0 or not rows:
+        sys.exit(f"llama-batched-bench failed ({proc.returncode}): {' '.join(cmd)}\n"
+                 f"{proc.stderr[-2000:]}")
+    return rows[-1]
+
+
+def run_cacheflow(llm, args: argparse.Namespace, seed: int) -> dict:
+    """Run one iteration of the workload on CacheFlow; return decode/total throughput."""
+    from pycacheflow import SamplingParams
+
+    rng = random.Random(seed)
+    n_vocab = llm.info.n_vocab
+    prompts = [[rng.randrange(100, n_vocab) for _ in range(args.npp)] for _ in range(args.npl)]
+    params = SamplingParams(max_tokens=args.ntg, ignore_eos=True)
+    start = time.monotonic()
+    outs = llm.generate(prompts, params)
+    wall = time.monotonic() - start
+    tg_start = max(o.metrics.first_token_time_s for o in outs)
+    tg_end = max(o.metrics.finish_time_s for o in outs)
+    arrival = min(o.metrics.arrival_time_s for o in outs)
+    tokens_after = sum(o.metrics.num_output_tokens - 1 for o in outs)
+    assert all(o.metrics.num_output_tokens == args.ntg for o in outs), "wrong output lengths"
+    return {
+        "speed_tg": tokens_after / (tg_end - tg_start),
+        "t_tg": tg_end - tg_start,
+        "t_pp": tg_start - arrival,
+        "speed": args.npl * (args.npp + args.ntg) / (tg_end - arrival),
+        "wall_s": wall,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("-m", "--model", default=None, help="GGUF path (default model if unset)")
+    parser.add_argument("--npp", type=int, default=128, help="prompt tokens per request")
+    parser.add_argument("--ntg", type=int, default=64, help="output tokens per request")
+    parser.add_argument("--npl", type=int, default=16, help="concurrent requests")
+    parser.add_argument("-i", "--iterations", type=int, default=3)
+    parser.add_argument("-t", "--threads", type=int, default=os.cpu_count() or 2)
+    parser.add_argument("--kv-mode", default="stock", help="CacheFlow kv_mode")
+    parser.add_argument("--out", type=Path, default=ROOT / "results")
+    args = parser.parse_args()
+
+    from pycacheflow import LLM
+    from pycacheflow.model_hub import ensure_default_model
+
+    args.model = str(args.model or ensure_default_model())
+    args.ctx = args.npl * (args.npp + args.ntg)
+    exe = build_batched_bench(find_build_dir())
+    llm = LLM(args.model, n_ctx=args.ctx, max_num_seqs=args.npl, max_num_batched_tokens=512,
+              n_threads=args.threads, kv_mode=args.kv_mode)
+    run_cacheflow(llm, args, seed=1234)  # warm-up (page in weights, build graphs)
+
+    rows = []
+    for it in range(args.iterations):
+        base = run_batched_bench(exe, args)
+        ours = run_cacheflow(llm, args, seed=it)
+        rows.append({"iteration": it, "engine": "llama-batched-bench", **{
+            k: base[k] for k in ("speed_tg", "t_tg", "t_pp", "speed")}})
+        rows.append({"iteration": it, "engine": f"cacheflow-{args.kv_mode}", **{
+            k: ours[k] for k in ("speed_tg", "t_tg", "t_pp", "speed")}})
+        print(f"iter {it}: batched-bench S_TG {base['speed_tg']:.1f} t/s, "
+              f"cacheflow {ours['speed_tg']:.1f} t/s", file=sys.stderr)
+    llm.close()
+
+    def med(engine: str, key: str) -> float:
+        return statistics.median(r[key] for r in rows if r["engine"] == engine)
+
+    ours_name = f"cacheflow-{args.kv_mode}"
+    summary = {
+        "workload": {"npp": args.npp, "ntg": args.ntg, "npl": args.npl, "ctx": args.ctx,
+                     "iterations": args.iterations, "threads": args.threads},
+        "model": args.model,
+        "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
+                                 capture_output=True, text=True).stdout.strip(),
+        "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count()},
+        "baseline_speed_tg_median": med("llama-batched-bench", "speed_tg"),
+        "cacheflow_speed_tg_median": med(ours_name, "speed_tg"),
+    }
+    summary["ratio_tg"] = summary["cacheflow_speed_tg_median"] / summary["baseline_speed_tg_median"]
+    args.out.mkdir(parents=True, exist_ok=True)
+    with open(args.out / "decode_results.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    (args.out / "decode_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    print(json.dumps(summary, indent=2))
+
+
+if __name__ == "__main__":
+    main()
