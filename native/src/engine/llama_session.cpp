@@ -84,6 +84,7 @@ std::unique_ptr<LlamaSession> LlamaSession::open(const EngineConfig & config) {
     std::unique_ptr<LlamaSession> session(new LlamaSession(config));
     session->load_model();
     session->create_context();
+    session->warm_up();
     return session;
 }
 
@@ -142,6 +143,19 @@ void LlamaSession::create_context() {
     const int64_t n_head = std::max(1, llama_model_n_head(model_));
     const int64_t head_dim = llama_model_n_embd(model_) / n_head;
     kv_bytes_per_token_ = 2 * (int64_t) llama_model_n_layer(model_) * llama_model_n_head_kv(model_) * head_dim * 2;
+}
+
+// One throwaway single-token decode, like llama-server and llama-bench do: the first real step
+// then does not pay for first-touch of the weights and backend set-up (fairer TTFT).
+void LlamaSession::warm_up() {
+    llama_token token = llama_vocab_bos(vocab_);
+    if (token == LLAMA_TOKEN_NULL) {
+        token = 0;
+    }
+    llama_batch batch = llama_batch_get_one(&token, 1);
+    llama_decode(ctx_, batch);  // a failure here shows up again, with a message, on the first step
+    llama_memory_clear(llama_get_memory(ctx_), true);
+    llama_synchronize(ctx_);
 }
 
 int32_t LlamaSession::decode(const llama_batch & batch) {

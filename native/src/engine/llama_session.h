@@ -52,6 +52,7 @@ class LlamaSession {
     explicit LlamaSession(const EngineConfig & config) : config_(config) {}
     void load_model();
     void create_context();
+    void warm_up();
 
     EngineConfig config_;
     llama_model * model_ = nullptr;
