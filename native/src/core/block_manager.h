@@ -60,16 +60,19 @@ class BlockManager {
         return pool_.can_allocate(num_blocks_needed(seq_id, num_new_tokens));
     }
 
-    // Token regions of one sequence vs its blocks (block_size 4, num_tokens 10, num_new_tokens 7):
+    // Token regions of one sequence vs its blocks (block_size 4, num_tokens 10, num_new_tokens 7;
+    // x = token that already has a slot, n = new token, . = row left free):
     //
-    //   pos     0 1 2 3 | 4 5 6 7 | 8 9 . . | . . . . | . . . .
-    //   block   b0      | b1      | b2      | new     | new
-    //           [---- has a slot: num_tokens ---)[-- num_new_tokens --)
-    //                               ^^^^^^^ last block, partially filled: rows [2, 4) of b2 take
-    //                                       pos 10, 11; if b2 is shared (ref > 1) the sequence
-    //                                       first moves to a fresh block and copy (b2, fresh)
-    //                                       is recorded (copy-on-write)
-    //   blocks taken = ceil(17 / 4) - ceil(10 / 4) = 2, plus 1 if copy-on-write
+    //   block   |   b0    |   b1    |   b2    |  new    |  new    |
+    //   row     | 0 1 2 3 | 0 1 2 3 | 0 1 2 3 | 0 1 2 3 | 0 1 2 3 |
+    //   token   | x x x x | x x x x | x x n n | n n n n | n . . . |
+    //   pos       0                   8   10              16
+    //             |<---- num_tokens ----->|< num_new_tokens >|
+    //
+    // b2, the last block, is partially filled: its free rows take the first new tokens. If b2 is
+    // shared (ref > 1) the sequence first moves to a fresh block and the copy (b2, fresh) is
+    // recorded (copy-on-write), so the other holders never see the new rows.
+    // Blocks taken = ceil(17 / 4) - ceil(10 / 4) = 2, plus 1 for copy-on-write.
     //
     // Give the next num_new_tokens tokens of seq_id a slot each, allocating blocks as needed;
     // creates the sequence's table if it has none. Appends [num_new_tokens] slot ids to
