@@ -106,20 +106,25 @@ class LLM:
         return self._engine.detokenize(token_ids, unparse_special=not skip_special)
 
     def apply_chat_template(
-        self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True
+        self,
+        messages: Sequence[Mapping[str, str]],
+        add_generation_prompt: bool = True,
+        template: str | None = None,
     ) -> str:
-        """Render chat messages with the model's template.
+        """Render chat messages with the model's template (or another one).
 
         Args:
             messages: [{"role": "system"|"user"|"assistant", "content": str}, ...].
             add_generation_prompt: end with the assistant turn opener.
+            template: a llama.cpp built-in template name ("chatml", "llama3", ...) or template
+                text; None = the model's own.
 
         Raises:
-            UnsupportedError: the model has no chat template.
+            UnsupportedError: the model has no chat template, or ``template`` is unknown.
         """
         roles = [m["role"] for m in messages]
         contents = [m["content"] for m in messages]
-        return self._engine.apply_chat_template(roles, contents, add_generation_prompt)
+        return self._engine.apply_chat_template(roles, contents, add_generation_prompt, template)
 
     # ------------------------------------------------------------------ batch generation
 
