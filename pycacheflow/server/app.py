@@ -1,0 +1,276 @@
+"""The ASGI app of ``cacheflow serve``: llama-server's routes, API-key check and error format.
+
+    GET  /health /v1/health            {"status": "ok"} (no API key needed)
+    GET  /props /models /v1/models /slots /metrics
+    POST /completion /completions      llama-server's native completion (JSON or SSE)
+    POST /v1/completions               OpenAI text completions
+    POST /chat/completions /v1/chat/completions
+    POST /tokenize /detokenize /apply-template
+
+Errors are ``{"error": {"code", "message", "type"}}`` with the HTTP status in ``code``.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from pycacheflow import errors
+from pycacheflow.server import generation, protocol, responses
+from pycacheflow.server.generation import Api, ClientDisconnected
+from pycacheflow.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from pycacheflow.server.protocol import ProtocolError
+from pycacheflow.server.state import ServerState
+
+if TYPE_CHECKING:
+    from starlette.types import ASGIApp, Receive, Scope, Send
+
+    from pycacheflow.llm import LLM
+    from pycacheflow.server.config import ServerConfig
+
+logger = logging.getLogger("cacheflow.server")
+
+PUBLIC_PATHS = frozenset({"/health", "/v1/health"})
+_CLIENT_CLOSED_REQUEST = 499  # nginx's status for "client went away"; never reaches a client
+
+Handler = Callable[[Request, ServerState], Awaitable[Response]]
+
+
+def create_app(llm: LLM, config: ServerConfig) -> Starlette:
+    """Build the app serving ``llm`` (which the caller keeps open while it serves and closes
+    afterwards).
+
+    Args:
+        llm: a loaded engine.
+        config: HTTP-side settings (alias, API keys, enabled endpoints, defaults).
+    """
+    state = ServerState(llm, config)
+    routes = [Route(path, _endpoint(fn, state), methods=[method]) for method, path, fn in _ROUTES]
+    app = Starlette(
+        routes=routes,
+        exception_handlers={HTTPException: _http_exception},
+    )
+    app.state.cacheflow = state
+    if config.api_keys:
+        app.add_middleware(ApiKeyMiddleware, api_keys=config.api_keys)
+    return app
+
+
+def error_response(
+    message: str, status: int, error_type: str, extra: dict[str, object] | None = None
+) -> JSONResponse:
+    """An error in OpenAI's format."""
+    return JSONResponse(responses.error_body(message, status, error_type, extra), status)
+
+
+def _endpoint(fn: Handler, state: ServerState) -> Callable[[Request], Awaitable[Response]]:
+    async def endpoint(request: Request) -> Response:
+        try:
+            return await fn(request, state)
+        except ProtocolError as exc:
+            return error_response(str(exc), exc.status, exc.error_type, exc.extra)
+        except ClientDisconnected:
+            return Response(status_code=_CLIENT_CLOSED_REQUEST)
+        except errors.CacheFlowError as exc:
+            return _engine_error(exc)
+
+    return endpoint
+
+
+def _engine_error(exc: errors.CacheFlowError) -> JSONResponse:
+    if isinstance(exc, errors.ShutdownError):
+        return error_response(str(exc), 503, "unavailable_error")
+    if isinstance(exc, errors.UnsupportedError):
+        return error_response(str(exc), 501, "not_supported_error")
+    if isinstance(exc, (errors.InvalidArgumentError, errors.PromptTooLongError)):
+        return error_response(str(exc), 400, "invalid_request_error")
+    logger.exception("request failed")
+    return error_response(f"{type(exc).__name__}: {exc}", 500, "server_error")
+
+
+async def _http_exception(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    error_type = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+    message = f"{request.method} {request.url.path}: {exc.detail}"
+    return error_response(message, exc.status_code, error_type)
+
+
+async def _json(request: Request) -> object:
+    raw = await request.body()
+    try:
+        return json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ProtocolError(f"Invalid JSON in request body: {exc}") from None
+
+
+class ApiKeyMiddleware:
+    """Rejects requests without a valid key (``Authorization: Bearer KEY`` or ``X-Api-Key``)
+    with 401, except the public health endpoints."""
+
+    def __init__(self, app: ASGIApp, api_keys: tuple[str, ...]) -> None:
+        self.app = app
+        self._keys = [key.encode() for key in api_keys]
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] in PUBLIC_PATHS or self._authorized(scope):
+            await self.app(scope, receive, send)
+            return
+        await error_response("Invalid API Key", 401, "authentication_error")(scope, receive, send)
+
+    def _authorized(self, scope: Scope) -> bool:
+        headers = dict(scope["headers"])
+        key = headers.get(b"authorization") or headers.get(b"x-api-key") or b""
+        key = key.removeprefix(b"Bearer ")
+        # Compare with every key (no early exit) in constant time: timing reveals nothing.
+        matches = [hmac.compare_digest(key, k) for k in self._keys]
+        return any(matches)
+
+
+# ---------------------------------------------------------------------------- info routes
+
+
+async def health(request: Request, state: ServerState) -> Response:
+    return JSONResponse({"status": "ok"})
+
+
+async def props(request: Request, state: ServerState) -> Response:
+    info, config = state.info, state.config
+    default = state.slots.slot_json(0, state.default_settings())
+    default.update(is_processing=False, id_task=-1, prompt="")
+    return JSONResponse(
+        {
+            "default_generation_settings": default,
+            "total_slots": info.max_num_seqs,
+            "model_alias": state.model_name,
+            "model_path": config.model_path,
+            "modalities": {"vision": False, "video": False, "audio": False},
+            "endpoint_slots": config.enable_slots,
+            "endpoint_props": False,
+            "endpoint_metrics": config.enable_metrics,
+            "chat_template": config.chat_template or "",
+            "bos_token": _token_text(state, info.token_bos),
+            "eos_token": _token_text(state, info.token_eos),
+            "build_info": responses.SYSTEM_FINGERPRINT,
+            "is_sleeping": False,
+            "cacheflow": {
+                "kv_mode": info.kv_mode_name,
+                "block_size": info.block_size,
+                "n_ctx": info.n_ctx,
+                "n_ctx_per_seq": info.n_ctx_per_seq,
+                "max_num_seqs": info.max_num_seqs,
+                "max_num_batched_tokens": info.max_num_batched_tokens,
+                "n_threads": info.n_threads,
+            },
+        }
+    )
+
+
+def _token_text(state: ServerState, token_id: int) -> str:
+    return "" if token_id < 0 else state.llm.detokenize([token_id], skip_special=False)
+
+
+async def models(request: Request, state: ServerState) -> Response:
+    info, name = state.info, state.model_name
+    model = {
+        "id": name,
+        "aliases": list(state.config.aliases),
+        "tags": [],
+        "object": "model",
+        "created": int(time.time()),
+        "owned_by": "cacheflow",
+        "meta": {
+            "n_vocab": info.n_vocab,
+            "n_ctx": info.n_ctx_per_seq,
+            "n_ctx_train": info.n_ctx_train,
+            "n_embd": info.n_embd,
+            "n_params": info.n_params,
+            "size": info.model_size_bytes,
+        },
+    }
+    listing = {"name": name, "model": name, "type": "model", "capabilities": ["completion"]}
+    return JSONResponse({"models": [listing], "object": "list", "data": [model]})
+
+
+async def slots(request: Request, state: ServerState) -> Response:
+    if not state.config.enable_slots:
+        return error_response("This server does not support slots endpoint.", 501,
+                              "not_supported_error")  # fmt: skip
+    if request.query_params.get("fail_on_no_slot") in ("1", "true") and state.slots.num_free == 0:
+        return error_response("no slot available", 503, "unavailable_error")
+    return JSONResponse(state.slots.to_json(state.default_settings()))
+
+
+async def metrics(request: Request, state: ServerState) -> Response:
+    if not state.config.enable_metrics:
+        return error_response("This server does not support metrics endpoint.", 501,
+                              "not_supported_error")  # fmt: skip
+    text = state.metrics.render(state.llm.stats())
+    return Response(text, media_type=METRICS_CONTENT_TYPE)
+
+
+# ---------------------------------------------------------------------------- text routes
+
+
+async def tokenize(request: Request, state: ServerState) -> Response:
+    body = protocol.require_object(await _json(request))
+    add_special = protocol.read_bool(body, "add_special", False)
+    parse_special = protocol.read_bool(body, "parse_special", True)
+    with_pieces = protocol.read_bool(body, "with_pieces", False)
+    pieces = protocol.read_mixed(body, "content")
+    token_ids = state.tokenize_mixed(pieces, add_special, parse_special)
+    if with_pieces:
+        pieces = [state.llm.detokenize([t], skip_special=False) for t in token_ids]
+        return JSONResponse({"tokens": [{"id": t, "piece": p} for t, p in zip(token_ids, pieces)]})
+    return JSONResponse({"tokens": token_ids})
+
+
+async def detokenize(request: Request, state: ServerState) -> Response:
+    body = protocol.require_object(await _json(request))
+    token_ids = protocol.read_token_ids(body, "tokens")
+    return JSONResponse({"content": state.llm.detokenize(token_ids, skip_special=False)})
+
+
+async def apply_template(request: Request, state: ServerState) -> Response:
+    body = protocol.require_object(await _json(request))
+    messages = list(protocol.read_messages(body))
+    prompt = state.llm.apply_chat_template(messages, True, state.config.chat_template)
+    return JSONResponse({"prompt": prompt})
+
+
+# ---------------------------------------------------------------------------- generation
+
+
+def _generating(api: Api) -> Handler:
+    async def handler(request: Request, state: ServerState) -> Response:
+        return await generation.handle(request, api, state, await _json(request))
+
+    return handler
+
+
+_ROUTES: tuple[tuple[str, str, Handler], ...] = (
+    ("GET", "/health", health),
+    ("GET", "/v1/health", health),
+    ("GET", "/props", props),
+    ("GET", "/models", models),
+    ("GET", "/v1/models", models),
+    ("GET", "/slots", slots),
+    ("GET", "/metrics", metrics),
+    ("POST", "/completion", _generating(Api.LLAMA)),
+    ("POST", "/completions", _generating(Api.LLAMA)),
+    ("POST", "/v1/completions", _generating(Api.OAI_COMPLETION)),
+    ("POST", "/chat/completions", _generating(Api.OAI_CHAT)),
+    ("POST", "/v1/chat/completions", _generating(Api.OAI_CHAT)),
+    ("POST", "/tokenize", tokenize),
+    ("POST", "/detokenize", detokenize),
+    ("POST", "/apply-template", apply_template),
+)

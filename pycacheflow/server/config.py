@@ -1,0 +1,54 @@
+"""ServerConfig: how ``cacheflow serve`` behaves over HTTP (the engine has its EngineConfig)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+N_PREDICT_UNLIMITED = -1  # llama-server's "-n -1": generate until EOS or the context is full
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """HTTP-side settings of one server; validated on construction.
+
+    Attributes:
+        model_name: the model id shown by /v1/models and in responses (llama-server: the
+            first --alias, else the -m path).
+        model_path: path of the GGUF file, for /props.
+        aliases: all --alias names (the first is ``model_name``).
+        api_keys: accepted keys; empty = no authentication.
+        n_predict: default tokens to generate when a request does not say; -1 = until EOS or
+            the sequence's context is full.
+        chat_template: template for chat requests (llama.cpp built-in name or template text);
+            None = the model's own.
+        enable_metrics: serve GET /metrics.
+        enable_slots: serve GET /slots.
+        cache_prompt: default of the per-request ``cache_prompt`` field (reported only: the
+            engine's prefix cache decides reuse).
+        shutdown_timeout_s: on SIGINT/SIGTERM, seconds that in-flight requests may still run
+            before they are aborted.
+
+    Raises:
+        ValueError: a value out of range; the message names it.
+    """
+
+    model_name: str
+    model_path: str = ""
+    aliases: tuple[str, ...] = field(default_factory=tuple)
+    api_keys: tuple[str, ...] = field(default_factory=tuple)
+    n_predict: int = N_PREDICT_UNLIMITED
+    chat_template: str | None = None
+    enable_metrics: bool = False
+    enable_slots: bool = True
+    cache_prompt: bool = True
+    shutdown_timeout_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        if not self.model_name:
+            raise ValueError("model_name must be non-empty")
+        if self.n_predict < N_PREDICT_UNLIMITED:
+            raise ValueError(f"n_predict must be >= -1 (-1 = unlimited), got {self.n_predict}")
+        if self.shutdown_timeout_s < 0:
+            raise ValueError(f"shutdown_timeout_s must be >= 0, got {self.shutdown_timeout_s}")
+        if any(not key for key in self.api_keys):
+            raise ValueError("api_keys must not contain an empty key")

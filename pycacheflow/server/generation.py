@@ -1,0 +1,211 @@
+"""The generating endpoints: /completion, /v1/completions and /v1/chat/completions.
+
+Each HTTP request submits its prompts through one ``RequestGroup`` and then either waits for
+all of them (JSON answer) or streams their deltas as server-sent events. Whatever way the
+handler ends (finished, client gone, cancelled at shutdown, error), the group is closed,
+which aborts unfinished engine requests and so frees their KV blocks.
+
+    parse body ─► submit prompts ─► stream? ─ no ─► wait (or client disconnect) ─► JSON
+                                        └─ yes ─► SSE: one event per delta, final event(s)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING
+
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from pycacheflow import errors
+from pycacheflow.server import responses, sse
+from pycacheflow.server.protocol import GenerationRequest, parse_chat, parse_completion
+from pycacheflow.server.streams import RequestGroup
+
+if TYPE_CHECKING:
+    from starlette.requests import Request
+    from starlette.types import Receive, Scope, Send
+
+    from pycacheflow.server.responses import Completion
+    from pycacheflow.server.state import Job, ServerState
+
+
+class Api(enum.Enum):
+    """Response format of a generating endpoint."""
+
+    LLAMA = "completion"  # llama-server's native /completion
+    OAI_COMPLETION = "text_completion"
+    OAI_CHAT = "chat.completion"
+
+
+class ClientDisconnected(Exception):
+    """The client went away before its answer was ready."""
+
+
+async def handle(request: Request, api: Api, state: ServerState, body: object) -> Response:
+    """Run one generating request; errors propagate to the app's error handlers."""
+    parse = parse_chat if api is Api.OAI_CHAT else parse_completion
+    req = parse(body, state.config.n_predict)
+    prompts = req.prompts
+    if api is Api.OAI_CHAT:
+        template = state.config.chat_template
+        prompts = (state.llm.apply_chat_template(list(req.messages), True, template),)
+    group = RequestGroup(state.llm)
+    jobs: list[Job] = []
+    streaming = False  # once True, the response's body iterator owns the group
+    try:
+        for prompt in prompts:
+            jobs.append(state.submit(group, req, prompt))
+        if req.stream:
+            body_iterator = _closing(_STREAMERS[api](state, group, req, jobs), state, group, jobs)
+            streaming = True
+            return _EventStream(body_iterator, lambda: _close(state, group, jobs))
+        done = await _until_done_or_disconnect(request, _collect(state, group, jobs))
+    finally:
+        if not streaming:
+            _close(state, group, jobs)
+    return JSONResponse(_json_body(api, state, req, jobs, done))
+
+
+async def _collect(state: ServerState, group: RequestGroup, jobs: list[Job]) -> list[Completion]:
+    done: dict[int, Completion] = {}
+    async for index, delta in group.deltas():
+        if delta.output is not None:
+            done[index] = state.finish(jobs[index], delta.output)
+    return [done[i] for i in range(len(jobs))]
+
+
+async def _until_done_or_disconnect(request: Request, work: Awaitable[list[Completion]]):
+    """Await ``work`` unless the client disconnects first (then cancel it)."""
+    work_task = asyncio.ensure_future(work)
+    gone_task = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({work_task, gone_task}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in (work_task, gone_task):
+            if not task.done():
+                task.cancel()
+    if not work_task.done():
+        raise ClientDisconnected()
+    return work_task.result()
+
+
+async def _disconnected(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+def _json_body(
+    api: Api, state: ServerState, req: GenerationRequest, jobs: list[Job], done: list[Completion]
+) -> object:
+    if api is Api.LLAMA:
+        bodies = [
+            responses.completion_final(d, j.index, req, j.settings, state.prompt_text(d.output))
+            for j, d in zip(jobs, done)
+        ]
+        return bodies[0] if len(bodies) == 1 else bodies
+    if api is Api.OAI_COMPLETION:
+        return responses.oai_completion(responses.ResponseIds("cmpl", state.model_name), done)
+    return responses.chat_completion(responses.ResponseIds("chatcmpl", state.model_name), done[0])
+
+
+# ---------------------------------------------------------------------------- streaming
+
+
+async def _closing(
+    stream: AsyncIterator[bytes], state: ServerState, group: RequestGroup, jobs: list[Job]
+) -> AsyncIterator[bytes]:
+    """Relay ``stream``; send errors as an SSE error event; always close the group."""
+    try:
+        async for chunk in stream:
+            yield chunk
+    except errors.CacheFlowError as exc:
+        yield sse.event(responses.error_body(str(exc), 500, "server_error"))
+    finally:
+        _close(state, group, jobs)
+
+
+def _close(state: ServerState, group: RequestGroup, jobs: list[Job]) -> None:
+    state.metrics.finished_by_reason["abort"] += group.close()  # idempotent
+    state.release(jobs)
+
+
+class _EventStream(StreamingResponse):
+    """An SSE response that runs ``on_close`` however it ends, even if its body iterator was
+    never started (client gone before the first write)."""
+
+    def __init__(self, body_iterator: AsyncIterator[bytes], on_close: Callable[[], None]) -> None:
+        super().__init__(body_iterator, media_type=sse.MEDIA_TYPE, headers=sse.HEADERS)
+        self._on_close = on_close
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._on_close()
+
+
+async def _stream_llama(
+    state: ServerState, group: RequestGroup, req: GenerationRequest, jobs: list[Job]
+) -> AsyncIterator[bytes]:
+    async for index, delta in group.deltas():
+        job = jobs[index]
+        if (delta.text or delta.token_ids) and not job.discard_output:
+            state.progress(job, delta)
+            yield sse.event(
+                responses.completion_partial(
+                    index, delta.text, delta.token_ids, job.num_decoded, job.slot_id
+                )
+            )
+        if delta.output is not None:
+            done = state.finish(job, delta.output)
+            prompt_text = state.prompt_text(done.output)
+            yield sse.event(responses.completion_final(done, index, req, job.settings, prompt_text))
+
+
+async def _stream_oai_completion(
+    state: ServerState, group: RequestGroup, req: GenerationRequest, jobs: list[Job]
+) -> AsyncIterator[bytes]:
+    ids = responses.ResponseIds("cmpl", state.model_name)
+    async for index, delta in group.deltas():
+        job = jobs[index]
+        if delta.text and not job.discard_output:
+            state.progress(job, delta)
+            yield sse.event(responses.oai_completion_chunk(ids, index, delta.text, None))
+        if delta.output is not None:
+            done = state.finish(job, delta.output)
+            yield sse.event(responses.oai_completion_last_chunk(ids, index, done))
+    yield sse.DONE
+
+
+async def _stream_chat(
+    state: ServerState, group: RequestGroup, req: GenerationRequest, jobs: list[Job]
+) -> AsyncIterator[bytes]:
+    ids = responses.ResponseIds("chatcmpl", state.model_name)
+    job = jobs[0]
+    sent_role = False
+    async for _, delta in group.deltas():
+        chunks = []
+        if not sent_role and (delta.text or delta.output is not None):
+            chunks.append(responses.chat_chunk(ids, {"role": "assistant", "content": None}))
+            sent_role = True
+        if delta.text and not job.discard_output:
+            state.progress(job, delta)
+            chunks.append(responses.chat_chunk(ids, {"content": delta.text}))
+        if delta.output is not None:
+            done = state.finish(job, delta.output)
+            chunks += responses.chat_last_chunks(ids, done, req.include_usage)
+        if chunks:
+            yield sse.events(chunks)
+    yield sse.DONE
+
+
+_Streamer = Callable[
+    ["ServerState", RequestGroup, GenerationRequest, "list[Job]"], AsyncIterator[bytes]
+]
+_STREAMERS: dict[Api, _Streamer] = {
+    Api.LLAMA: _stream_llama,
+    Api.OAI_COMPLETION: _stream_oai_completion,
+    Api.OAI_CHAT: _stream_chat,
+}

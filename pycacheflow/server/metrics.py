@@ -1,0 +1,186 @@
+"""GET /metrics: Prometheus text with llama-server's metric names plus CacheFlow's own.
+
+``ServerMetrics`` accumulates per-request facts when a request finishes (on the event loop
+thread) and reads the engine's counters at scrape time; ``prometheus_client`` writes the text.
+
+llama-server names kept (``llamacpp:`` prefix): prompt_tokens_total, prompt_tokens_cached_total,
+prompt_seconds_total, tokens_predicted_total, tokens_predicted_seconds_total, n_decode_total,
+n_tokens_max, prompt_tokens_seconds, predicted_tokens_seconds, requests_processing,
+requests_deferred, n_busy_slots_per_decode. CacheFlow adds (``cacheflow:`` prefix) TTFT,
+TPOT and end-to-end latency histograms, KV block and token use, the prefix-cache hit rate,
+preemptions, swap bytes and finished requests by reason.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+
+if TYPE_CHECKING:
+    from pycacheflow.outputs import EngineStats, RequestOutput
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+TTFT_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+TPOT_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5)
+E2E_BUCKETS_S = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+
+
+class Histogram:
+    """Cumulative-bucket histogram of seconds (not thread-safe: one writer thread).
+
+    Args:
+        bounds_s: sorted upper bounds in seconds; +Inf is implicit.
+    """
+
+    def __init__(self, bounds_s: Sequence[float]) -> None:
+        self.bounds_s = tuple(bounds_s)
+        self._counts = [0] * (len(self.bounds_s) + 1)  # last = over every bound
+        self.sum_s = 0.0
+        self.count = 0
+
+    def observe(self, value_s: float) -> None:
+        """Add one observation (seconds)."""
+        self._counts[bisect.bisect_left(self.bounds_s, value_s)] += 1
+        self.sum_s += value_s
+        self.count += 1
+
+    def family(self, name: str, documentation: str) -> HistogramMetricFamily:
+        """The histogram as a Prometheus metric family."""
+        buckets, total = [], 0
+        for bound, count in zip((*map(str, self.bounds_s), "+Inf"), self._counts):
+            total += count
+            buckets.append((bound, total))
+        return HistogramMetricFamily(name, documentation, buckets=buckets, sum_value=self.sum_s)
+
+
+class ServerMetrics:
+    """What /metrics reports. Call ``observe`` once per finished request (loop thread)."""
+
+    def __init__(self) -> None:
+        self.ttft = Histogram(TTFT_BUCKETS_S)
+        self.tpot = Histogram(TPOT_BUCKETS_S)
+        self.e2e = Histogram(E2E_BUCKETS_S)
+        self.num_prompt_tokens = 0  # computed, excluding prefix-cache hits
+        self.num_cached_tokens = 0
+        self.num_output_tokens = 0
+        self.prompt_s = 0.0
+        self.predicted_s = 0.0
+        self.n_tokens_max = 0
+        self.finished_by_reason: Counter[str] = Counter()
+
+    def observe(self, output: RequestOutput) -> None:
+        """Account one finished request."""
+        m = output.metrics
+        self.finished_by_reason[output.finish_reason] += 1
+        self.num_prompt_tokens += m.num_prompt_tokens - m.num_cached_tokens
+        self.num_cached_tokens += m.num_cached_tokens
+        self.num_output_tokens += m.num_output_tokens
+        self.n_tokens_max = max(self.n_tokens_max, m.num_prompt_tokens + m.num_output_tokens)
+        self.e2e.observe(m.e2e_s)
+        if m.ttft_s is not None:
+            self.ttft.observe(m.ttft_s)
+            start = m.first_scheduled_time_s or m.arrival_time_s
+            self.prompt_s += max(0.0, m.first_token_time_s - start)
+            self.predicted_s += max(0.0, m.finish_time_s - m.first_token_time_s)
+        if m.tpot_s is not None:
+            self.tpot.observe(m.tpot_s)
+
+    def render(self, stats: EngineStats) -> bytes:
+        """Prometheus text exposition (format 0.0.4) of everything, engine ``stats`` included."""
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(_Collector(self, stats))
+        return generate_latest(registry)
+
+
+class _Collector:
+    """Adapter for prometheus_client: yields the families of one scrape."""
+
+    def __init__(self, metrics: ServerMetrics, stats: EngineStats) -> None:
+        self._m = metrics
+        self._s = stats
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self._llamacpp()
+        yield from self._cacheflow()
+
+    def _llamacpp(self) -> Iterator[Metric]:
+        m, s = self._m, self._s
+        for name, doc, value in (
+            ("prompt_tokens_total", "Number of prompt tokens processed, excluding cached tokens",
+             m.num_prompt_tokens),
+            ("prompt_tokens_cached_total", "Number of prompt tokens reused from the cache",
+             m.num_cached_tokens),
+            ("prompt_seconds_total", "Total time spent processing prompts", m.prompt_s),
+            ("tokens_predicted_total", "Number of generation tokens processed",
+             m.num_output_tokens),
+            ("tokens_predicted_seconds_total", "Total time spent generating tokens",
+             m.predicted_s),
+            ("n_decode_total", "Total number of engine steps (one batched decode each)",
+             s.num_steps),
+        ):  # fmt: skip
+            yield CounterMetricFamily(f"llamacpp:{name}", doc, value=value)
+        for name, doc, value in (
+            # llama-server types this one a counter without _total; a gauge keeps its name.
+            ("n_tokens_max", "Largest observed sequence length (prompt + generation)",
+             m.n_tokens_max),
+            ("prompt_tokens_seconds", "Average prompt throughput in tokens/s",
+             _rate(m.num_prompt_tokens, m.prompt_s)),
+            ("predicted_tokens_seconds", "Average generation throughput in tokens/s",
+             _rate(m.num_output_tokens, m.predicted_s)),
+            ("requests_processing", "Number of requests processing", s.num_running),
+            ("requests_deferred", "Number of requests deferred", s.num_waiting),
+            ("n_busy_slots_per_decode",
+             "Average number of sequences sampled per engine step",
+             _rate(s.num_generated_tokens, s.num_steps)),
+        ):  # fmt: skip
+            yield GaugeMetricFamily(f"llamacpp:{name}", doc, value=value)
+
+    def _cacheflow(self) -> Iterator[Metric]:
+        m, s = self._m, self._s
+        yield m.ttft.family("cacheflow:time_to_first_token_seconds", "Time to first token")
+        yield m.tpot.family(
+            "cacheflow:time_per_output_token_seconds", "Time per output token after the first"
+        )
+        yield m.e2e.family("cacheflow:e2e_request_latency_seconds", "End-to-end request latency")
+        for name, doc, value in (
+            ("kv_blocks_total", "KV blocks in the pool (paged mode; 0 otherwise)",
+             s.kv_blocks_total),
+            ("kv_blocks_used", "KV blocks in use", s.kv_blocks_used),
+            ("kv_blocks_free", "KV blocks free", max(0, s.kv_blocks_total - s.kv_blocks_used)),
+            ("kv_tokens_used", "KV cache tokens in use", s.kv_tokens_used),
+            ("kv_tokens_capacity", "KV cache capacity in tokens", s.kv_tokens_capacity),
+            ("kv_bytes_used", "KV cache bytes in use", s.kv_bytes_used),
+            ("prefix_cache_hit_rate",
+             "Share of prompt tokens of finished requests served from the prefix cache",
+             _rate(m.num_cached_tokens, m.num_cached_tokens + m.num_prompt_tokens)),
+        ):  # fmt: skip
+            yield GaugeMetricFamily(f"cacheflow:{name}", doc, value=value)
+        yield CounterMetricFamily(
+            "cacheflow:preemptions_total", "Sequences preempted", value=s.num_preemptions
+        )
+        yield CounterMetricFamily(
+            "cacheflow:swap_bytes_total",
+            "KV bytes swapped to host memory (0 until swap-based preemption exists)",
+            value=0,
+        )
+        finished = CounterMetricFamily(
+            "cacheflow:requests_finished_total", "Finished requests by reason", labels=["reason"]
+        )
+        for reason in ("stop", "length", "abort", "error"):
+            finished.add_metric([reason], m.finished_by_reason[reason])
+        yield finished
+
+
+def _rate(numerator: float, denominator: float) -> float:
+    return numerator / denominator if denominator > 0 else 0.0

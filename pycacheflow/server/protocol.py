@@ -1,0 +1,449 @@
+"""Request parsing and validation for the llama-server compatible HTTP API.
+
+Pure Python: a decoded JSON body goes in, a typed request comes out. Every problem raises
+``ProtocolError`` with a message naming the field, answered as HTTP 400 in the OpenAI error
+format (``{"error": {"code", "message", "type"}}``), the way llama-server words it
+("Field 'n_predict': ...").
+
+Field rules follow llama-server (tools/server/server-schema.cpp of the pinned tree):
+  - a JSON ``null`` counts as absent (the server default applies);
+  - numbers of the wrong type are errors; integral floats (``16.0``) are accepted as ints;
+  - "hard" limits are errors (``n_predict`` < -1), "soft" limits are clamped (``top_p`` > 1);
+  - unknown fields are ignored; known llama.cpp sampling options that CacheFlow does not
+    implement are ignored too but listed in ``ignored_fields`` (the server logs them);
+    options whose absence would change the response's shape (grammar, logprobs, n > 1,
+    tools, echo) are rejected.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Union
+
+from pycacheflow.sampling_params import SamplingParams
+
+INT32_MAX = 2**31 - 1
+SEED_RANDOM_VALUES = (-1, 0xFFFFFFFF)  # llama.cpp's LLAMA_DEFAULT_SEED and its int32 spelling
+
+# llama-server's sampling defaults (common_params_sampling), so unchanged clients get the same.
+DEFAULT_TEMPERATURE = 0.8
+DEFAULT_TOP_K = 40
+DEFAULT_TOP_P = 0.95
+DEFAULT_MIN_P = 0.05
+_TOP_P_FLOOR = 1e-6  # top_p 0 keeps only the most likely token; SamplingParams needs > 0
+
+# Known llama.cpp options CacheFlow does not implement, with their no-op value. A request that
+# sets another value still runs (as llama-server would without that sampler) and the field is
+# reported in ``ignored_fields``.
+_IGNORED_OPTIONS: Mapping[str, object] = {
+    "repeat_penalty": 1.0,
+    "repeat_last_n": None,
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+    "dry_multiplier": 0.0,
+    "xtc_probability": 0.0,
+    "typical_p": 1.0,
+    "mirostat": 0,
+    "dynatemp_range": 0.0,
+    "top_n_sigma": -1.0,
+    "logit_bias": None,
+    "n_keep": None,
+    "t_max_predict_ms": None,
+    "samplers": None,
+    "lora": None,
+}
+
+PromptInput = Union[str, list]  # text, or a list of token ids and text pieces
+
+
+class ProtocolError(ValueError):
+    """A request the server cannot accept.
+
+    Attributes:
+        status: HTTP status (400 unless said otherwise).
+        error_type: OpenAI error type ("invalid_request_error", "exceed_context_size_error").
+        extra: more fields for the error object (llama-server adds n_prompt_tokens, n_ctx).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        status: int = 400,
+        error_type: str = "invalid_request_error",
+        extra: Mapping[str, object] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.error_type = error_type
+        self.extra = dict(extra or {})
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """A validated /completion, /v1/completions or /v1/chat/completions request.
+
+    Attributes:
+        prompts: one prompt per completion: text, or a list of token ids and text pieces.
+            Chat requests hold the message list in ``messages`` and an empty ``prompts``.
+        messages: chat turns [{"role": str, "content": str}, ...]; () for completions.
+        n_predict: tokens to generate at most; -1 = until EOS or context full; 0 = none.
+        params: sampling parameters; ``max_tokens`` is filled in by ``with_max_tokens``.
+        stream: answer with server-sent events.
+        include_usage: OpenAI ``stream_options.include_usage``.
+        priority: smaller runs first under the "priority" scheduling policy.
+        return_tokens: /completion: fill ``tokens`` in non-streamed answers.
+        cache_prompt: the client's ``cache_prompt`` (reported only).
+        ignored_fields: known llama.cpp options set to values CacheFlow does not implement.
+    """
+
+    prompts: tuple[PromptInput, ...]
+    n_predict: int
+    params: SamplingParams
+    messages: tuple[dict[str, str], ...] = ()
+    stream: bool = False
+    include_usage: bool = False
+    priority: int = 0
+    return_tokens: bool = False
+    cache_prompt: bool = True
+    ignored_fields: tuple[str, ...] = field(default_factory=tuple)
+
+    def with_max_tokens(self, max_tokens: int) -> SamplingParams:
+        """The sampling parameters with ``max_tokens`` set (>= 1)."""
+        return replace(self.params, max_tokens=max_tokens)
+
+
+# ---------------------------------------------------------------------------- field readers
+
+
+def _present(body: Mapping[str, object], name: str) -> bool:
+    return name in body and body[name] is not None
+
+
+def _type_name(value: object) -> str:
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, (int, float)):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "array"
+    if isinstance(value, dict):
+        return "object"
+    return type(value).__name__
+
+
+def _bad_type(name: str, expected: str, value: object) -> ProtocolError:
+    return ProtocolError(f"Field '{name}': expected {expected}, got {_type_name(value)}")
+
+
+def _as_int(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise _bad_type(name, "an integer", value)
+    if isinstance(value, float):
+        if not value.is_integer():
+            raise ProtocolError(f"Field '{name}': expected an integer, got {value}")
+        value = int(value)
+    return value
+
+
+def _as_float(name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise _bad_type(name, "a number", value)
+    if not math.isfinite(value):
+        raise ProtocolError(f"Field '{name}': must be finite, got {value}")
+    return float(value)
+
+
+def _as_bool(name: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise _bad_type(name, "a boolean", value)
+    return value
+
+
+def _as_str(name: str, value: object) -> str:
+    if not isinstance(value, str):
+        raise _bad_type(name, "a string", value)
+    return value
+
+
+def read_int(
+    body: Mapping[str, object],
+    names: tuple[str, ...],
+    default: int,
+    low: int = -INT32_MAX - 1,
+    high: int = INT32_MAX,
+) -> int:
+    """First present field of ``names`` as an int in [low, high] (hard limits), or ``default``.
+
+    Raises:
+        ProtocolError: wrong type or out of range.
+    """
+    for name in names:
+        if _present(body, name):
+            value = _as_int(name, body[name])
+            if not low <= value <= high:
+                raise ProtocolError(
+                    f"Field '{name}': value must be between {low} and {high}, got {value}"
+                )
+            return value
+    return default
+
+
+def read_float(
+    body: Mapping[str, object], name: str, default: float, low: float, high: float
+) -> float:
+    """Field ``name`` as a float clamped to [low, high] (soft limits), or ``default``."""
+    if not _present(body, name):
+        return default
+    return min(high, max(low, _as_float(name, body[name])))
+
+
+def read_bool(body: Mapping[str, object], name: str, default: bool) -> bool:
+    """Field ``name`` as a bool, or ``default``."""
+    return _as_bool(name, body[name]) if _present(body, name) else default
+
+
+def read_str(body: Mapping[str, object], name: str, default: str | None) -> str | None:
+    """Field ``name`` as a str, or ``default``."""
+    return _as_str(name, body[name]) if _present(body, name) else default
+
+
+def require_object(body: object) -> dict[str, object]:
+    """The decoded JSON body as a dict.
+
+    Raises:
+        ProtocolError: the body is not a JSON object.
+    """
+    if not isinstance(body, dict):
+        raise ProtocolError(f"request body must be a JSON object, got {_type_name(body)}")
+    return body
+
+
+# ---------------------------------------------------------------------------- prompts
+
+
+def _is_token_list(value: list) -> bool:
+    """llama-server's rule: an array with at least one number, of numbers and strings only, is
+    one prompt; any other array is a list of prompts."""
+    has_number = any(isinstance(v, int) and not isinstance(v, bool) for v in value)
+    return has_number and all(
+        isinstance(v, str) or (isinstance(v, int) and not isinstance(v, bool)) for v in value
+    )
+
+
+def _one_prompt(value: object, where: str) -> PromptInput:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict):
+        if value.get("multimodal_data"):
+            raise ProtocolError(f"{where}: multimodal_data is not supported (text models only)")
+        return _one_prompt(value.get("prompt_string"), f"{where}.prompt_string")
+    if isinstance(value, list) and value and _is_token_list(value):
+        return list(value)
+    raise ProtocolError(
+        f"{where}: expected a string, an array of token ids and strings, or an object with "
+        f"'prompt_string'; got {_type_name(value)}"
+    )
+
+
+def read_prompts(body: Mapping[str, object], name: str = "prompt") -> tuple[PromptInput, ...]:
+    """The prompt field as one or more prompts (see llama-server's /completion docs).
+
+    Raises:
+        ProtocolError: missing, empty or of the wrong shape.
+    """
+    if not _present(body, name):
+        raise ProtocolError(f'"{name}" is required')
+    value = body[name]
+    if isinstance(value, list) and not _is_token_list(value):
+        if not value:
+            raise ProtocolError(f"Field '{name}': must not be empty")
+        return tuple(_one_prompt(v, f"Field '{name}[{i}]'") for i, v in enumerate(value))
+    return (_one_prompt(value, f"Field '{name}'"),)
+
+
+def read_mixed(body: Mapping[str, object], name: str) -> list[str | int]:
+    """Field ``name`` as a list of text pieces and token ids ([] when absent)."""
+    if not _present(body, name):
+        return []
+    value = body[name]
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list) and all(
+        isinstance(v, str) or (isinstance(v, int) and not isinstance(v, bool)) for v in value
+    ):
+        return list(value)
+    raise _bad_type(name, "a string or an array of strings and token ids", value)
+
+
+def read_token_ids(body: Mapping[str, object], name: str) -> list[int]:
+    """Field ``name`` as a list of ints ([] when absent)."""
+    if not _present(body, name):
+        return []
+    value = body[name]
+    if not isinstance(value, list):
+        raise _bad_type(name, "an array of token ids", value)
+    return [_as_int(f"{name}[{i}]", v) for i, v in enumerate(value)]
+
+
+def read_messages(body: Mapping[str, object]) -> tuple[dict[str, str], ...]:
+    """Chat ``messages`` as [{"role", "content"}] with text content.
+
+    Content may be a string, null (empty) or a list of {"type": "text", "text": ...} parts,
+    which are joined.
+
+    Raises:
+        ProtocolError: missing, empty, or a message of the wrong shape.
+    """
+    if not _present(body, "messages"):
+        raise ProtocolError("'messages' is required")
+    value = body["messages"]
+    if not isinstance(value, list) or not value:
+        raise ProtocolError("Field 'messages': expected a non-empty array of messages")
+    return tuple(_message(m, i) for i, m in enumerate(value))
+
+
+def _message(message: object, index: int) -> dict[str, str]:
+    where = f"Field 'messages[{index}]'"
+    if not isinstance(message, dict):
+        raise ProtocolError(f"{where}: expected an object, got {_type_name(message)}")
+    role = message.get("role")
+    if not isinstance(role, str) or not role:
+        raise ProtocolError(f"{where}: 'role' must be a non-empty string")
+    content = message.get("content")
+    if content is None:
+        text = ""
+    elif isinstance(content, str):
+        text = content
+    elif isinstance(content, list):
+        text = "".join(_text_part(p, f"{where}.content[{j}]") for j, p in enumerate(content))
+    else:
+        raise ProtocolError(f"{where}: 'content' must be a string or an array of text parts")
+    return {"role": role, "content": text}
+
+
+def _text_part(part: object, where: str) -> str:
+    if not isinstance(part, dict) or part.get("type") != "text":
+        raise ProtocolError(f"{where}: only parts of type 'text' are supported")
+    return _as_str(f"{where}.text", part.get("text"))
+
+
+# ---------------------------------------------------------------------------- generation
+
+
+def parse_completion(body: object, default_n_predict: int) -> GenerationRequest:
+    """A /completion, /completions or /v1/completions body.
+
+    Args:
+        body: the decoded JSON body.
+        default_n_predict: the server's -n value, used when the request sets no limit.
+
+    Raises:
+        ProtocolError: invalid field (the message names it).
+    """
+    body = require_object(body)
+    for name in ("suffix", "best_of"):  # OpenAI fields llama-server rejects too
+        if _present(body, name):
+            raise ProtocolError(f"Unsupported param: {name}")
+    if read_bool(body, "echo", False):
+        raise ProtocolError("Only no echo is supported")
+    _reject_logprobs(body)
+    return _generation(body, read_prompts(body), (), default_n_predict)
+
+
+def parse_chat(body: object, default_n_predict: int) -> GenerationRequest:
+    """A /v1/chat/completions body (messages are rendered by the server's chat template).
+
+    Raises:
+        ProtocolError: invalid field (the message names it).
+    """
+    body = require_object(body)
+    if body.get("tools"):
+        raise ProtocolError("Field 'tools': tool calls are not supported")
+    _reject_logprobs(body)
+    response_format = body.get("response_format")
+    if response_format is not None:
+        if not isinstance(response_format, dict):
+            raise _bad_type("response_format", "an object", response_format)
+        if response_format.get("type", "text") != "text":
+            raise ProtocolError("Field 'response_format': only type 'text' is supported")
+    return _generation(body, (), read_messages(body), default_n_predict)
+
+
+def _reject_logprobs(body: Mapping[str, object]) -> None:
+    # /completion: n_probs (int); /v1/completions: logprobs (int); chat: logprobs (bool).
+    for name in ("n_probs", "logprobs"):
+        value = body.get(name)
+        if value is True or (_type_name(value) == "number" and value > 0):
+            raise ProtocolError(f"Field '{name}': token probabilities are not supported")
+
+
+def _generation(
+    body: dict[str, object],
+    prompts: tuple[PromptInput, ...],
+    messages: tuple[dict[str, str], ...],
+    default_n_predict: int,
+) -> GenerationRequest:
+    for name in ("grammar", "json_schema"):
+        if body.get(name):
+            raise ProtocolError(f"Field '{name}': constrained sampling is not supported")
+    if read_int(body, ("n_cmpl", "n"), 1, low=1) != 1:
+        raise ProtocolError("Field 'n': only 1 completion per prompt is supported")
+    n_predict = read_int(
+        body, ("n_predict", "max_completion_tokens", "max_tokens"), default_n_predict, low=-1
+    )
+    stream_options = body.get("stream_options")
+    if stream_options is not None and not isinstance(stream_options, dict):
+        raise _bad_type("stream_options", "an object", stream_options)
+    return GenerationRequest(
+        prompts=prompts,
+        messages=messages,
+        n_predict=n_predict,
+        params=_sampling(body, max(1, n_predict)),
+        stream=read_bool(body, "stream", False),
+        include_usage=read_bool(stream_options or {}, "include_usage", False),
+        priority=read_int(body, ("priority",), 0),
+        return_tokens=read_bool(body, "return_tokens", False),
+        cache_prompt=read_bool(body, "cache_prompt", True),
+        ignored_fields=_ignored(body),
+    )
+
+
+def _sampling(body: Mapping[str, object], max_tokens: int) -> SamplingParams:
+    read_str(body, "model", None)  # any model name is accepted (single-model server)
+    seed = read_int(body, ("seed",), -1, low=-1, high=0xFFFFFFFF)
+    try:
+        return SamplingParams(
+            max_tokens=max_tokens,
+            temperature=read_float(body, "temperature", DEFAULT_TEMPERATURE, 0.0, math.inf),
+            top_k=max(0, read_int(body, ("top_k",), DEFAULT_TOP_K)),
+            top_p=max(_TOP_P_FLOOR, read_float(body, "top_p", DEFAULT_TOP_P, 0.0, 1.0)),
+            min_p=read_float(body, "min_p", DEFAULT_MIN_P, 0.0, 1.0),
+            seed=None if seed in SEED_RANDOM_VALUES else seed,
+            stop=_stop(body),
+            ignore_eos=read_bool(body, "ignore_eos", False),
+        )
+    except (TypeError, ValueError) as exc:  # SamplingParams names the field
+        raise ProtocolError(str(exc)) from None
+
+
+def _stop(body: Mapping[str, object]) -> tuple[str, ...]:
+    if not _present(body, "stop"):
+        return ()
+    value = body["stop"]
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not all(isinstance(s, str) for s in value):
+        raise _bad_type("stop", "a string or an array of strings", value)
+    return tuple(s for s in value if s)  # llama-server ignores empty stop words
+
+
+def _ignored(body: Mapping[str, object]) -> tuple[str, ...]:
+    return tuple(
+        name
+        for name, neutral in _IGNORED_OPTIONS.items()
+        if _present(body, name) and body[name] != neutral and body[name] not in ([], {})
+    )

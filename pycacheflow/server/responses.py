@@ -1,0 +1,260 @@
+"""Response bodies of the llama-server compatible API (plain dicts, JSON-ready).
+
+Field names and shapes follow llama-server of the pinned tree (tools/server/server-task.cpp):
+the native /completion result, OpenAI text_completion / chat.completion objects and their
+stream chunks, ``timings``, ``usage`` and the OpenAI error object.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import pycacheflow
+
+if TYPE_CHECKING:
+    from pycacheflow.outputs import RequestMetrics, RequestOutput
+    from pycacheflow.server.protocol import GenerationRequest
+
+SYSTEM_FINGERPRINT = f"cacheflow-{pycacheflow.__version__}"
+_MS_PER_S = 1000.0
+
+
+def error_body(
+    message: str, code: int, error_type: str, extra: dict[str, object] | None = None
+) -> dict[str, object]:
+    """``{"error": {"code", "message", "type", ...}}`` (OpenAI's format, as llama-server)."""
+    error: dict[str, object] = {"code": code, "message": message, "type": error_type}
+    error.update(extra or {})
+    return {"error": error}
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One finished completion with what the response builders need besides the output.
+
+    Attributes:
+        output: the engine's result.
+        stop_type: llama-server's "eos", "word" or "limit".
+        stopping_word: the stop string that ended it, or "".
+        slot_id: the slot it ran in (-1 if it never got one).
+    """
+
+    output: RequestOutput
+    stop_type: str
+    stopping_word: str
+    slot_id: int
+
+    @property
+    def oai_finish_reason(self) -> str:
+        """OpenAI finish_reason: "stop" (EOS or stop word) or "length"."""
+        return "length" if self.stop_type == "limit" else "stop"
+
+
+def stop_type_of(output: RequestOutput, stopping_word: str) -> str:
+    """llama-server's stop_type for a finished output."""
+    if output.finish_reason == "stop":
+        return "word" if stopping_word else "eos"
+    return "limit"
+
+
+class ResponseIds:
+    """The ``id``, ``created`` and ``model`` shared by all chunks of one OpenAI response."""
+
+    def __init__(self, prefix: str, model: str) -> None:
+        self.id = f"{prefix}-{secrets.token_urlsafe(24)}"
+        self.created = int(time.time())
+        self.model = model
+
+    def envelope(self, obj: str) -> dict[str, object]:
+        """The common fields of one response object."""
+        return {
+            "created": self.created,
+            "id": self.id,
+            "model": self.model,
+            "system_fingerprint": SYSTEM_FINGERPRINT,
+            "object": obj,
+        }
+
+
+# ---------------------------------------------------------------------------- shared parts
+
+
+def timings(metrics: RequestMetrics) -> dict[str, float]:
+    """llama-server's ``timings``: prompt (prefill) and predicted (decode) counts and speeds.
+
+    Prompt time runs from the first step that computed the request to its first token;
+    predicted time from the first token to the last.
+    """
+    start = metrics.first_scheduled_time_s or metrics.arrival_time_s
+    first = metrics.first_token_time_s
+    prompt_ms = max(0.0, (first - start) * _MS_PER_S) if first is not None else 0.0
+    predicted_ms = (metrics.finish_time_s - first) * _MS_PER_S if first is not None else 0.0
+    prompt_n = metrics.num_prompt_tokens - metrics.num_cached_tokens
+    predicted_n = metrics.num_output_tokens
+    return {
+        "cache_n": metrics.num_cached_tokens,
+        "prompt_n": prompt_n,
+        "prompt_ms": prompt_ms,
+        "prompt_per_token_ms": prompt_ms / prompt_n if prompt_n else 0.0,
+        "prompt_per_second": _MS_PER_S * prompt_n / prompt_ms if prompt_ms > 0 else 0.0,
+        "predicted_n": predicted_n,
+        "predicted_ms": predicted_ms,
+        "predicted_per_token_ms": predicted_ms / predicted_n if predicted_n else 0.0,
+        "predicted_per_second": (
+            _MS_PER_S * predicted_n / predicted_ms if predicted_ms > 0 else 0.0
+        ),
+    }
+
+
+def usage(outputs: list[RequestOutput]) -> dict[str, object]:
+    """OpenAI ``usage`` summed over the outputs."""
+    prompt = sum(o.metrics.num_prompt_tokens for o in outputs)
+    completion = sum(o.metrics.num_output_tokens for o in outputs)
+    cached = sum(o.metrics.num_cached_tokens for o in outputs)
+    return {
+        "completion_tokens": completion,
+        "prompt_tokens": prompt,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": cached},
+    }
+
+
+def generation_settings(request: GenerationRequest, n_ctx: int, model: str) -> dict[str, object]:
+    """The request's effective settings, as /completion's ``generation_settings``."""
+    p = request.params
+    return {
+        "n_ctx": n_ctx,
+        "model": model,
+        "n_predict": request.n_predict,
+        "max_tokens": request.n_predict,
+        "seed": -1 if p.seed is None else p.seed,
+        "temperature": p.temperature,
+        "top_k": p.top_k,
+        "top_p": p.top_p,
+        "min_p": p.min_p,
+        "stop": list(p.stop),
+        "ignore_eos": p.ignore_eos,
+        "stream": request.stream,
+        "cache_prompt": request.cache_prompt,
+        "priority": request.priority,
+        "samplers": ["top_k", "top_p", "min_p", "temperature"],
+    }
+
+
+# ---------------------------------------------------------------------------- /completion
+
+
+def completion_partial(
+    index: int, text: str, token_ids: tuple[int, ...], num_decoded: int, slot_id: int
+) -> dict[str, object]:
+    """One streamed /completion chunk (``stop`` false)."""
+    return {
+        "index": index,
+        "content": text,
+        "tokens": list(token_ids),
+        "stop": False,
+        "id_slot": slot_id,
+        "tokens_predicted": num_decoded,
+    }
+
+
+def completion_final(
+    done: Completion,
+    index: int,
+    request: GenerationRequest,
+    settings: dict[str, object],
+    prompt_text: str,
+) -> dict[str, object]:
+    """The /completion result; when streaming, the last chunk (content already sent)."""
+    out, m = done.output, done.output.metrics
+    streamed = request.stream
+    return {
+        "index": index,
+        "content": "" if streamed else out.text,
+        "tokens": list(out.token_ids) if request.return_tokens and not streamed else [],
+        "id_slot": done.slot_id,
+        "stop": True,
+        "model": settings["model"],
+        "tokens_predicted": m.num_output_tokens,
+        "tokens_evaluated": m.num_prompt_tokens,
+        "generation_settings": settings,
+        "prompt": prompt_text,
+        "has_new_line": "\n" in out.text,
+        "truncated": False,
+        "stop_type": done.stop_type,
+        "stopping_word": done.stopping_word,
+        "tokens_cached": m.num_prompt_tokens + m.num_output_tokens,
+        "timings": timings(m),
+    }
+
+
+# ---------------------------------------------------------------------------- OpenAI
+
+
+def oai_completion(ids: ResponseIds, done: list[Completion]) -> dict[str, object]:
+    """A non-streamed ``text_completion``: one choice per prompt."""
+    choices = [
+        {"text": d.output.text, "index": i, "logprobs": None, "finish_reason": d.oai_finish_reason}
+        for i, d in enumerate(done)
+    ]
+    body = {"choices": choices, **ids.envelope("text_completion")}
+    body["usage"] = usage([d.output for d in done])
+    if len(done) == 1:
+        body["timings"] = timings(done[0].output.metrics)
+    return body
+
+
+def oai_completion_chunk(
+    ids: ResponseIds, index: int, text: str, finish_reason: str | None
+) -> dict[str, object]:
+    """A streamed ``text_completion`` chunk."""
+    choice = {"text": text, "index": index, "logprobs": None, "finish_reason": finish_reason}
+    return {"choices": [choice], **ids.envelope("text_completion")}
+
+
+def oai_completion_last_chunk(ids: ResponseIds, index: int, done: Completion) -> dict[str, object]:
+    """The final streamed ``text_completion`` chunk: finish_reason, usage and timings."""
+    body = oai_completion_chunk(ids, index, "", done.oai_finish_reason)
+    body["usage"] = usage([done.output])
+    body["timings"] = timings(done.output.metrics)
+    return body
+
+
+def chat_completion(ids: ResponseIds, done: Completion) -> dict[str, object]:
+    """A non-streamed ``chat.completion``."""
+    choice = {
+        "finish_reason": done.oai_finish_reason,
+        "index": 0,
+        "message": {"role": "assistant", "content": done.output.text},
+    }
+    body = {"choices": [choice], **ids.envelope("chat.completion")}
+    body["usage"] = usage([done.output])
+    body["timings"] = timings(done.output.metrics)
+    return body
+
+
+def chat_chunk(
+    ids: ResponseIds, delta: dict[str, object], finish_reason: str | None = None
+) -> dict[str, object]:
+    """A streamed ``chat.completion.chunk``; the first carries ``{"role": "assistant"}``."""
+    choice = {"finish_reason": finish_reason, "index": 0, "delta": delta}
+    return {"choices": [choice], **ids.envelope("chat.completion.chunk")}
+
+
+def chat_last_chunks(
+    ids: ResponseIds, done: Completion, include_usage: bool
+) -> list[dict[str, object]]:
+    """The closing chat chunks: finish_reason, then (if asked) usage with empty choices.
+
+    The last one carries ``timings``, as in llama-server.
+    """
+    chunks = [chat_chunk(ids, {}, done.oai_finish_reason)]
+    if include_usage:
+        chunks.append(
+            {"choices": [], **ids.envelope("chat.completion.chunk"), "usage": usage([done.output])}
+        )
+    chunks[-1]["timings"] = timings(done.output.metrics)
+    return chunks

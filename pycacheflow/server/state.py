@@ -1,0 +1,189 @@
+"""ServerState: what every handler shares (engine, config, metrics, slots), and the per-request
+bookkeeping between an HTTP request and its engine requests (``Job``).
+
+Everything here runs on the event loop thread.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+from pycacheflow import errors
+from pycacheflow.server.metrics import ServerMetrics
+from pycacheflow.server.protocol import ProtocolError
+from pycacheflow.server.responses import Completion, generation_settings, stop_type_of
+from pycacheflow.server.slots import SlotTable
+
+if TYPE_CHECKING:
+    from pycacheflow.llm import LLM, PromptInput
+    from pycacheflow.outputs import RequestOutput, StreamDelta
+    from pycacheflow.server.config import ServerConfig
+    from pycacheflow.server.protocol import GenerationRequest
+    from pycacheflow.server.streams import RequestGroup
+
+logger = logging.getLogger("cacheflow.server")
+
+
+@dataclass
+class Job:
+    """One engine request of an HTTP request.
+
+    Attributes:
+        index: position among the HTTP request's prompts.
+        prompt: what was submitted (text or token ids).
+        slot_id: the slot it holds (SlotTable.NO_SLOT if none).
+        settings: its effective generation settings (for /slots and /completion).
+        num_decoded: tokens streamed so far.
+        discard_output: n_predict was 0: the prompt is evaluated (one token is generated
+            because the engine needs max_tokens >= 1) but no output is reported.
+    """
+
+    index: int
+    prompt: PromptInput
+    slot_id: int
+    settings: dict[str, object]
+    discard_output: bool = False
+    num_decoded: int = 0
+    slot_released: bool = False
+
+
+class ServerState:
+    """Shared by all handlers of one app.
+
+    Args:
+        llm: the engine (not owned: the caller closes it after the server stopped).
+        config: HTTP-side settings.
+    """
+
+    def __init__(self, llm: LLM, config: ServerConfig) -> None:
+        self.llm = llm
+        self.config = config
+        self.info = llm.info
+        self.metrics = ServerMetrics()
+        self.slots = SlotTable(self.info.max_num_seqs, self.info.n_ctx_per_seq)
+        self._warned_fields: set[str] = set()
+
+    @property
+    def model_name(self) -> str:
+        """The model id of responses."""
+        return self.config.model_name
+
+    def default_settings(self) -> dict[str, object]:
+        """Generation settings of a request that sets nothing (for /props and idle slots)."""
+        from pycacheflow.server.protocol import parse_completion
+
+        request = parse_completion({"prompt": ""}, self.config.n_predict)
+        return generation_settings(request, self.info.n_ctx_per_seq, self.model_name)
+
+    # ------------------------------------------------------------------ submission
+
+    def resolve_prompt(self, prompt: PromptInput) -> PromptInput:
+        """Text stays text (the LLM tokenizes it); a mixed list becomes token ids.
+
+        In a mixed list each text piece is tokenized without BOS, except a text piece at the
+        start, which gets the model's BOS as a text prompt would (llama-server's rule).
+        """
+        if isinstance(prompt, str):
+            return prompt
+        return self.tokenize_mixed(prompt, add_special=True, parse_special=True)
+
+    def tokenize_mixed(
+        self, pieces: list[str | int], add_special: bool, parse_special: bool
+    ) -> list[int]:
+        """Token ids of text pieces and token ids; only a leading text piece gets BOS."""
+        token_ids: list[int] = []
+        for i, piece in enumerate(pieces):
+            if isinstance(piece, str):
+                token_ids += self.llm.tokenize(piece, add_special and i == 0, parse_special)
+            else:
+                token_ids.append(piece)
+        return token_ids
+
+    def submit(self, group: RequestGroup, request: GenerationRequest, prompt: PromptInput) -> Job:
+        """Submit one prompt of ``request`` to the engine through ``group``.
+
+        Raises:
+            ProtocolError: the prompt is empty, too long or has a bad token id (400).
+        """
+        self._warn_ignored(request)
+        prompt = self.resolve_prompt(prompt)
+        n_predict = request.n_predict
+        max_tokens = self.info.n_ctx_per_seq if n_predict < 0 else max(1, n_predict)
+        try:
+            index = group.submit(prompt, request.with_max_tokens(max_tokens), request.priority)
+        except errors.PromptTooLongError as exc:
+            raise self._too_long(prompt, exc) from None
+        except errors.InvalidArgumentError as exc:
+            raise ProtocolError(str(exc)) from None
+        settings = generation_settings(request, self.info.n_ctx_per_seq, self.model_name)
+        slot_id = self.slots.acquire(group.request_ids[index], settings)
+        return Job(index, prompt, slot_id, settings, discard_output=n_predict == 0)
+
+    def _too_long(self, prompt: PromptInput, exc: Exception) -> ProtocolError:
+        if isinstance(prompt, str):
+            num_tokens = len(self.llm.tokenize(prompt))
+        else:
+            num_tokens = len(prompt)
+        return ProtocolError(
+            f"the request exceeds the available context size: {exc}",
+            error_type="exceed_context_size_error",
+            extra={"n_prompt_tokens": num_tokens, "n_ctx": self.info.n_ctx_per_seq},
+        )
+
+    def _warn_ignored(self, request: GenerationRequest) -> None:
+        for name in request.ignored_fields:
+            if name not in self._warned_fields:
+                self._warned_fields.add(name)
+                logger.warning("request field %r is not implemented by CacheFlow; ignored", name)
+
+    # ------------------------------------------------------------------ completion
+
+    def finish(self, job: Job, output: RequestOutput) -> Completion:
+        """Account a finished request (metrics, slot) and describe how it stopped.
+
+        Raises:
+            errors.CacheFlowError: the request ended with "error" or was aborted by the engine.
+        """
+        self._release(job)
+        self.metrics.observe(output)
+        if output.finish_reason in ("error", "abort"):
+            raise errors.DecodeError(
+                f"request {output.request_id} ended with {output.finish_reason}"
+            )
+        if job.discard_output:
+            output = _without_output(output)
+        stopping_word = self._stopping_word(output, job)
+        return Completion(output, stop_type_of(output, stopping_word), stopping_word, job.slot_id)
+
+    def progress(self, job: Job, delta: StreamDelta) -> None:
+        """Account streamed output of a job (for /slots and ``tokens_predicted``)."""
+        job.num_decoded += len(delta.token_ids)
+        self.slots.progress(job.slot_id, len(delta.token_ids), delta.text)
+
+    def release(self, jobs: list[Job]) -> None:
+        """Free the slots of jobs that did not finish (aborted); idempotent."""
+        for job in jobs:
+            self._release(job)
+
+    def _release(self, job: Job) -> None:
+        if not job.slot_released:
+            job.slot_released = True
+            self.slots.release(job.slot_id)
+
+    def _stopping_word(self, output: RequestOutput, job: Job) -> str:
+        stops = job.settings.get("stop") or []
+        if output.finish_reason != "stop" or not stops:
+            return ""
+        raw = self.llm.detokenize(output.token_ids)
+        return next((s for s in stops if raw.startswith(s, len(output.text))), "")
+
+    def prompt_text(self, output: RequestOutput) -> str:
+        """The processed prompt (special tokens rendered), as /completion's ``prompt``."""
+        return self.llm.detokenize(output.prompt_token_ids, skip_special=False)
+
+
+def _without_output(output: RequestOutput) -> RequestOutput:
+    metrics = replace(output.metrics, num_output_tokens=0, tpot_s=None, itl_s=())
+    return replace(output, text="", token_ids=(), finish_reason="length", metrics=metrics)

@@ -1,0 +1,119 @@
+"""RequestGroup: the engine requests of one HTTP call, consumed on the asyncio event loop.
+
+The engine's dispatcher thread calls each request's ``notify`` after queueing its output; the
+callback only schedules a wake-up on the loop (``call_soon_threadsafe``). The loop then takes
+every delta queued so far with ``LLM.take_outputs`` (never blocking) and turns them into
+response bytes. No thread per stream, no polling:
+
+    dispatcher thread ── notify() ──► loop.call_soon_threadsafe(_wake) ──► Event.set()
+                                                                              │
+    handler:  async for index, delta in group.deltas():  ◄── take_outputs ◄──┘
+
+Whatever ends the handler early (client disconnect, cancellation at shutdown, an exception)
+runs ``close()``, which aborts the unfinished requests; their final "abort" deltas are taken
+by the wake callback so that the LLM forgets them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
+
+from pycacheflow import errors
+
+if TYPE_CHECKING:
+    from pycacheflow.llm import LLM, PromptInput
+    from pycacheflow.outputs import StreamDelta
+    from pycacheflow.sampling_params import SamplingParams
+
+
+class RequestGroup:
+    """Submits requests and yields their deltas on one event loop.
+
+    Must be created and used on the loop's thread; call ``close()`` in a ``finally``.
+
+    Args:
+        llm: the engine.
+        loop: the running loop (defaults to the current one).
+    """
+
+    def __init__(self, llm: LLM, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        self._llm = llm
+        self._loop = loop or asyncio.get_running_loop()
+        self._event = asyncio.Event()
+        self._request_ids: list[int] = []  # index -> request id
+        self._unfinished: dict[int, int] = {}  # request id -> index
+        self._closed = False
+
+    @property
+    def request_ids(self) -> list[int]:
+        """Engine request ids, in submission order."""
+        return list(self._request_ids)
+
+    def submit(self, prompt: PromptInput, params: SamplingParams, priority: int = 0) -> int:
+        """Submit one request (thread: the loop's); returns its index in the group.
+
+        Raises:
+            As ``LLM.add_request`` (PromptTooLongError, InvalidArgumentError, ShutdownError).
+        """
+        request_id = self._llm.add_request(prompt, params, priority=priority, notify=self._notify)
+        index = len(self._request_ids)
+        self._request_ids.append(request_id)
+        self._unfinished[request_id] = index
+        return index
+
+    async def deltas(self) -> AsyncIterator[tuple[int, StreamDelta]]:
+        """Yield (index, delta) for every request until all have finished.
+
+        Each request's last delta has ``output`` set. Deltas of one request are in order;
+        requests interleave.
+
+        Raises:
+            ShutdownError: the engine was closed first.
+        """
+        while self._unfinished:
+            self._event.clear()  # before taking: a notify from now on wakes the next wait
+            for request_id, index in list(self._unfinished.items()):
+                for delta in self._llm.take_outputs(request_id):
+                    if delta.finished:
+                        del self._unfinished[request_id]
+                    yield index, delta
+            if self._unfinished:
+                await self._event.wait()
+
+    def close(self) -> int:
+        """Abort every unfinished request; their final deltas are discarded. Idempotent.
+
+        Returns:
+            How many requests this call aborted.
+        """
+        if self._closed:
+            return 0
+        self._closed = True
+        num_aborted = sum(self._llm.abort(request_id) for request_id in list(self._unfinished))
+        self._discard_finished()
+        return num_aborted
+
+    # ------------------------------------------------------------------ callbacks
+
+    def _notify(self) -> None:
+        # Dispatcher thread: must be cheap and must not raise.
+        try:
+            self._loop.call_soon_threadsafe(self._wake)
+        except RuntimeError:  # loop closed (server shut down): nothing is waiting any more
+            pass
+
+    def _wake(self) -> None:
+        self._event.set()
+        if self._closed:
+            self._discard_finished()
+
+    def _discard_finished(self) -> None:
+        for request_id in list(self._unfinished):
+            try:
+                deltas = self._llm.take_outputs(request_id)
+            except (errors.NotFoundError, errors.ShutdownError):
+                deltas = None
+            if deltas is None or any(d.finished for d in deltas):
+                del self._unfinished[request_id]
