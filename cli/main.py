@@ -16,6 +16,7 @@ import click
 
 import pycacheflow
 from cli.prompts import PromptsFileError, read_prompts_file
+from cli.serve import serve
 from pycacheflow import EngineConfig, SamplingParams
 from pycacheflow.config import KV_MODES
 from pycacheflow.errors import CacheFlowError
@@ -367,6 +368,9 @@ def path() -> None:
     click.echo(target)
     if not target.is_file():
         click.echo("(not downloaded yet: run `cacheflow model pull`)", err=True)
+
+
+cacheflow.add_command(serve)
 
 
 def main() -> None:

@@ -1,0 +1,389 @@
+"""``cacheflow serve``: an HTTP server that can replace llama.cpp's ``llama-server``.
+
+Same flags (and LLAMA_ARG_* environment variables) for the common options, same endpoints and
+response formats, plus CacheFlow's engine options. Exit codes: 0 after a clean shutdown
+(SIGINT/SIGTERM); 1 runtime error (model cannot load, port taken); 2 usage error.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import click
+
+from pycacheflow.config import KV_MODES, POLICIES, EngineConfig
+from pycacheflow.errors import CacheFlowError
+
+if TYPE_CHECKING:
+    from pycacheflow.llm import LLM
+
+# llama-server flags that `cacheflow serve` does not accept; naming them gives a clearer error
+# than click's "No such option".
+_LLAMA_SERVER_ONLY_FLAGS = frozenset(
+    """-hf -hfr --hf-repo -hff --hf-file -mu --model-url -dr --docker-repo --lora --lora-scaled
+    --mmproj -mm -mmu --mmproj-url --embedding --embeddings --rerank --reranking --pooling
+    -ctk --cache-type-k -ctv --cache-type-v -sm --split-mode -ts --tensor-split -mg --main-gpu
+    --mlock --no-mmap --numa -dev --device -ot --override-tensor --rope-scaling --rope-scale
+    --rope-freq-base --rope-freq-scale --yarn-orig-ctx -md --model-draft --spec-type --grammar
+    --grammar-file -j --json-schema --jinja --no-jinja --chat-template-file
+    --chat-template-kwargs --reasoning-format -rea --reasoning --reasoning-budget --keep
+    --context-shift --no-context-shift -kvu --kv-unified -no-kvu --no-kv-unified
+    --api-key-file --ssl-key-file --ssl-cert-file --path --api-prefix --webui --no-webui --ui
+    --no-ui --props --slot-save-path --cache-reuse -cram --cache-ram --sleep-idle-seconds -tb
+    --threads-batch --threads-http --sse-ping-interval -s --seed --temp --temperature --top-k
+    --top-p --min-p --repeat-penalty --samplers --ignore-eos -sp --special -nocb
+    --no-cont-batching --log-file --log-disable --tools --mcp-servers-config""".split()  # noqa: SIM905 (a word list reads better)
+)
+
+_NO_EFFECT_YET = "accepted, no effect yet"
+
+
+class _ServeCommand(click.Command):
+    """Names unsupported llama-server flags in the usage error."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        try:
+            return super().parse_args(ctx, args)
+        except click.NoSuchOption as exc:
+            if exc.option_name in _LLAMA_SERVER_ONLY_FLAGS:
+                exc.message = (
+                    f"unsupported llama-server flag: {exc.option_name} (cacheflow serve does not "
+                    "implement it; see `cacheflow serve --help` for the flags it accepts)"
+                )
+                exc.possibilities = None  # "did you mean" would point at an unrelated flag
+            else:
+                exc.message = (
+                    f"no such option: {exc.option_name} (not a cacheflow serve flag; an "
+                    "unsupported llama-server flag, or a typo)"
+                )
+            raise
+
+
+def _env(name: str) -> str:
+    return f"LLAMA_ARG_{name}"
+
+
+@click.command(cls=_ServeCommand, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option(
+    "-m",
+    "--model",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    envvar=_env("MODEL"),
+    help="GGUF model file. Default: the default model (downloaded on first use).",
+)
+@click.option(
+    "--host",
+    default="127.0.0.1",
+    show_default=True,
+    envvar=_env("HOST"),
+    help="Address to listen on.",
+)
+@click.option(
+    "--port",
+    type=click.IntRange(0, 65535),
+    default=8080,
+    show_default=True,
+    envvar=_env("PORT"),
+    help="Port to listen on.",
+)
+@click.option(
+    "-c",
+    "--ctx-size",
+    type=click.IntRange(min=0),
+    default=0,
+    envvar=_env("CTX_SIZE"),
+    help="KV capacity in tokens over all slots (llama-server: prompt context, split "
+    "over -np slots); 0 = parallel x min(trained context, 2048).",
+)
+@click.option(
+    "-np",
+    "--parallel",
+    type=click.IntRange(min=-1),
+    default=-1,
+    envvar=_env("N_PARALLEL"),
+    help="Sequences decoded at once (max_num_seqs); more requests wait in the "
+    "scheduler. -1 = 16.",
+)
+@click.option(
+    "-b",
+    "--batch-size",
+    type=click.IntRange(min=1),
+    default=2048,
+    show_default=True,
+    envvar=_env("BATCH"),
+    help="Logical batch size; the engine's per-step token " "budget is min(-b, -ub).",
+)
+@click.option(
+    "-ub",
+    "--ubatch-size",
+    type=click.IntRange(min=1),
+    default=512,
+    show_default=True,
+    envvar=_env("UBATCH"),
+    help="Physical batch size (see -b).",
+)
+@click.option(
+    "-t",
+    "--threads",
+    type=click.IntRange(min=-1),
+    default=-1,
+    envvar=_env("THREADS"),
+    help="CPU threads for decode; -1 = all cores.",
+)
+@click.option(
+    "-ngl",
+    "--gpu-layers",
+    "--n-gpu-layers",
+    "gpu_layers",
+    default="auto",
+    envvar=_env("N_GPU_LAYERS"),
+    help="Layers offloaded to the GPU (CUDA builds): a number, 'auto' or 'all'.",
+)
+@click.option(
+    "-fa",
+    "--flash-attn",
+    type=click.Choice(["on", "off", "auto"]),
+    default="auto",
+    is_flag=False,
+    flag_value="on",
+    envvar=_env("FLASH_ATTN"),
+    help="Flash attention (stock KV modes).",
+)
+@click.option(
+    "-n",
+    "--n-predict",
+    "--predict",
+    "n_predict",
+    type=click.IntRange(min=-1),
+    default=-1,
+    envvar=_env("N_PREDICT"),
+    help="Default tokens to generate when a request sets none; -1 = until EOS or "
+    "the slot's context is full.",
+)
+@click.option(
+    "--api-key",
+    envvar="LLAMA_API_KEY",
+    help="API key(s), comma-separated; requests need 'Authorization: Bearer KEY' "
+    "(or X-Api-Key). /health stays public.",
+)
+@click.option(
+    "--metrics",
+    "enable_metrics",
+    is_flag=True,
+    envvar=_env("ENDPOINT_METRICS"),
+    help="Serve Prometheus metrics at /metrics.",
+)
+@click.option(
+    "--slots/--no-slots",
+    "enable_slots",
+    default=True,
+    show_default=True,
+    envvar=_env("ENDPOINT_SLOTS"),
+    help="Serve the /slots monitoring endpoint.",
+)
+@click.option(
+    "-a",
+    "--alias",
+    envvar=_env("ALIAS"),
+    help="Model name(s) for the API, comma-separated (default: the -m path).",
+)
+@click.option(
+    "--chat-template",
+    envvar=_env("CHAT_TEMPLATE"),
+    help="Chat template: a llama.cpp built-in name (chatml, llama3, ...) or template "
+    "text. Default: the model's own.",
+)
+@click.option(
+    "-to",
+    "--timeout",
+    type=click.IntRange(min=1),
+    default=3600,
+    show_default=True,
+    envvar=_env("TIMEOUT"),
+    help="Seconds an idle keep-alive connection stays open.",
+)
+@click.option(
+    "--cache-prompt/--no-cache-prompt",
+    default=True,
+    show_default=True,
+    envvar=_env("CACHE_PROMPT"),
+    help="Default of the request field cache_prompt (reported only: prompt reuse is "
+    "the prefix cache of --kv-mode paged).",
+)
+@click.option("-cb", "--cont-batching", is_flag=True, hidden=True)  # always on; accepted
+@click.option(
+    "--kv-mode",
+    type=click.Choice(KV_MODES),
+    default="auto",
+    show_default=True,
+    help="KV cache: paged (CacheFlow blocks + prefix cache), stock / stock-unified "
+    "(llama.cpp), or auto.",
+)
+@click.option(
+    "--block-size",
+    type=click.IntRange(min=1),
+    default=16,
+    show_default=True,
+    help="Tokens per KV block (paged mode).",
+)
+@click.option(
+    "--policy",
+    type=click.Choice(POLICIES),
+    default="fcfs",
+    show_default=True,
+    help="Scheduling policy; 'priority' honours the request field priority " "(smaller first).",
+)
+@click.option(
+    "--preemption",
+    type=click.Choice(["recompute", "swap"]),
+    default="recompute",
+    show_default=True,
+    help=f"How preempted sequences resume ({_NO_EFFECT_YET}).",
+)
+@click.option(
+    "--swap-space",
+    type=click.FloatRange(min=0),
+    default=0.0,
+    help=f"GiB of host memory for swapped-out KV blocks ({_NO_EFFECT_YET}).",
+)
+@click.option(
+    "--shutdown-timeout",
+    type=click.FloatRange(min=0),
+    default=10.0,
+    show_default=True,
+    help="On SIGINT/SIGTERM: seconds in-flight requests may still run before they " "are aborted.",
+)
+@click.option("-v", "--verbose", is_flag=True, help="Access log, llama.cpp and engine logs.")
+def serve(**options: object) -> None:
+    """Serve a model over HTTP, compatible with llama.cpp's llama-server.
+
+    \b
+    Endpoints: GET /health /props /models /v1/models /slots /metrics;
+    POST /completion /completions /v1/completions /v1/chat/completions
+    /tokenize /detokenize /apply-template. Streaming uses server-sent events.
+
+    \b
+    Examples:
+      cacheflow serve -m model.gguf --port 8080 -np 32 --metrics
+      cacheflow serve --alias smollm2 --api-key secret --policy priority
+    """
+    config_kwargs = _engine_kwargs(options)
+    llm = _load_llm(options["model"], config_kwargs)
+    try:
+        app = _make_app(llm, options)
+        _run(app, options)
+    finally:
+        llm.close()
+
+
+def _engine_kwargs(options: dict[str, object]) -> dict[str, object]:
+    parallel = int(options["parallel"])
+    kwargs: dict[str, object] = {
+        "n_ctx": options["ctx_size"],
+        "max_num_batched_tokens": min(int(options["batch_size"]), int(options["ubatch_size"])),
+        "n_threads": max(0, int(options["threads"])),
+        "n_gpu_layers": _gpu_layers(str(options["gpu_layers"])),
+        "flash_attn": {"on": True, "off": False, "auto": None}[str(options["flash_attn"])],
+        "kv_mode": options["kv_mode"],
+        "block_size": options["block_size"],
+        "policy": options["policy"],
+        "log_level": "info" if options["verbose"] else "error",
+    }
+    if parallel > 0:
+        kwargs["max_num_seqs"] = parallel
+    return kwargs
+
+
+def _gpu_layers(value: str) -> int:
+    if value in ("auto", "all"):
+        return -1
+    try:
+        layers = int(value)
+    except ValueError:
+        raise click.BadParameter(
+            f"expected a number, 'auto' or 'all', got {value!r}", param_hint="-ngl"
+        ) from None
+    if layers < -1:
+        raise click.BadParameter(f"must be >= -1, got {layers}", param_hint="-ngl")
+    return layers
+
+
+def _load_llm(model: Path | None, config_kwargs: dict[str, object]) -> LLM:
+    try:
+        if model is None:
+            from pycacheflow.model_hub import ensure_default_model
+
+            model = ensure_default_model(progress=True)
+        config = EngineConfig(model=model, **config_kwargs)
+    except (ValueError, TypeError) as exc:
+        raise click.UsageError(str(exc)) from None
+    except CacheFlowError as exc:
+        raise click.ClickException(str(exc)) from None
+    try:
+        from pycacheflow.llm import LLM
+
+        return LLM(config=config)
+    except (ImportError, CacheFlowError) as exc:
+        raise click.ClickException(f"{type(exc).__name__}: {exc}") from None
+
+
+def _make_app(llm: LLM, options: dict[str, object]) -> object:
+    try:
+        from pycacheflow.server import ServerConfig, create_app
+    except ImportError as exc:
+        raise click.ClickException(
+            f"{exc}; cacheflow serve needs starlette and uvicorn (pip install starlette uvicorn)"
+        ) from None
+    aliases = _split(options["alias"])
+    api_keys = _split(options["api_key"])
+    model_path = str(llm.config.model_path)
+    config = ServerConfig(
+        model_name=aliases[0] if aliases else str(options["model"] or model_path),
+        model_path=model_path,
+        aliases=aliases,
+        api_keys=api_keys,
+        n_predict=int(options["n_predict"]),
+        chat_template=options["chat_template"] or None,
+        enable_metrics=bool(options["enable_metrics"]),
+        enable_slots=bool(options["enable_slots"]),
+        cache_prompt=bool(options["cache_prompt"]),
+        shutdown_timeout_s=float(options["shutdown_timeout"]),
+    )
+    return create_app(llm, config)
+
+
+def _split(value: object) -> tuple[str, ...]:
+    return tuple(part.strip() for part in str(value or "").split(",") if part.strip())
+
+
+def _run(app: object, options: dict[str, object]) -> None:
+    import uvicorn
+
+    verbose = bool(options["verbose"])
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")  # fmt: skip
+    config = uvicorn.Config(
+        app,
+        host=str(options["host"]),
+        port=int(options["port"]),
+        timeout_keep_alive=int(options["timeout"]),
+        timeout_graceful_shutdown=float(options["shutdown_timeout"]),
+        log_level="info" if verbose else "warning",
+        access_log=verbose,
+        lifespan="off",
+    )
+    server = uvicorn.Server(config)
+    # uvicorn handles SIGINT/SIGTERM (stop accepting, let requests finish until the shutdown
+    # timeout, then cancel them, which aborts their engine requests) and afterwards re-raises
+    # the signal to the handlers that were installed before it started. With these no-op
+    # handlers in place that re-raise is harmless, so a signalled shutdown exits with 0.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: None)
+    click.echo(f"cacheflow serve: http://{config.host}:{config.port} (Ctrl-C to stop)", err=True)
+    server.run()
+    if not server.started:
+        sys.exit(1)  # e.g. the port was taken (uvicorn logged why)
