@@ -1,0 +1,279 @@
+"""`cacheflow serve` over the toy libcacheflow (tests/fakes/fake_cacheflow.c): HTTP mechanics
+without llama.cpp, in seconds.
+
+The fake "model" has byte tokens and generates its prompt over and over, one token per 1 ms
+step, with a context of 256 tokens per sequence; its chat template renders
+"<role>content|" per message plus "A:". So expected texts are known exactly.
+"""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import subprocess
+import threading
+from pathlib import Path
+
+import httpx
+import pytest
+from click.testing import CliRunner
+from serve_helpers import ServerProcess, parse_metrics, sse_data, stream_events
+
+from cli.main import cacheflow
+
+pytestmark = pytest.mark.e2e
+
+REPO = Path(__file__).resolve().parents[2]
+FAKE_SOURCE = REPO / "tests" / "fakes" / "fake_cacheflow.c"
+FAKE_CTX_PER_SEQ = 256
+FAKE_MAX_NUM_SEQS = 16  # the fake reports it whatever -np says
+
+
+@pytest.fixture(scope="module")
+def fake_env(tmp_path_factory) -> dict[str, str]:
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler for the fake libcacheflow")
+    out = tmp_path_factory.mktemp("fakecf") / "libcacheflow_fake.so"
+    subprocess.run([cc, "-std=c11", "-O1", "-shared", "-fPIC", f"-I{REPO / 'native' / 'include'}",
+                    str(FAKE_SOURCE), "-o", str(out), "-lpthread"], check=True)  # fmt: skip
+    return {"CACHEFLOW_LIB": str(out)}
+
+
+@pytest.fixture(scope="module")
+def fake_model(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("fakemodel") / "fake.gguf"
+    path.write_bytes(b"GGUF")
+    return path
+
+
+def start(fake_env, fake_model, *args: str) -> ServerProcess:
+    server = ServerProcess(["-m", str(fake_model), "-np", "4", *args], env=fake_env)
+    server.wait_ready()
+    return server
+
+
+@pytest.fixture(scope="module")
+def server(fake_env, fake_model):
+    proc = start(fake_env, fake_model, "--metrics", "--alias", "fake-model")
+    yield proc
+    assert proc.stop() == 0, proc.log()
+    proc.close()
+
+
+@pytest.fixture
+def client(server):
+    with httpx.Client(base_url=server.base_url, timeout=30) as c:
+        yield c
+
+
+def test_info_endpoints(client):
+    assert client.get("/health").json() == {"status": "ok"}
+    models = client.get("/v1/models").json()
+    assert models["object"] == "list" and models["data"][0]["id"] == "fake-model"
+    assert client.get("/models").json()["data"][0]["id"] == "fake-model"
+    props = client.get("/props").json()
+    assert props["total_slots"] == FAKE_MAX_NUM_SEQS and props["model_alias"] == "fake-model"
+    assert props["default_generation_settings"]["n_ctx"] == FAKE_CTX_PER_SEQ
+    slots = client.get("/slots").json()
+    assert [s["id"] for s in slots] == list(range(FAKE_MAX_NUM_SEQS))
+    assert not any(s["is_processing"] for s in slots)
+
+
+def test_text_endpoints(client):
+    assert client.post("/tokenize", json={"content": "hi"}).json() == {"tokens": [104, 105]}
+    pieces = client.post("/tokenize", json={"content": "hi", "with_pieces": True}).json()
+    assert pieces == {"tokens": [{"id": 104, "piece": "h"}, {"id": 105, "piece": "i"}]}
+    assert client.post("/detokenize", json={"tokens": [104, 105]}).json() == {"content": "hi"}
+    body = {"messages": [{"role": "user", "content": "x"}]}
+    assert client.post("/apply-template", json=body).json() == {"prompt": "<user>x|A:"}
+
+
+def test_completion_json_and_stream(client):
+    body = {"prompt": "abc", "n_predict": 7, "return_tokens": True}
+    result = client.post("/completion", json=body).json()
+    assert result["content"] == "abcabca" and result["tokens"] == list(b"abcabca")
+    assert result["stop"] is True and result["stop_type"] == "limit"
+    assert result["tokens_predicted"] == 7 and result["tokens_evaluated"] == 3
+    assert result["model"] == "fake-model" and result["timings"]["predicted_n"] == 7
+    events = stream_events(client, "/completion", {**body, "stream": True})
+    assert "[DONE]" not in events  # llama-server's /completion stream has no [DONE]
+    assert "".join(e["content"] for e in events) == "abcabca"
+    assert [e["stop"] for e in events] == [False] * (len(events) - 1) + [True]
+    assert events[-1]["stop_type"] == "limit" and events[-1]["content"] == ""
+
+
+def test_completion_stop_word_and_zero_n_predict(client):
+    result = client.post("/completion", json={"prompt": "abcXd", "n_predict": 20,
+                                              "stop": ["Xd"]}).json()  # fmt: skip
+    assert result["content"] == "abc"
+    assert (result["stop_type"], result["stopping_word"]) == ("word", "Xd")
+    zero = client.post("/completion", json={"prompt": "abc", "n_predict": 0}).json()
+    assert zero["content"] == "" and zero["tokens_predicted"] == 0
+
+
+def test_multiple_prompts(client):
+    results = client.post("/completion", json={"prompt": ["ab", "xyz"], "n_predict": 4}).json()
+    assert [r["content"] for r in results] == ["abab", "xyzx"]
+    oai = client.post("/v1/completions", json={"prompt": ["ab", "xyz"], "max_tokens": 4}).json()
+    assert [c["text"] for c in oai["choices"]] == ["abab", "xyzx"]
+    assert oai["usage"]["completion_tokens"] == 8
+
+
+def test_oai_completion_stream_ends_with_done(client):
+    events = stream_events(client, "/v1/completions", {"prompt": "ab", "max_tokens": 5,
+                                                       "stream": True})  # fmt: skip
+    assert events[-1] == "[DONE]"
+    chunks = events[:-1]
+    assert "".join(c["choices"][0]["text"] for c in chunks) == "ababa"
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+    assert chunks[-1]["usage"]["completion_tokens"] == 5
+    assert {c["object"] for c in chunks} == {"text_completion"}
+
+
+def test_chat_json_and_stream_with_usage(client):
+    body = {"model": "anything", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 6}
+    chat = client.post("/v1/chat/completions", json=body).json()
+    assert chat["object"] == "chat.completion"
+    assert chat["choices"][0]["message"] == {"role": "assistant", "content": "<user>"}
+    body.update(stream=True, stream_options={"include_usage": True})
+    events = stream_events(client, "/v1/chat/completions", body)
+    assert events[-1] == "[DONE]"
+    chunks = events[:-1]
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": None}
+    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+    assert text == "<user>"
+    assert chunks[-2]["choices"][0]["finish_reason"] == "length"
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 6
+    assert "timings" in chunks[-1]
+
+
+BAD_REQUESTS = [
+    ("/completion", b"{not json", "Invalid JSON"),
+    ("/completion", b"[1, 2]", "JSON object"),
+    ("/completion", b'{"prompt": "a", "n_predict": -5}', "n_predict"),
+    ("/completion", b'{"prompt": "a", "n_predict": "ten"}', "n_predict"),
+    ("/completion", b'{"prompt": "a", "temperature": "hot"}', "temperature"),
+    ("/completion", b'{"prompt": "a", "stop": 3}', "stop"),
+    ("/completion", b'{"n_predict": 3}', "prompt"),
+    ("/v1/completions", b'{"prompt": "a", "max_tokens": 1.5}', "max_tokens"),
+    ("/v1/chat/completions", b'{"messages": "hi"}', "messages"),
+    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": 5}]}', "content"),
+    ("/completion", b'{"prompt": [1, 99999]}', "token id"),
+]
+
+
+@pytest.mark.parametrize("path,raw,fragment", BAD_REQUESTS)
+def test_bad_requests_are_400(client, path, raw, fragment):
+    response = client.post(path, content=raw, headers={"content-type": "application/json"})
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["code"] == 400 and error["type"] == "invalid_request_error"
+    assert fragment in error["message"]
+
+
+def test_prompt_over_context_is_400_while_a_stream_continues(client, server):
+    body = {"prompt": "abcd", "n_predict": 200, "stream": True}
+    with client.stream("POST", "/completion", json=body) as response:
+        lines = response.iter_lines()
+        first = next(sse_data(lines))
+        with httpx.Client(base_url=server.base_url, timeout=30) as other:
+            too_long = other.post("/completion", json={"prompt": "x" * FAKE_CTX_PER_SEQ})
+            bad = other.post("/completion", content=b"{")
+        rest = list(sse_data(lines))
+    assert too_long.status_code == 400 and bad.status_code == 400
+    error = too_long.json()["error"]
+    assert error["type"] == "exceed_context_size_error"
+    assert error["n_prompt_tokens"] == FAKE_CTX_PER_SEQ and error["n_ctx"] == FAKE_CTX_PER_SEQ
+    text = first["content"] + "".join(e["content"] for e in rest)
+    assert text == ("abcd" * 50) and rest[-1]["stop"] is True
+
+
+def test_disconnect_aborts_the_request(client, server):
+    before = parse_metrics(client.get("/metrics").text)
+    body = {"prompt": "ab", "stream": True}
+    with (
+        httpx.Client(base_url=server.base_url) as other,
+        other.stream("POST", "/completion", json=body) as resp,
+    ):
+        next(sse_data(resp.iter_lines()))  # one event, then hang up
+    for _ in range(100):
+        after = parse_metrics(client.get("/metrics").text)
+        if after['cacheflow:requests_finished_total{reason="abort"}'] > 0:
+            break
+        threading.Event().wait(0.02)
+    key = 'cacheflow:requests_finished_total{reason="abort"}'
+    assert after[key] == before[key] + 1
+    assert after["llamacpp:requests_processing"] == 0
+    assert not any(s["is_processing"] for s in client.get("/slots").json())
+
+
+def test_metrics_text_parses(client):
+    client.post("/completion", json={"prompt": "ab", "n_predict": 3})
+    samples = parse_metrics(client.get("/metrics").text)
+    for name in ("llamacpp:prompt_tokens_total", "llamacpp:tokens_predicted_total",
+                 "llamacpp:n_decode_total", "llamacpp:requests_processing",
+                 "cacheflow:time_to_first_token_seconds_count",
+                 "cacheflow:time_per_output_token_seconds_bucket{le=\"+Inf\"}",
+                 "cacheflow:kv_blocks_used", "cacheflow:kv_blocks_free",
+                 "cacheflow:prefix_cache_hit_rate", "cacheflow:preemptions_total",
+                 "cacheflow:swap_bytes_total"):  # fmt: skip
+        assert name in samples, name
+    assert samples["llamacpp:tokens_predicted_total"] >= 3
+
+
+def test_unknown_route_is_404_in_openai_format(client):
+    response = client.get("/v2/nothing")
+    assert response.status_code == 404 and response.json()["error"]["type"] == "not_found_error"
+
+
+def test_api_key(fake_env, fake_model):
+    proc = start(fake_env, fake_model, "--api-key", "k1,k2")
+    try:
+        with httpx.Client(base_url=proc.base_url, timeout=30) as c:
+            body = {"prompt": "ab", "n_predict": 2}
+            assert c.get("/health").status_code == 200  # public
+            missing = c.post("/completion", json=body)
+            assert missing.status_code == 401
+            assert missing.json()["error"] == {
+                "code": 401,
+                "message": "Invalid API Key",
+                "type": "authentication_error",
+            }
+            wrong = c.post("/completion", json=body, headers={"Authorization": "Bearer nope"})
+            assert wrong.status_code == 401
+            ok = c.post("/completion", json=body, headers={"Authorization": "Bearer k2"})
+            assert ok.status_code == 200 and ok.json()["content"] == "ab"
+            assert c.get("/v1/models", headers={"X-Api-Key": "k1"}).status_code == 200
+    finally:
+        assert proc.stop() == 0
+        proc.close()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_graceful_shutdown_exits_0(fake_env, fake_model, sig):
+    proc = start(fake_env, fake_model, "--shutdown-timeout", "0.5")
+    try:
+        body = {"prompt": "ab", "stream": True, "ignore_eos": True}
+        with (
+            httpx.Client(base_url=proc.base_url, timeout=30) as c,
+            c.stream("POST", "/completion", json=body) as resp,
+        ):
+            events = sse_data(resp.iter_lines())
+            next(events)
+            proc.proc.send_signal(sig)
+            rest = list(events)  # finishes (context full) or is cut at the timeout
+        assert rest, "the in-flight stream went on after the signal"
+        assert proc.stop(timeout_s=20) == 0, proc.log()
+        with pytest.raises(httpx.TransportError):
+            httpx.get(proc.base_url + "/health", timeout=1)
+    finally:
+        proc.close()
+
+
+def test_unsupported_llama_server_flag_is_named():
+    result = CliRunner().invoke(cacheflow, ["serve", "--mlock"])
+    assert result.exit_code == 2
+    assert "unsupported llama-server flag: --mlock" in result.output
+    result = CliRunner().invoke(cacheflow, ["serve", "--no-such-thing"])
+    assert result.exit_code == 2 and "--no-such-thing" in result.output
