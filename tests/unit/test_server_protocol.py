@@ -1,0 +1,117 @@
+"""Request parsing of `cacheflow serve` (pycacheflow/server/protocol.py): pure Python, no engine."""
+
+from __future__ import annotations
+
+import pytest
+
+from pycacheflow.server.protocol import (
+    DEFAULT_TEMPERATURE,
+    ProtocolError,
+    parse_chat,
+    parse_completion,
+    read_mixed,
+)
+
+
+def completion(**body: object):
+    return parse_completion({"prompt": "hi", **body}, default_n_predict=-1)
+
+
+def test_defaults_follow_llama_server():
+    req = completion()
+    assert req.n_predict == -1 and not req.stream and req.priority == 0
+    p = req.params
+    assert (p.temperature, p.top_k, p.top_p, p.min_p, p.seed) == (DEFAULT_TEMPERATURE, 40, 0.95,
+                                                                  0.05, None)  # fmt: skip
+
+
+def test_n_predict_aliases_and_server_default():
+    assert completion(max_tokens=7).n_predict == 7
+    assert completion(max_tokens=7, n_predict=3).n_predict == 3  # n_predict wins
+    assert completion(max_completion_tokens=5).n_predict == 5
+    assert parse_completion({"prompt": "x"}, default_n_predict=12).n_predict == 12
+    assert completion(n_predict=None).n_predict == -1  # null = absent
+    assert completion(n_predict=16.0).n_predict == 16
+    assert completion(n_predict=4).with_max_tokens(9).max_tokens == 9
+
+
+@pytest.mark.parametrize(
+    "body,fragment",
+    [
+        ({"n_predict": -2}, "Field 'n_predict'"),
+        ({"n_predict": "3"}, "expected an integer, got string"),
+        ({"n_predict": True}, "got boolean"),
+        ({"n_predict": 2.5}, "expected an integer"),
+        ({"temperature": [1]}, "Field 'temperature': expected a number"),
+        ({"stream": "yes"}, "Field 'stream': expected a boolean"),
+        ({"seed": -7}, "Field 'seed'"),
+        ({"stop": [1]}, "Field 'stop'"),
+        ({"n": 2}, "only 1 completion"),
+        ({"logprobs": 3}, "token probabilities"),
+        ({"grammar": "root ::= x"}, "constrained sampling"),
+        ({"echo": True}, "no echo"),
+        ({"suffix": "x"}, "Unsupported param: suffix"),
+        ({"stream_options": 1}, "stream_options"),
+    ],
+)
+def test_bad_fields_name_the_field(body, fragment):
+    with pytest.raises(ProtocolError, match=fragment) as info:
+        completion(**body)
+    assert info.value.status == 400
+
+
+def test_soft_limits_are_clamped():
+    p = completion(top_p=3, min_p=-1, temperature=-2, top_k=-5).params
+    assert (p.top_p, p.min_p, p.temperature, p.top_k) == (1.0, 0.0, 0.0, 0)
+
+
+def test_prompt_shapes():
+    assert completion(prompt="a").prompts == ("a",)
+    assert completion(prompt=[1, 2, 3]).prompts == ([1, 2, 3],)
+    assert completion(prompt=[1, "a", 2]).prompts == ([1, "a", 2],)  # one mixed prompt
+    assert completion(prompt=["a", "b"]).prompts == ("a", "b")  # two prompts
+    assert completion(prompt=[[1, 2], "b"]).prompts == ([1, 2], "b")
+    assert completion(prompt={"prompt_string": "z"}).prompts == ("z",)
+    for bad in ([], 5, [None], {"prompt_string": "z", "multimodal_data": ["x"]}):
+        with pytest.raises(ProtocolError):
+            completion(prompt=bad)
+    with pytest.raises(ProtocolError, match='"prompt" is required'):
+        parse_completion({}, -1)
+
+
+def test_stop_seed_priority_and_ignored_options():
+    req = completion(stop="END", seed=4294967295, priority=-3, repeat_penalty=1.3, mirostat=0)
+    assert req.params.stop == ("END",) and req.params.seed is None and req.priority == -3
+    assert req.ignored_fields == ("repeat_penalty",)  # mirostat 0 is the no-op value
+    assert completion(seed=42).params.seed == 42
+
+
+def test_chat_messages():
+    req = parse_chat(
+        {
+            "messages": [
+                {"role": "system", "content": None},
+                {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text",
+                                                                          "text": "b"}]},
+            ],
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        },
+        default_n_predict=-1,
+    )  # fmt: skip
+    assert req.messages == ({"role": "system", "content": ""}, {"role": "user", "content": "ab"})
+    assert req.stream and req.include_usage and req.prompts == ()
+    for bad in ([], [{"content": "x"}], [{"role": "user", "content": [{"type": "image_url"}]}]):
+        with pytest.raises(ProtocolError, match="messages"):
+            parse_chat({"messages": bad}, -1)
+    with pytest.raises(ProtocolError, match="response_format"):
+        parse_chat({"messages": [{"role": "user", "content": "x"}],
+                    "response_format": {"type": "json_object"}}, -1)  # fmt: skip
+
+
+def test_read_mixed():
+    assert read_mixed({"content": "a"}, "content") == ["a"]
+    assert read_mixed({"content": [1, "b"]}, "content") == [1, "b"]
+    assert read_mixed({}, "content") == []
+    with pytest.raises(ProtocolError, match="content"):
+        read_mixed({"content": [1.5]}, "content")
