@@ -1,0 +1,248 @@
+"""`cacheflow serve` end to end with the real default model (SmolLM2-135M-Instruct) on
+127.0.0.1: llama-server and OpenAI formats, greedy outputs equal to LLM.generate, 64 concurrent
+streams, disconnects, bad input next to a running stream, metrics, the openai client, priority
+and API keys. Request counts are bounded; outputs are short (greedy, EOS ignored).
+
+HTTP mechanics are covered in more detail, without a model, by test_server_fake.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+import pytest
+from serve_helpers import ServerProcess, parse_metrics, sse_data, stream_events
+
+from pycacheflow import SamplingParams
+
+pytestmark = pytest.mark.e2e
+
+NUM_SLOTS = 16
+CTX_PER_SEQ = 512
+NUM_CLIENTS = 64
+PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):",
+    "Once upon a time, in a small village by the sea,",
+    "List three primary colors:",
+    "2 + 2 =",
+    "Water boils at",
+    "In machine learning, a transformer is",
+    "My favourite food is",
+]
+
+
+def greedy_body(prompt: str, n: int, **extra: object) -> dict[str, object]:
+    """A greedy llama-server request of exactly n tokens."""
+    return {"prompt": prompt, "n_predict": n, "temperature": 0, "ignore_eos": True, **extra}
+
+
+@pytest.fixture(scope="module")
+def server(real_model_path):
+    args = ["-m", str(real_model_path), "-np", str(NUM_SLOTS), "-c", str(NUM_SLOTS * CTX_PER_SEQ),
+            "--metrics", "--alias", "smollm2"]  # fmt: skip
+    proc = ServerProcess(args)
+    proc.wait_ready()
+    yield proc
+    assert proc.stop() == 0, proc.log()  # SIGTERM: graceful, exit status 0
+    proc.close()
+
+
+@pytest.fixture
+def client(server):
+    with httpx.Client(base_url=server.base_url, timeout=120) as c:
+        yield c
+
+
+def test_health_props_models(client):
+    assert client.get("/health").json() == {"status": "ok"}
+    props = client.get("/props").json()
+    assert props["total_slots"] == NUM_SLOTS
+    assert props["default_generation_settings"]["n_ctx"] == CTX_PER_SEQ
+    assert props["eos_token"] == "<|im_end|>"
+    for path in ("/models", "/v1/models"):
+        assert client.get(path).json()["data"][0]["id"] == "smollm2"
+
+
+def test_completion_equals_llm_generate(client, real_llm):
+    prompt = PROMPTS[0]
+    expected = real_llm.generate(prompt, SamplingParams(max_tokens=12, ignore_eos=True))[0]
+    body = greedy_body(prompt, 12, return_tokens=True)
+    result = client.post("/completion", json=body).json()
+    assert result["content"] == expected.text
+    assert result["tokens"] == list(expected.token_ids)
+    assert result["tokens_evaluated"] == len(expected.prompt_token_ids)
+    events = stream_events(client, "/completion", {**body, "stream": True})
+    assert "".join(e["content"] for e in events) == expected.text
+    assert [t for e in events for t in e["tokens"]] == list(expected.token_ids)
+    assert events[-1]["stop"] is True and events[-1]["timings"]["predicted_n"] == 12
+
+
+def test_oai_completion_and_chat_equal_llm_generate(client, real_llm):
+    prompt, n = PROMPTS[1], 10
+    params = SamplingParams(max_tokens=n, ignore_eos=True)
+    expected = real_llm.generate(prompt, params)[0].text
+    body = {"prompt": prompt, "max_tokens": n, "temperature": 0, "ignore_eos": True}
+    assert client.post("/v1/completions", json=body).json()["choices"][0]["text"] == expected
+    events = stream_events(client, "/v1/completions", {**body, "stream": True})
+    assert events[-1] == "[DONE]"
+    assert "".join(e["choices"][0]["text"] for e in events[:-1]) == expected
+
+    chat_expected = real_llm.generate(PROMPTS[3], params, use_chat_template=True)[0].text
+    chat = {"messages": [{"role": "user", "content": PROMPTS[3]}], "max_tokens": n,
+            "temperature": 0, "ignore_eos": True}  # fmt: skip
+    message = client.post("/v1/chat/completions", json=chat).json()["choices"][0]["message"]
+    assert message == {"role": "assistant", "content": chat_expected}
+    events = stream_events(client, "/v1/chat/completions", {**chat, "stream": True})
+    deltas = [e["choices"][0]["delta"] for e in events[:-1] if e["choices"]]
+    assert "".join(d.get("content") or "" for d in deltas) == chat_expected
+
+
+async def _stream_text(client: httpx.AsyncClient, body: dict[str, object]) -> str:
+    async with client.stream("POST", "/completion", json={**body, "stream": True}) as response:
+        assert response.status_code == 200
+        lines = [line async for line in response.aiter_lines()]
+    events = list(sse_data(iter(lines)))
+    assert events[-1]["stop"] is True
+    return "".join(e["content"] for e in events)
+
+
+def test_64_concurrent_streams_equal_each_alone(client, server):
+    bodies = [greedy_body(f"Client {i % 8}: " + PROMPTS[i % len(PROMPTS)], 8)
+              for i in range(NUM_CLIENTS)]  # fmt: skip
+    alone = {}
+    for body in bodies[:8]:  # 8 distinct prompts, each sent alone first
+        alone[body["prompt"]] = client.post("/completion", json=body).json()["content"]
+
+    async def run_all() -> list[str]:
+        limits = httpx.Limits(max_connections=NUM_CLIENTS)
+        async with httpx.AsyncClient(base_url=server.base_url, timeout=120, limits=limits) as c:
+            return await asyncio.gather(*(_stream_text(c, b) for b in bodies))
+
+    t0 = time.monotonic()
+    texts = asyncio.run(run_all())
+    wall_s = time.monotonic() - t0
+    assert texts == [alone[b["prompt"]] for b in bodies], f"after {wall_s:.1f} s"
+    samples = parse_metrics(client.get("/metrics").text)
+    assert samples["llamacpp:requests_processing"] == 0
+
+
+def _wait_idle(client: httpx.Client, timeout_s: float = 10.0) -> dict[str, float]:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        samples = parse_metrics(client.get("/metrics").text)
+        idle = samples["llamacpp:requests_processing"] + samples["llamacpp:requests_deferred"]
+        if idle == 0 or time.monotonic() > deadline:
+            return samples
+        time.sleep(0.05)
+
+
+def test_disconnect_mid_stream_aborts_and_frees(client, server):
+    key = 'cacheflow:requests_finished_total{reason="abort"}'
+    before = parse_metrics(client.get("/metrics").text)[key]
+    body = greedy_body(PROMPTS[2], 400, stream=True)
+    with (
+        httpx.Client(base_url=server.base_url, timeout=60) as other,
+        other.stream("POST", "/completion", json=body) as response,
+    ):
+        events = sse_data(response.iter_lines())
+        next(events), next(events)  # two tokens, then hang up
+    samples = _wait_idle(client)
+    assert samples["llamacpp:requests_processing"] == 0
+    assert samples["cacheflow:kv_tokens_used"] == 0
+    assert samples[key] == before + 1
+    assert not any(s["is_processing"] for s in client.get("/slots").json())
+
+
+def test_bad_requests_get_400_while_a_stream_continues(client, server):
+    body = greedy_body(PROMPTS[4], 24)
+    expected = client.post("/completion", json=body).json()["content"]
+    bad = [
+        b"{not json",
+        b'{"prompt": "x", "n_predict": "many"}',
+        b'{"prompt": "x", "top_k": [1]}',
+        b'{"prompt": "x", "n_predict": -5}',
+        b'{"prompt": "' + b"hello " * (CTX_PER_SEQ + 10) + b'"}',
+    ]
+    with client.stream("POST", "/completion", json={**body, "stream": True}) as response:
+        lines = response.iter_lines()
+        first = next(sse_data(lines))
+        with httpx.Client(base_url=server.base_url, timeout=60) as other:
+            answers = [other.post("/completion", content=raw) for raw in bad]
+        rest = list(sse_data(lines))
+    assert [a.status_code for a in answers] == [400] * len(bad)
+    assert all(a.json()["error"]["message"] for a in answers)
+    assert answers[-1].json()["error"]["type"] == "exceed_context_size_error"
+    assert first["content"] + "".join(e["content"] for e in rest) == expected
+
+
+def test_metrics_text_parses(client):
+    client.post("/completion", json=greedy_body(PROMPTS[5], 4))
+    samples = parse_metrics(client.get("/metrics").text)
+    assert samples["llamacpp:tokens_predicted_total"] >= 4
+    assert samples["llamacpp:n_decode_total"] > 0
+    assert samples["cacheflow:time_to_first_token_seconds_count"] >= 1
+    assert "cacheflow:kv_blocks_free" in samples and "cacheflow:preemptions_total" in samples
+
+
+def test_openai_client(server, real_llm):
+    openai = pytest.importorskip("openai")
+    oai = openai.OpenAI(base_url=server.base_url + "/v1", api_key="sk-none", timeout=120)
+    params = SamplingParams(max_tokens=8, ignore_eos=True)
+    expected = real_llm.generate(PROMPTS[6], params)[0].text
+    extra = {"extra_body": {"ignore_eos": True}, "temperature": 0, "max_tokens": 8}
+    done = oai.completions.create(model="smollm2", prompt=PROMPTS[6], **extra)
+    assert done.choices[0].text == expected and done.usage.completion_tokens == 8
+    chunks = oai.completions.create(model="smollm2", prompt=PROMPTS[6], stream=True, **extra)
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == expected
+
+    chat_expected = real_llm.generate(PROMPTS[7], params, use_chat_template=True)[0].text
+    messages = [{"role": "user", "content": PROMPTS[7]}]
+    reply = oai.chat.completions.create(model="smollm2", messages=messages, **extra)
+    assert reply.choices[0].message.content == chat_expected
+    stream = oai.chat.completions.create(
+        model="smollm2", messages=messages, stream=True,
+        stream_options={"include_usage": True}, **extra)  # fmt: skip
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == chat_expected and chunks[-1].usage.completion_tokens == 8
+
+
+def test_priority_and_api_key(real_model_path):
+    """One slot, policy priority: of two queued requests the smaller priority runs first."""
+    proc = ServerProcess(["-m", str(real_model_path), "-np", "1", "-c", str(CTX_PER_SEQ),
+                          "--policy", "priority", "--api-key", "secret"])  # fmt: skip
+    try:
+        proc.wait_ready()
+        auth = {"Authorization": "Bearer secret"}
+        with httpx.Client(base_url=proc.base_url, timeout=120) as c:
+            body = greedy_body(PROMPTS[0], 2)
+            wrong = {"Authorization": "Bearer x"}
+            assert c.post("/completion", json=body).status_code == 401
+            assert c.post("/completion", json=body, headers=wrong).status_code == 401
+            assert c.post("/completion", json=body, headers=auth).status_code == 200
+        finished = asyncio.run(_priority_order(proc.base_url, auth))
+        assert finished == ["urgent", "late"]
+    finally:
+        assert proc.stop() == 0, proc.log()
+        proc.close()
+
+
+async def _priority_order(base_url: str, headers: dict[str, str]) -> list[str]:
+    finished: list[str] = []
+
+    async def run(c: httpx.AsyncClient, name: str, priority: int, n: int) -> None:
+        body = greedy_body(PROMPTS[1], n, priority=priority)
+        assert (await c.post("/completion", json=body)).status_code == 200
+        finished.append(name)
+
+    async with httpx.AsyncClient(base_url=base_url, timeout=120, headers=headers) as c:
+        blocker = asyncio.create_task(run(c, "blocker", 0, 24))  # takes the only slot
+        await asyncio.sleep(0.3)
+        late = asyncio.create_task(run(c, "late", 9, 2))
+        await asyncio.sleep(0.1)
+        urgent = asyncio.create_task(run(c, "urgent", 1, 2))
+        await asyncio.gather(blocker, late, urgent)
+    return [name for name in finished if name != "blocker"]
