@@ -7,6 +7,7 @@ response formats, plus CacheFlow's engine options. Exit codes: 0 after a clean s
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import signal
 import sys
@@ -19,6 +20,8 @@ from pycacheflow.config import KV_MODES, POLICIES, EngineConfig
 from pycacheflow.errors import CacheFlowError
 
 if TYPE_CHECKING:
+    import uvicorn
+
     from pycacheflow.llm import LLM
 
 # llama-server flags that `cacheflow serve` does not accept; naming them gives a clearer error
@@ -40,6 +43,8 @@ _LLAMA_SERVER_ONLY_FLAGS = frozenset(
 )
 
 _NO_EFFECT_YET = "accepted, no effect yet"
+_POLL_S = 0.1  # how often the shutdown watcher looks at uvicorn's should_exit
+_FLUSH_S = 2.0  # after aborting at shutdown, time for handlers to send their last bytes
 
 
 class _ServeCommand(click.Command):
@@ -364,26 +369,52 @@ def _run(app: object, options: dict[str, object]) -> None:
     import uvicorn
 
     verbose = bool(options["verbose"])
-    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
-                        format="%(levelname)s %(name)s: %(message)s")  # fmt: skip
+    logging.basicConfig(
+        level=logging.INFO if verbose else logging.WARNING,
+        format="%(levelname)s %(name)s: %(message)s",
+    )
+    grace_s = float(options["shutdown_timeout"])
     config = uvicorn.Config(
         app,
         host=str(options["host"]),
         port=int(options["port"]),
         timeout_keep_alive=int(options["timeout"]),
-        timeout_graceful_shutdown=float(options["shutdown_timeout"]),
+        # Backstop only: _abort_after_grace ends in-flight requests cleanly at grace_s.
+        timeout_graceful_shutdown=grace_s + _FLUSH_S,
         log_level="info" if verbose else "warning",
         access_log=verbose,
         lifespan="off",
     )
     server = uvicorn.Server(config)
-    # uvicorn handles SIGINT/SIGTERM (stop accepting, let requests finish until the shutdown
-    # timeout, then cancel them, which aborts their engine requests) and afterwards re-raises
-    # the signal to the handlers that were installed before it started. With these no-op
-    # handlers in place that re-raise is harmless, so a signalled shutdown exits with 0.
+    # uvicorn handles SIGINT/SIGTERM (stop accepting, wait for requests in flight) and
+    # afterwards re-raises the signal to the handlers that were installed before it started.
+    # With these no-op handlers in place that re-raise is harmless: a signalled shutdown exits 0.
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: None)
     click.echo(f"cacheflow serve: http://{config.host}:{config.port} (Ctrl-C to stop)", err=True)
-    server.run()
+    asyncio.run(_serve(server, app, grace_s))
     if not server.started:
         sys.exit(1)  # e.g. the port was taken (uvicorn logged why)
+
+
+async def _serve(server: uvicorn.Server, app: object, grace_s: float) -> None:
+    watcher = asyncio.create_task(_abort_after_grace(server, app, grace_s))
+    try:
+        await server.serve()
+    finally:
+        watcher.cancel()
+
+
+async def _abort_after_grace(server: uvicorn.Server, app: object, grace_s: float) -> None:
+    """Once shutdown began, give requests ``grace_s`` seconds, then abort the rest so that
+    they end with a proper answer (503 / an SSE error event) instead of a cut connection."""
+    from pycacheflow.server.app import abort_in_flight
+
+    while not server.should_exit:
+        await asyncio.sleep(_POLL_S)
+    await asyncio.sleep(grace_s)
+    num_aborted = abort_in_flight(app)
+    if num_aborted:
+        logging.getLogger("cacheflow.server").warning(
+            "shutdown: aborted %d request(s) still running after %.1f s", num_aborted, grace_s
+        )

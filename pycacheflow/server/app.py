@@ -66,6 +66,16 @@ def create_app(llm: LLM, config: ServerConfig) -> Starlette:
     return app
 
 
+def abort_in_flight(app: Starlette) -> int:
+    """Abort the engine requests of all HTTP requests in flight (call on the app's event loop,
+    at shutdown): JSON requests get 503, streams end with an error event.
+
+    Returns:
+        The number of HTTP requests affected.
+    """
+    return app.state.cacheflow.abort_all()
+
+
 def error_response(
     message: str, status: int, error_type: str, extra: dict[str, object] | None = None
 ) -> JSONResponse:

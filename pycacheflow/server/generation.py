@@ -52,6 +52,7 @@ async def handle(request: Request, api: Api, state: ServerState, body: object) -
         template = state.config.chat_template
         prompts = (state.llm.apply_chat_template(list(req.messages), True, template),)
     group = RequestGroup(state.llm)
+    state.groups.add(group)
     jobs: list[Job] = []
     streaming = False  # once True, the response's body iterator owns the group
     try:
@@ -120,6 +121,8 @@ async def _closing(
     try:
         async for chunk in stream:
             yield chunk
+    except errors.ShutdownError as exc:
+        yield sse.event(responses.error_body(str(exc), 503, "unavailable_error"))
     except errors.CacheFlowError as exc:
         yield sse.event(responses.error_body(str(exc), 500, "server_error"))
     finally:
@@ -128,6 +131,7 @@ async def _closing(
 
 def _close(state: ServerState, group: RequestGroup, jobs: list[Job]) -> None:
     state.metrics.finished_by_reason["abort"] += group.close()  # idempotent
+    state.groups.discard(group)
     state.release(jobs)
 
 

@@ -63,6 +63,8 @@ class ServerState:
         self.info = llm.info
         self.metrics = ServerMetrics()
         self.slots = SlotTable(self.info.max_num_seqs, self.info.n_ctx_per_seq)
+        self.groups: set[RequestGroup] = set()  # of HTTP requests in flight
+        self.shutting_down = False
         self._warned_fields: set[str] = set()
 
     @property
@@ -144,10 +146,13 @@ class ServerState:
         """Account a finished request (metrics, slot) and describe how it stopped.
 
         Raises:
-            errors.CacheFlowError: the request ended with "error" or was aborted by the engine.
+            ShutdownError: it was aborted because the server is shutting down.
+            DecodeError: it ended with "error", or was aborted by the engine.
         """
         self._release(job)
         self.metrics.observe(output)
+        if output.finish_reason == "abort" and self.shutting_down:
+            raise errors.ShutdownError("the server is shutting down; the request was aborted")
         if output.finish_reason in ("error", "abort"):
             raise errors.DecodeError(
                 f"request {output.request_id} ended with {output.finish_reason}"
@@ -161,6 +166,18 @@ class ServerState:
         """Account streamed output of a job (for /slots and ``tokens_predicted``)."""
         job.num_decoded += len(delta.token_ids)
         self.slots.progress(job.slot_id, len(delta.token_ids), delta.text)
+
+    def abort_all(self) -> int:
+        """Abort the engine requests of every HTTP request in flight (at shutdown); their
+        handlers answer 503 or end their streams with an error event.
+
+        Returns:
+            The number of HTTP requests affected.
+        """
+        self.shutting_down = True
+        for group in self.groups:
+            group.abort()
+        return len(self.groups)
 
     def release(self, jobs: list[Job]) -> None:
         """Free the slots of jobs that did not finish (aborted); idempotent."""

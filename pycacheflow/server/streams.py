@@ -82,6 +82,12 @@ class RequestGroup:
             if self._unfinished:
                 await self._event.wait()
 
+    def abort(self) -> None:
+        """Abort every unfinished request but keep consuming: ``deltas()`` still yields their
+        final "abort" deltas (used to end streams cleanly at shutdown)."""
+        for request_id in list(self._unfinished):
+            self._llm.abort(request_id)
+
     def close(self) -> int:
         """Abort every unfinished request; their final deltas are discarded. Idempotent.
 

@@ -9,6 +9,7 @@ HTTP mechanics are covered in more detail, without a model, by test_server_fake.
 from __future__ import annotations
 
 import asyncio
+import signal
 import time
 
 import httpx
@@ -246,3 +247,25 @@ async def _priority_order(base_url: str, headers: dict[str, str]) -> list[str]:
         urgent = asyncio.create_task(run(c, "urgent", 1, 2))
         await asyncio.gather(blocker, late, urgent)
     return [name for name in finished if name != "blocker"]
+
+
+def test_sigterm_aborts_streams_after_the_grace_time(real_model_path):
+    proc = ServerProcess(["-m", str(real_model_path), "-np", "2", "-c", str(2 * CTX_PER_SEQ),
+                          "--shutdown-timeout", "0.5"])  # fmt: skip
+    try:
+        proc.wait_ready()
+        body = greedy_body(PROMPTS[2], 400, stream=True)
+        with (
+            httpx.Client(base_url=proc.base_url, timeout=60) as c,
+            c.stream("POST", "/completion", json=body) as response,
+        ):
+            events = sse_data(response.iter_lines())
+            next(events)
+            proc.proc.send_signal(signal.SIGTERM)
+            t0 = time.monotonic()
+            last = list(events)[-1]
+        assert last["error"]["code"] == 503 and time.monotonic() - t0 < 10
+        assert proc.stop(timeout_s=20) == 0, proc.log()
+        assert "Traceback" not in proc.log()
+    finally:
+        proc.close()
