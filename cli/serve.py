@@ -343,6 +343,12 @@ def _make_app(llm: LLM, options: dict[str, object]) -> object:
         raise click.ClickException(
             f"{exc}; cacheflow serve needs starlette and uvicorn (pip install starlette uvicorn)"
         ) from None
+    chat_template = options["chat_template"] or None
+    if chat_template is not None:
+        try:  # fail at start-up rather than on every chat request
+            llm.apply_chat_template([{"role": "user", "content": "x"}], True, chat_template)
+        except CacheFlowError as exc:
+            raise click.BadParameter(str(exc), param_hint="--chat-template") from None
     aliases = _split(options["alias"])
     api_keys = _split(options["api_key"])
     model_path = str(llm.config.model_path)
@@ -352,7 +358,7 @@ def _make_app(llm: LLM, options: dict[str, object]) -> object:
         aliases=aliases,
         api_keys=api_keys,
         n_predict=int(options["n_predict"]),
-        chat_template=options["chat_template"] or None,
+        chat_template=chat_template,
         enable_metrics=bool(options["enable_metrics"]),
         enable_slots=bool(options["enable_slots"]),
         cache_prompt=bool(options["cache_prompt"]),
