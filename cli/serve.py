@@ -37,7 +37,7 @@ _LLAMA_SERVER_ONLY_FLAGS = frozenset(
     --context-shift --no-context-shift -kvu --kv-unified -no-kvu --no-kv-unified
     --api-key-file --ssl-key-file --ssl-cert-file --path --api-prefix --webui --no-webui --ui
     --no-ui --props --slot-save-path --cache-reuse -cram --cache-ram --sleep-idle-seconds -tb
-    --threads-batch --threads-http --sse-ping-interval -s --seed --temp --temperature --top-k
+    --threads-batch --threads-http -s --seed --temp --temperature --top-k
     --top-p --min-p --repeat-penalty --samplers --ignore-eos -sp --special -nocb
     --no-cont-batching --log-file --log-disable --tools --mcp-servers-config""".split()  # noqa: SIM905 (a word list reads better)
 )
@@ -219,6 +219,14 @@ def _env(name: str) -> str:
     help="Default of the request field cache_prompt (reported only: prompt reuse is "
     "the prefix cache of --kv-mode paged).",
 )
+@click.option(
+    "--sse-ping-interval",
+    type=click.IntRange(min=-1),
+    default=30,
+    show_default=True,
+    envvar=_env("SSE_PING_INTERVAL"),
+    help="Seconds of silence after which a stream gets an SSE comment ping; -1 or 0 = never.",
+)
 @click.option("-cb", "--cont-batching", is_flag=True, hidden=True)  # always on; accepted
 @click.option(
     "--kv-mode",
@@ -363,6 +371,9 @@ def _make_app(llm: LLM, options: dict[str, object]) -> object:
         enable_slots=bool(options["enable_slots"]),
         cache_prompt=bool(options["cache_prompt"]),
         shutdown_timeout_s=float(options["shutdown_timeout"]),
+        sse_ping_s=(
+            float(options["sse_ping_interval"]) if options["sse_ping_interval"] > 0 else None
+        ),
     )
     return create_app(llm, config)
 

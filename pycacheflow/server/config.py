@@ -27,6 +27,8 @@ class ServerConfig:
             engine's prefix cache decides reuse).
         shutdown_timeout_s: on SIGINT/SIGTERM, seconds that in-flight requests may still run
             before they are aborted.
+        sse_ping_s: send an SSE comment ping on a stream silent for this many seconds; None =
+            never.
 
     Raises:
         ValueError: a value out of range; the message names it.
@@ -42,6 +44,7 @@ class ServerConfig:
     enable_slots: bool = True
     cache_prompt: bool = True
     shutdown_timeout_s: float = 10.0
+    sse_ping_s: float | None = 30.0
 
     def __post_init__(self) -> None:
         if not self.model_name:
@@ -50,5 +53,7 @@ class ServerConfig:
             raise ValueError(f"n_predict must be >= -1 (-1 = unlimited), got {self.n_predict}")
         if self.shutdown_timeout_s < 0:
             raise ValueError(f"shutdown_timeout_s must be >= 0, got {self.shutdown_timeout_s}")
+        if self.sse_ping_s is not None and self.sse_ping_s <= 0:
+            raise ValueError(f"sse_ping_s must be > 0 or None, got {self.sse_ping_s}")
         if any(not key for key in self.api_keys):
             raise ValueError("api_keys must not contain an empty key")

@@ -153,7 +153,10 @@ class _EventStream(StreamingResponse):
 async def _stream_llama(
     state: ServerState, group: RequestGroup, req: GenerationRequest, jobs: list[Job]
 ) -> AsyncIterator[bytes]:
-    async for index, delta in group.deltas():
+    async for index, delta in group.deltas(state.config.sse_ping_s):
+        if delta is None:
+            yield sse.PING
+            continue
         job = jobs[index]
         if (delta.text or delta.token_ids) and not job.discard_output:
             state.progress(job, delta)
@@ -172,7 +175,10 @@ async def _stream_oai_completion(
     state: ServerState, group: RequestGroup, req: GenerationRequest, jobs: list[Job]
 ) -> AsyncIterator[bytes]:
     ids = responses.ResponseIds("cmpl", state.model_name)
-    async for index, delta in group.deltas():
+    async for index, delta in group.deltas(state.config.sse_ping_s):
+        if delta is None:
+            yield sse.PING
+            continue
         job = jobs[index]
         if delta.text and not job.discard_output:
             state.progress(job, delta)
@@ -189,7 +195,10 @@ async def _stream_chat(
     ids = responses.ResponseIds("chatcmpl", state.model_name)
     job = jobs[0]
     sent_role = False
-    async for _, delta in group.deltas():
+    async for _, delta in group.deltas(state.config.sse_ping_s):
+        if delta is None:
+            yield sse.PING
+            continue
         chunks = []
         if not sent_role and (delta.text or delta.output is not None):
             chunks.append(responses.chat_chunk(ids, {"role": "assistant", "content": None}))

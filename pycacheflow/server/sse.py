@@ -10,6 +10,7 @@ import json
 
 MEDIA_TYPE = "text/event-stream"
 DONE = b"data: [DONE]\n\n"
+PING = b":\n\n"  # an SSE comment: keeps idle connections (long queue or prefill) alive
 HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 

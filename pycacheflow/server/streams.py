@@ -63,11 +63,17 @@ class RequestGroup:
         self._unfinished[request_id] = index
         return index
 
-    async def deltas(self) -> AsyncIterator[tuple[int, StreamDelta]]:
+    async def deltas(
+        self, heartbeat_s: float | None = None
+    ) -> AsyncIterator[tuple[int, StreamDelta | None]]:
         """Yield (index, delta) for every request until all have finished.
 
         Each request's last delta has ``output`` set. Deltas of one request are in order;
         requests interleave.
+
+        Args:
+            heartbeat_s: if set, yield (-1, None) whenever nothing arrived for this many
+                seconds (for SSE keep-alive pings).
 
         Raises:
             ShutdownError: the engine was closed first.
@@ -79,8 +85,19 @@ class RequestGroup:
                     if delta.finished:
                         del self._unfinished[request_id]
                     yield index, delta
-            if self._unfinished:
-                await self._event.wait()
+            if self._unfinished and not await self._wait(heartbeat_s):
+                yield -1, None
+
+    async def _wait(self, timeout_s: float | None) -> bool:
+        """Wait for a notify; False if ``timeout_s`` passed first."""
+        if timeout_s is None:
+            await self._event.wait()
+            return True
+        try:
+            await asyncio.wait_for(self._event.wait(), timeout_s)
+        except asyncio.TimeoutError:
+            return False
+        return True
 
     def abort(self) -> None:
         """Abort every unfinished request but keep consuming: ``deltas()`` still yields their
