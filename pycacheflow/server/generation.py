@@ -77,7 +77,9 @@ async def _collect(state: ServerState, group: RequestGroup, jobs: list[Job]) -> 
     return [done[i] for i in range(len(jobs))]
 
 
-async def _until_done_or_disconnect(request: Request, work: Awaitable[list[Completion]]):
+async def _until_done_or_disconnect(
+    request: Request, work: Awaitable[list[Completion]]
+) -> list[Completion]:
     """Await ``work`` unless the client disconnects first (then cancel it)."""
     work_task = asyncio.ensure_future(work)
     gone_task = asyncio.ensure_future(_disconnected(request))
