@@ -151,8 +151,7 @@ def test_disconnect_mid_stream_aborts_and_frees(client, server):
         events = sse_data(response.iter_lines())
         next(events), next(events)  # two tokens, then hang up
     samples = _wait_idle(client)
-    assert samples["llamacpp:requests_processing"] == 0
-    assert samples["cacheflow:kv_tokens_used"] == 0
+    assert samples["llamacpp:requests_processing"] == 0  # the engine dropped the sequence
     assert samples[key] == before + 1
     assert not any(s["is_processing"] for s in client.get("/slots").json())
 
@@ -240,7 +239,7 @@ async def _priority_order(base_url: str, headers: dict[str, str]) -> list[str]:
         finished.append(name)
 
     async with httpx.AsyncClient(base_url=base_url, timeout=120, headers=headers) as c:
-        blocker = asyncio.create_task(run(c, "blocker", 0, 24))  # takes the only slot
+        blocker = asyncio.create_task(run(c, "blocker", 0, 48))  # takes the only slot
         await asyncio.sleep(0.3)
         late = asyncio.create_task(run(c, "late", 9, 2))
         await asyncio.sleep(0.1)
