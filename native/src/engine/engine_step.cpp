@@ -66,6 +66,9 @@ StepResult Engine::step_locked() {
         }
     }
     publish();
+#ifndef NDEBUG
+    scheduler_.check_invariants();  // debug builds: every step ends in a consistent state
+#endif
     return result;
 }
 
