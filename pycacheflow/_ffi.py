@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import site
 from pathlib import Path
 
 from cffi import FFI
@@ -115,9 +116,22 @@ def _make_ffi() -> FFI:
 
 
 def library_path() -> Path:
-    """Path of libcacheflow.so: ``$CACHEFLOW_LIB`` if set, else ``pycacheflow/lib/``."""
+    """Locate libcacheflow.so.
+
+    Returns:
+        ``$CACHEFLOW_LIB`` if set; else ``pycacheflow/lib/`` next to this module; else the copy
+        in an installed ``pycacheflow/lib/`` on a site-packages path (an editable install
+        imports this module from the checkout while the built library lives in
+        site-packages). The first candidate is returned when none exists, so that the
+        error names the expected place.
+    """
     override = os.environ.get(LIB_ENV_VAR)
-    return Path(override) if override else _PACKAGE_DIR / "lib" / LIB_NAME
+    if override:
+        return Path(override)
+    candidates = [_PACKAGE_DIR / "lib" / LIB_NAME]
+    site_dirs = site.getsitepackages() + [site.getusersitepackages()]
+    candidates += [Path(d) / "pycacheflow" / "lib" / LIB_NAME for d in site_dirs]
+    return next((c for c in candidates if c.is_file()), candidates[0])
 
 
 def load_library():  # -> cffi library object (no public type)
