@@ -48,17 +48,22 @@ _DRAIN_CAPACITY = 1024  # events moved per cf_engine_drain call
 _INITIAL_TEXT_BYTES = 1024
 
 
-def _check(rc: int) -> None:
+def _check(rc: int, library: object = None) -> None:
     """Raise the exception class of a failed cf_status, with cf_last_error() as message.
 
     Call right after the cf_* call, on the same thread (the message is thread-local).
+
+    Args:
+        rc: the cf_status returned.
+        library: the cffi library that returned it (its cf_last_error holds the message);
+            None = the module's.
 
     Raises:
         CacheFlowError subclass: rc < 0 (InternalError for a status unknown to this module).
     """
     if rc == lib.CF_STATUS_OK:
         return
-    message = ffi.string(lib.cf_last_error()).decode("utf-8", errors="replace")
+    message = ffi.string((library or lib).cf_last_error()).decode("utf-8", errors="replace")
     cls = _STATUS_ERRORS.get(rc, errors.InternalError)
     raise cls(message or f"cf_status {rc}", status=rc)
 
@@ -180,15 +185,19 @@ class Engine:
         keep: list = []
         c_config = _engine_config(config, keep)
         out = ffi.new("cf_engine_t *")
-        _check(lib.cf_engine_init(c_config, out))
-        self._guard = _HandleGuard(ffi.gc(out[0], lib.cf_engine_free))
+        # Bind the library this engine was created with: tests load a second (fake) library
+        # into the module while real engines are alive, and a handle must never reach the
+        # other library's functions.
+        self._lib = lib
+        _check(self._lib.cf_engine_init(c_config, out), self._lib)
+        self._guard = _HandleGuard(ffi.gc(out[0], self._lib.cf_engine_free))
         self.config = config
 
     # ------------------------------------------------------------------ lifetime
 
     def close(self) -> None:
         """Stop the step thread, abort all requests and free the engine. Idempotent."""
-        handle = self._guard.close(wake=lib.cf_engine_stop)
+        handle = self._guard.close(wake=self._lib.cf_engine_stop)
         if handle is not None:
             ffi.release(handle)  # runs cf_engine_free now instead of at garbage collection
 
@@ -206,14 +215,14 @@ class Engine:
     def _call(self, fn: Callable[..., int], *args: object) -> None:
         """``fn(handle, *args)`` with the handle held open, then ``_check`` its status."""
         with self._guard as handle:
-            _check(fn(handle, *args))
+            _check(fn(handle, *args), self._lib)
 
     # ------------------------------------------------------------------ info
 
     def info(self) -> ModelInfo:
         """Model and capacity facts (``cf_engine_get_info``)."""
         out = ffi.new("cf_model_info *")
-        self._call(lib.cf_engine_get_info, out)
+        self._call(self._lib.cf_engine_get_info, out)
         values = {}
         for name in ModelInfo._fields[:-1]:
             value = getattr(out, name)
@@ -223,7 +232,7 @@ class Engine:
     def stats(self) -> EngineStats:
         """Engine-wide counters (``cf_engine_get_stats``)."""
         out = ffi.new("cf_engine_stats *")
-        self._call(lib.cf_engine_get_stats, out)
+        self._call(self._lib.cf_engine_get_stats, out)
         return EngineStats(*(getattr(out, name) for name in EngineStats._fields))
 
     # ------------------------------------------------------------------ requests
@@ -251,7 +260,7 @@ class Engine:
         tokens = ffi.new("int32_t[]", list(prompt_token_ids))
         out = ffi.new("int64_t *")
         self._call(
-            lib.cf_engine_add_request, tokens, len(prompt_token_ids), c_params, priority, out
+            self._lib.cf_engine_add_request, tokens, len(prompt_token_ids), c_params, priority, out
         )
         return out[0]
 
@@ -261,12 +270,12 @@ class Engine:
         Raises:
             NotFoundError: unknown or already finished (nothing changes).
         """
-        self._call(lib.cf_engine_abort_request, request_id)
+        self._call(self._lib.cf_engine_abort_request, request_id)
 
     def has_work(self) -> bool:
         """True if any request is waiting or running."""
         with self._guard as handle:
-            return bool(lib.cf_engine_has_work(handle))
+            return bool(self._lib.cf_engine_has_work(handle))
 
     # ------------------------------------------------------------------ stepping
 
@@ -281,16 +290,16 @@ class Engine:
             InvalidArgumentError: the step thread is running.
         """
         out = ffi.new("int32_t *")
-        self._call(lib.cf_engine_step, out)
+        self._call(self._lib.cf_engine_step, out)
         return out[0]
 
     def start(self) -> None:
         """Start the native step thread (no-op if running)."""
-        self._call(lib.cf_engine_start)
+        self._call(self._lib.cf_engine_start)
 
     def stop(self) -> None:
         """Stop the native step thread after its current step; requests stay queued."""
-        self._call(lib.cf_engine_stop)
+        self._call(self._lib.cf_engine_stop)
 
     def drain(self, timeout_ms: int = 0, capacity: int = _DRAIN_CAPACITY) -> list[OutputEvent]:
         """Move queued output events out of the engine, oldest first (thread-safe).
@@ -305,7 +314,7 @@ class Engine:
         """
         events = ffi.new("cf_output_event[]", capacity)
         out = ffi.new("int32_t *")
-        self._call(lib.cf_engine_drain, events, capacity, timeout_ms, out)
+        self._call(self._lib.cf_engine_drain, events, capacity, timeout_ms, out)
         return [_event(events[i]) for i in range(out[0])]
 
     # ------------------------------------------------------------------ text
@@ -330,7 +339,7 @@ class Engine:
             out = ffi.new("int32_t *")
             flags = (int(add_special), int(parse_special))
             try:
-                self._call(lib.cf_engine_tokenize, data, len(data), *flags, tokens, capacity, out)
+                self._call(self._lib.cf_engine_tokenize, data, len(data), *flags, tokens, capacity, out)
             except errors.BufferTooSmallError:
                 capacity = _grown(capacity, out[0])
                 continue
@@ -352,7 +361,7 @@ class Engine:
         tokens = ffi.new("int32_t[]", list(token_ids))
         args = (tokens, len(token_ids), int(remove_special), int(unparse_special))
         capacity = max(_INITIAL_TEXT_BYTES, 8 * len(token_ids))
-        return self._text_call(lib.cf_engine_detokenize, args, capacity)
+        return self._text_call(self._lib.cf_engine_detokenize, args, capacity)
 
     def detokenize(
         self, token_ids: Sequence[int], remove_special: bool = False, unparse_special: bool = False
@@ -389,7 +398,7 @@ class Engine:
         text_bytes = sum(len(s) for s in contents)
         args = (c_template, c_roles, c_contents, len(roles), int(add_assistant))
         capacity = _INITIAL_TEXT_BYTES + 2 * text_bytes
-        data = self._text_call(lib.cf_engine_apply_chat_template, args, capacity)
+        data = self._text_call(self._lib.cf_engine_apply_chat_template, args, capacity)
         return data.decode("utf-8", errors="replace")
 
     def _text_call(self, fn: Callable[..., int], args: tuple, capacity: int) -> bytes:
