@@ -1,0 +1,280 @@
+// paged_attention_cpu.cpp - see paged_attention_cpu.h.
+//
+// Per (token t, kv head h) item, with G = n_head / n_head_kv query heads sharing h:
+//
+//   for each block b of t's sequence covering positions [b*bs, min((b+1)*bs, ctx_len)):
+//     s[g][j] = scale * q_g . K[row_j]           K row converted to f32 once, used by all G heads
+//     m_g' = max(m_g, max_j s[g][j]); acc_g, l_g *= exp(m_g - m_g')   (online softmax, once per block)
+//     p[g][j] = exp(s[g][j] - m_g'); l_g += sum_j p[g][j]
+//     acc_g += sum_j p[g][j] * V[row_j]         V row converted once, used by all G heads
+//   out_g = acc_g / l_g
+//
+// The vector helpers use AVX-512 or AVX2+F16C+FMA when the build enables them (CMake compiles this
+// file for the build machine, like ggml's CPU backend), else portable scalar code.
+#include "kernels/paged_attention_cpu.h"
+
+#include "llama.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__F16C__) && defined(__FMA__))
+// GCC 12's AVX-512 headers trip -Wmaybe-uninitialized on their own _mm512_undefined_* temporaries
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+#pragma GCC diagnostic pop
+#endif
+
+namespace cf {
+
+namespace {
+
+// sum_i a[i] * b[i]
+inline float dot_f32(const float * a, const float * b, int32_t n) {
+    int32_t i = 0;
+    float sum = 0.0f;
+#if defined(__AVX512F__)
+    __m512 acc0 = _mm512_setzero_ps();
+    __m512 acc1 = _mm512_setzero_ps();
+    for (; i + 32 <= n; i += 32) {
+        acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc0);
+        acc1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16), _mm512_loadu_ps(b + i + 16), acc1);
+    }
+    for (; i + 16 <= n; i += 16) {
+        acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc0);
+    }
+    sum = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+#elif defined(__AVX2__) && defined(__FMA__)
+    __m256 acc0 = _mm256_setzero_ps();
+    __m256 acc1 = _mm256_setzero_ps();
+    for (; i + 16 <= n; i += 16) {
+        acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), acc1);
+    }
+    for (; i + 8 <= n; i += 8) {
+        acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
+    }
+    const __m256 acc = _mm256_add_ps(acc0, acc1);
+    __m128 r = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+    r = _mm_add_ps(r, _mm_movehl_ps(r, r));
+    r = _mm_add_ss(r, _mm_movehdup_ps(r));
+    sum = _mm_cvtss_f32(r);
+#endif
+    for (; i < n; ++i) {
+        sum += a[i] * b[i];
+    }
+    return sum;
+}
+
+// y[i] += a * x[i]
+inline void axpy_f32(float * y, float a, const float * x, int32_t n) {
+    int32_t i = 0;
+#if defined(__AVX512F__)
+    const __m512 va = _mm512_set1_ps(a);
+    for (; i + 16 <= n; i += 16) {
+        _mm512_storeu_ps(y + i, _mm512_fmadd_ps(va, _mm512_loadu_ps(x + i), _mm512_loadu_ps(y + i)));
+    }
+#elif defined(__AVX2__) && defined(__FMA__)
+    const __m256 va = _mm256_set1_ps(a);
+    for (; i + 8 <= n; i += 8) {
+        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+    }
+#endif
+    for (; i < n; ++i) {
+        y[i] += a * x[i];
+    }
+}
+
+// y[i] *= c
+inline void scale_f32(float * y, float c, int32_t n) {
+    for (int32_t i = 0; i < n; ++i) {
+        y[i] *= c;
+    }
+}
+
+// A K/V row slice as f32: f32 rows are used in place, f16 rows are converted into buf[n].
+inline const float * row_f32(const char * src, ggml_type type, int32_t n, float * buf) {
+    if (type == GGML_TYPE_F32) {
+        return (const float *) src;
+    }
+    const ggml_fp16_t * h = (const ggml_fp16_t *) src;
+    int32_t i = 0;
+#if defined(__AVX512F__)
+    for (; i + 16 <= n; i += 16) {
+        _mm512_storeu_ps(buf + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *) (h + i))));
+    }
+#elif defined(__AVX2__) && defined(__F16C__)
+    for (; i + 8 <= n; i += 8) {
+        _mm256_storeu_ps(buf + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) (h + i))));
+    }
+#endif
+    for (; i < n; ++i) {
+        buf[i] = ggml_fp16_to_fp32(h[i]);
+    }
+    return buf;
+}
+
+// Per-thread scratch, grown on demand; ggml's worker threads live as long as the threadpool.
+std::vector<float> & thread_scratch() {
+    thread_local std::vector<float> scratch;
+    return scratch;
+}
+
+// Attention of the G query heads of kv head h for token t (see the file comment).
+void attend_item(const PagedAttentionArgs & a, int32_t t, int32_t h) {
+    const int32_t G = a.n_head / a.n_head_kv;
+    const int32_t bs = a.block_size;
+    const int32_t dk = a.head_dim_k;
+    const int32_t dv = a.head_dim_v;
+
+    std::vector<float> & scratch = thread_scratch();
+    const size_t need = (size_t) G * bs + dk + dv + (size_t) G * dv + 2 * (size_t) G;
+    if (scratch.size() < need) {
+        scratch.resize(need);
+    }
+    float * s = scratch.data();    // [G][bs] scores, then probabilities, of the current block
+    float * kbuf = s + (size_t) G * bs;
+    float * vbuf = kbuf + dk;
+    float * acc = vbuf + dv;       // [G][dv]
+    float * m = acc + (size_t) G * dv;  // [G] running max
+    float * l = m + G;             // [G] running sum of exp(s - m)
+
+    std::fill(acc, acc + (size_t) G * dv, 0.0f);
+    std::fill(m, m + G, -std::numeric_limits<float>::infinity());
+    std::fill(l, l + G, 0.0f);
+
+    const size_t k_elt = ggml_type_size(a.k_type);
+    const size_t v_elt = ggml_type_size(a.v_type);
+    const char * q_tok = a.q + (size_t) t * a.q_stride_token_bytes + (size_t) h * G * a.q_stride_head_bytes;
+    const int32_t ctx_len = a.token_ctx_len[t];
+    const int32_t * table = a.block_tables + (int64_t) a.token_seq_idx[t] * a.block_table_stride;
+    const int64_t n_pool_blocks = a.kv_size / bs;
+
+    for (int32_t b = 0, p0 = 0; p0 < ctx_len; ++b, p0 += bs) {
+        const int32_t n = std::min(bs, ctx_len - p0);
+        const int32_t block_id = table[b];
+        if (block_id < 0 || block_id >= n_pool_blocks) {
+            GGML_ABORT("paged attention: token %d reads block %d outside the pool of %lld blocks", t, block_id,
+                       (long long) n_pool_blocks);
+        }
+        const int64_t row0 = (int64_t) block_id * bs;
+
+        for (int32_t j = 0; j < n; ++j) {
+            const char * k_src = a.k_pool + (row0 + j) * a.k_stride_row_bytes + (size_t) h * dk * k_elt;
+            const float * k = row_f32(k_src, a.k_type, dk, kbuf);
+            for (int32_t g = 0; g < G; ++g) {
+                float x = a.scale * dot_f32((const float *) (q_tok + (size_t) g * a.q_stride_head_bytes), k, dk);
+                if (a.softcap != 0.0f) {
+                    x = a.softcap * std::tanh(x / a.softcap);
+                }
+                s[(size_t) g * bs + j] = x;
+            }
+        }
+
+        for (int32_t g = 0; g < G; ++g) {
+            float * sg = s + (size_t) g * bs;
+            const float m_block = *std::max_element(sg, sg + n);
+            if (m_block > m[g]) {
+                const float c = std::exp(m[g] - m_block);  // 0 on the first block (m = -inf)
+                l[g] *= c;
+                scale_f32(acc + (size_t) g * dv, c, dv);
+                m[g] = m_block;
+            }
+            for (int32_t j = 0; j < n; ++j) {
+                sg[j] = std::exp(sg[j] - m[g]);
+                l[g] += sg[j];
+            }
+        }
+
+        for (int32_t j = 0; j < n; ++j) {
+            const char * v_src = a.v_pool + (row0 + j) * a.v_stride_row_bytes + (size_t) h * dv * v_elt;
+            const float * v = row_f32(v_src, a.v_type, dv, vbuf);
+            for (int32_t g = 0; g < G; ++g) {
+                axpy_f32(acc + (size_t) g * dv, s[(size_t) g * bs + j], v, dv);
+            }
+        }
+    }
+
+    for (int32_t g = 0; g < G; ++g) {
+        float * out = a.out + ((int64_t) t * a.n_head + (int64_t) h * G + g) * dv;
+        const float inv = l[g] > 0.0f ? 1.0f / l[g] : 0.0f;
+        for (int32_t d = 0; d < dv; ++d) {
+            out[d] = acc[(size_t) g * dv + d] * inv;
+        }
+    }
+}
+
+bool is_f16_or_f32(const ggml_tensor * t) {
+    return t->type == GGML_TYPE_F16 || t->type == GGML_TYPE_F32;
+}
+
+}  // namespace
+
+void paged_attention_cpu(const PagedAttentionArgs & args, int ith, int nth) {
+    // Interleaved items: tokens of one thread are spread over the batch, so sequences of very
+    // different lengths (ragged decode batches, a growing prefill chunk) balance across threads.
+    const int64_t n_items = (int64_t) args.n_tokens * args.n_head_kv;
+    for (int64_t item = ith; item < n_items; item += nth) {
+        attend_item(args, (int32_t) (item / args.n_head_kv), (int32_t) (item % args.n_head_kv));
+    }
+}
+
+void paged_attention_cpu_op(ggml_tensor * dst, int ith, int nth, void * userdata) {
+    const ggml_tensor * q = dst->src[0];
+    const ggml_tensor * k = dst->src[1];
+    const ggml_tensor * v = dst->src[2];
+    const ggml_tensor * block_tables = dst->src[3];
+    const ggml_tensor * tok_seq = dst->src[4];
+    const ggml_tensor * tok_ctx = dst->src[5];
+    const auto * params = (const llama_paged_attn_params *) userdata;
+
+    // the op contract of llama.h (llama_paged_attn_params); a mismatch is a bug in the patch or here
+    GGML_ASSERT(params != nullptr && params->block_size > 0);
+    GGML_ASSERT(q && k && v && block_tables && tok_seq && tok_ctx);
+    GGML_ASSERT(dst->type == GGML_TYPE_F32 && ggml_is_contiguous(dst));
+    GGML_ASSERT(q->type == GGML_TYPE_F32 && q->nb[0] == sizeof(float));
+    GGML_ASSERT(is_f16_or_f32(k) && is_f16_or_f32(v) && ggml_is_contiguous_rows(k) && ggml_is_contiguous_rows(v));
+    GGML_ASSERT(block_tables->type == GGML_TYPE_I32 && ggml_is_contiguous(block_tables));
+    GGML_ASSERT(tok_seq->type == GGML_TYPE_I32 && tok_ctx->type == GGML_TYPE_I32);
+    const int64_t head_dim_k = q->ne[0];
+    const int64_t head_dim_v = dst->ne[0];
+    const int64_t n_head = q->ne[1];
+    const int64_t n_tokens = q->ne[2];
+    const int64_t n_head_kv = k->ne[0] / head_dim_k;
+    GGML_ASSERT(dst->ne[1] == n_head && dst->ne[2] == n_tokens);
+    GGML_ASSERT(n_head_kv >= 1 && k->ne[0] == n_head_kv * head_dim_k && v->ne[0] == n_head_kv * head_dim_v);
+    GGML_ASSERT(n_head % n_head_kv == 0);
+    GGML_ASSERT(k->ne[1] == v->ne[1] && tok_seq->ne[0] == n_tokens && tok_ctx->ne[0] == n_tokens);
+
+    PagedAttentionArgs args;
+    args.q = (const char *) q->data;
+    args.q_stride_head_bytes = q->nb[1];
+    args.q_stride_token_bytes = q->nb[2];
+    args.k_pool = (const char *) k->data;
+    args.v_pool = (const char *) v->data;
+    args.k_type = k->type;
+    args.v_type = v->type;
+    args.k_stride_row_bytes = k->nb[1];
+    args.v_stride_row_bytes = v->nb[1];
+    args.kv_size = k->ne[1];
+    args.block_tables = (const int32_t *) block_tables->data;
+    args.block_table_stride = block_tables->ne[0];
+    args.token_seq_idx = (const int32_t *) tok_seq->data;
+    args.token_ctx_len = (const int32_t *) tok_ctx->data;
+    args.out = (float *) dst->data;
+    args.n_tokens = (int32_t) n_tokens;
+    args.n_head = (int32_t) n_head;
+    args.n_head_kv = (int32_t) n_head_kv;
+    args.head_dim_k = (int32_t) head_dim_k;
+    args.head_dim_v = (int32_t) head_dim_v;
+    args.block_size = params->block_size;
+    args.scale = params->scale;
+    args.softcap = params->softcap;
+    paged_attention_cpu(args, ith, nth);
+}
+
+}  // namespace cf

@@ -1,0 +1,60 @@
+// paged_attention_cpu.h - CPU paged attention: each token attends over its own sequence's KV
+// blocks, read through a block table; no KQ mask, no gathered copy of the context.
+//
+// llama.cpp (patches/0002-paged-attn-graph.patch) runs this as the ggml custom op of every attention
+// layer in paged KV mode; the op contract (tensor shapes) is documented at llama_paged_attn_params in
+// llama.h. The engine hands paged_attention_cpu_op to llama.cpp as llama_context_params.paged_attn_op.
+//
+// Causality comes from per-token context lengths: a token at position pos of its sequence attends to
+// positions [0, pos] (ctx_len = pos + 1). Position p lives in pool row
+// block_table[p / block_size] * block_size + p % block_size.
+//
+// Work is split over (token, kv head) items: all query heads of one KV head (GQA group) share each
+// K/V row load and its f16 -> f32 conversion. Softmax is online (running max and sum per query head,
+// rescaled once per block), accumulated in f32.
+#pragma once
+
+#include "ggml.h"
+
+#include <cstddef>
+#include <cstdint>
+
+namespace cf {
+
+// One paged attention call over plain pointers (what the ggml op adaptor extracts from its tensors).
+struct PagedAttentionArgs {
+    const char * q;                  // [n_tokens][n_head][head_dim_k] f32, strides below
+    size_t q_stride_head_bytes;
+    size_t q_stride_token_bytes;
+    const char * k_pool;             // [kv_size][n_head_kv * head_dim_k] k_type rows
+    const char * v_pool;             // [kv_size][n_head_kv * head_dim_v] v_type rows
+    ggml_type k_type;                // GGML_TYPE_F16 or GGML_TYPE_F32
+    ggml_type v_type;
+    size_t k_stride_row_bytes;
+    size_t v_stride_row_bytes;
+    int64_t kv_size;                 // rows in each pool
+    const int32_t * block_tables;    // [n_seqs][block_table_stride] block ids in position order
+    int64_t block_table_stride;      // int32 entries per block table row
+    const int32_t * token_seq_idx;   // [n_tokens] block table row of each token
+    const int32_t * token_ctx_len;   // [n_tokens] token i attends to positions [0, token_ctx_len[i])
+    float * out;                     // [n_tokens][n_head][head_dim_v] f32, contiguous
+    int32_t n_tokens;
+    int32_t n_head;                  // query heads, a multiple of n_head_kv
+    int32_t n_head_kv;
+    int32_t head_dim_k;
+    int32_t head_dim_v;
+    int32_t block_size;              // tokens per block
+    float scale;                     // KQ scale
+    float softcap;                   // 0 = none, else s = softcap * tanh(s / softcap) after scaling
+};
+
+// Compute the (token, kv head) items ith, ith + nth, ... of args (thread ith of nth; nth >= 1).
+// Aborts (GGML_ABORT) on a block id outside the pool. Thread-safe for distinct ith.
+void paged_attention_cpu(const PagedAttentionArgs & args, int ith, int nth);
+
+// ggml_custom_op_t for llama_context_params.paged_attn_op: checks the tensor shapes and types of the
+// op contract (aborting on a mismatch, a bug), then runs paged_attention_cpu.
+// userdata: const llama_paged_attn_params *.
+void paged_attention_cpu_op(ggml_tensor * dst, int ith, int nth, void * userdata);
+
+}  // namespace cf
