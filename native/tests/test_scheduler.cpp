@@ -1,5 +1,5 @@
 // test_scheduler.cpp - unit tests of cf::Scheduler without a model: chunked prefill, decode
-// priority, slot reuse, KV admission (split and unified), policies, aborts.
+// priority, slot reuse, KV admission (split, unified and paged), policies, aborts.
 #undef NDEBUG  // the checks must run in Release builds too
 #include "core/scheduler.h"
 
@@ -41,12 +41,20 @@ SchedulerConfig make_config(int32_t max_num_seqs, int32_t budget, int32_t n_ctx_
     return c;
 }
 
-// Run one step the way the engine does: compute, sample kToken where asked, finish at max_tokens.
-// Returns the ids of the requests that finished (their Sequence objects are gone, so *out_plan
-// must not be dereferenced for them). *first_ids gets requests computing their first chunk.
+// Run one step the way the engine does: finish sequences out of KV blocks (paged), compute, sample
+// kToken where asked, finish at max_tokens. Returns the ids of the requests that finished (their
+// Sequence objects are gone, so *out_plan must not be dereferenced for them). *first_ids gets
+// requests computing their first chunk; *num_out_of_blocks counts the sequences out of blocks.
 std::vector<int64_t> run_step(Scheduler & sched, const SchedulerOutput ** out_plan = nullptr,
-                              std::vector<int64_t> * first_ids = nullptr) {
+                              std::vector<int64_t> * first_ids = nullptr, int32_t * num_out_of_blocks = nullptr) {
     const SchedulerOutput & out = sched.schedule();
+    std::vector<int64_t> ids;
+    if (num_out_of_blocks) {
+        *num_out_of_blocks += (int32_t) out.out_of_blocks.size();
+    }
+    for (Sequence * seq : out.out_of_blocks) {
+        ids.push_back(sched.finish(seq, CF_FINISH_REASON_LENGTH)->request_id);
+    }
     for (const ScheduledSeq & s : out.seqs) {
         if (first_ids && s.seq->num_computed_tokens == 0) {
             first_ids->push_back(s.seq->request_id);
@@ -71,7 +79,6 @@ std::vector<int64_t> run_step(Scheduler & sched, const SchedulerOutput ** out_pl
             done.push_back(s.seq);
         }
     }
-    std::vector<int64_t> ids;
     for (Sequence * seq : done) {
         ids.push_back(sched.finish(seq, CF_FINISH_REASON_LENGTH)->request_id);
     }
@@ -197,6 +204,34 @@ void test_budget_smaller_than_decodes() {
     }
 }
 
+// Paged mode over 8 blocks of 4 tokens: admission by free blocks for the whole prompt plus a
+// watermark (one block per running sequence), a slot for every scheduled token, nothing reserved;
+// a sequence that cannot grow is reported in out_of_blocks with its blocks already back; every
+// block returns when its sequence ends.
+void test_paged_kv_admission() {
+    BlockManager blocks(8, 4);
+    SchedulerConfig c = make_config(4, 64, 32, false, 32);
+    c.block_manager = &blocks;
+    Scheduler sched(c);
+    sched.add(make_seq(1, 10, 20));  // 3 blocks; alone, no watermark
+    sched.add(make_seq(2, 12, 20));  // 3 blocks + 1 (one running) <= 5 free
+    sched.add(make_seq(3, 5, 20));   // 2 blocks + 2 (two running) > 2 free: waits
+    run_step(sched);
+    assert(sched.num_running() == 2 && sched.num_waiting() == 1);
+    assert(blocks.num_free_blocks() == 2 && sched.kv_tokens_reserved() == 6 * 4);
+    assert(blocks.find(1)->num_tokens == 10 && blocks.find(2)->num_tokens == 12);
+
+    // 30 + 32 + 25 tokens wanted, 32 rows: some sequence runs out of blocks before its end
+    int32_t num_out_of_blocks = 0;
+    int32_t num_done = 0;
+    while (sched.has_work()) {
+        num_done += (int32_t) run_step(sched, nullptr, nullptr, &num_out_of_blocks).size();
+        assert(blocks.num_seqs() == sched.num_running());
+    }
+    assert(num_done == 3 && num_out_of_blocks >= 1);
+    assert(blocks.num_free_blocks() == 8 && blocks.num_seqs() == 0 && sched.kv_tokens_reserved() == 0);
+}
+
 void test_context_full_is_respected() {
     Scheduler sched(make_config(1, 64, 16));
     sched.add(make_seq(1, 15, 100));  // the largest prompt that fits; 1 token then the context is full
@@ -216,6 +251,7 @@ int main() {
     test_remove();
     test_budget_smaller_than_decodes();
     test_context_full_is_respected();
+    test_paged_kv_admission();
     std::printf("test_scheduler: ok\n");
     return 0;
 }

@@ -11,6 +11,7 @@ namespace cf {
 
 void SchedulerOutput::clear() {
     seqs.clear();
+    out_of_blocks.clear();
     num_scheduled_tokens = 0;
     num_prefill_tokens = 0;
     num_decode_tokens = 0;
@@ -22,6 +23,9 @@ Scheduler::Scheduler(const SchedulerConfig & config) : config_(config) {
     slot_used_.assign((size_t) config.max_num_seqs, 0);
     running_.reserve((size_t) config.max_num_seqs);
     out_.seqs.reserve((size_t) config.max_num_seqs);
+    if (config.block_manager != nullptr) {
+        watermark_blocks_ = std::max<int64_t>(1, config.block_manager->pool().num_blocks() / 100);
+    }
 }
 
 // Waiting-queue order of the policy; ties (and FCFS) go by request id, which grows with arrival.
@@ -88,6 +92,17 @@ void Scheduler::admit_waiting(int32_t * budget) {
 void Scheduler::push_scheduled(Sequence * seq, int32_t budget_left, int32_t * budget) {
     assert(seq->num_uncomputed_tokens() >= 1 && budget_left >= 1);
     const int32_t n = std::min(seq->num_uncomputed_tokens(), budget_left);
+    if (config_.block_manager != nullptr) {
+        slots_.clear();
+        if (!config_.block_manager->append_slots(seq->request_id, n, &slots_)) {
+            // it ends (the engine finishes it); its blocks go back now, for the sequences after it
+            if (config_.block_manager->find(seq->request_id) != nullptr) {
+                config_.block_manager->free(seq->request_id);
+            }
+            out_.out_of_blocks.push_back(seq);
+            return;
+        }
+    }
     const int32_t end = seq->num_computed_tokens + n;
     const int32_t n_prefill = std::max(0, std::min(end, seq->num_prompt_tokens) - seq->num_computed_tokens);
     out_.seqs.push_back({seq, n, end == seq->num_tokens()});
@@ -100,6 +115,15 @@ void Scheduler::push_scheduled(Sequence * seq, int32_t budget_left, int32_t * bu
 bool Scheduler::can_admit(const Sequence & seq) const {
     if (num_running() >= config_.max_num_seqs) {
         return false;
+    }
+    if (config_.block_manager != nullptr) {
+        // The watermark leaves running sequences room to grow: 1% of the pool, and at least one block
+        // per running sequence, since without preemption [TAG_PREEMPTION] a sequence that cannot grow
+        // ends. Alone, a sequence may take the whole pool.
+        const BlockManager & blocks = *config_.block_manager;
+        const int64_t watermark = running_.empty() ? 0 : std::max<int64_t>(watermark_blocks_, num_running());
+        return blocks.num_blocks_needed(seq.request_id, seq.num_uncomputed_tokens()) + watermark <=
+               blocks.num_free_blocks();
     }
     if (!config_.kv_unified) {
         return true;  // a free slot is a whole stream of n_ctx_per_seq rows
@@ -169,12 +193,19 @@ std::unique_ptr<Sequence> Scheduler::release(size_t running_index, cf_finish_rea
     running_.erase(running_.begin() + (std::ptrdiff_t) running_index);
     slot_used_[(size_t) seq->seq_id] = 0;
     kv_reserved_unified_ -= seq->max_kv_tokens(config_.n_ctx_per_seq);
+    if (config_.block_manager != nullptr && config_.block_manager->find(seq->request_id) != nullptr) {
+        config_.block_manager->free(seq->request_id);
+    }
     seq->status = SequenceStatus::FINISHED;
     seq->finish_reason = reason;
     return seq;
 }
 
 int64_t Scheduler::kv_tokens_reserved() const {
+    if (config_.block_manager != nullptr) {
+        const BlockPool & pool = config_.block_manager->pool();
+        return (int64_t) pool.num_used() * pool.block_size();
+    }
     if (config_.kv_unified) {
         return kv_reserved_unified_;
     }
@@ -222,6 +253,16 @@ void Scheduler::check_invariants() const {
         reserved += seq->max_kv_tokens(config_.n_ctx_per_seq);
     }
     check(seen == slot_used_, "used slots are exactly those of running sequences");
+    if (config_.block_manager != nullptr) {
+        const BlockManager & blocks = *config_.block_manager;
+        check(blocks.check_invariants().empty(), "block manager invariants hold");
+        check(blocks.num_seqs() <= num_running(), "only running sequences hold blocks");
+        for (const auto & seq : running_) {
+            const BlockTable * table = blocks.find(seq->request_id);
+            check(table == nullptr || table->num_tokens >= seq->num_computed_tokens,
+                  "every computed token of a running sequence has a slot");
+        }
+    }
     check(reserved == kv_reserved_unified_, "reservation counter matches running sequences");
     check(!config_.kv_unified || reserved <= config_.n_ctx, "unified reservations fit n_ctx");
     for (size_t i = 0; i < waiting_.size(); ++i) {

@@ -8,11 +8,15 @@
 //   3. prompt chunks of newly admitted waiting sequences, in policy order.
 // Admission needs a free sequence slot (max_num_seqs) and KV capacity: in split mode each slot
 // is its own stream of n_ctx_per_seq tokens; in unified mode the sum over running sequences of
-// min(prompt + max_tokens, n_ctx_per_seq) must stay <= n_ctx.
+// min(prompt + max_tokens, n_ctx_per_seq) must stay <= n_ctx; in paged mode the block manager
+// must have free blocks for the rest of the prompt plus a watermark (1% of the pool, at least one
+// block per running sequence) while other sequences run, and nothing is reserved: each scheduled
+// token gets its slot when it is scheduled.
 //
 // Thread-safety: none; the engine calls it from the stepping thread only.
 #pragma once
 
+#include "core/block_manager.h"
 #include "core/sequence.h"
 
 #include <cstdint>
@@ -30,6 +34,10 @@ struct SchedulerConfig {
     int32_t n_ctx_per_seq = 0;             // max tokens (prompt + output) of one sequence
     bool kv_unified = false;
     cf_sched_policy policy = CF_SCHED_POLICY_FCFS;
+    // Paged KV mode: the engine's block manager (nullptr in the stock modes), keyed by request id.
+    // The scheduler appends the slots of every token it schedules and frees a sequence's blocks when
+    // it leaves the running set.
+    BlockManager * block_manager = nullptr;
 };
 
 // One sequence's share of a step: compute tokens [seq->num_computed_tokens,
@@ -46,6 +54,10 @@ struct SchedulerOutput {
     int32_t num_scheduled_tokens = 0;
     int32_t num_prefill_tokens = 0;  // tokens inside prompts
     int32_t num_decode_tokens = 0;   // tokens after the prompt (one per decoding sequence)
+    // Paged mode: running sequences whose next tokens found no free block. They are not in `seqs`,
+    // their blocks are already free, and the engine finishes them (CF_FINISH_REASON_LENGTH) until
+    // preemption exists [TAG_PREEMPTION].
+    std::vector<Sequence *> out_of_blocks;
 
     void clear();
 };
@@ -104,6 +116,8 @@ class Scheduler {
     std::vector<std::unique_ptr<Sequence>> running_;   // admission order
     std::vector<uint8_t> slot_used_;                   // [max_num_seqs], 1 if the slot is taken
     int64_t kv_reserved_unified_ = 0;                  // sum of max_kv_tokens over running
+    int64_t watermark_blocks_ = 0;                     // paged: free blocks kept for running sequences
+    std::vector<int32_t> slots_;                       // paged: scratch for append_slots
     SchedulerOutput out_;
 };
 
