@@ -99,6 +99,8 @@ typedef struct cf_engine_config {
     int32_t policy;                  /* cf_sched_policy, default CF_SCHED_POLICY_FCFS          */
     int32_t flash_attn;              /* -1 auto, 0 off, 1 on (stock modes)                     */
     int32_t log_level;               /* cf_log_level, default CF_LOG_LEVEL_ERROR               */
+    int32_t profile_capacity;        /* events the profiler ring holds (>= 0); 0 = profiling
+                                        off (the default); see cf_engine_profile_drain         */
 } cf_engine_config;
 
 typedef struct cf_engine * cf_engine_t;
@@ -281,6 +283,73 @@ CF_API cf_status cf_engine_apply_chat_template(cf_engine_t engine, const char * 
                                                const char * const * contents, int32_t num_messages,
                                                int32_t add_assistant, char * buf, int32_t capacity,
                                                int32_t * out_len);
+
+/* ---------------------------------------------------------------- profiler */
+
+/* With cf_engine_config.profile_capacity > 0 the engine records timestamped events into a ring
+ * buffer of that many events, allocated once at init: no allocation and no lock per event (the
+ * stepping thread records while it holds the step anyway). When the ring is full new events are
+ * dropped and counted; drain regularly (every few hundred steps at most) to lose none.
+ * All times are cf_clock_ns() nanoseconds, the clock of cf_output_event.time_ns. */
+
+typedef enum cf_profile_event_kind {
+    CF_PROFILE_EVENT_NONE = 0,
+    CF_PROFILE_EVENT_STEP_BEGIN = 1,               /* a step that computes tokens begins         */
+    CF_PROFILE_EVENT_STEP_END = 2,                 /* its outputs and stats are published        */
+    CF_PROFILE_EVENT_REQUEST_ARRIVAL = 3,          /* cf_engine_add_request accepted it          */
+    CF_PROFILE_EVENT_REQUEST_FIRST_SCHEDULED = 4,  /* first step that computes any of its tokens */
+    CF_PROFILE_EVENT_REQUEST_FIRST_TOKEN = 5,      /* its first output token was sampled         */
+    CF_PROFILE_EVENT_REQUEST_FINISH = 6,           /* its final output event was queued          */
+    CF_PROFILE_EVENT_REQUEST_PREEMPT = 7,          /* reserved: preempted (KV freed or swapped)  */
+    CF_PROFILE_EVENT_REQUEST_SWAP_OUT = 8,         /* reserved: KV blocks copied to host memory  */
+    CF_PROFILE_EVENT_REQUEST_SWAP_IN = 9,          /* reserved: KV blocks copied back            */
+    CF_PROFILE_EVENT_REQUEST_PREFIX_HIT = 10       /* reserved: prompt tokens found in the cache */
+} cf_profile_event_kind;
+
+/* One profiler event. Fields a kind does not list are 0.
+ *   STEP_BEGIN:  num_seqs, num_decode_tokens, num_prefill_tokens (the batch of this step).
+ *   STEP_END:    num_waiting (requests not admitted after the step), kv_tokens_used (KV rows
+ *                holding computed tokens), kv_tokens_free (KV rows not set aside for any running
+ *                sequence: n_ctx - reserved), kv_blocks_used (paged mode; 0 in stock modes).
+ *   REQUEST_ARRIVAL:          request_id, num_tokens = prompt tokens. Recorded by the first step
+ *                             after the call, stamped with the time the call accepted it, so
+ *                             events are not always in time order: sort by time_ns.
+ *   REQUEST_FIRST_SCHEDULED:  request_id, num_tokens = tokens computed in that step.
+ *   REQUEST_FIRST_TOKEN:      request_id, num_tokens = 1.
+ *   REQUEST_FINISH:           request_id, num_tokens = output tokens, finish_reason.
+ *   REQUEST_PREEMPT / SWAP_* / PREFIX_HIT (reserved): request_id, num_tokens (tokens recomputed
+ *                             or found), num_bytes (bytes copied).
+ * step_id = cf_engine_stats.num_steps when the event was recorded: the 1-based number of the
+ * step it belongs to, or of the previous step for events recorded while a step reads its inbox
+ * (arrivals, aborts), before it begins. */
+typedef struct cf_profile_event {
+    int64_t time_ns;
+    int64_t step_id;
+    int64_t request_id;           /* request events; 0 for step events                      */
+    int64_t num_bytes;
+    int32_t kind;                 /* cf_profile_event_kind                                  */
+    int32_t num_seqs;
+    int32_t num_decode_tokens;
+    int32_t num_prefill_tokens;
+    int32_t num_waiting;
+    int32_t kv_tokens_used;
+    int32_t kv_tokens_free;
+    int32_t kv_blocks_used;
+    int32_t num_tokens;
+    int32_t finish_reason;        /* cf_finish_reason                                       */
+} cf_profile_event;
+
+/* Move up to capacity recorded events, in the order they were recorded, into
+ * events[0..*out_num_events) (caller-owned [capacity] array); does not wait.
+ * *out_num_dropped = events dropped so far because the ring was full (cumulative since init);
+ * out_num_dropped may be NULL.
+ * Returns CF_STATUS_INVALID_ARGUMENT (NULL engine, events or out_num_events, capacity < 1),
+ * CF_STATUS_UNSUPPORTED (the engine was created with profile_capacity 0); on failure
+ * *out_num_events is 0 and nothing is taken. Thread-safe (concurrent drains each get distinct
+ * events); never blocks the step. */
+CF_API cf_status cf_engine_profile_drain(cf_engine_t engine, cf_profile_event * events,
+                                         int32_t capacity, int32_t * out_num_events,
+                                         int64_t * out_num_dropped);
 
 /* ---- block manager (paged KV bookkeeping; used by tests and tools) */
 

@@ -17,11 +17,6 @@
 #define CACHEFLOW_LLAMA_COMMIT "0c1e570"
 #endif
 
-struct cf_engine {
-    explicit cf_engine(const cf::EngineConfig & config) : engine(config) {}
-    cf::Engine engine;
-};
-
 namespace {
 
 // The one last-error slot of the library; the other shim files reach it through

@@ -1,14 +1,22 @@
-// capi_internal.h - what the C shim files (capi.cpp, capi_block_manager.cpp) share: the
-// calling thread's last error and the guard that turns exceptions into a cf_status.
+// capi_internal.h - what the C shim files (capi.cpp, capi_block_manager.cpp, capi_profiler.cpp)
+// share: the engine behind cf_engine_t, the calling thread's last error and the guard that turns
+// exceptions into a cf_status.
 // Include only from shim files; core and engine code throw cf::Error instead.
 #pragma once
 
 #include "cacheflow.h"
 #include "core/error.h"
+#include "engine/engine.h"
 
 #include <exception>
 #include <new>
 #include <string>
+
+// The object behind cf_engine_t (created by cf_engine_init in capi.cpp).
+struct cf_engine {
+    explicit cf_engine(const cf::EngineConfig & config) : engine(config) {}
+    cf::Engine engine;
+};
 
 namespace cf::capi {
 

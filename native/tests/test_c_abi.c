@@ -18,6 +18,7 @@ static void test_defaults(void) {
     assert(c.policy == CF_SCHED_POLICY_FCFS);
     assert(c.flash_attn == -1);
     assert(c.log_level == CF_LOG_LEVEL_ERROR);
+    assert(c.profile_capacity == 0);
 
     cf_sampling_params p = cf_sampling_params_default();
     assert(p.max_tokens == 16);
@@ -65,6 +66,12 @@ static void test_null_engine(void) {
     assert(cf_engine_step(NULL, &n) == CF_STATUS_INVALID_ARGUMENT);
     assert(cf_engine_drain(NULL, ev, 1, 0, &n) == CF_STATUS_INVALID_ARGUMENT);
     assert(cf_engine_has_work(NULL) == 0);
+    {
+        cf_profile_event pev[1];
+        int64_t dropped = 0;
+        assert(cf_engine_profile_drain(NULL, pev, 1, &n, &dropped) == CF_STATUS_INVALID_ARGUMENT);
+        assert(n == 0);
+    }
 }
 
 static void test_clock_and_version(void) {

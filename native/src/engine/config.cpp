@@ -56,6 +56,7 @@ EngineConfig EngineConfig::from_c(const cf_engine_config & c) {
     check_range("policy", c.policy, CF_SCHED_POLICY_FCFS, CF_SCHED_POLICY_PRIORITY);
     check_range("flash_attn", c.flash_attn, -1, 1);
     check_range("log_level", c.log_level, CF_LOG_LEVEL_NONE, CF_LOG_LEVEL_DEBUG);
+    check_at_least("profile_capacity", c.profile_capacity, 0);
 
     EngineConfig out;
     out.model_path = c.model_path;
@@ -69,6 +70,7 @@ EngineConfig EngineConfig::from_c(const cf_engine_config & c) {
     out.policy = (cf_sched_policy) c.policy;
     out.flash_attn = c.flash_attn;
     out.log_level = (cf_log_level) c.log_level;
+    out.profile_capacity = c.profile_capacity;
     return out;
 }
 
@@ -85,6 +87,7 @@ cf_engine_config default_engine_config() {
     c.policy = CF_SCHED_POLICY_FCFS;
     c.flash_attn = -1;
     c.log_level = CF_LOG_LEVEL_ERROR;
+    c.profile_capacity = 0;
     return c;
 }
 

@@ -20,6 +20,7 @@ struct EngineConfig {
     cf_sched_policy policy = CF_SCHED_POLICY_FCFS;
     int32_t flash_attn = -1;
     cf_log_level log_level = CF_LOG_LEVEL_ERROR;
+    int32_t profile_capacity = 0;  // profiler ring events; 0 = off
 
     bool kv_unified() const { return kv_mode == CF_KV_MODE_STOCK_UNIFIED; }
 

@@ -34,7 +34,8 @@ Engine::Engine(const EngineConfig & config)
       scheduler_(scheduler_config(*session_)),
       batch_(session_->n_batch()),
       sampler_(session_->n_vocab()),
-      stop_checker_(session_->vocab(), session_->n_ctx_per_seq()) {
+      stop_checker_(session_->vocab(), session_->n_ctx_per_seq()),
+      profiler_(config.profile_capacity) {
     const size_t max_seqs = (size_t) config.max_num_seqs;
     step_events_.reserve(2 * max_seqs + 64);
     finished_ids_.reserve(2 * max_seqs + 64);

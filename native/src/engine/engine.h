@@ -11,6 +11,7 @@
 #pragma once
 
 #include "cacheflow.h"
+#include "core/profiler.h"
 #include "core/scheduler.h"
 #include "engine/batch_builder.h"
 #include "engine/config.h"
@@ -64,6 +65,7 @@ class Engine {
     void get_info(cf_model_info * info) const { session_->fill_info(info); }
     cf_engine_stats get_stats() const;
     const LlamaSession & session() const { return *session_; }
+    Profiler & profiler() { return profiler_; }  // drain is thread-safe; see profiler.h
 
   private:
     // engine_step.cpp
@@ -110,6 +112,7 @@ class Engine {
     std::atomic<bool> thread_running_{false};
 
     EventQueue events_;
+    Profiler profiler_;  // records from the stepping thread only
 
     mutable std::mutex stats_mu_;
     cf_engine_stats stats_{};  // snapshot published at the end of each step

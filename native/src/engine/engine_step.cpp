@@ -53,6 +53,8 @@ StepResult Engine::step_locked() {
     result.num_scheduled_tokens = out.num_scheduled_tokens;
     if (!out.seqs.empty()) {
         totals_.num_steps += 1;
+        profiler_.step_begin(totals_.num_steps, step_start_ns_, (int32_t) out.seqs.size(), out.num_decode_tokens,
+                             out.num_prefill_tokens);
         const int32_t rc = session_->decode(batch_.build(out));
         if (rc == 0) {
             run_decoded_step(out);
@@ -66,6 +68,11 @@ StepResult Engine::step_locked() {
         }
     }
     publish();
+    if (profiler_.enabled() && !out.seqs.empty()) {
+        const int32_t kv_free = session_->n_ctx() - (int32_t) scheduler_.kv_tokens_reserved();
+        profiler_.step_end(totals_.num_steps, clock_ns(), scheduler_.num_waiting(),
+                           (int32_t) scheduler_.kv_tokens_used(), kv_free, 0);
+    }
 #ifndef NDEBUG
     scheduler_.check_invariants();  // debug builds: every step ends in a consistent state
 #endif
@@ -79,6 +86,8 @@ void Engine::consume_inbox() {
         inbox_aborts_.swap(pending_aborts_);
     }
     for (auto & seq : inbox_adds_) {
+        profiler_.request(CF_PROFILE_EVENT_REQUEST_ARRIVAL, totals_.num_steps, seq->arrival_ns, seq->request_id,
+                          seq->num_prompt_tokens);
         scheduler_.add(std::move(seq));
     }
     inbox_adds_.clear();
@@ -104,6 +113,8 @@ void Engine::run_decoded_step(const SchedulerOutput & out) {
         Sequence * seq = s.seq;
         if (seq->first_scheduled_ns == 0) {
             seq->first_scheduled_ns = step_start_ns_;
+            profiler_.request(CF_PROFILE_EVENT_REQUEST_FIRST_SCHEDULED, totals_.num_steps, step_start_ns_,
+                              seq->request_id, s.num_new_tokens);
         }
         if (!s.needs_sample) {
             continue;  // a prompt chunk that does not reach the end of the prompt
@@ -114,6 +125,7 @@ void Engine::run_decoded_step(const SchedulerOutput & out) {
         const int64_t now_ns = clock_ns();
         if (seq->first_token_ns == 0) {
             seq->first_token_ns = now_ns;
+            profiler_.request(CF_PROFILE_EVENT_REQUEST_FIRST_TOKEN, totals_.num_steps, now_ns, seq->request_id, 1);
         }
         const cf_finish_reason reason = stop_checker_.check(*seq, token_id);
         if (reason == CF_FINISH_REASON_NONE) {
@@ -147,6 +159,8 @@ void Engine::emit_final(const Sequence & seq, int32_t token_id, int64_t now_ns) 
     step_events_.push_back(make_event(seq, token_id, seq.finish_reason, now_ns));
     finished_ids_.push_back(seq.request_id);
     totals_.num_finished += 1;
+    profiler_.request(CF_PROFILE_EVENT_REQUEST_FINISH, totals_.num_steps, now_ns, seq.request_id,
+                      seq.num_output_tokens(), seq.finish_reason);
 }
 
 void Engine::fail_everything(const std::string & why) {
