@@ -163,6 +163,11 @@ def cacheflow() -> None:
 )
 @click.option("-q", "--quiet", is_flag=True, help="Do not print the stats summary on stderr.")
 @click.option("-v", "--verbose", is_flag=True, help="Show llama.cpp and engine logs.")
+@click.option(
+    "--trace",
+    type=click.Path(dir_okay=False, writable=True, path_type=Path),
+    help="Profile the run and write a Chrome trace JSON (open in ui.perfetto.dev).",
+)
 def generate(
     prompts: tuple[str, ...],
     model: Path | None,
@@ -171,6 +176,7 @@ def generate(
     as_json: bool,
     quiet: bool,
     chat: bool,
+    trace: Path | None,
     **options: object,
 ) -> None:
     """Generate completions for PROMPTS, all at once with continuous batching.
@@ -192,11 +198,17 @@ def generate(
         prompt_list, chat = [DEFAULT_PROMPT], True
     params = _sampling_params(options)
     config_kwargs = _config_kwargs(options)
+    if trace is not None:
+        from pycacheflow.profiler import DEFAULT_PROFILE_CAPACITY
+
+        config_kwargs["profile_capacity"] = DEFAULT_PROFILE_CAPACITY
     llm = _load_llm(model, config_kwargs)
     try:
         t0 = time.perf_counter()
         outputs = _run(llm, prompt_list, params, chat, stream, as_json)
         wall_s = time.perf_counter() - t0
+        if trace is not None:
+            llm.export_trace(trace)
     except CacheFlowError as exc:
         raise _to_click_error(exc) from None
     finally:

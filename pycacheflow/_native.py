@@ -17,6 +17,7 @@ from pycacheflow import errors
 from pycacheflow._ffi import ffi, load_library
 from pycacheflow.config import KV_MODES, LOG_LEVELS, POLICIES, c_enum_name
 from pycacheflow.outputs import EngineStats, ModelInfo, OutputEvent
+from pycacheflow.profiler import ProfileEvent
 
 if TYPE_CHECKING:
     from pycacheflow.config import EngineConfig
@@ -99,6 +100,7 @@ def _engine_config(config: EngineConfig, keep: list) -> object:
     c.policy = _POLICY_VALUES[config.policy]
     c.flash_attn = -1 if config.flash_attn is None else int(config.flash_attn)
     c.log_level = _LOG_LEVEL_VALUES[config.log_level]
+    c.profile_capacity = config.profile_capacity
     return c
 
 
@@ -316,6 +318,28 @@ class Engine:
         out = ffi.new("int32_t *")
         self._call(self._lib.cf_engine_drain, events, capacity, timeout_ms, out)
         return [_event(events[i]) for i in range(out[0])]
+
+    def profile_drain(self, capacity: int = _DRAIN_CAPACITY) -> tuple[list[ProfileEvent], int]:
+        """Move recorded profiler events out of the engine's ring, in recording order (thread-safe,
+        never waits).
+
+        Args:
+            capacity: most events returned by this call.
+
+        Returns:
+            (events, num_dropped): up to ``capacity`` events, and the events dropped so far
+            because the ring was full (cumulative since init).
+
+        Raises:
+            UnsupportedError: the engine was built with profile_capacity 0.
+        """
+        events = ffi.new("cf_profile_event[]", capacity)
+        out = ffi.new("int32_t *")
+        dropped = ffi.new("int64_t *")
+        self._call(lib.cf_engine_profile_drain, events, capacity, out, dropped)
+        fields = ProfileEvent._fields
+        result = [ProfileEvent(*(getattr(events[i], f) for f in fields)) for i in range(out[0])]
+        return result, dropped[0]
 
     # ------------------------------------------------------------------ text
 

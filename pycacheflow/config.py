@@ -38,6 +38,8 @@ class EngineConfig:
             (smaller priority value first).
         flash_attn: None = auto, True/False = force on/off (stock modes).
         log_level: "none", "error", "warn", "info" or "debug" (llama.cpp and CacheFlow logs).
+        profile_capacity: events the native profiler ring holds, >= 0; 0 = profiling off (see
+            ``pycacheflow.profiler``).
 
     Raises:
         ValueError: on construction, for a value out of range; the message names it.
@@ -55,6 +57,7 @@ class EngineConfig:
     policy: str = "fcfs"
     flash_attn: bool | None = None
     log_level: str = "error"
+    profile_capacity: int = 0
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, (str, os.PathLike)) or not os.fspath(self.model):
@@ -66,6 +69,7 @@ class EngineConfig:
             ("n_threads", 0),
             ("n_gpu_layers", -1),
             ("block_size", 1),
+            ("profile_capacity", 0),
         ):
             _check_int(name, getattr(self, name), minimum)
         _check_choice("kv_mode", self.kv_mode, KV_MODES)

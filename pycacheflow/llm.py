@@ -14,6 +14,7 @@ from pycacheflow._native import Engine
 from pycacheflow.config import EngineConfig
 from pycacheflow.engine import EngineRunner, RequestStream
 from pycacheflow.outputs import EngineStats, ModelInfo, RequestOutput, StreamDelta
+from pycacheflow.profiler import DEFAULT_PROFILE_CAPACITY, Profile, ProfileCollector
 from pycacheflow.request_state import RequestState
 from pycacheflow.sampling_params import SamplingParams
 
@@ -48,6 +49,8 @@ class LLM:
         model: GGUF path; None = the default model (SmolLM2-135M-Instruct Q4_1), downloaded to
             the user cache on first use.
         config: a full EngineConfig (its ``model`` is used when ``model`` is None).
+        profile: record profiler events (``profile()``, ``export_trace``); sets
+            ``profile_capacity`` to DEFAULT_PROFILE_CAPACITY unless the config sets one.
         **config_kwargs: EngineConfig fields (n_ctx, max_num_seqs, kv_mode, ...) overriding
             ``config``.
 
@@ -61,16 +64,22 @@ class LLM:
         model: str | os.PathLike[str] | None = None,
         *,
         config: EngineConfig | None = None,
+        profile: bool = False,
         **config_kwargs: object,
     ) -> None:
         self.config = _make_config(model, config, config_kwargs)
+        if profile and self.config.profile_capacity == 0:
+            self.config = replace(self.config, profile_capacity=DEFAULT_PROFILE_CAPACITY)
         self._engine = Engine(self.config)
         self._info = self._engine.info()
+        self._profiler: ProfileCollector | None = None
+        if self.config.profile_capacity > 0:
+            self._profiler = ProfileCollector(self._engine.profile_drain)
         self._runner = EngineRunner(self._engine)  # starts the native and dispatcher threads
         self._lock = threading.Lock()  # guards _pending
         self._pending: dict[int, _Pending] = {}  # add_request'ed, not yet fully consumed
         # Stops native threads before interpreter teardown even without close().
-        self._finalizer = weakref.finalize(self, self._runner.close)
+        self._finalizer = weakref.finalize(self, _close, self._profiler, self._runner)
 
     # ------------------------------------------------------------------ lifetime
 
@@ -92,6 +101,38 @@ class LLM:
     def stats(self) -> EngineStats:
         """Engine-wide counters now (steps, tokens, KV use, preemptions)."""
         return self._engine.stats()
+
+    # ------------------------------------------------------------------ profiling
+
+    def profile(self, clear: bool = False) -> Profile:
+        """The profiler events recorded so far (needs ``profile=True``).
+
+        Args:
+            clear: forget the returned events, so that the next call starts empty.
+
+        Raises:
+            UnsupportedError: the LLM was built without profiling.
+        """
+        if self._profiler is None:
+            raise errors.UnsupportedError("profiling is off: build the LLM with profile=True")
+        self._profiler.poll()
+        events = self._profiler.events(clear=clear)
+        metadata = {
+            "model": os.path.basename(self.config.model_path),
+            "description": self._info.description,
+            "kv_mode": self._info.kv_mode_name,
+            "max_num_seqs": self._info.max_num_seqs,
+            "n_threads": self._info.n_threads,
+        }
+        return Profile(events, self._profiler.num_dropped, self._info.n_ctx, metadata)
+
+    def export_trace(self, path: str | os.PathLike[str]) -> None:
+        """Write the profile so far as a Chrome trace JSON (Perfetto, chrome://tracing).
+
+        Raises:
+            UnsupportedError: the LLM was built without profiling.
+        """
+        self.profile().write_chrome_trace(path)
 
     # ------------------------------------------------------------------ text helpers
 
@@ -362,6 +403,12 @@ class LLM:
             raise errors.InvalidArgumentError(
                 f"prompt {index}: token id {bad} out of range [0, {n_vocab})"
             )
+
+
+def _close(profiler: ProfileCollector | None, runner: EngineRunner) -> None:
+    if profiler is not None:
+        profiler.close()  # its last drain needs the engine
+    runner.close()
 
 
 def _make_config(

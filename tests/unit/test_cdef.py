@@ -12,7 +12,7 @@ from pathlib import Path
 import cffi
 import pytest
 
-from pycacheflow import _ffi, outputs
+from pycacheflow import _ffi, outputs, profiler
 from pycacheflow.config import KV_MODES, LOG_LEVELS, POLICIES, c_enum_name
 
 REPO = Path(__file__).resolve().parents[2]
@@ -83,11 +83,18 @@ def test_config_names_map_onto_c_enums(consts, prefix, names):
         ("cf_output_event", outputs.OutputEvent, ()),
         ("cf_engine_stats", outputs.EngineStats, ()),
         ("cf_model_info", outputs.ModelInfo, ("kv_mode_name",)),
+        ("cf_profile_event", profiler.ProfileEvent, ()),
     ],
 )
 def test_namedtuples_mirror_structs(ffi, struct, tuple_type, extra):
     c_fields = [name for name, _ in ffi.typeof(struct).fields]
     assert list(tuple_type._fields) == c_fields + list(extra)
+
+
+def test_profile_event_kinds(consts):
+    for value, name in profiler.EVENT_KIND_NAMES.items():
+        assert getattr(consts, "CF_PROFILE_EVENT_" + name.upper()) == value
+        assert getattr(profiler, name.upper()) == value
 
 
 def test_every_status_has_an_exception_class(header_text):
