@@ -295,7 +295,7 @@ CF_API cf_status cf_engine_apply_chat_template(cf_engine_t engine, const char * 
 typedef enum cf_profile_event_kind {
     CF_PROFILE_EVENT_NONE = 0,
     CF_PROFILE_EVENT_STEP_BEGIN = 1,               /* a step that computes tokens begins         */
-    CF_PROFILE_EVENT_STEP_END = 2,                 /* its outputs and stats are published        */
+    CF_PROFILE_EVENT_STEP_END = 2,                 /* done; recorded before its outputs are queued */
     CF_PROFILE_EVENT_REQUEST_ARRIVAL = 3,          /* cf_engine_add_request accepted it          */
     CF_PROFILE_EVENT_REQUEST_FIRST_SCHEDULED = 4,  /* first step that computes any of its tokens */
     CF_PROFILE_EVENT_REQUEST_FIRST_TOKEN = 5,      /* its first output token was sampled         */
