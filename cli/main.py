@@ -16,6 +16,7 @@ import click
 
 import pycacheflow
 from cli.prompts import PromptsFileError, read_prompts_file
+from cli.bench import bench
 from cli.serve import serve
 from pycacheflow import EngineConfig, SamplingParams
 from pycacheflow.config import KV_MODES
@@ -383,6 +384,7 @@ def path() -> None:
 
 
 cacheflow.add_command(serve)
+cacheflow.add_command(bench)
 
 
 def main() -> None:

@@ -5,7 +5,7 @@ Workload (BENCHMARKS.md "Fixed"): npl concurrent requests of npp random prompt t
 output tokens each (EOS ignored). llama-batched-bench is built from the same pinned tree in the
 persistent build folder (`cmake --build build/<tag> --target llama-batched-bench`) and run with
 `-npp NPP -ntg NTG -npl NPL -c CTX -b 2048 -ub 512` (default split KV); its S_TG (decode tokens/s)
-is the baseline.
+is the baseline (build and run helpers: pycacheflow/bench/baselines.py).
 
 CacheFlow's decode throughput is measured the same way batched-bench measures S_TG: from the
 moment every request has its first token (prefill done) until the last token, counting the
@@ -30,40 +30,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def find_build_dir() -> Path:
-    """Return the persistent scikit-build folder (build/<wheel tag>) that holds build.ninja."""
-    candidates = sorted(p.parent for p in (ROOT / "build").glob("*/CMakeCache.txt"))
-    if not candidates:
-        sys.exit("no build folder under build/: run `pip install .` first")
-    return candidates[-1]
-
-
-def build_batched_bench(build_dir: Path) -> Path:
-    """Build llama-batched-bench from the same pinned tree and return its path."""
-    jobs = str(os.cpu_count() or 2)
-    subprocess.run(["cmake", "--build", str(build_dir), "--target", "llama-batched-bench",
-                    "-j", jobs], check=True, stdout=subprocess.DEVNULL)
-    found = list(build_dir.rglob("llama-batched-bench"))
-    exe = [p for p in found if p.is_file() and os.access(p, os.X_OK)]
-    if not exe:
-        sys.exit(f"llama-batched-bench not found under {build_dir}")
-    return exe[0]
-
-
-def run_batched_bench(exe: Path, args: argparse.Namespace) -> dict:
-    """Run llama-batched-bench once; return its JSONL row (speed_tg, speed_pp, t_tg, ...)."""
-    cmd = [str(exe), "-m", args.model, "-c", str(args.ctx), "-b", "2048", "-ub", "512",
-           "-npp", str(args.npp), "-ntg", str(args.ntg), "-npl", str(args.npl),
-           "-t", str(args.threads), "-tb", str(args.threads), "--output-format", "jsonl"]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
-    rows += [json.loads(line) for line in proc.stderr.splitlines() if line.startswith("{")]
-    if proc.returncode != 0 or not rows:
-        sys.exit(f"llama-batched-bench failed ({proc.returncode}): {' '.join(cmd)}\n"
-                 f"{proc.stderr[-2000:]}")
-    return rows[-1]
 
 
 def run_cacheflow(llm, args: argparse.Namespace, seed: int) -> dict:
@@ -104,18 +70,24 @@ def main() -> None:
     args = parser.parse_args()
 
     from pycacheflow import LLM
+    from pycacheflow.bench import baselines
     from pycacheflow.model_hub import ensure_default_model
 
     args.model = str(args.model or ensure_default_model())
     args.ctx = args.npl * (args.npp + args.ntg)
-    exe = build_batched_bench(find_build_dir())
+    try:
+        exe = baselines.build_tool(baselines.find_build_dir(ROOT), "llama-batched-bench")
+    except baselines.BaselineError as exc:
+        sys.exit(str(exc))
     llm = LLM(args.model, n_ctx=args.ctx, max_num_seqs=args.npl, max_num_batched_tokens=512,
               n_threads=args.threads, kv_mode=args.kv_mode)
     run_cacheflow(llm, args, seed=1234)  # warm-up (page in weights, build graphs)
 
     rows = []
     for it in range(args.iterations):
-        base = run_batched_bench(exe, args)
+        b = baselines.run_batched_bench(exe, args.model, args.npp, args.ntg, args.npl,
+                                        args.threads, args.ctx)
+        base = {"speed_tg": b.speed_tg, "t_tg": b.t_tg_s, "t_pp": b.t_pp_s, "speed": b.speed}
         ours = run_cacheflow(llm, args, seed=it)
         rows.append({"iteration": it, "engine": "llama-batched-bench", **{
             k: base[k] for k in ("speed_tg", "t_tg", "t_pp", "speed")}})

