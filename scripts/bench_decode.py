@@ -66,6 +66,8 @@ def main() -> None:
     parser.add_argument("-i", "--iterations", type=int, default=3)
     parser.add_argument("-t", "--threads", type=int, default=os.cpu_count() or 2)
     parser.add_argument("--kv-mode", default="stock", help="CacheFlow kv_mode")
+    parser.add_argument("-ngl", "--n-gpu-layers", dest="ngl", type=int, default=0,
+                        help="layers offloaded to the GPU (both tools)")
     parser.add_argument("--out", type=Path, default=ROOT / "results")
     args = parser.parse_args()
 
@@ -80,7 +82,7 @@ def main() -> None:
     except baselines.BaselineError as exc:
         sys.exit(str(exc))
     llm = LLM(args.model, n_ctx=args.ctx, max_num_seqs=args.npl, max_num_batched_tokens=512,
-              n_threads=args.threads, kv_mode=args.kv_mode)
+              n_threads=args.threads, kv_mode=args.kv_mode, n_gpu_layers=args.ngl)
     run_cacheflow(llm, args, seed=1234)  # warm-up (page in weights, build graphs)
 
     rows = []
@@ -103,6 +105,7 @@ def main() -> None:
     ours_name = f"cacheflow-{args.kv_mode}"
     summary = {
         "workload": {"npp": args.npp, "ntg": args.ntg, "npl": args.npl, "ctx": args.ctx,
+                     "n_gpu_layers": args.ngl, "kv_mode": args.kv_mode,
                      "iterations": args.iterations, "threads": args.threads},
         "model": args.model,
         "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
