@@ -14,12 +14,12 @@ NP=${NP:-64}
 log() { echo "[$(date +%T)] $*" | tee -a "$OUT/run.log" >&2; }
 
 log "install wheels"
-pip install -q --no-index --find-links _carry/wheels cffi pycparser starlette uvicorn \
-    prometheus_client httpx tqdm gguf pyyaml 2>&1 | tail -2 || true
+python -m pip install -q --no-deps --no-index --find-links _carry/wheels cffi pycparser starlette uvicorn \
+    prometheus_client httpx httpcore h11 anyio sniffio idna certifi typing_extensions tqdm gguf pyyaml 2>&1 | tail -2 || true
 
 log "build (CUDA)"
 export CACHEFLOW_LLAMA_CPP_DIR=$PWD/_carry/llama.cpp CACHEFLOW_CUDA=ON
-pip install -q --no-build-isolation --no-deps . > "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
+python -m pip install -q --no-build-isolation --no-deps . > "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
 BUILD=$(ls -d build/*/ | head -1)
 cmake --build "$BUILD" --target llama-server llama-batched-bench -j 16 > "$OUT/build_tools.log" 2>&1
 SERVER_BIN=$(find "$BUILD" -name llama-server -type f | head -1)
