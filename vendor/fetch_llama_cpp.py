@@ -163,6 +163,18 @@ def apply_patches(tree: Path, patches: list[Path]) -> None:
                 )
 
 
+def _top_level_ignore(root: Path):
+    """copytree ignore function skipping SKIP_TOP_DIRS and .git at the tree's top level only
+    (tools/mtmd/models/ and the like are needed)."""
+    skip = {d.rstrip("/") for d in SKIP_TOP_DIRS} | {".git", ".gitmodules"}
+    root = root.resolve()
+
+    def ignore(directory: str, names: list[str]) -> set[str]:
+        return skip.intersection(names) if Path(directory).resolve() == root else set()
+
+    return ignore
+
+
 def stamp_text(source: str, patches: list[Path]) -> str:
     """Return the stamp content for a source and a patch list."""
     lines = [f"source {source}"]
@@ -191,8 +203,7 @@ def prepare(dest: Path, patch_dir: Path) -> bool:
             src = Path(tree_env).expanduser()
             if not (src / "include" / "llama.h").is_file():
                 raise FetchError(f"CACHEFLOW_LLAMA_CPP_DIR={src} is not a llama.cpp tree")
-            shutil.copytree(src, work, symlinks=False,
-                            ignore=shutil.ignore_patterns(".git", *[d.rstrip("/") for d in SKIP_TOP_DIRS]))
+            shutil.copytree(src, work, symlinks=False, ignore=_top_level_ignore(src))
         else:
             unpack_tree(locate_archive(), work)
         apply_patches(work, patches)

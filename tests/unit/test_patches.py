@@ -97,6 +97,19 @@ def test_prepare_from_local_tree_stamps_and_reuses(tmp_path, monkeypatch):
     assert (dest / "src" / "a.c").read_text().startswith("int a = 20;")
 
 
+def test_prepare_from_local_tree_skips_unneeded_top_level_folders_only(tmp_path, monkeypatch):
+    src = make_tree(tmp_path / "src")
+    (src / "models").mkdir()
+    (src / "models" / "vocab.gguf").write_text("x")
+    (src / "tools" / "mtmd" / "models").mkdir(parents=True)
+    (src / "tools" / "mtmd" / "models" / "models.h").write_text("// needed\n")
+    monkeypatch.setenv("CACHEFLOW_LLAMA_CPP_DIR", str(src))
+    dest = tmp_path / "dest"
+    fetch.prepare(dest, tmp_path / "no-patches")
+    assert not (dest / "models").exists()
+    assert (dest / "tools" / "mtmd" / "models" / "models.h").is_file()
+
+
 def test_prepare_rejects_a_folder_that_is_not_llama_cpp(tmp_path, monkeypatch):
     (tmp_path / "empty").mkdir()
     monkeypatch.setenv("CACHEFLOW_LLAMA_CPP_DIR", str(tmp_path / "empty"))
