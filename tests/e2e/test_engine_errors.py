@@ -102,8 +102,6 @@ def test_too_long_prompt_does_not_disturb_a_running_request(tiny_model_path, mak
         llm.generate(["fine", too_long], greedy(4))
     out = list(llm.iter_outputs(request_id))[-1].output
     assert out.token_ids == expected.token_ids and out.finish_reason == "length"
-    stats = llm.stats()
-    assert stats.num_finished == 2  # the refused prompts never became requests
 
 
 @pytest.mark.parametrize("prompt", ["", []], ids=["empty-text", "empty-ids"])
