@@ -177,7 +177,8 @@ def _top_level_ignore(root: Path):
 
 def stamp_text(source: str, patches: list[Path]) -> str:
     """Return the stamp content for a source and a patch list."""
-    lines = [f"source {source}"]
+    # The script's own hash: a change in how the tree is prepared prepares it afresh.
+    lines = [f"source {source}", f"fetch {sha256_file(Path(__file__))}"]
     lines += [f"patch {p.name} {sha256_file(p)}" for p in patches]
     return "\n".join(lines) + "\n"
 
