@@ -7,6 +7,8 @@ without an aborted neighbour.
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 
 from pycacheflow import SamplingParams
@@ -49,6 +51,29 @@ def test_concurrent_greedy_matches_alone(model, real_llm, tiny_llm):
         assert len(t.token_ids) == 24 and t.finish_reason == "length"
     # Different prompts give different continuations: the comparison above is not vacuous.
     assert len({o.token_ids for o in together}) == len(PROMPTS)
+
+
+def test_generate_from_several_threads(tiny_llm):
+    prompts = request_prompts(8)
+    params = greedy(16)
+    expected = [tiny_llm.generate([p], params)[0].token_ids for p in prompts]
+    pairs = [prompts[i : i + 2] for i in range(0, 8, 2)]
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        results = list(pool.map(lambda pair: tiny_llm.generate(pair, params), pairs))
+    assert [o.token_ids for outs in results for o in outs] == expected
+
+
+def test_seeded_sampling_is_reproducible_and_batch_invariant(tiny_llm):
+    prompts = request_prompts(4)
+    sampled = [SamplingParams(max_tokens=16, temperature=1.0, top_k=50, seed=100 + i,
+                              ignore_eos=True) for i in range(4)]
+    alone = [tiny_llm.generate([p], s)[0].token_ids for p, s in zip(prompts, sampled)]
+    together = [o.token_ids for o in tiny_llm.generate(prompts, sampled)]
+    assert together == alone
+    greedy_ids = [o.token_ids for o in tiny_llm.generate(prompts, greedy(16))]
+    assert together != greedy_ids  # sampling really happened
+    reseeded = SamplingParams(max_tokens=16, temperature=1.0, top_k=50, seed=7, ignore_eos=True)
+    assert tiny_llm.generate([prompts[0]], reseeded)[0].token_ids != alone[0]
 
 
 def test_many_requests_through_few_slots(tiny_model_path, make_llm, tiny_llm):

@@ -77,6 +77,31 @@ def test_stop_string_truncates_text(model, tiny_llm, real_llm):
     assert out.token_ids == full.token_ids[: len(out.token_ids)]
 
 
+def straddling_stop(llm, token_ids, start: int) -> str:
+    """A stop string made of the end of one token's text and the start of the next one's."""
+    for k in range(start, len(token_ids) - 1):
+        left, right = llm.detokenize([token_ids[k]]), llm.detokenize([token_ids[k + 1]])
+        joined = left + right
+        if len(left) >= 2 and len(right) >= 2 and joined.isprintable() and "\ufffd" not in joined:
+            return left[-2:] + right[:2]
+    raise AssertionError(f"no two printable neighbouring tokens in {token_ids}")
+
+
+@pytest.mark.parametrize("how", ["generate", "stream"])
+def test_stop_string_spanning_two_tokens(how, tiny_llm):
+    prompt = "A stop string across a token boundary"
+    full = tiny_llm.generate([prompt], greedy(32))[0]
+    stop = straddling_stop(tiny_llm, list(full.token_ids), start=3)
+    params = greedy(32, stop=[stop])
+    if how == "generate":
+        out = tiny_llm.generate([prompt], params)[0]
+        assert out.finish_reason == "stop" and len(out.token_ids) < 32
+        text = out.text
+    else:
+        text = "".join(tiny_llm.stream(prompt, params))
+    assert text == full.text[: full.text.index(stop)]
+
+
 def test_earliest_of_several_stop_strings_wins(tiny_llm):
     prompt = "Several stop strings"
     full = tiny_llm.generate([prompt], greedy(32))[0]
