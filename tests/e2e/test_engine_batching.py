@@ -126,6 +126,18 @@ def test_kv_modes_agree_with_stock(kv_mode, tiny_model_path, make_llm):
     assert [o.token_ids for o in other.generate(prompts, params)] == expected
 
 
+def test_unified_kv_smaller_than_all_requests(tiny_model_path, make_llm):
+    # One 256-token stream shared by all sequences: any two of these requests (150..200 prompt
+    # tokens + 40 output tokens) do not fit together, so they must take turns.
+    llm = make_llm(tiny_model_path, kv_mode="stock-unified", max_num_seqs=2, n_ctx=256)
+    assert (llm.info.n_ctx, llm.info.n_ctx_per_seq) == (256, 256)
+    prompts = [list(range(1000, 1200)), list(range(2000, 2200)), list(range(3000, 3150))]
+    alone = [llm.generate([p], greedy(40))[0].token_ids for p in prompts]
+    together = llm.generate(prompts, greedy(40))
+    assert [o.token_ids for o in together] == alone
+    assert {o.finish_reason for o in together} == {"length"}
+
+
 def test_real_model_kv_modes_agree(real_model_path, make_llm):
     prompts = PROMPTS[:4]
     params = greedy(16)
