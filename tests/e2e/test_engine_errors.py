@@ -187,3 +187,15 @@ def test_sampling_params_are_immutable():
     params = SamplingParams(max_tokens=3)
     with pytest.raises(dataclasses.FrozenInstanceError):
         params.max_tokens = 4
+
+
+def test_close_while_a_request_runs(tiny_model_path, make_llm):
+    llm = make_llm(tiny_model_path, max_num_seqs=2, n_ctx=2 * 2048)
+    request_id = llm.add_request("Runs until closed", greedy(2000))
+    deltas = llm.iter_outputs(request_id)
+    next(d for d in deltas if d.token_ids)  # it is running
+    llm.close()
+    with pytest.raises(ShutdownError):
+        list(deltas)
+    with pytest.raises(ShutdownError):
+        llm.add_request("after close", greedy(1))
