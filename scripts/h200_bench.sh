@@ -19,6 +19,7 @@ python -m pip install -q --no-deps --no-index --find-links _carry/wheels cffi py
 
 log "build (CUDA)"
 export CACHEFLOW_LLAMA_CPP_DIR=$PWD/_carry/llama.cpp CACHEFLOW_CUDA=ON
+rm -rf vendor/llama.cpp  # the carried tree may have changed; copies keep mtimes, so no full rebuild
 python -m pip install -q --no-build-isolation --no-deps . > "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
 BUILD=$(ls -d build/*/ | head -1)
 cmake --build "$BUILD" --target llama-server llama-batched-bench -j 16 > "$OUT/build_tools.log" 2>&1
