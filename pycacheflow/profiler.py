@@ -373,8 +373,9 @@ class Profile:
         return out
 
     def kv_summary(self, steps: Sequence[StepSpan] | None = None) -> dict[str, float]:
-        """KV rows over steps: utilization = used / capacity, reserved share, and waste =
-        1 - used / reserved (rows set aside but not holding tokens), each mean and peak."""
+        """KV rows over steps: utilization = used / capacity, reserved share, waste =
+        1 - used / reserved (rows set aside but not holding tokens), each mean and peak, and
+        reserved_per_used = KV bytes reserved per byte holding a token (summed over steps)."""
         steps = self.steps() if steps is None else steps
         cap = self.kv_tokens_capacity
         if not steps or cap <= 0:
@@ -389,6 +390,7 @@ class Profile:
             "reserved_mean": sum(reserved) / len(reserved),
             "reserved_peak": max(reserved),
             "reserved_unused_mean": sum(waste) / len(waste) if waste else 0.0,
+            "reserved_per_used": sum(reserved) / sum(used) if sum(used) > 0 else 0.0,
         }
 
     def write_summary(self, path: str | os.PathLike[str]) -> None:

@@ -80,7 +80,10 @@ def throughput_vs_concurrency(rows: Sequence[dict[str, str]], path: Path) -> Pat
             if xs:
                 ax.plot(xs, med, ":", color="black", label="bandwidth ceiling")
                 ax.set_yscale("log")
+        levels = sorted({int(float(r["concurrency"])) for r in rows})
         ax.set_xscale("log", base=2)
+        ax.set_xticks(levels, [str(c) for c in levels])
+        ax.minorticks_off()
         ax.set_xlabel("concurrency (requests in flight)")
         ax.set_ylabel("tokens/s")
         ax.set_title(title)
@@ -130,14 +133,16 @@ def throughput_bars(rows: Sequence[dict[str, str]], path: Path) -> Path | None:
         label = f"{m:.1f}" + (f"\n(x{subject / m:.2f})" if subject and v != SUBJECT else "")
         ax.annotate(
             label,
-            (i, m),
+            (i, max(values[v])),
             ha="center",
             va="bottom",
             fontsize=8,
-            xytext=(0, 3),
+            xytext=(0, 4),
             textcoords="offset points",
         )
-    ax.set_xticks(range(len(names)), names, rotation=15, fontsize=8)
+    modes = {r["variant"]: r.get("kv_mode", "") for r in rows}
+    ticks = [f"{v}\n(KV {modes[v]})" if modes.get(v) else v for v in names]
+    ax.set_xticks(range(len(names)), ticks, fontsize=8)
     ax.set_ylabel("output tokens/s (median of iterations)")
     ax.set_title("Offline throughput (x = CacheFlow / baseline)")
     ax.grid(True, axis="y", alpha=0.3)

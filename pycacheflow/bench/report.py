@@ -150,6 +150,7 @@ def _kv_table(rows: Sequence[dict[str, str]]) -> list[str]:
         "reserved mean",
         "reserved peak",
         "reserved but unused (mean)",
+        "reserved / used bytes",
         "output tok/s",
     ]
     body = []
@@ -170,6 +171,7 @@ def _kv_table(rows: Sequence[dict[str, str]]) -> list[str]:
                 v,
                 mine[0]["concurrency"],
                 *[f"{100 * x:.1f}%" if x is not None else "-" for x in pct],
+                _num(_median(mine, "kv_reserved_per_used"), 2),
                 _num(_median(mine, "output_throughput")),
             ]
         )

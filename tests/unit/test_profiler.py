@@ -153,6 +153,7 @@ def test_summary(profile, tmp_path):
     assert kv["utilization_peak"] == pytest.approx(8 / 32)
     assert kv["utilization_mean"] == pytest.approx((4 + 8 + 4 + 0) / 4 / 32)
     assert kv["reserved_mean"] == pytest.approx((16 + 32 + 16 + 0) / 4 / 32)
+    assert kv["reserved_per_used"] == pytest.approx((16 + 32 + 16) / (4 + 8 + 4))
     path = tmp_path / "summary.json"
     profile.write_summary(path)
     assert json.loads(path.read_text())["num_steps"] == 4
