@@ -190,17 +190,21 @@ void Engine::publish() {
         sched_has_work_ = scheduler_.has_work();
     }
     finished_ids_.clear();
+    // Stats before events: whoever sees a request's final event must also see stats that
+    // count it as finished.
+    {
+        const int64_t bytes_per_token = session_->kv_bytes_per_token();
+        std::lock_guard<std::mutex> lock(stats_mu_);
+        stats_ = totals_;
+        stats_.num_running = scheduler_.num_running();
+        stats_.num_waiting = scheduler_.num_waiting();
+        stats_.kv_tokens_used = (int32_t) scheduler_.kv_tokens_used();
+        stats_.kv_tokens_capacity = session_->n_ctx();
+        stats_.kv_bytes_reserved = scheduler_.kv_tokens_reserved() * bytes_per_token;
+        stats_.kv_bytes_used = scheduler_.kv_tokens_used() * bytes_per_token;
+    }
     events_.push(step_events_);
     step_events_.clear();
-    const int64_t bytes_per_token = session_->kv_bytes_per_token();
-    std::lock_guard<std::mutex> lock(stats_mu_);
-    stats_ = totals_;
-    stats_.num_running = scheduler_.num_running();
-    stats_.num_waiting = scheduler_.num_waiting();
-    stats_.kv_tokens_used = (int32_t) scheduler_.kv_tokens_used();
-    stats_.kv_tokens_capacity = session_->n_ctx();
-    stats_.kv_bytes_reserved = scheduler_.kv_tokens_reserved() * bytes_per_token;
-    stats_.kv_bytes_used = scheduler_.kv_tokens_used() * bytes_per_token;
 }
 
 void Engine::run_loop() {
