@@ -237,7 +237,7 @@ def _offline(
     workload = functools.partial(ctx.workload, churn=churn)
     total = sum(len(workload(0)) for _ in levels) * len(variants) * int(opts["iterations"])
     rows, request_rows, kv_rows = [], [], []
-    with ctx.progress(total, command) as bar:
+    with _progress(total, command) as bar:
         for c in levels:
             runs = offline.run_variants(
                 ctx.model,
@@ -398,12 +398,6 @@ class _Context:
             rows.append(row)
         return rows
 
-    def progress(self, total: int, desc: str):  # -> tqdm
-        """A tqdm bar on stderr (self may be None: no state is used)."""
-        from tqdm import tqdm
-
-        return tqdm(total=total, desc=desc, unit="req", file=sys.stderr, dynamic_ncols=True)
-
     def summary(self, command: str, levels: Sequence[int], medians: list, ratio_rows: list) -> dict:
         from pycacheflow.bench import baselines, environment
 
@@ -430,6 +424,13 @@ class _Context:
             "ratios_cacheflow_over_baseline": ratio_rows,
             "note": "shared 2-core CPU machines are noisy: compare ratios from the same run",
         }
+
+
+def _progress(total: int, desc: str):  # -> tqdm
+    """A progress bar on stderr, counting finished requests."""
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit="req", file=sys.stderr, dynamic_ncols=True)
 
 
 def _default_model() -> str:
@@ -546,7 +547,7 @@ def serve(url: str, baselines: tuple[str, ...], client_check: bool, **opts: obje
     targets += [(b, b) for b in baselines]
     rows = []
     for label, target in targets:
-        with _Context.progress(None, len(reqs), label[:30]) as bar:
+        with _progress(len(reqs), label[:30]) as bar:
             if target is None:
                 with online.NoopServer() as noop:
                     run = _load(online, noop.url, reqs, opts, bar)

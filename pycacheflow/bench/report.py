@@ -251,6 +251,27 @@ def _section(
     rows = read_csv(d / f"{command}_results.csv")
     lines = [f"## {title}", "", f"    {_command_line(summaries[command])}", ""]
     lines += _variant_table(rows, group_concurrency)
+    lines += _profiler_overhead(rows)
     if command in pngs:
         lines += [f"![{title}]({pngs[command].name})", ""]
     return lines
+
+
+def _profiler_overhead(rows: Sequence[dict[str, str]]) -> list[str]:
+    """A sentence comparing CacheFlow with and without profiling (--profile-overhead)."""
+    on = [r for r in rows if r["variant"] == plots.SUBJECT]
+    off = [r for r in rows if r["variant"] == plots.SUBJECT + "-profile-off"]
+    if not on or not off:
+        return []
+    parts = []
+    for key, label in (("output_throughput", "output tok/s"), ("tpot_ms_median", "TPOT p50")):
+        a, b = _median(on, key), _median(off, key)
+        if a and b:
+            parts.append(f"{label} with / without = {a / b:.3f}")
+    values = [float(r["output_throughput"]) for r in on + off if r.get("output_throughput")]
+    spread = (max(values) - min(values)) / statistics.median(values) if values else 0.0
+    return [
+        f"Profiler overhead (medians, same run): {'; '.join(parts)}. For scale: output tok/s "
+        f"of these iterations spread over {100 * spread:.0f}% of their median.",
+        "",
+    ]
