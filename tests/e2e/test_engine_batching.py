@@ -39,8 +39,8 @@ def request_prompts(n: int) -> list[str]:
 
 
 @pytest.mark.parametrize("model", ["real", "tiny"])
-def test_concurrent_greedy_matches_alone(model, real_llm, tiny_llm):
-    llm = real_llm if model == "real" else tiny_llm
+def test_concurrent_greedy_matches_alone(model, request):
+    llm = request.getfixturevalue(f"{model}_llm")
     params = greedy(24)
     together = llm.generate(PROMPTS, params)
     alone = [llm.generate([p], params)[0] for p in PROMPTS]

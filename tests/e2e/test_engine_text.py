@@ -63,8 +63,8 @@ def first_fresh_piece(llm, token_ids, start: int) -> tuple[int, str]:
 
 
 @pytest.mark.parametrize("model", ["tiny", "real"])
-def test_stop_string_truncates_text(model, tiny_llm, real_llm):
-    llm = tiny_llm if model == "tiny" else real_llm
+def test_stop_string_truncates_text(model, request):
+    llm = request.getfixturevalue(f"{model}_llm")
     prompt = "Write a short story about a robot:"
     full = llm.generate([prompt], greedy(32))[0]
     k, piece = first_fresh_piece(llm, list(full.token_ids), start=4)
@@ -142,8 +142,8 @@ def test_eos_stops_unless_ignored(real_llm):
         ("real", "Reply with three emoji and their names:"),
     ],
 )
-def test_stream_pieces_concatenate_to_generate_text(model, prompt, tiny_llm, real_llm):
-    llm = tiny_llm if model == "tiny" else real_llm
+def test_stream_pieces_concatenate_to_generate_text(model, prompt, request):
+    llm = request.getfixturevalue(f"{model}_llm")
     params = greedy(40)
     pieces = list(llm.stream(prompt, params))
     expected = llm.generate([prompt], params)[0].text
