@@ -351,7 +351,11 @@ class _Context:
         p, o = int(self.opts["prompt_len"]), int(self.opts["output_len"])
         rows = []
         for it in range(int(self.opts["iterations"])):
-            r = baselines.run_batched_bench(exe, self.model, p, o, concurrency, self.threads)
+            try:
+                r = baselines.run_batched_bench(exe, self.model, p, o, concurrency, self.threads)
+            except baselines.BaselineError as exc:  # keep the other results of the run
+                click.echo(f"llama-batched-bench iteration {it} skipped: {exc}", err=True)
+                continue
             ceiling = offline.workload_ceiling_tok_s(self.hw, concurrency, p, o)
             rows.append(
                 {

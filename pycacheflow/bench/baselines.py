@@ -100,45 +100,38 @@ class BatchedBenchResult:
 
 
 def run_batched_bench(
-    exe: Path, model: str, npp: int, ntg: int, npl: int, threads: int, ctx: int | None = None
+    exe: Path,
+    model: str,
+    npp: int,
+    ntg: int,
+    npl: int,
+    threads: int,
+    ctx: int | None = None,
+    attempts: int = 3,
 ) -> BatchedBenchResult:
     """Run ``llama-batched-bench -npp NPP -ntg NTG -npl NPL`` once (default split KV cache,
-    ``-b 2048 -ub 512``) and parse its JSONL row.
+    ``-b 2048 -ub 512``) and parse its JSONL row; up to ``attempts`` runs when its output
+    line was lost.
 
     Raises:
-        BaselineError: it failed or printed no row.
+        BaselineError: it failed, or printed no row in any attempt.
     """
     ctx = ctx or npl * (npp + ntg)
-    cmd = [
-        str(exe),
-        "-m",
-        model,
-        "-c",
-        str(ctx),
-        "-b",
-        "2048",
-        "-ub",
-        "512",
-        "-npp",
-        str(npp),
-        "-ntg",
-        str(ntg),
-        "-npl",
-        str(npl),
-        "-t",
-        str(threads),
-        "-tb",
-        str(threads),
-        "--output-format",
-        "jsonl",
-    ]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    lines = (proc.stdout + "\n" + proc.stderr).splitlines()
-    rows = [json.loads(line) for line in lines if line.startswith("{")]
+    cmd = [str(exe), "-m", model, "-c", str(ctx), "-b", "2048", "-ub", "512",
+           "-npp", str(npp), "-ntg", str(ntg), "-npl", str(npl),
+           "-t", str(threads), "-tb", str(threads), "--output-format", "jsonl"]  # fmt: skip
+    # llama.cpp's logger prints from a worker thread and may lose the last line at exit (its
+    # common/log.cpp says so) on a loaded machine: try again rather than fail the whole run.
+    for _ in range(attempts):
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        lines = (proc.stdout + "\n" + proc.stderr).splitlines()
+        rows = [json.loads(line) for line in lines if line.startswith("{")]
+        if proc.returncode != 0 or rows:
+            break
     if proc.returncode != 0 or not rows:
         raise BaselineError(
-            f"llama-batched-bench failed ({proc.returncode}): {' '.join(cmd)}\n"
-            f"{proc.stderr[-2000:]}"
+            f"llama-batched-bench failed ({proc.returncode}, {attempts} attempts): "
+            f"{' '.join(cmd)}\n{proc.stderr[-2000:]}"
         )
     r = rows[-1]
     return BatchedBenchResult(
