@@ -575,7 +575,8 @@ def _check_nesting(track: tuple[object, object], items: list[tuple[float, float,
     # Sorted by start (longer first on ties), each span must end inside every span still open.
     stack: list[tuple[float, float, int]] = []
     for start, end, index in sorted(items, key=lambda s: (s[0], -s[1])):
-        while stack and stack[-1][1] <= start:
+        # ts + dur is float arithmetic on microseconds: allow a rounding slack far below 1 ns.
+        while stack and stack[-1][1] <= start + 1e-6:
             stack.pop()
         if stack and end > stack[-1][1] + 1e-6:
             raise ValueError(

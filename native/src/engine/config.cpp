@@ -57,6 +57,12 @@ EngineConfig EngineConfig::from_c(const cf_engine_config & c) {
     check_range("flash_attn", c.flash_attn, -1, 1);
     check_range("log_level", c.log_level, CF_LOG_LEVEL_NONE, CF_LOG_LEVEL_DEBUG);
     check_at_least("profile_capacity", c.profile_capacity, 0);
+    if (c.n_ctx > 0 && c.n_ctx < c.max_num_seqs) {
+        // llama.cpp sizes its per-step output buffer from n_ctx: fewer rows than sequences
+        // would abort inside llama_decode instead of failing here.
+        fail_invalid("n_ctx (" + std::to_string(c.n_ctx) + ") must be at least max_num_seqs (" +
+                     std::to_string(c.max_num_seqs) + "): every running sequence needs KV room");
+    }
 
     EngineConfig out;
     out.model_path = c.model_path;
