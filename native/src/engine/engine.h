@@ -73,6 +73,7 @@ class Engine {
     StepResult step_locked();
     void consume_inbox();
     void run_decoded_step(const SchedulerOutput & out);
+    int32_t sample(Sequence & seq, int32_t batch_index);
     void fail_step(const SchedulerOutput & out);
     void finish(Sequence * seq, cf_finish_reason reason, int32_t token_id, int64_t now_ns);
     void emit_final(const Sequence & seq, int32_t token_id, int64_t now_ns);

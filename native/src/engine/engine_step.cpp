@@ -55,6 +55,9 @@ StepResult Engine::step_locked() {
         totals_.num_steps += 1;
         profiler_.step_begin(totals_.num_steps, step_start_ns_, (int32_t) out.seqs.size(), out.num_decode_tokens,
                              out.num_prefill_tokens);
+        for (const ScheduledSeq & s : out.seqs) {
+            session_->set_seq_greedy(s.seq->seq_id, s.seq->sampler == nullptr);
+        }
         const int32_t rc = session_->decode(batch_.build(out));
         if (rc == 0) {
             run_decoded_step(out);
@@ -119,7 +122,7 @@ void Engine::run_decoded_step(const SchedulerOutput & out) {
         if (!s.needs_sample) {
             continue;  // a prompt chunk that does not reach the end of the prompt
         }
-        const int32_t token_id = sampler_.sample(*seq, session_->logits(batch_.sample_index(i)));
+        const int32_t token_id = sample(*seq, batch_.sample_index(i));
         seq->append_token(token_id);
         totals_.num_generated_tokens += 1;
         const int64_t now_ns = clock_ns();
@@ -134,6 +137,18 @@ void Engine::run_decoded_step(const SchedulerOutput & out) {
             finish(seq, reason, token_id, now_ns);
         }
     }
+}
+
+// Greedy rows come back sampled in-graph; the others (and greedy ones whose slot could not get
+// an in-graph sampler) are sampled on the CPU from their logits row.
+int32_t Engine::sample(Sequence & seq, int32_t batch_index) {
+    if (seq.sampler == nullptr) {
+        const int32_t token_id = session_->sampled_token(batch_index);
+        if (token_id != CF_TOKEN_NONE) {
+            return token_id;
+        }
+    }
+    return sampler_.sample(seq, session_->logits(batch_index));
 }
 
 void Engine::fail_step(const SchedulerOutput & out) {

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <sys/stat.h>
@@ -67,6 +68,20 @@ llama_flash_attn_type flash_attn_type(int32_t flash_attn) {
     return flash_attn ? LLAMA_FLASH_ATTN_TYPE_ENABLED : LLAMA_FLASH_ATTN_TYPE_DISABLED;
 }
 
+// A chain holding only greedy: llama.cpp runs backend samplers only when they are chains.
+llama_sampler * make_greedy_chain() {
+    llama_sampler_chain_params cp = llama_sampler_chain_default_params();
+    cp.no_perf = true;
+    llama_sampler * chain = llama_sampler_chain_init(cp);
+    llama_sampler_chain_add(chain, llama_sampler_init_greedy());
+    return chain;
+}
+
+bool host_sampling_forced() {
+    const char * value = std::getenv("CACHEFLOW_HOST_SAMPLING");
+    return value != nullptr && value[0] != '\0' && std::strcmp(value, "0") != 0;
+}
+
 void copy_cstr(char * dst, size_t capacity, const char * src) {
     std::snprintf(dst, capacity, "%s", src ? src : "");
 }
@@ -83,6 +98,7 @@ std::unique_ptr<LlamaSession> LlamaSession::open(const EngineConfig & config) {
     init_backend_once();
     std::unique_ptr<LlamaSession> session(new LlamaSession(config));
     session->load_model();
+    session->init_greedy_samplers();
     session->create_context();
     session->warm_up();
     return session;
@@ -92,6 +108,7 @@ LlamaSession::~LlamaSession() {
     if (ctx_ != nullptr) {
         llama_free(ctx_);
     }
+    free_samplers();  // after the context, which points at them
     if (model_ != nullptr) {
         llama_model_free(model_);
     }
@@ -128,6 +145,12 @@ void LlamaSession::create_context() {
     cp.flash_attn_type = flash_attn_type(config_.flash_attn);
     cp.kv_unified = config_.kv_unified();
     cp.no_perf = true;
+    std::vector<llama_sampler_seq_config> samplers;
+    for (size_t seq_id = 0; seq_id < greedy_chains_.size(); ++seq_id) {
+        samplers.push_back({(llama_seq_id) seq_id, greedy_chains_[seq_id]});
+    }
+    cp.samplers = samplers.data();
+    cp.n_samplers = samplers.size();
 
     ctx_ = llama_init_from_model(model_, cp);
     if (ctx_ == nullptr) {
@@ -145,6 +168,32 @@ void LlamaSession::create_context() {
     kv_bytes_per_token_ = 2 * (int64_t) llama_model_n_layer(model_) * llama_model_n_head_kv(model_) * head_dim * 2;
 }
 
+// One greedy chain per sequence slot, handed to the context at creation (attaching them later
+// would cost one graph re-reserve each).
+void LlamaSession::init_greedy_samplers() {
+    backend_greedy_ = !host_sampling_forced();
+    if (!backend_greedy_) {
+        return;
+    }
+    greedy_chains_.reserve((size_t) config_.max_num_seqs);
+    for (int32_t seq_id = 0; seq_id < config_.max_num_seqs; ++seq_id) {
+        greedy_chains_.push_back(make_greedy_chain());
+    }
+}
+
+void LlamaSession::free_samplers() {
+    for (llama_sampler * chain : greedy_chains_) {
+        if (chain != nullptr) {
+            llama_sampler_free(chain);
+        }
+    }
+    greedy_chains_.clear();
+    for (llama_sampler * chain : retired_chains_) {
+        llama_sampler_free(chain);
+    }
+    retired_chains_.clear();
+}
+
 // One throwaway single-token decode, like llama-server and llama-bench do: the first real step
 // then does not pay for first-touch of the weights and backend set-up (fairer TTFT).
 void LlamaSession::warm_up() {
@@ -159,7 +208,42 @@ void LlamaSession::warm_up() {
 }
 
 int32_t LlamaSession::decode(const llama_batch & batch) {
-    return llama_decode(ctx_, batch);
+    const int32_t rc = llama_decode(ctx_, batch);
+    // The graph of this decode no longer references detached chains.
+    for (llama_sampler * chain : retired_chains_) {
+        llama_sampler_free(chain);
+    }
+    retired_chains_.clear();
+    return rc;
+}
+
+int32_t LlamaSession::sampled_token(int32_t batch_index) {
+    if (!backend_greedy_) {
+        return CF_TOKEN_NONE;
+    }
+    return llama_get_sampled_token_ith(ctx_, batch_index);  // LLAMA_TOKEN_NULL == CF_TOKEN_NONE
+}
+
+void LlamaSession::set_seq_greedy(int32_t seq_id, bool greedy) {
+    if (!backend_greedy_ || seq_id < 0 || (size_t) seq_id >= greedy_chains_.size()) {
+        return;
+    }
+    llama_sampler *& chain = greedy_chains_[(size_t) seq_id];
+    if ((chain != nullptr) == greedy) {
+        return;
+    }
+    if (greedy) {
+        // A chain is initialised for the backend once, so a re-attached slot gets a new one.
+        chain = make_greedy_chain();
+        if (!llama_set_sampler(ctx_, seq_id, chain)) {
+            llama_sampler_free(chain);  // not offloadable here: this slot keeps sampling on the CPU
+            chain = nullptr;
+        }
+    } else {
+        llama_set_sampler(ctx_, seq_id, nullptr);
+        retired_chains_.push_back(chain);
+        chain = nullptr;
+    }
 }
 
 const float * LlamaSession::logits(int32_t batch_index) {

@@ -1,5 +1,13 @@
 // llama_session.h - owns the llama.cpp model and context of one engine (stock KV modes).
 //
+// Greedy sequences are sampled in-graph: every sequence slot starts with a llama.cpp backend
+// sampler chain holding only `greedy` (argmax), so a step whose sampled rows are all greedy
+// copies back one token id per row instead of [n_vocab] logits. A slot whose sequence samples
+// on the CPU has its chain detached (set_seq_greedy), and llama.cpp then copies the logits of
+// the whole ubatch as before. Attaching or detaching a chain makes llama.cpp re-reserve its
+// graph on the next decode, so slots only change state when their sequence's kind changes.
+// CACHEFLOW_HOST_SAMPLING=1 in the environment turns in-graph sampling off (for A/B runs).
+//
 // Thread-safety: decode/logits/clear_seq only from the stepping thread; the vocab and model are
 // read-only after open() and may be used from any thread (tokenize, detokenize, info).
 #pragma once
@@ -9,11 +17,13 @@
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 struct llama_model;
 struct llama_context;
 struct llama_vocab;
 struct llama_batch;
+struct llama_sampler;
 
 namespace cf {
 
@@ -32,8 +42,16 @@ class LlamaSession {
 
     // llama_decode: 0 on success, else llama.cpp's error code.
     int32_t decode(const llama_batch & batch);
-    // Logits row [n_vocab] float of batch token `batch_index` (which must have requested logits).
+    // Logits row [n_vocab] float of batch token `batch_index` (which must have requested logits
+    // and belong to a slot without an in-graph sampler, else the row holds stale data).
     const float * logits(int32_t batch_index);
+    // Token chosen in-graph (greedy argmax) for batch token `batch_index`, or CF_TOKEN_NONE when
+    // that row was not sampled in-graph (its slot has no chain, or in-graph sampling is off).
+    // Ties between equal maxima are broken by the backend's argmax kernel.
+    int32_t sampled_token(int32_t batch_index);
+    // Call before decode for each scheduled sequence: attach (greedy) or detach (CPU-sampled) the
+    // in-graph greedy chain of slot seq_id. No-op when the slot is already in that state.
+    void set_seq_greedy(int32_t seq_id, bool greedy);
     // Drop every KV row of llama sequence slot seq_id.
     void clear_seq(int32_t seq_id);
 
@@ -53,6 +71,8 @@ class LlamaSession {
     void load_model();
     void create_context();
     void warm_up();
+    void init_greedy_samplers();
+    void free_samplers();
 
     EngineConfig config_;
     llama_model * model_ = nullptr;
@@ -63,6 +83,9 @@ class LlamaSession {
     int32_t n_ctx_per_seq_ = 0;
     int32_t n_batch_ = 0;
     int64_t kv_bytes_per_token_ = 0;
+    bool backend_greedy_ = false;                   // in-graph sampling of greedy slots is on
+    std::vector<llama_sampler *> greedy_chains_;    // [n_seq_max]; nullptr = slot samples on CPU
+    std::vector<llama_sampler *> retired_chains_;   // detached; freed after the next decode
 };
 
 }  // namespace cf

@@ -1,7 +1,9 @@
 // sampling.h - picks the next token of a sequence from its logits row.
 //
-// Greedy (temperature == 0): argmax over the row, ties to the lowest token id; no sampler
-// object, so a sequence gets the same tokens batched or alone whenever its logits agree.
+// Greedy (temperature == 0): no sampler object. The engine normally takes the token chosen
+// in-graph (LlamaSession::sampled_token); only when a row was not sampled in-graph does it come
+// here: argmax over the row, ties to the lowest token id. Either way one engine always uses the
+// same route, so a sequence gets the same tokens batched or alone whenever its logits agree.
 // Otherwise: the sequence's own llama.cpp sampler chain top_k -> top_p -> min_p -> temp ->
 // dist(seed), applied to a candidate buffer shared by all sequences (filled per call, never
 // reallocated).
