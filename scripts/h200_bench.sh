@@ -38,6 +38,14 @@ log "decode: cacheflow vs llama-batched-bench, npl $NP"
 timeout 200 python scripts/bench_decode.py -m "$MODEL" --npp 128 --ntg 128 --npl "$NP" -i 3 -t 8 \
     -ngl 99 --out "$OUT" 2>&1 | tail -25 | tee -a "$OUT/run.log" || log "decode bench failed"
 
+if [ "${COMPARE_HOST_SAMPLING:-0}" = 1 ]; then
+  log "decode again with host sampling (CACHEFLOW_HOST_SAMPLING=1): the in-graph sampling A/B"
+  mkdir -p "$OUT/host_sampling"
+  CACHEFLOW_HOST_SAMPLING=1 timeout 200 python scripts/bench_decode.py -m "$MODEL" --npp 128 \
+      --ntg 128 --npl "$NP" -i 3 -t 8 -ngl 99 --out "$OUT/host_sampling" 2>&1 | tail -6 \
+      | tee -a "$OUT/run.log" || log "decode bench (host sampling) failed"
+fi
+
 log "serve: cacheflow serve vs llama-server, -np $NP"
 CTX=$((NP * 512))
 "$SERVER_BIN" -m "$MODEL" -ngl 99 -np "$NP" -c "$CTX" -fa on --port 8081 --host 127.0.0.1 \
