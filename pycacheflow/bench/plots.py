@@ -80,6 +80,8 @@ def throughput_vs_concurrency(rows: Sequence[dict[str, str]], path: Path) -> Pat
             if xs:
                 ax.plot(xs, med, ":", color="black", label="bandwidth ceiling")
                 ax.set_yscale("log")
+        else:
+            ax.set_ylim(bottom=0)
         levels = sorted({int(float(r["concurrency"])) for r in rows})
         ax.set_xscale("log", base=2)
         ax.set_xticks(levels, [str(c) for c in levels])

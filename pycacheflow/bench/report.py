@@ -76,6 +76,8 @@ def _command_line(s: dict) -> str:
     parts.append(f"-i {p.get('iterations')}")
     if p.get("dataset", "random") != "random":
         parts.append(f"--dataset {p['dataset']}")
+    if p.get("threads"):
+        parts.append(f"--threads {p['threads']}")
     parts += [f"--baseline {b}" for b in p.get("baselines", [])]
     if p.get("profile_overhead"):
         parts.append("--profile-overhead")
@@ -252,6 +254,7 @@ def _section(
     lines = [f"## {title}", "", f"    {_command_line(summaries[command])}", ""]
     lines += _variant_table(rows, group_concurrency)
     lines += _profiler_overhead(rows)
+    lines += _baseline_sanity(rows)
     if command in pngs:
         lines += [f"![{title}]({pngs[command].name})", ""]
     return lines
@@ -273,5 +276,20 @@ def _profiler_overhead(rows: Sequence[dict[str, str]]) -> list[str]:
     return [
         f"Profiler overhead (medians, same run): {'; '.join(parts)}. For scale: output tok/s "
         f"of these iterations spread over {100 * spread:.0f}% of their median.",
+        "",
+    ]
+
+
+def _baseline_sanity(rows: Sequence[dict[str, str]], factor: float = 3.0) -> list[str]:
+    """Flag llama-batched-bench when its decode rate is more than ``factor`` away from the
+    engine's own stock KV mode in the same run (both run the same llama.cpp build)."""
+    bench = _median([r for r in rows if r["variant"] == "llama-batched-bench"], "decode_tok_s")
+    stock = _median([r for r in rows if r["variant"] == "stock"], "decode_tok_s")
+    if not bench or not stock or 1 / factor <= bench / stock <= factor:
+        return []
+    return [
+        f"Check before quoting: llama-batched-bench decoded at {bench:.1f} tok/s (median) and "
+        f"the engine's stock KV mode at {stock:.1f} tok/s on the same llama.cpp build, a "
+        f"{stock / bench:.1f}x gap that KV management alone does not explain.",
         "",
     ]
