@@ -5,6 +5,7 @@
 #include "core/profiler.h"
 
 #include <cassert>
+#include <chrono>
 #include <cstdio>
 #include <thread>
 #include <vector>
@@ -112,6 +113,27 @@ void test_concurrent_producer_consumer() {
     }
 }
 
+// Cost of one recorded event (the overhead budget: a step records ~2 + a few request events and
+// lasts milliseconds). Printed, and bounded generously so a loaded machine does not flake.
+void test_record_cost() {
+    constexpr int32_t kEvents = 1 << 20;
+    Profiler on(kEvents);
+    Profiler off(0);
+    const auto time_ns = [](Profiler & p) {
+        const auto t0 = std::chrono::steady_clock::now();
+        for (int32_t i = 0; i < kEvents; ++i) {
+            p.step_begin(i, i, 8, 8, 0);
+        }
+        const auto t1 = std::chrono::steady_clock::now();
+        return std::chrono::duration<double, std::nano>(t1 - t0).count() / kEvents;
+    };
+    const double off_ns = time_ns(off);
+    const double on_ns = time_ns(on);
+    assert(on.num_dropped() == 0);
+    std::printf("test_profiler: record %.1f ns/event (off: %.1f ns)\n", on_ns, off_ns);
+    assert(on_ns < 2000.0);
+}
+
 }  // namespace
 
 int main() {
@@ -120,6 +142,7 @@ int main() {
     test_full_ring_drops_newest();
     test_partial_drain();
     test_concurrent_producer_consumer();
+    test_record_cost();
     std::printf("test_profiler: ok\n");
     return 0;
 }
