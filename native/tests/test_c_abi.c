@@ -42,9 +42,9 @@ static void test_errors_without_model(void) {
     assert(engine == NULL);
     assert(strcmp(cf_last_error(), "model file not found: /nonexistent/cacheflow-test-model.gguf") == 0);
 
-    c.kv_mode = CF_KV_MODE_PAGED;
-    assert(cf_engine_init(&c, &engine) == CF_STATUS_UNSUPPORTED);
-    assert(strcmp(cf_last_error(), "kv_mode=paged is not available yet") == 0);
+    c.kv_mode = CF_KV_MODE_PAGED + 1;
+    assert(cf_engine_init(&c, &engine) == CF_STATUS_INVALID_ARGUMENT);
+    assert(strstr(cf_last_error(), "kv_mode") != NULL);
 
     c.kv_mode = CF_KV_MODE_STOCK;
     c.max_num_seqs = 0;

@@ -27,18 +27,8 @@ void check_at_least(const char * name, int32_t value, int32_t lo) {
 constexpr int32_t kMaxStockSeqs = 256;
 
 cf_kv_mode resolve_kv_mode(int32_t kv_mode) {
-    switch (kv_mode) {
-        case CF_KV_MODE_AUTO:  // paged is not available yet: AUTO means split stock streams
-        case CF_KV_MODE_STOCK:
-            return CF_KV_MODE_STOCK;
-        case CF_KV_MODE_STOCK_UNIFIED:
-            return CF_KV_MODE_STOCK_UNIFIED;
-        case CF_KV_MODE_PAGED:
-            throw Error(CF_STATUS_UNSUPPORTED, "kv_mode=paged is not available yet");
-        default:
-            check_range("kv_mode", kv_mode, CF_KV_MODE_AUTO, CF_KV_MODE_PAGED);
-            return CF_KV_MODE_STOCK;
-    }
+    check_range("kv_mode", kv_mode, CF_KV_MODE_AUTO, CF_KV_MODE_PAGED);
+    return (cf_kv_mode) kv_mode;  // AUTO: LlamaSession picks PAGED or STOCK once the model is loaded
 }
 
 }  // namespace

@@ -15,7 +15,7 @@ struct EngineConfig {
     int32_t max_num_batched_tokens = 512;
     int32_t n_threads = 0;  // 0 = hardware concurrency (resolved by from_c)
     int32_t n_gpu_layers = 0;
-    cf_kv_mode kv_mode = CF_KV_MODE_STOCK;  // resolved: STOCK or STOCK_UNIFIED
+    cf_kv_mode kv_mode = CF_KV_MODE_STOCK;  // AUTO until LlamaSession resolves it (PAGED or STOCK)
     int32_t block_size = 16;
     cf_sched_policy policy = CF_SCHED_POLICY_FCFS;
     int32_t flash_attn = -1;
@@ -23,9 +23,10 @@ struct EngineConfig {
     int32_t profile_capacity = 0;  // profiler ring events; 0 = off
 
     bool kv_unified() const { return kv_mode == CF_KV_MODE_STOCK_UNIFIED; }
+    bool paged() const { return kv_mode == CF_KV_MODE_PAGED; }
 
-    // Validate and resolve; throws cf::Error (INVALID_ARGUMENT naming the field, UNSUPPORTED for
-    // kv_mode=paged). Does not touch the model file.
+    // Validate; throws cf::Error (INVALID_ARGUMENT naming the field). Does not touch the model file,
+    // so kv_mode AUTO stays AUTO until the model is loaded.
     static EngineConfig from_c(const cf_engine_config & config);
 };
 

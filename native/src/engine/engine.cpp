@@ -16,7 +16,14 @@ int64_t clock_ns() {
 
 namespace {
 
-SchedulerConfig scheduler_config(const LlamaSession & session) {
+std::unique_ptr<BlockManager> make_block_manager(const LlamaSession & session) {
+    if (session.num_blocks() == 0) {
+        return nullptr;
+    }
+    return std::make_unique<BlockManager>(session.num_blocks(), session.config().block_size);
+}
+
+SchedulerConfig scheduler_config(const LlamaSession & session, BlockManager * blocks) {
     SchedulerConfig c;
     c.max_num_seqs = session.config().max_num_seqs;
     c.max_num_batched_tokens = session.n_batch();
@@ -24,6 +31,7 @@ SchedulerConfig scheduler_config(const LlamaSession & session) {
     c.n_ctx_per_seq = session.n_ctx_per_seq();
     c.kv_unified = session.config().kv_unified();
     c.policy = session.config().policy;
+    c.block_manager = blocks;
     return c;
 }
 
@@ -31,7 +39,8 @@ SchedulerConfig scheduler_config(const LlamaSession & session) {
 
 Engine::Engine(const EngineConfig & config)
     : session_(LlamaSession::open(config)),
-      scheduler_(scheduler_config(*session_)),
+      blocks_(make_block_manager(*session_)),
+      scheduler_(scheduler_config(*session_, blocks_.get())),
       batch_(session_->n_batch()),
       sampler_(session_->n_vocab()),
       stop_checker_(session_->vocab(), session_->n_ctx_per_seq()),
@@ -40,6 +49,7 @@ Engine::Engine(const EngineConfig & config)
     step_events_.reserve(2 * max_seqs + 64);
     finished_ids_.reserve(2 * max_seqs + 64);
     stats_.kv_tokens_capacity = session_->n_ctx();
+    stats_.kv_blocks_total = session_->num_blocks();
 }
 
 Engine::~Engine() {

@@ -1,9 +1,11 @@
-// engine.h - the CacheFlow engine behind cf_engine_t (stock llama.cpp KV modes).
+// engine.h - the CacheFlow engine behind cf_engine_t (stock and paged KV modes).
 //
 // One step: consume the inbox (new requests, aborts) -> Scheduler::schedule -> BatchBuilder ->
-// llama_decode -> sample -> stop checks -> events. Requests and aborts from other threads go
-// through a mutex-protected inbox that the step consumes at its start; no lock is held during
-// llama_decode. Events go to an EventQueue that drain() reads.
+// [paged: block copies + plan] -> llama_decode -> sample -> stop checks -> events. In paged mode
+// the engine owns the BlockManager; the scheduler allocates from it, PagedPlanBuilder reads it.
+// Requests and aborts from other threads go through a mutex-protected inbox that the step
+// consumes at its start; no lock is held during llama_decode. Events go to an EventQueue that
+// drain() reads.
 //
 // Thread-safety: add_request, abort_request, drain, has_work, info, stats and the text
 // functions may be called from any thread. step() is serialized internally and refused while
@@ -17,6 +19,7 @@
 #include "engine/config.h"
 #include "engine/event_queue.h"
 #include "engine/llama_session.h"
+#include "engine/paged_plan.h"
 #include "engine/sampling.h"
 #include "engine/stop_checker.h"
 
@@ -74,6 +77,8 @@ class Engine {
     void consume_inbox();
     void run_decoded_step(const SchedulerOutput & out);
     int32_t sample(Sequence & seq, int32_t batch_index);
+    void finish_out_of_blocks(const SchedulerOutput & out);
+    void prepare_paged_step(const SchedulerOutput & out);
     void fail_step(const SchedulerOutput & out);
     void finish(Sequence * seq, cf_finish_reason reason, int32_t token_id, int64_t now_ns);
     void emit_final(const Sequence & seq, int32_t token_id, int64_t now_ns);
@@ -84,7 +89,10 @@ class Engine {
 
     // Stepping thread only (guarded by step_mu_).
     std::unique_ptr<LlamaSession> session_;
+    std::unique_ptr<BlockManager> blocks_;  // paged mode only (before scheduler_, which points at it)
     Scheduler scheduler_;
+    PagedPlanBuilder plan_;
+    std::vector<BlockCopy> copies_;
     BatchBuilder batch_;
     TokenSampler sampler_;
     StopChecker stop_checker_;

@@ -1,6 +1,7 @@
 // engine_step.cpp - one engine step and the step thread loop.
 //
-//   consume inbox (adds, aborts) -> schedule -> build batch -> llama_decode
+//   consume inbox (adds, aborts) -> schedule -> [paged: finish sequences out of blocks]
+//   -> build batch [paged: block copies, plan] -> llama_decode
 //     ok:     commit computed tokens -> sample where a chunk reached the last token -> stop checks
 //     failed: finish every scheduled request with CF_FINISH_REASON_ERROR, free its KV
 //   -> publish events (one lock) and a stats snapshot
@@ -49,6 +50,7 @@ StepResult Engine::step_locked() {
     step_start_ns_ = clock_ns();
     consume_inbox();
     const SchedulerOutput & out = scheduler_.schedule();
+    finish_out_of_blocks(out);
     StepResult result;
     result.num_scheduled_tokens = out.num_scheduled_tokens;
     if (!out.seqs.empty()) {
@@ -58,7 +60,9 @@ StepResult Engine::step_locked() {
         for (const ScheduledSeq & s : out.seqs) {
             session_->set_seq_greedy(s.seq->seq_id, s.seq->sampler == nullptr);
         }
-        const int32_t rc = session_->decode(batch_.build(out));
+        const llama_batch & batch = batch_.build(out);
+        prepare_paged_step(out);
+        const int32_t rc = session_->decode(batch);
         if (rc == 0) {
             run_decoded_step(out);
         } else {
@@ -151,6 +155,27 @@ int32_t Engine::sample(Sequence & seq, int32_t batch_index) {
     return sampler_.sample(seq, session_->logits(batch_index));
 }
 
+// Paged mode, until preemption exists [TAG_PREEMPTION]: a running sequence whose next tokens find
+// no free block ends here, as if its context were full, instead of stalling the step.
+void Engine::finish_out_of_blocks(const SchedulerOutput & out) {
+    for (Sequence * seq : out.out_of_blocks) {
+        finish(seq, CF_FINISH_REASON_LENGTH, CF_TOKEN_NONE, step_start_ns_);
+    }
+}
+
+// Paged mode: copy-on-write copies recorded while scheduling, then the plan of this step's batch.
+void Engine::prepare_paged_step(const SchedulerOutput & out) {
+    if (!blocks_) {
+        return;
+    }
+    copies_.clear();
+    blocks_->take_copies(&copies_);
+    if (!copies_.empty()) {
+        session_->copy_blocks(copies_);
+    }
+    session_->set_paged_plan(plan_.build(out, *blocks_));
+}
+
 void Engine::fail_step(const SchedulerOutput & out) {
     const int64_t now_ns = clock_ns();
     for (const ScheduledSeq & s : out.seqs) {
@@ -215,6 +240,10 @@ void Engine::publish() {
         stats_.num_waiting = scheduler_.num_waiting();
         stats_.kv_tokens_used = (int32_t) scheduler_.kv_tokens_used();
         stats_.kv_tokens_capacity = session_->n_ctx();
+        if (blocks_) {
+            stats_.kv_blocks_total = blocks_->pool().num_blocks();
+            stats_.kv_blocks_used = blocks_->pool().num_used();
+        }
         stats_.kv_bytes_reserved = scheduler_.kv_tokens_reserved() * bytes_per_token;
         stats_.kv_bytes_used = scheduler_.kv_tokens_used() * bytes_per_token;
     }

@@ -2,6 +2,7 @@
 #include "engine/llama_session.h"
 
 #include "core/error.h"
+#include "kernels/paged_attention_cpu.h"
 #include "llama.h"
 
 #include <algorithm>
@@ -86,6 +87,21 @@ void copy_cstr(char * dst, size_t capacity, const char * src) {
     std::snprintf(dst, capacity, "%s", src ? src : "");
 }
 
+// Why the paged KV path cannot serve this model yet, or nullptr. llama.cpp refuses the rest (MLA,
+// sparse attention, quantized KV) when the paged context is created.
+const char * paged_unsupported_reason(const llama_model * model, int32_t n_gpu_layers) {
+    if (llama_model_is_recurrent(model) || llama_model_is_hybrid(model)) {
+        return "it has recurrent layers";
+    }
+    if (llama_model_n_swa(model) > 0) {
+        return "it has sliding-window attention layers";
+    }
+    if (n_gpu_layers != 0 && llama_supports_gpu_offload()) {
+        return "the paged attention op runs on the CPU only (no GPU offload yet)";
+    }
+    return nullptr;
+}
+
 }  // namespace
 
 void set_log_level(cf_log_level level) {
@@ -98,6 +114,7 @@ std::unique_ptr<LlamaSession> LlamaSession::open(const EngineConfig & config) {
     init_backend_once();
     std::unique_ptr<LlamaSession> session(new LlamaSession(config));
     session->load_model();
+    session->resolve_kv_mode();
     session->init_greedy_samplers();
     session->create_context();
     session->warm_up();
@@ -131,6 +148,21 @@ void LlamaSession::load_model() {
     n_vocab_ = llama_vocab_n_tokens(vocab_);
 }
 
+void LlamaSession::resolve_kv_mode() {
+    const char * why = paged_unsupported_reason(model_, config_.n_gpu_layers);
+    if (config_.kv_mode == CF_KV_MODE_PAGED && why != nullptr) {
+        throw Error(CF_STATUS_UNSUPPORTED, std::string("kv_mode=paged does not cover this model: ") + why +
+                                               "; use kv_mode=stock");
+    }
+    if (config_.kv_mode == CF_KV_MODE_AUTO) {
+        config_.kv_mode = why == nullptr ? CF_KV_MODE_PAGED : CF_KV_MODE_STOCK;
+        if (why != nullptr && config_.log_level != CF_LOG_LEVEL_NONE) {
+            std::fprintf(stderr, "cacheflow: using the stock KV cache: the paged KV path does not cover this model (%s)\n",
+                         why);
+        }
+    }
+}
+
 void LlamaSession::create_context() {
     const int32_t n_ctx_train = llama_model_n_ctx_train(model_);
     const int64_t n_ctx_default = (int64_t) config_.max_num_seqs * std::min(n_ctx_train > 0 ? n_ctx_train : 2048, 2048);
@@ -151,8 +183,18 @@ void LlamaSession::create_context() {
     }
     cp.samplers = samplers.data();
     cp.n_samplers = samplers.size();
+    if (config_.paged()) {
+        cp.kv_block_size = (uint32_t) config_.block_size;
+        cp.paged_attn_op = paged_attention_cpu_op;
+    }
 
     ctx_ = llama_init_from_model(model_, cp);
+    if (ctx_ == nullptr && config_.paged()) {
+        throw Error(CF_STATUS_UNSUPPORTED, "failed to create the paged llama.cpp context (block_size=" +
+                                               std::to_string(config_.block_size) + ", n_ctx=" + std::to_string(cp.n_ctx) +
+                                               "): the model's attention is not covered or out of memory "
+                                               "(llama.cpp's log says which); kv_mode=stock may work");
+    }
     if (ctx_ == nullptr) {
         throw Error(CF_STATUS_OUT_OF_MEMORY, "failed to create the llama.cpp context (n_ctx=" + std::to_string(cp.n_ctx) +
                                                  ", max_num_seqs=" + std::to_string(cp.n_seq_max) +
@@ -162,6 +204,12 @@ void LlamaSession::create_context() {
     n_ctx_ = (int32_t) llama_n_ctx(ctx_);
     n_ctx_per_seq_ = (int32_t) llama_n_ctx_seq(ctx_);
     n_batch_ = (int32_t) llama_n_batch(ctx_);
+    if (config_.paged()) {
+        // no slices: one sequence may grow over the whole pool, up to the trained context
+        num_blocks_ = llama_paged_n_blocks(ctx_);
+        n_ctx_ = num_blocks_ * config_.block_size;
+        n_ctx_per_seq_ = n_ctx_train > 0 ? std::min(n_ctx_train, n_ctx_) : n_ctx_;
+    }
     // K and V rows of every layer, f16 (llama.cpp's default cache type).
     const int64_t n_head = std::max(1, llama_model_n_head(model_));
     const int64_t head_dim = llama_model_n_embd(model_) / n_head;
@@ -202,6 +250,12 @@ void LlamaSession::warm_up() {
         token = 0;
     }
     llama_batch batch = llama_batch_get_one(&token, 1);
+    if (config_.paged()) {
+        const int32_t zero = 0;
+        const int32_t one = 1;
+        const llama_paged_plan plan = {&zero, &zero, &zero, &one, 1, 1, 1};  // position 0 in block 0
+        llama_set_paged_plan(ctx_, &plan);
+    }
     llama_decode(ctx_, batch);  // a failure here shows up again, with a message, on the first step
     llama_memory_clear(llama_get_memory(ctx_), true);
     llama_synchronize(ctx_);
@@ -258,6 +312,25 @@ void LlamaSession::clear_seq(int32_t seq_id) {
     llama_memory_seq_rm(llama_get_memory(ctx_), seq_id, -1, -1);
 }
 
+void LlamaSession::set_paged_plan(const llama_paged_plan & plan) {
+    if (llama_set_paged_plan(ctx_, &plan) != 0) {
+        throw Error(CF_STATUS_INTERNAL, "llama_set_paged_plan refused the plan of " + std::to_string(plan.n_tokens) +
+                                            " tokens over " + std::to_string(plan.n_seqs) + " sequences");
+    }
+}
+
+void LlamaSession::copy_blocks(const std::vector<BlockCopy> & copies) {
+    copy_src_.clear();
+    copy_dst_.clear();
+    for (const BlockCopy & c : copies) {
+        copy_src_.push_back(c.src_block_id);
+        copy_dst_.push_back(c.dst_block_id);
+    }
+    if (llama_paged_copy_blocks(ctx_, copy_src_.data(), copy_dst_.data(), (int32_t) copies.size()) != 0) {
+        throw Error(CF_STATUS_INTERNAL, "llama_paged_copy_blocks refused " + std::to_string(copies.size()) + " copies");
+    }
+}
+
 void LlamaSession::fill_info(cf_model_info * info) const {
     std::memset(info, 0, sizeof(*info));
     info->n_vocab = n_vocab_;
@@ -271,7 +344,7 @@ void LlamaSession::fill_info(cf_model_info * info) const {
     info->n_head = llama_model_n_head(model_);
     info->n_head_kv = llama_model_n_head_kv(model_);
     info->kv_mode = config_.kv_mode;
-    info->block_size = 0;
+    info->block_size = config_.paged() ? config_.block_size : 0;
     info->token_bos = llama_vocab_bos(vocab_);  // LLAMA_TOKEN_NULL == CF_TOKEN_NONE == -1
     info->token_eos = llama_vocab_eos(vocab_);
     info->add_bos = llama_vocab_get_add_bos(vocab_) ? 1 : 0;

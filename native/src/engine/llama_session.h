@@ -1,4 +1,7 @@
-// llama_session.h - owns the llama.cpp model and context of one engine (stock KV modes).
+// llama_session.h - owns the llama.cpp model and context of one engine (stock and paged KV modes).
+//
+// kv_mode AUTO resolves here, once the model is loaded: PAGED where the paged KV path covers the
+// model (plain full-attention layers, CPU), else STOCK with a one-line notice on stderr.
 //
 // Greedy sequences are sampled in-graph: every sequence slot starts with a llama.cpp backend
 // sampler chain holding only `greedy` (argmax), so a step whose sampled rows are all greedy
@@ -13,6 +16,7 @@
 #pragma once
 
 #include "cacheflow.h"
+#include "core/block_manager.h"
 #include "engine/config.h"
 
 #include <cstdint>
@@ -24,6 +28,7 @@ struct llama_context;
 struct llama_vocab;
 struct llama_batch;
 struct llama_sampler;
+struct llama_paged_plan;
 
 namespace cf {
 
@@ -34,7 +39,8 @@ class LlamaSession {
   public:
     // Load the model and create the context. Throws cf::Error: MODEL_LOAD_FAILED ("model file not
     // found: PATH" or "failed to load model from PATH (corrupt or unsupported GGUF?)"),
-    // UNSUPPORTED (no decoder / encoder-decoder), OUT_OF_MEMORY (context creation failed).
+    // UNSUPPORTED (no decoder / encoder-decoder; kv_mode=paged on a model it does not cover),
+    // OUT_OF_MEMORY (context creation failed).
     static std::unique_ptr<LlamaSession> open(const EngineConfig & config);
     ~LlamaSession();
     LlamaSession(const LlamaSession &) = delete;
@@ -52,8 +58,14 @@ class LlamaSession {
     // Call before decode for each scheduled sequence: attach (greedy) or detach (CPU-sampled) the
     // in-graph greedy chain of slot seq_id. No-op when the slot is already in that state.
     void set_seq_greedy(int32_t seq_id, bool greedy);
-    // Drop every KV row of llama sequence slot seq_id.
+    // Drop every KV row of llama sequence slot seq_id (paged mode: only llama.cpp's position record
+    // of the slot; the blocks belong to the block manager).
     void clear_seq(int32_t seq_id);
+
+    // Paged mode: the plan of the next decode, and block copies (copy-on-write) to perform before it.
+    // Both throw INTERNAL when llama.cpp refuses them (a bug: the message is in llama.cpp's log).
+    void set_paged_plan(const llama_paged_plan & plan);
+    void copy_blocks(const std::vector<BlockCopy> & copies);
 
     void fill_info(cf_model_info * info) const;
 
@@ -64,11 +76,13 @@ class LlamaSession {
     int32_t n_ctx_per_seq() const { return n_ctx_per_seq_; }  // max tokens of one sequence
     int32_t n_batch() const { return n_batch_; }              // per-step token budget
     int64_t kv_bytes_per_token() const { return kv_bytes_per_token_; }
+    int32_t num_blocks() const { return num_blocks_; }  // paged mode: blocks in the pool, else 0
     const EngineConfig & config() const { return config_; }
 
   private:
     explicit LlamaSession(const EngineConfig & config) : config_(config) {}
     void load_model();
+    void resolve_kv_mode();
     void create_context();
     void warm_up();
     void init_greedy_samplers();
@@ -86,6 +100,9 @@ class LlamaSession {
     bool backend_greedy_ = false;                   // in-graph sampling of greedy slots is on
     std::vector<llama_sampler *> greedy_chains_;    // [n_seq_max]; nullptr = slot samples on CPU
     std::vector<llama_sampler *> retired_chains_;   // detached; freed after the next decode
+    int32_t num_blocks_ = 0;
+    std::vector<int32_t> copy_src_;  // copy_blocks scratch
+    std::vector<int32_t> copy_dst_;
 };
 
 }  // namespace cf

@@ -1,0 +1,199 @@
+// test_engine_paged.cpp - the engine in paged KV mode through the C ABI, on a real GGUF model.
+//
+// Needs CACHEFLOW_TEST_MODEL=/path/to/SmolLM2-135M-Instruct.Q4_1.gguf (or any small llama-family
+// GGUF); without it the test prints "skipped" and passes. Pools are tiny on purpose (16 blocks of 16
+// tokens, llama.cpp's smallest n_ctx of 256) so that admission waits and growth failures happen:
+//   - 64 sequences of mixed lengths share one pool that stock split mode could not even admit them to;
+//   - a request whose prompt does not fit the free blocks waits, then runs (admission by free blocks);
+//   - sequences that cannot grow end with CF_FINISH_REASON_LENGTH, the others keep going;
+//   - block and byte statistics: used blocks back to 0, utilization of allocated blocks.
+#undef NDEBUG  // the checks must run in Release builds too
+#include "cacheflow.h"
+
+#include <algorithm>
+#include <cassert>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <vector>
+
+namespace {
+
+const char * g_model = nullptr;
+
+cf_engine_t make_engine(int32_t n_ctx, int32_t max_num_seqs, int32_t budget) {
+    cf_engine_config c = cf_engine_default_config();
+    c.model_path = g_model;
+    c.kv_mode = CF_KV_MODE_PAGED;
+    c.block_size = 16;
+    c.n_ctx = n_ctx;
+    c.max_num_seqs = max_num_seqs;
+    c.max_num_batched_tokens = budget;
+    c.n_threads = 2;
+    c.log_level = CF_LOG_LEVEL_NONE;
+    cf_engine_t engine = nullptr;
+    const cf_status rc = cf_engine_init(&c, &engine);
+    if (rc != CF_STATUS_OK) {
+        std::fprintf(stderr, "cf_engine_init: %d %s\n", rc, cf_last_error());
+    }
+    assert(rc == CF_STATUS_OK && engine != nullptr);
+    return engine;
+}
+
+// n token ids starting at `start` (ordinary vocabulary entries, no special tokens).
+std::vector<int32_t> tokens(int32_t n, int32_t start) {
+    std::vector<int32_t> out;
+    for (int32_t i = 0; i < n; ++i) {
+        out.push_back(1000 + (start + i * 7) % 5000);
+    }
+    return out;
+}
+
+int64_t add(cf_engine_t engine, const std::vector<int32_t> & prompt, int32_t max_tokens) {
+    cf_sampling_params p = cf_sampling_params_default();
+    p.max_tokens = max_tokens;
+    p.ignore_eos = 1;
+    int64_t id = 0;
+    const cf_status rc = cf_engine_add_request(engine, prompt.data(), (int32_t) prompt.size(), &p, 0, &id);
+    assert(rc == CF_STATUS_OK && id > 0);
+    return id;
+}
+
+struct Result {
+    int32_t num_tokens = 0;
+    int32_t finish_reason = CF_FINISH_REASON_NONE;
+};
+
+struct Peak {
+    int32_t num_running = 0;
+    int32_t blocks_used = 0;
+    double utilization = 1.0;  // lowest tokens stored / rows of allocated blocks, while >= 8 blocks used
+};
+
+cf_engine_stats stats_of(cf_engine_t engine) {
+    cf_engine_stats s;
+    assert(cf_engine_get_stats(engine, &s) == CF_STATUS_OK);
+    return s;
+}
+
+// Step until no work is left; per-request results and peak statistics.
+std::map<int64_t, Result> run_to_completion(cf_engine_t engine, Peak * peak) {
+    std::map<int64_t, Result> results;
+    cf_output_event events[256];
+    while (cf_engine_has_work(engine)) {
+        int32_t n_sched = 0;
+        assert(cf_engine_step(engine, &n_sched) == CF_STATUS_OK);
+        const cf_engine_stats s = stats_of(engine);
+        assert(s.kv_blocks_total > 0 && s.kv_blocks_used <= s.kv_blocks_total);
+        assert(s.kv_bytes_used <= s.kv_bytes_reserved);
+        peak->num_running = std::max(peak->num_running, s.num_running);
+        peak->blocks_used = std::max(peak->blocks_used, s.kv_blocks_used);
+        if (s.kv_blocks_used >= 8) {
+            peak->utilization = std::min(peak->utilization, (double) s.kv_bytes_used / (double) s.kv_bytes_reserved);
+        }
+        int32_t n = 0;
+        do {
+            assert(cf_engine_drain(engine, events, 256, 0, &n) == CF_STATUS_OK);
+            for (int32_t i = 0; i < n; ++i) {
+                Result & r = results[events[i].request_id];
+                assert(r.finish_reason == CF_FINISH_REASON_NONE);
+                r.num_tokens += events[i].token_id != CF_TOKEN_NONE;
+                r.finish_reason = events[i].finish_reason;
+            }
+        } while (n > 0);
+    }
+    return results;
+}
+
+void expect_pool_empty(cf_engine_t engine) {
+    const cf_engine_stats s = stats_of(engine);
+    assert(s.num_running == 0 && s.num_waiting == 0 && s.kv_blocks_used == 0 && s.kv_bytes_reserved == 0);
+}
+
+void test_info() {
+    cf_engine_t engine = make_engine(256, 4, 64);
+    cf_model_info info;
+    assert(cf_engine_get_info(engine, &info) == CF_STATUS_OK);
+    assert(info.kv_mode == CF_KV_MODE_PAGED && info.block_size == 16 && info.n_ctx == 256);
+    assert(info.n_ctx_per_seq == 256);  // no per-sequence slice: one sequence may take the whole pool
+    const cf_engine_stats s = stats_of(engine);
+    assert(s.kv_blocks_total == 16 && s.kv_blocks_used == 0 && s.kv_tokens_capacity == 256);
+    cf_engine_free(engine);
+}
+
+// 64 sequences, prompts of 3..60 tokens (about 2,000 prompt tokens in all) over a pool of 512
+// tokens: stock split mode would cut it into 64 slices of 8 rows and could admit none of these
+// prompts but the shortest; here they all run, many at once, with little of the allocated blocks
+// left idle.
+void test_many_sequences_share_one_pool() {
+    cf_engine_t engine = make_engine(512, 64, 256);
+    std::vector<int64_t> ids;
+    for (int32_t i = 0; i < 64; ++i) {
+        ids.push_back(add(engine, tokens(3 + (i * 37) % 58, i), 8));
+    }
+    Peak peak;
+    const std::map<int64_t, Result> results = run_to_completion(engine, &peak);
+    for (int64_t id : ids) {
+        assert(results.at(id).finish_reason == CF_FINISH_REASON_LENGTH && results.at(id).num_tokens == 8);
+    }
+    std::printf("  64 sequences of 3..60 tokens over 32 blocks: up to %d running at once, %d blocks used at peak, "
+                "lowest KV utilization of allocated blocks %.0f%%\n",
+                peak.num_running, peak.blocks_used, 100.0 * peak.utilization);
+    assert(peak.num_running >= 8 && peak.utilization >= 0.6);  // short prompts: last blocks half empty
+    expect_pool_empty(engine);
+    cf_engine_free(engine);
+}
+
+// A prompt of 200 tokens takes 13 of the 16 blocks; a second of 100 tokens (7 blocks) waits for it.
+void test_admission_waits_for_free_blocks() {
+    cf_engine_t engine = make_engine(256, 4, 512);
+    const int64_t big = add(engine, tokens(200, 0), 8);
+    const int64_t small = add(engine, tokens(100, 1), 8);
+    int32_t n_sched = 0;
+    assert(cf_engine_step(engine, &n_sched) == CF_STATUS_OK && n_sched == 200);
+    cf_engine_stats s = stats_of(engine);
+    assert(s.num_running == 1 && s.num_waiting == 1 && s.kv_blocks_used == 13);
+    Peak peak;
+    const std::map<int64_t, Result> results = run_to_completion(engine, &peak);
+    assert(results.at(big).num_tokens == 8 && results.at(big).finish_reason == CF_FINISH_REASON_LENGTH);
+    assert(results.at(small).num_tokens == 8 && results.at(small).finish_reason == CF_FINISH_REASON_LENGTH);
+    assert(peak.num_running == 1);
+    expect_pool_empty(engine);
+    cf_engine_free(engine);
+}
+
+// Two sequences of 100-token prompts that want 200 tokens each, in a pool of 256: they fill it,
+// then the first that cannot get a block ends with LENGTH and frees its blocks; the other continues
+// until it holds the whole pool (256 tokens: 156 generated) and ends with LENGTH too.
+void test_sequence_that_cannot_grow_ends_with_length() {
+    cf_engine_t engine = make_engine(256, 4, 512);
+    const int64_t a = add(engine, tokens(100, 0), 200);
+    const int64_t b = add(engine, tokens(100, 1), 200);
+    Peak peak;
+    const std::map<int64_t, Result> results = run_to_completion(engine, &peak);
+    const Result & ra = results.at(a);
+    const Result & rb = results.at(b);
+    assert(ra.finish_reason == CF_FINISH_REASON_LENGTH && rb.finish_reason == CF_FINISH_REASON_LENGTH);
+    assert(std::min(ra.num_tokens, rb.num_tokens) < 156 && std::max(ra.num_tokens, rb.num_tokens) == 156);
+    assert(peak.blocks_used == 16);
+    std::printf("  pool of 16 blocks, two sequences wanting 300 tokens each: they got %d and %d tokens, "
+                "both ended with CF_FINISH_REASON_LENGTH\n", ra.num_tokens, rb.num_tokens);
+    expect_pool_empty(engine);
+    cf_engine_free(engine);
+}
+
+}  // namespace
+
+int main() {
+    g_model = std::getenv("CACHEFLOW_TEST_MODEL");
+    if (g_model == nullptr || g_model[0] == '\0') {
+        std::printf("test_engine_paged: skipped (set CACHEFLOW_TEST_MODEL to a small llama-family GGUF)\n");
+        return 0;
+    }
+    test_info();
+    test_many_sequences_share_one_pool();
+    test_admission_waits_for_free_blocks();
+    test_sequence_that_cannot_grow_ends_with_length();
+    std::printf("test_engine_paged: ok\n");
+    return 0;
+}
