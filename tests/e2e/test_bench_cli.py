@@ -52,7 +52,7 @@ def test_throughput_with_stock_baseline(tiny_model_path, tmp_path):
         assert int(r["num_requests"]) == 3 and int(r["num_output_tokens"]) == 9
         assert float(r["output_throughput"]) > 0 and float(r["decode_tok_s"]) > 0
         assert 0 < float(r["ceiling_fraction"])
-    assert {r["kv_mode"] for r in rows} == {"stock", "stock-unified"}
+    assert {r["kv_mode"] for r in rows} == {"paged", "stock", "stock-unified"}  # auto: paged
     summary = json.loads((tmp_path / "throughput_summary.json").read_text())
     assert summary["environment"]["threads"] == 1 and summary["parameters"]["num_requests"] == 3
     assert summary["hardware"]["copy_bandwidth_bytes_s"] > 0

@@ -61,7 +61,10 @@ def test_health_props_models(client):
     assert client.get("/health").json() == {"status": "ok"}
     props = client.get("/props").json()
     assert props["total_slots"] == NUM_SLOTS
-    assert props["default_generation_settings"]["n_ctx"] == CTX_PER_SEQ
+    # paged KV (the default for this model): one pool of -c tokens that any one sequence may fill
+    cacheflow = props["cacheflow"]
+    assert cacheflow["kv_mode"] == "paged" and cacheflow["n_ctx"] == NUM_SLOTS * CTX_PER_SEQ
+    assert props["default_generation_settings"]["n_ctx"] == cacheflow["n_ctx_per_seq"]
     assert props["eos_token"] == "<|im_end|>"
     for path in ("/models", "/v1/models"):
         assert client.get(path).json()["data"][0]["id"] == "smollm2"
@@ -159,12 +162,13 @@ def test_disconnect_mid_stream_aborts_and_frees(client, server):
 def test_bad_requests_get_400_while_a_stream_continues(client, server):
     body = greedy_body(PROMPTS[4], 24)
     expected = client.post("/completion", json=body).json()["content"]
+    n_ctx = client.get("/props").json()["default_generation_settings"]["n_ctx"]  # per sequence
     bad = [
         b"{not json",
         b'{"prompt": "x", "n_predict": "many"}',
         b'{"prompt": "x", "top_k": [1]}',
         b'{"prompt": "x", "n_predict": -5}',
-        b'{"prompt": "' + b"hello " * (CTX_PER_SEQ + 10) + b'"}',
+        b'{"prompt": "' + b"hello " * (n_ctx + 10) + b'"}',
     ]
     with client.stream("POST", "/completion", json={**body, "stream": True}) as response:
         lines = response.iter_lines()
