@@ -77,7 +77,7 @@ StepResult Engine::step_locked() {
     if (profiler_.enabled() && !out.seqs.empty()) {  // before publish: recorded once outputs are seen
         const int32_t kv_free = session_->n_ctx() - (int32_t) scheduler_.kv_tokens_reserved();
         profiler_.step_end(totals_.num_steps, clock_ns(), scheduler_.num_waiting(),
-                           (int32_t) scheduler_.kv_tokens_used(), kv_free, 0);
+                           (int32_t) scheduler_.kv_tokens_used(), kv_free, blocks_ ? blocks_->pool().num_used() : 0);
     }
     publish();
 #ifndef NDEBUG
