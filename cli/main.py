@@ -15,10 +15,11 @@ from typing import TYPE_CHECKING
 import click
 
 import pycacheflow
-from cli.prompts import PromptsFileError, read_prompts_file
 from cli.bench import bench
+from cli.common import load_llm, to_click_error
+from cli.prompts import PromptsFileError, read_prompts_file
 from cli.serve import serve
-from pycacheflow import EngineConfig, SamplingParams
+from pycacheflow import SamplingParams
 from pycacheflow.config import KV_MODES
 from pycacheflow.errors import CacheFlowError
 
@@ -203,7 +204,7 @@ def generate(
         from pycacheflow.profiler import DEFAULT_PROFILE_CAPACITY
 
         config_kwargs["profile_capacity"] = DEFAULT_PROFILE_CAPACITY
-    llm = _load_llm(model, config_kwargs)
+    llm = load_llm(model, config_kwargs)
     try:
         t0 = time.perf_counter()
         outputs = _run(llm, prompt_list, params, chat, stream, as_json)
@@ -211,7 +212,7 @@ def generate(
         if trace is not None:
             llm.export_trace(trace)
     except CacheFlowError as exc:
-        raise _to_click_error(exc) from None
+        raise to_click_error(exc) from None
     finally:
         llm.close()
     if not quiet:
@@ -257,32 +258,6 @@ def _config_kwargs(options: dict[str, object]) -> dict[str, object]:
         "kv_mode": options["kv_mode"],
         "log_level": "info" if options["verbose"] else "error",
     }
-
-
-def _load_llm(model: Path | None, config_kwargs: dict[str, object]) -> LLM:
-    try:
-        if model is None:
-            from pycacheflow.model_hub import ensure_default_model
-
-            model = ensure_default_model(progress=True)
-        config = EngineConfig(model=model, **config_kwargs)
-    except (ValueError, TypeError) as exc:
-        raise click.UsageError(str(exc)) from None
-    except CacheFlowError as exc:
-        raise click.ClickException(str(exc)) from None
-    try:
-        from pycacheflow.llm import LLM
-
-        return LLM(config=config)
-    except ImportError as exc:
-        raise click.ClickException(str(exc)) from None
-    except CacheFlowError as exc:
-        raise _to_click_error(exc) from None
-
-
-def _to_click_error(exc: CacheFlowError) -> click.ClickException:
-    # Native InvalidArgument on init/submit is still a runtime failure from the user's view.
-    return click.ClickException(f"{type(exc).__name__}: {exc}")
 
 
 def _run(

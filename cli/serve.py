@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING
 
 import click
 
-from pycacheflow.config import KV_MODES, POLICIES, EngineConfig
+from cli.common import load_llm
+from pycacheflow.config import KV_MODES, POLICIES
 from pycacheflow.errors import CacheFlowError
 
 if TYPE_CHECKING:
@@ -285,7 +286,7 @@ def serve(**options: object) -> None:
       cacheflow serve --alias smollm2 --api-key secret --policy priority
     """
     config_kwargs = _engine_kwargs(options)
-    llm = _load_llm(options["model"], config_kwargs)
+    llm = load_llm(options["model"], config_kwargs)
     try:
         app = _make_app(llm, options)
         _run(app, options)
@@ -323,25 +324,6 @@ def _gpu_layers(value: str) -> int:
     if layers < -1:
         raise click.BadParameter(f"must be >= -1, got {layers}", param_hint="-ngl")
     return layers
-
-
-def _load_llm(model: Path | None, config_kwargs: dict[str, object]) -> LLM:
-    try:
-        if model is None:
-            from pycacheflow.model_hub import ensure_default_model
-
-            model = ensure_default_model(progress=True)
-        config = EngineConfig(model=model, **config_kwargs)
-    except (ValueError, TypeError) as exc:
-        raise click.UsageError(str(exc)) from None
-    except CacheFlowError as exc:
-        raise click.ClickException(str(exc)) from None
-    try:
-        from pycacheflow.llm import LLM
-
-        return LLM(config=config)
-    except (ImportError, CacheFlowError) as exc:
-        raise click.ClickException(f"{type(exc).__name__}: {exc}") from None
 
 
 def _make_app(llm: LLM, options: dict[str, object]) -> object:
