@@ -22,7 +22,7 @@ def engine_kwargs(monkeypatch) -> list[dict[str, object]]:
         seen.append(config_kwargs)
         raise Loaded
 
-    monkeypatch.setattr(cli.serve, "_load_llm", stub)
+    monkeypatch.setattr(cli.serve, "load_llm", stub)
     return seen
 
 
