@@ -4,7 +4,9 @@ Model fixtures work offline once the default model is in the user cache (STYLE.m
   - ``real_model_path``: pycacheflow's default model (SmolLM2-135M-Instruct Q4_1), fetched into
     the user cache on first use by ``pycacheflow.model_hub.ensure_default_model``;
   - ``tiny_model_path``: a 2-layer random-weight llama GGUF with the real model's tokenizer,
-    written once per session by ``scripts/make_tiny_gguf.py`` into a temporary directory.
+    written once per session by ``scripts/make_tiny_gguf.py`` into a temporary directory;
+  - ``tiny_gemma3_model_path``: the same for a 2-layer Gemma 3 with sliding-window attention,
+    a model the paged KV path does not cover (served with llama.cpp's stock KV cache).
 
 Builders instead of setup code: ``make_llm(model, **config)`` opens an LLM that is closed at the
 end of the test. ``tiny_llm`` and ``real_llm`` are shared per session for tests that only read
@@ -61,15 +63,29 @@ def real_model_path() -> Path:
     return Path(ensure_default_model(progress=False))
 
 
-@pytest.fixture(scope="session")
-def tiny_model_path(tmp_path_factory: pytest.TempPathFactory, real_model_path: Path) -> Path:
-    """A tiny random-weight llama GGUF (2 layers, n_embd 64, GQA 4/2) with the real tokenizer."""
-    out = tmp_path_factory.mktemp("tiny_model") / f"tiny-llama-seed{TINY_SEED}.gguf"
-    cmd = [sys.executable, str(TINY_GGUF_SCRIPT), str(out),
+def _write_tiny_model(out: Path, real_model_path: Path, arch: str) -> Path:
+    """Run scripts/make_tiny_gguf.py for arch with the real tokenizer and TINY_SEED; returns out."""
+    cmd = [sys.executable, str(TINY_GGUF_SCRIPT), str(out), "--arch", arch,
            "--tokenizer-from", str(real_model_path), "--seed", str(TINY_SEED)]
     result = subprocess.run(cmd, capture_output=True, text=True, check=False)
     assert result.returncode == 0, f"{' '.join(cmd)} failed:\n{result.stderr}"
     return out
+
+
+@pytest.fixture(scope="session")
+def tiny_model_path(tmp_path_factory: pytest.TempPathFactory, real_model_path: Path) -> Path:
+    """A tiny random-weight llama GGUF (2 layers, n_embd 64, GQA 4/2) with the real tokenizer."""
+    out = tmp_path_factory.mktemp("tiny_model") / f"tiny-llama-seed{TINY_SEED}.gguf"
+    return _write_tiny_model(out, real_model_path, "llama")
+
+
+@pytest.fixture(scope="session")
+def tiny_gemma3_model_path(tmp_path_factory: pytest.TempPathFactory, real_model_path: Path) -> Path:
+    """A tiny random-weight Gemma 3 GGUF (2 layers, n_embd 64, 4 query heads of 32 on 1 KV head;
+    layer 0 sliding-window attention over 64 tokens, layer 1 full attention) with the real
+    tokenizer. The paged KV path does not cover it: kv_mode "auto" resolves to "stock"."""
+    out = tmp_path_factory.mktemp("tiny_gemma3") / f"tiny-gemma3-seed{TINY_SEED}.gguf"
+    return _write_tiny_model(out, real_model_path, "gemma3")
 
 
 # ---------------------------------------------------------------------------- LLM builders
