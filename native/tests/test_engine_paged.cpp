@@ -5,7 +5,8 @@
 // tokens, llama.cpp's smallest n_ctx of 256) so that admission waits and growth failures happen:
 //   - 64 sequences of mixed lengths share one pool that stock split mode could not even admit them to;
 //   - a request whose prompt does not fit the free blocks waits, then runs (admission by free blocks);
-//   - sequences that cannot grow end with CF_FINISH_REASON_LENGTH, the others keep going;
+//   - a sequence that cannot grow preempts a newer one, which later resumes (recompute) with the
+//     same greedy output; alone, a sequence that outgrows the pool ends with CF_FINISH_REASON_LENGTH;
 //   - block and byte statistics: used blocks back to 0, utilization of allocated blocks.
 #undef NDEBUG  // the checks must run in Release builds too
 #include "cacheflow.h"
@@ -62,6 +63,8 @@ int64_t add(cf_engine_t engine, const std::vector<int32_t> & prompt, int32_t max
 struct Result {
     int32_t num_tokens = 0;
     int32_t finish_reason = CF_FINISH_REASON_NONE;
+    int32_t num_preemptions = 0;
+    std::vector<int32_t> token_ids;
 };
 
 struct Peak {
@@ -97,8 +100,12 @@ std::map<int64_t, Result> run_to_completion(cf_engine_t engine, Peak * peak) {
             for (int32_t i = 0; i < n; ++i) {
                 Result & r = results[events[i].request_id];
                 assert(r.finish_reason == CF_FINISH_REASON_NONE);
-                r.num_tokens += events[i].token_id != CF_TOKEN_NONE;
+                if (events[i].token_id != CF_TOKEN_NONE) {
+                    r.num_tokens += 1;
+                    r.token_ids.push_back(events[i].token_id);
+                }
                 r.finish_reason = events[i].finish_reason;
+                r.num_preemptions = events[i].num_preemptions;
             }
         } while (n > 0);
     }
@@ -162,22 +169,40 @@ void test_admission_waits_for_free_blocks() {
     cf_engine_free(engine);
 }
 
-// Two sequences of 100-token prompts that want 200 tokens each, in a pool of 256: they fill it,
-// then the first that cannot get a block ends with LENGTH and frees its blocks; the other continues
-// until it holds the whole pool (256 tokens: 156 generated) and ends with LENGTH too.
-void test_sequence_that_cannot_grow_ends_with_length() {
+// Two sequences of 100-token prompts that want 200 tokens each, in a pool of 256: they fill it;
+// the newer one is preempted (blocks freed, back to waiting) and the older grows alone until it
+// holds the whole pool (256 tokens: 156 generated) and ends with LENGTH. Then the preempted one
+// computes its prompt and output again and goes on to 156 tokens too: greedy, its tokens equal
+// those of the same request run alone.
+void test_preempted_sequence_resumes_with_the_same_output() {
     cf_engine_t engine = make_engine(256, 4, 512);
-    const int64_t a = add(engine, tokens(100, 0), 200);
-    const int64_t b = add(engine, tokens(100, 1), 200);
+    const std::vector<int32_t> prompt_a = tokens(100, 0);
+    const std::vector<int32_t> prompt_b = tokens(100, 1);
+    const int64_t a = add(engine, prompt_a, 200);
+    const int64_t b = add(engine, prompt_b, 200);
     Peak peak;
-    const std::map<int64_t, Result> results = run_to_completion(engine, &peak);
-    const Result & ra = results.at(a);
-    const Result & rb = results.at(b);
+    std::map<int64_t, Result> results = run_to_completion(engine, &peak);
+    const Result ra = results.at(a);
+    const Result rb = results.at(b);
     assert(ra.finish_reason == CF_FINISH_REASON_LENGTH && rb.finish_reason == CF_FINISH_REASON_LENGTH);
-    assert(std::min(ra.num_tokens, rb.num_tokens) < 156 && std::max(ra.num_tokens, rb.num_tokens) == 156);
+    assert(ra.num_tokens == 156 && rb.num_tokens == 156);
+    assert(ra.num_preemptions == 0 && rb.num_preemptions >= 1);
+    assert(stats_of(engine).num_preemptions == rb.num_preemptions);
     assert(peak.blocks_used == 16);
-    std::printf("  pool of 16 blocks, two sequences wanting 300 tokens each: they got %d and %d tokens, "
-                "both ended with CF_FINISH_REASON_LENGTH\n", ra.num_tokens, rb.num_tokens);
+    expect_pool_empty(engine);
+
+    const int64_t b_alone = add(engine, prompt_b, 200);
+    results = run_to_completion(engine, &peak);
+    const Result & rb_alone = results.at(b_alone);
+    assert(rb_alone.num_preemptions == 0);
+    int32_t same = 0;
+    while (same < rb.num_tokens && rb.token_ids[(size_t) same] == rb_alone.token_ids[(size_t) same]) {
+        same += 1;
+    }
+    std::printf("  pool of 16 blocks, two sequences wanting 300 tokens each: both got 156 tokens; the newer was "
+                "preempted %d time(s) and matches its run alone on %d/%d tokens\n",
+                rb.num_preemptions, same, rb.num_tokens);
+    assert(same == rb.num_tokens);
     expect_pool_empty(engine);
     cf_engine_free(engine);
 }
@@ -193,7 +218,7 @@ int main() {
     test_info();
     test_many_sequences_share_one_pool();
     test_admission_waits_for_free_blocks();
-    test_sequence_that_cannot_grow_ends_with_length();
+    test_preempted_sequence_resumes_with_the_same_output();
     std::printf("test_engine_paged: ok\n");
     return 0;
 }

@@ -1,9 +1,11 @@
 // test_scheduler.cpp - unit tests of cf::Scheduler without a model: chunked prefill, decode
-// priority, slot reuse, KV admission (split, unified and paged), policies, aborts.
+// priority, slot reuse, KV admission (split, unified and paged), paged preemption by recompute,
+// policies, aborts.
 #undef NDEBUG  // the checks must run in Release builds too
 #include "core/scheduler.h"
 
 #include <cassert>
+#include <cstdlib>
 #include <cstdio>
 #include <memory>
 #include <numeric>
@@ -206,8 +208,8 @@ void test_budget_smaller_than_decodes() {
 
 // Paged mode over 8 blocks of 4 tokens: admission by free blocks for the whole prompt plus a
 // watermark (one block per running sequence), a slot for every scheduled token, nothing reserved;
-// a sequence that cannot grow is reported in out_of_blocks with its blocks already back; every
-// block returns when its sequence ends.
+// when blocks run out a newer sequence is preempted instead of any ending early; every block
+// returns when its sequence ends.
 void test_paged_kv_admission() {
     BlockManager blocks(8, 4);
     SchedulerConfig c = make_config(4, 64, 32, false, 32);
@@ -221,15 +223,104 @@ void test_paged_kv_admission() {
     assert(blocks.num_free_blocks() == 2 && sched.kv_tokens_reserved() == 6 * 4);
     assert(blocks.find(1)->num_tokens == 10 && blocks.find(2)->num_tokens == 12);
 
-    // 30 + 32 + 25 tokens wanted, 32 rows: some sequence runs out of blocks before its end
+    // 30 + 32 + 25 tokens wanted, 32 rows: preemption instead of sequences ending early
     int32_t num_out_of_blocks = 0;
     int32_t num_done = 0;
     while (sched.has_work()) {
         num_done += (int32_t) run_step(sched, nullptr, nullptr, &num_out_of_blocks).size();
         assert(blocks.num_seqs() == sched.num_running());
     }
-    assert(num_done == 3 && num_out_of_blocks >= 1);
+    assert(num_done == 3 && num_out_of_blocks == 0 && sched.num_preemptions() >= 1);
     assert(blocks.num_free_blocks() == 8 && blocks.num_seqs() == 0 && sched.kv_tokens_reserved() == 0);
+}
+
+// Runs steps until one preempts; returns that step's plan (valid until the next schedule()).
+const SchedulerOutput & run_until_preemption(Scheduler & sched) {
+    for (int32_t i = 0; i < 100; ++i) {
+        const SchedulerOutput * out = nullptr;
+        run_step(sched, &out);
+        if (!out->preempted.empty()) {
+            return *out;
+        }
+    }
+    assert(false && "no preemption happened");
+    std::abort();
+}
+
+// Two sequences of 4-token prompts that want 14 tokens each in 4 blocks of 4: at token 8 the
+// older one needs a third block, so the newer one (not yet scheduled in that step) is preempted:
+// its blocks come back, its slot is free, it waits with its 5 output tokens and, once the older
+// one ends, computes prompt + output again (8 prefill tokens and the last sampled one as decode)
+// and goes on to its 10 tokens.
+void test_preemption_by_recompute() {
+    BlockManager blocks(4, 4);
+    SchedulerConfig c = make_config(4, 64, 16, false, 16);
+    c.block_manager = &blocks;
+    Scheduler sched(c);
+    sched.add(make_seq(1, 4, 10));
+    sched.add(make_seq(2, 4, 10));
+    const SchedulerOutput & out = run_until_preemption(sched);
+    assert(out.preempted.size() == 1 && out.preempted[0].seq->request_id == 2);
+    assert(out.preempted[0].former_seq_id == 1 && out.out_of_blocks.empty());
+    assert(out.seqs.size() == 1 && out.seqs[0].seq->request_id == 1);
+    assert(sched.num_running() == 1 && sched.num_waiting() == 1 && sched.num_preemptions() == 1);
+    assert(blocks.find(2) == nullptr && blocks.num_free_blocks() == 1);
+    const Sequence & waiting = *out.preempted[0].seq;
+    assert(waiting.num_computed_tokens == 0 && waiting.num_tokens() == 9 && waiting.num_preemptions == 1);
+
+    bool recomputed = false;
+    std::vector<int64_t> done;
+    while (sched.has_work()) {
+        const SchedulerOutput * step = nullptr;
+        const std::vector<int64_t> ids = run_step(sched, &step);
+        for (const ScheduledSeq & s : step->seqs) {
+            if (s.seq->request_id == 2 && s.num_new_tokens > 1) {
+                assert(s.num_new_tokens == 9 && s.needs_sample);
+                assert(step->num_prefill_tokens == 8 && step->num_decode_tokens == 1);
+                recomputed = true;
+            }
+        }
+        done.insert(done.end(), ids.begin(), ids.end());
+    }
+    assert(recomputed && done.size() == 2 && sched.num_preemptions() == 1);
+    assert(blocks.num_free_blocks() == 4);
+}
+
+// Priority policy: the older sequence needs a block, but the only other one has a higher priority
+// (smaller value), so the older one gives way itself.
+void test_preemption_respects_priority() {
+    BlockManager blocks(4, 4);
+    SchedulerConfig c = make_config(4, 64, 16, false, 16, CF_SCHED_POLICY_PRIORITY);
+    c.block_manager = &blocks;
+    Scheduler sched(c);
+    sched.add(make_seq(1, 4, 10, /*priority=*/5));
+    run_step(sched);  // 1 runs alone first
+    sched.add(make_seq(2, 4, 10, /*priority=*/0));
+    const SchedulerOutput & out = run_until_preemption(sched);
+    assert(out.preempted.size() == 1 && out.preempted[0].seq->request_id == 1);
+    assert(out.seqs.size() == 1 && out.seqs[0].seq->request_id == 2);
+    while (sched.has_work()) {
+        run_step(sched);
+    }
+    assert(blocks.num_free_blocks() == 4);
+}
+
+// Alone in a pool too small for it, a sequence cannot be helped by preemption: it is reported in
+// out_of_blocks with its blocks already back.
+void test_alone_out_of_blocks() {
+    BlockManager blocks(2, 4);
+    SchedulerConfig c = make_config(2, 64, 16, false, 16);
+    c.block_manager = &blocks;
+    Scheduler sched(c);
+    sched.add(make_seq(1, 4, 10));
+    int32_t num_out_of_blocks = 0;
+    std::vector<int64_t> done;
+    while (sched.has_work()) {
+        const std::vector<int64_t> ids = run_step(sched, nullptr, nullptr, &num_out_of_blocks);
+        done.insert(done.end(), ids.begin(), ids.end());
+    }
+    assert(num_out_of_blocks == 1 && done.size() == 1 && sched.num_preemptions() == 0);
+    assert(blocks.num_free_blocks() == 2);
 }
 
 void test_context_full_is_respected() {
@@ -252,6 +343,9 @@ int main() {
     test_budget_smaller_than_decodes();
     test_context_full_is_respected();
     test_paged_kv_admission();
+    test_preemption_by_recompute();
+    test_preemption_respects_priority();
+    test_alone_out_of_blocks();
     std::printf("test_scheduler: ok\n");
     return 0;
 }

@@ -12,6 +12,7 @@ namespace cf {
 void SchedulerOutput::clear() {
     seqs.clear();
     out_of_blocks.clear();
+    preempted.clear();
     num_scheduled_tokens = 0;
     num_prefill_tokens = 0;
     num_decode_tokens = 0;
@@ -21,6 +22,8 @@ Scheduler::Scheduler(const SchedulerConfig & config) : config_(config) {
     assert(config.max_num_seqs >= 1 && config.max_num_batched_tokens >= 1);
     assert(config.n_ctx_per_seq >= 1 && config.n_ctx >= config.n_ctx_per_seq);
     slot_used_.assign((size_t) config.max_num_seqs, 0);
+    scheduled_.assign((size_t) config.max_num_seqs, 0);
+    order_.reserve((size_t) config.max_num_seqs);
     running_.reserve((size_t) config.max_num_seqs);
     out_.seqs.reserve((size_t) config.max_num_seqs);
     if (config.block_manager != nullptr) {
@@ -62,22 +65,29 @@ void Scheduler::add(std::unique_ptr<Sequence> seq) {
 
 const SchedulerOutput & Scheduler::schedule() {
     out_.clear();
+    std::fill(scheduled_.begin(), scheduled_.end(), 0);
     int32_t budget = config_.max_num_batched_tokens;
     schedule_running(/*decoding=*/true, &budget);
     schedule_running(/*decoding=*/false, &budget);
-    admit_waiting(&budget);
+    if (out_.preempted.empty()) {  // blocks are short: let the preempted go first when they free up
+        admit_waiting(&budget);
+    }
     std::sort(out_.seqs.begin(), out_.seqs.end(),
               [](const ScheduledSeq & a, const ScheduledSeq & b) { return a.seq->seq_id < b.seq->seq_id; });
     return out_;
 }
 
 void Scheduler::schedule_running(bool decoding, int32_t * budget) {
+    order_.clear();  // preemption removes sequences from running_ while this loop walks it
     for (const auto & seq : running_) {
+        order_.push_back(seq.get());
+    }
+    for (Sequence * seq : order_) {
         if (*budget == 0) {
             return;
         }
-        if (seq->is_prefilled() == decoding) {
-            push_scheduled(seq.get(), *budget, budget);
+        if (seq->status == SequenceStatus::RUNNING && seq->is_prefilled() == decoding) {
+            push_scheduled(seq, *budget, budget);
         }
     }
 }
@@ -92,24 +102,86 @@ void Scheduler::admit_waiting(int32_t * budget) {
 void Scheduler::push_scheduled(Sequence * seq, int32_t budget_left, int32_t * budget) {
     assert(seq->num_uncomputed_tokens() >= 1 && budget_left >= 1);
     const int32_t n = std::min(seq->num_uncomputed_tokens(), budget_left);
-    if (config_.block_manager != nullptr) {
-        slots_.clear();
-        if (!config_.block_manager->append_slots(seq->request_id, n, &slots_)) {
-            // it ends (the engine finishes it); its blocks go back now, for the sequences after it
-            if (config_.block_manager->find(seq->request_id) != nullptr) {
-                config_.block_manager->free(seq->request_id);
-            }
-            out_.out_of_blocks.push_back(seq);
-            return;
-        }
+    if (config_.block_manager != nullptr && !allocate_or_preempt(seq, n)) {
+        return;  // preempted or out of blocks
     }
     const int32_t end = seq->num_computed_tokens + n;
-    const int32_t n_prefill = std::max(0, std::min(end, seq->num_prompt_tokens) - seq->num_computed_tokens);
-    out_.seqs.push_back({seq, n, end == seq->num_tokens()});
+    const bool needs_sample = end == seq->num_tokens();
+    // The decode token is the last sampled one; everything else (the prompt, and after a
+    // preemption the output computed again) is prefill.
+    const int32_t n_decode = needs_sample && seq->num_output_tokens() > 0 ? 1 : 0;
+    out_.seqs.push_back({seq, n, needs_sample});
     out_.num_scheduled_tokens += n;
-    out_.num_prefill_tokens += n_prefill;
-    out_.num_decode_tokens += n - n_prefill;
+    out_.num_prefill_tokens += n - n_decode;
+    out_.num_decode_tokens += n_decode;
+    scheduled_[(size_t) seq->seq_id] = 1;
     *budget -= n;
+}
+
+// Append seq's next num_new_tokens slots, preempting others while blocks are short. False when seq
+// itself was preempted or, alone, ends out of blocks (its blocks are free either way).
+bool Scheduler::allocate_or_preempt(Sequence * seq, int32_t num_new_tokens) {
+    BlockManager & blocks = *config_.block_manager;
+    for (;;) {
+        slots_.clear();
+        if (blocks.append_slots(seq->request_id, num_new_tokens, &slots_)) {
+            return true;
+        }
+        Sequence * victim = preemption_victim(*seq);
+        if (victim == nullptr) {
+            break;
+        }
+        preempt(victim);
+    }
+    if (num_running() > 1) {
+        preempt(seq);  // the others are scheduled already; seq resumes once they free blocks
+        return false;
+    }
+    if (blocks.find(seq->request_id) != nullptr) {  // alone and the pool is not enough: it ends
+        blocks.free(seq->request_id);
+    }
+    out_.out_of_blocks.push_back(seq);
+    return false;
+}
+
+// The running sequence, other than needy and not scheduled this step, that comes last in policy
+// order; nullptr if there is none or it comes before needy (then needy gives way itself).
+Sequence * Scheduler::preemption_victim(const Sequence & needy) const {
+    Sequence * victim = nullptr;
+    for (const auto & seq : running_) {
+        if (seq.get() == &needy || scheduled_[(size_t) seq->seq_id]) {
+            continue;
+        }
+        if (victim == nullptr || comes_before(*victim, *seq)) {
+            victim = seq.get();
+        }
+    }
+    if (victim != nullptr && comes_before(*victim, needy)) {
+        return nullptr;
+    }
+    return victim;
+}
+
+void Scheduler::preempt(Sequence * seq) {
+    size_t index = 0;
+    while (running_[index].get() != seq) {
+        ++index;
+    }
+    std::unique_ptr<Sequence> owned = std::move(running_[index]);
+    running_.erase(running_.begin() + (std::ptrdiff_t) index);
+    const int32_t former_seq_id = owned->seq_id;
+    slot_used_[(size_t) former_seq_id] = 0;
+    kv_reserved_unified_ -= owned->max_kv_tokens(config_.n_ctx_per_seq);
+    if (config_.block_manager->find(owned->request_id) != nullptr) {
+        config_.block_manager->free(owned->request_id);
+    }
+    owned->seq_id = CF_SEQ_ID_NONE;
+    owned->status = SequenceStatus::WAITING;
+    owned->num_computed_tokens = 0;
+    owned->num_preemptions += 1;
+    num_preemptions_ += 1;
+    out_.preempted.push_back({owned.get(), former_seq_id});
+    add(std::move(owned));
 }
 
 bool Scheduler::can_admit(const Sequence & seq) const {

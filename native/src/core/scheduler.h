@@ -13,6 +13,15 @@
 // block per running sequence) while other sequences run, and nothing is reserved: each scheduled
 // token gets its slot when it is scheduled.
 //
+// Paged preemption by recompute (vLLM's RECOMPUTE mode, Kwon et al., "Efficient Memory Management
+// for Large Language Model Serving with PagedAttention", SOSP 2023, section 4.5): when a running
+// sequence needs a block and none is free, the scheduler preempts the running sequence that comes
+// last in policy order among those not yet scheduled this step (for FCFS: the newest), frees its
+// blocks and returns it to the waiting queue with its output kept; re-admitted, it prefills prompt
+// and output again and goes on where it stopped. If no other sequence can give way, the sequence
+// that needs the block is preempted itself; alone in the pool it cannot grow at all and ends
+// (out_of_blocks). No admission happens in a step that preempted.
+//
 // Thread-safety: none; the engine calls it from the stepping thread only.
 #pragma once
 
@@ -54,10 +63,16 @@ struct SchedulerOutput {
     int32_t num_scheduled_tokens = 0;
     int32_t num_prefill_tokens = 0;  // tokens inside prompts
     int32_t num_decode_tokens = 0;   // tokens after the prompt (one per decoding sequence)
-    // Paged mode: running sequences whose next tokens found no free block. They are not in `seqs`,
-    // their blocks are already free, and the engine finishes them (CF_FINISH_REASON_LENGTH) until
-    // preemption exists [TAG_PREEMPTION].
+    // Paged mode: sequences that hold the whole pool alone and still need a block. They are not in
+    // `seqs`, their blocks are already free, and the engine finishes them (CF_FINISH_REASON_LENGTH).
     std::vector<Sequence *> out_of_blocks;
+    // Paged mode: sequences preempted this step, now waiting (seq_id NONE, blocks freed). The
+    // engine clears llama.cpp's record of their former slots before the step's decode.
+    struct Preempted {
+        Sequence * seq;
+        int32_t former_seq_id;
+    };
+    std::vector<Preempted> preempted;
 
     void clear();
 };
@@ -89,6 +104,7 @@ class Scheduler {
     int32_t num_running() const { return (int32_t) running_.size(); }
     int32_t num_waiting() const { return (int32_t) waiting_.size(); }
     int32_t num_free_slots() const { return config_.max_num_seqs - num_running(); }
+    int64_t num_preemptions() const { return num_preemptions_; }  // since construction
     // KV rows set aside for running sequences (unified: sum of reservations; split: whole slots).
     int64_t kv_tokens_reserved() const;
     // KV rows holding computed tokens of running sequences.
@@ -107,6 +123,9 @@ class Scheduler {
     void admit_front();
     int32_t lowest_free_slot() const;
     void push_scheduled(Sequence * seq, int32_t budget_left, int32_t * budget);
+    bool allocate_or_preempt(Sequence * seq, int32_t num_new_tokens);
+    Sequence * preemption_victim(const Sequence & needy) const;
+    void preempt(Sequence * seq);
     void schedule_running(bool decoding, int32_t * budget);
     void admit_waiting(int32_t * budget);
     std::unique_ptr<Sequence> release(size_t running_index, cf_finish_reason reason);
@@ -118,6 +137,9 @@ class Scheduler {
     int64_t kv_reserved_unified_ = 0;                  // sum of max_kv_tokens over running
     int64_t watermark_blocks_ = 0;                     // paged: free blocks kept for running sequences
     std::vector<int32_t> slots_;                       // paged: scratch for append_slots
+    std::vector<Sequence *> order_;                    // scratch: running_ at the start of a pass
+    std::vector<uint8_t> scheduled_;                   // [max_num_seqs]: slot scheduled this step
+    int64_t num_preemptions_ = 0;
     SchedulerOutput out_;
 };
 

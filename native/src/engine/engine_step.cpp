@@ -1,6 +1,7 @@
 // engine_step.cpp - one engine step and the step thread loop.
 //
-//   consume inbox (adds, aborts) -> schedule -> [paged: finish sequences out of blocks]
+//   consume inbox (adds, aborts) -> schedule -> [paged: clear preempted slots, finish sequences
+//   out of blocks]
 //   -> build batch [paged: block copies, plan] -> llama_decode
 //     ok:     commit computed tokens -> sample where a chunk reached the last token -> stop checks
 //     failed: finish every scheduled request with CF_FINISH_REASON_ERROR, free its KV
@@ -157,7 +158,15 @@ int32_t Engine::sample(Sequence & seq, int32_t batch_index) {
 
 // Paged mode, until preemption exists [TAG_PREEMPTION]: a running sequence whose next tokens find
 // no free block ends here, as if its context were full, instead of stalling the step.
+// Paged mode: forget the slots of sequences preempted while scheduling (their blocks are free
+// already) and finish the ones that cannot grow even alone.
 void Engine::finish_out_of_blocks(const SchedulerOutput & out) {
+    for (const SchedulerOutput::Preempted & p : out.preempted) {
+        session_->clear_seq(p.former_seq_id);
+        profiler_.request(CF_PROFILE_EVENT_REQUEST_PREEMPT, totals_.num_steps, step_start_ns_, p.seq->request_id,
+                          p.seq->num_tokens());
+    }
+    totals_.num_preemptions = scheduler_.num_preemptions();
     for (Sequence * seq : out.out_of_blocks) {
         finish(seq, CF_FINISH_REASON_LENGTH, CF_TOKEN_NONE, step_start_ns_);
     }
