@@ -279,7 +279,6 @@ class _Context:
     def __init__(self, opts: dict[str, object]) -> None:
         from pycacheflow.bench import environment, offline
         from pycacheflow.llm import LLM
-        from pycacheflow.metrics import kv_bytes_per_token
 
         self.opts = opts
         self.baselines = list(opts.get("baselines") or ())
@@ -298,7 +297,7 @@ class _Context:
         bandwidth = max(environment.measure_copy_bandwidth(threads=t) for t in {1, self.threads})
         self.hw = offline.HardwareModel(
             info.model_size_bytes,
-            kv_bytes_per_token(info.n_layer, info.n_embd, info.n_head, info.n_head_kv),
+            info.kv_bytes_per_token,
             bandwidth,
         )
         self.params = {k: (str(v) if isinstance(v, Path) else v) for k, v in opts.items()}

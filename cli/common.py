@@ -14,6 +14,47 @@ if TYPE_CHECKING:
     from pycacheflow.llm import LLM
 
 
+_SIZE_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1000,
+    "kb": 1000,
+    "kib": 1024,
+    "m": 1000**2,
+    "mb": 1000**2,
+    "mib": 1024**2,
+    "g": 1000**3,
+    "gb": 1000**3,
+    "gib": 1024**3,
+}
+
+
+class ByteSize(click.ParamType):
+    """A memory size: bytes, or a number with a unit (K, KB, KiB, M, MB, MiB, G, GB, GiB)."""
+
+    name = "SIZE"
+
+    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        if isinstance(value, int):
+            return value
+        text = str(value).strip()
+        number = text.rstrip("BbIiKkMmGg")
+        unit = text[len(number) :].lower()
+        try:
+            size = float(number)
+        except ValueError:
+            size = -1.0
+        if unit not in _SIZE_UNITS or size < 0:
+            self.fail(f"{value!r} is not a size (e.g. 268435456, 256MiB, 1.5GiB, 512M)", param, ctx)
+        return int(size * _SIZE_UNITS[unit])
+
+
+KV_CACHE_MEMORY_HELP = (
+    "KV memory budget (e.g. 256MiB, 1GiB; bytes without a unit) instead of --ctx-size: "
+    "the cache gets as many tokens as fit, the same memory in every KV mode."
+)
+
+
 def to_click_error(exc: CacheFlowError) -> click.ClickException:
     """A runtime failure as the one-line `Error: <Type>: <message>` click prints (exit 1)."""
     # Native InvalidArgument on init/submit is still a runtime failure from the user's view.

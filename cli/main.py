@@ -16,7 +16,7 @@ import click
 
 import pycacheflow
 from cli.bench import bench
-from cli.common import load_llm, to_click_error
+from cli.common import KV_CACHE_MEMORY_HELP, ByteSize, load_llm, to_click_error
 from cli.prompts import PromptsFileError, read_prompts_file
 from cli.serve import serve
 from pycacheflow import SamplingParams
@@ -130,6 +130,14 @@ def cacheflow() -> None:
     default=0,
     help="Total KV capacity in tokens over all sequences; 0 = concurrency x "
     "min(trained context, 2048).",
+)
+@click.option("--kv-cache-memory", type=ByteSize(), default=0, help=KV_CACHE_MEMORY_HELP)
+@click.option(
+    "--block-size",
+    type=click.IntRange(min=1),
+    default=16,
+    show_default=True,
+    help="Tokens per KV block (paged mode).",
 )
 @click.option(
     "--batch-tokens",
@@ -252,6 +260,8 @@ def _config_kwargs(options: dict[str, object]) -> dict[str, object]:
     return {
         "max_num_seqs": options["concurrency"],
         "n_ctx": options["ctx_size"],
+        "kv_cache_bytes": options["kv_cache_memory"],
+        "block_size": options["block_size"],
         "max_num_batched_tokens": options["batch_tokens"],
         "n_threads": options["threads"],
         "n_gpu_layers": options["gpu_layers"],

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from cli.common import load_llm
+from cli.common import KV_CACHE_MEMORY_HELP, ByteSize, load_llm
 from pycacheflow.config import KV_MODES, POLICIES
 from pycacheflow.errors import CacheFlowError
 
@@ -44,6 +44,14 @@ _LLAMA_SERVER_ONLY_FLAGS = frozenset(
 )
 
 _NO_EFFECT_YET = "accepted, no effect yet"
+
+
+def _check_preemption(value: str) -> str:
+    if value == "swap":
+        raise click.BadParameter(
+            "'swap' is not available yet (preempted sequences are recomputed); use 'recompute'"
+        )
+    return value
 _POLL_S = 0.1  # how often the shutdown watcher looks at uvicorn's should_exit
 _FLUSH_S = 2.0  # after aborting at shutdown, time for handlers to send their last bytes
 
@@ -238,6 +246,13 @@ def _env(name: str) -> str:
     "(llama.cpp), or auto.",
 )
 @click.option(
+    "--kv-cache-memory",
+    type=ByteSize(),
+    default=0,
+    envvar=_env("KV_CACHE_MEMORY"),
+    help=KV_CACHE_MEMORY_HELP,
+)
+@click.option(
     "--block-size",
     type=click.IntRange(min=1),
     default=16,
@@ -256,7 +271,9 @@ def _env(name: str) -> str:
     type=click.Choice(["recompute", "swap"]),
     default="recompute",
     show_default=True,
-    help=f"How preempted sequences resume ({_NO_EFFECT_YET}).",
+    callback=lambda ctx, param, value: _check_preemption(value),
+    help="How sequences preempted when the paged KV pool is full resume: 'recompute' "
+    "computes prompt and output again; 'swap' (KV blocks to host memory) is not built yet.",
 )
 @click.option(
     "--swap-space",
@@ -298,6 +315,7 @@ def _engine_kwargs(options: dict[str, object]) -> dict[str, object]:
     parallel = int(options["parallel"])
     kwargs: dict[str, object] = {
         "n_ctx": options["ctx_size"],
+        "kv_cache_bytes": options["kv_cache_memory"],
         "max_num_batched_tokens": min(int(options["batch_size"]), int(options["ubatch_size"])),
         "n_threads": max(0, int(options["threads"])),
         "n_gpu_layers": _gpu_layers(str(options["gpu_layers"])),

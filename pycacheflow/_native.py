@@ -101,6 +101,7 @@ def _engine_config(config: EngineConfig, keep: list) -> object:
     c.flash_attn = -1 if config.flash_attn is None else int(config.flash_attn)
     c.log_level = _LOG_LEVEL_VALUES[config.log_level]
     c.profile_capacity = config.profile_capacity
+    c.kv_cache_bytes = config.kv_cache_bytes
     return c
 
 

@@ -40,6 +40,11 @@ class EngineConfig:
         log_level: "none", "error", "warn", "info" or "debug" (llama.cpp and CacheFlow logs).
         profile_capacity: events the native profiler ring holds, >= 0; 0 = profiling off (see
             ``pycacheflow.profiler``).
+        kv_cache_bytes: KV memory budget in bytes (f16 K and V rows of every layer), >= 0;
+            0 = size the cache from n_ctx. When set, n_ctx must be 0: the cache holds the most
+            tokens that fit, in multiples of 256 (per sequence in "stock" split mode), so the
+            same budget gives every KV mode the same memory. ``LLM.info.n_ctx`` says how
+            many tokens that is.
 
     Raises:
         ValueError: on construction, for a value out of range; the message names it.
@@ -58,6 +63,7 @@ class EngineConfig:
     flash_attn: bool | None = None
     log_level: str = "error"
     profile_capacity: int = 0
+    kv_cache_bytes: int = 0
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, (str, os.PathLike)) or not os.fspath(self.model):
@@ -72,6 +78,12 @@ class EngineConfig:
             ("profile_capacity", 0),
         ):
             _check_int(name, getattr(self, name), minimum)
+        _check_int("kv_cache_bytes", self.kv_cache_bytes, 0, limit_bits=62)
+        if self.kv_cache_bytes and self.n_ctx:
+            raise ValueError(
+                f"set n_ctx or kv_cache_bytes, not both (n_ctx={self.n_ctx}, "
+                f"kv_cache_bytes={self.kv_cache_bytes})"
+            )
         _check_choice("kv_mode", self.kv_mode, KV_MODES)
         _check_choice("policy", self.policy, POLICIES)
         _check_choice("log_level", self.log_level, LOG_LEVELS)
@@ -84,13 +96,13 @@ class EngineConfig:
         return os.fspath(self.model)
 
 
-def _check_int(name: str, value: object, minimum: int) -> None:
+def _check_int(name: str, value: object, minimum: int, limit_bits: int = 31) -> None:
     if not isinstance(value, int) or isinstance(value, bool):
         raise TypeError(f"{name} must be an int, got {value!r}")
     if value < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    if value >= 2**31:
-        raise ValueError(f"{name} must be < 2**31, got {value}")
+    if value >= 2**limit_bits:
+        raise ValueError(f"{name} must be < 2**{limit_bits}, got {value}")
 
 
 def _check_choice(name: str, value: object, choices: tuple[str, ...]) -> None:

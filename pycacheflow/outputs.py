@@ -69,6 +69,7 @@ class ModelInfo(NamedTuple):
     n_params: int
     description: str
     arch: str
+    kv_bytes_per_token: int
     kv_mode_name: str = ""
 
 

@@ -101,6 +101,12 @@ typedef struct cf_engine_config {
     int32_t log_level;               /* cf_log_level, default CF_LOG_LEVEL_ERROR               */
     int32_t profile_capacity;        /* events the profiler ring holds (>= 0); 0 = profiling
                                         off (the default); see cf_engine_profile_drain         */
+    int64_t kv_cache_bytes;          /* KV memory budget in bytes (K and V rows of every layer,
+                                        f16); 0 = size the cache from n_ctx (the default).
+                                        When > 0, n_ctx must be 0: the cache gets the most
+                                        tokens that fit, rounded down to llama.cpp's 256-token
+                                        granularity (per sequence in stock split mode).
+                                        CF_STATUS_INVALID_ARGUMENT if that is too small.       */
 } cf_engine_config;
 
 typedef struct cf_engine * cf_engine_t;
@@ -142,6 +148,9 @@ typedef struct cf_model_info {
     int64_t n_params;
     char description[128];    /* e.g. "llama ?B Q4_1", NUL-terminated                      */
     char arch[32];            /* general.architecture, e.g. "llama"                         */
+    int64_t kv_bytes_per_token; /* f16 K and V bytes of one token over all layers: 2 * n_layer
+                                   * n_head_kv * (key_length + value_length) / 2 * 2; what
+                                   cf_engine_config.kv_cache_bytes is divided by           */
 } cf_model_info;
 
 CF_API cf_status cf_engine_get_info(cf_engine_t engine, cf_model_info * out_info);
@@ -159,7 +168,7 @@ typedef struct cf_engine_stats {
     int32_t kv_blocks_used;
     int64_t kv_bytes_reserved;      /* KV bytes set aside for running sequences             */
     int64_t kv_bytes_used;          /* KV bytes holding live tokens                         */
-    int64_t num_preemptions;
+    int64_t num_preemptions;        /* paged mode: sequences preempted (recompute) since init */
 } cf_engine_stats;
 
 CF_API cf_status cf_engine_get_stats(cf_engine_t engine, cf_engine_stats * out_stats);
@@ -300,7 +309,8 @@ typedef enum cf_profile_event_kind {
     CF_PROFILE_EVENT_REQUEST_FIRST_SCHEDULED = 4,  /* first step that computes any of its tokens */
     CF_PROFILE_EVENT_REQUEST_FIRST_TOKEN = 5,      /* its first output token was sampled         */
     CF_PROFILE_EVENT_REQUEST_FINISH = 6,           /* its final output event was queued          */
-    CF_PROFILE_EVENT_REQUEST_PREEMPT = 7,          /* reserved: preempted (KV freed or swapped)  */
+    CF_PROFILE_EVENT_REQUEST_PREEMPT = 7,          /* preempted (paged: KV blocks freed; it waits
+                                                      and recomputes); num_tokens = its tokens   */
     CF_PROFILE_EVENT_REQUEST_SWAP_OUT = 8,         /* reserved: KV blocks copied to host memory  */
     CF_PROFILE_EVENT_REQUEST_SWAP_IN = 9,          /* reserved: KV blocks copied back            */
     CF_PROFILE_EVENT_REQUEST_PREFIX_HIT = 10       /* reserved: prompt tokens found in the cache */

@@ -46,6 +46,8 @@ def test_model_path(runner, tmp_path, monkeypatch):
         (["generate", "--kv-mode", "fast", "hi"], "--kv-mode"),
         (["generate", "--stream", "--json", "hi"], "cannot be combined"),
         (["generate", "--stop", "", "hi"], "stop strings must be non-empty"),
+        (["generate", "--kv-cache-memory", "lots", "hi"], "is not a size"),
+        (["generate", "--kv-cache-memory", "-1MiB", "hi"], "is not a size"),
     ],
 )
 def test_usage_errors_exit_2_without_traceback(runner, args, message):
@@ -53,6 +55,26 @@ def test_usage_errors_exit_2_without_traceback(runner, args, message):
     assert result.exit_code == 2, result.output
     assert "Error:" in result.output and message in result.output
     assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize(
+    ("text", "size"),
+    [("268435456", 2**28), ("256MiB", 2**28), ("1.5GiB", 3 * 2**29), ("512M", 512 * 10**6),
+     ("2g", 2 * 10**9), ("64kib", 65536)],
+)
+def test_kv_cache_memory_sizes(text, size):
+    from cli.common import ByteSize
+
+    assert ByteSize().convert(text, None, None) == size
+
+
+def test_ctx_size_and_kv_cache_memory_are_exclusive(runner, tmp_path):
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF")
+    result = runner.invoke(
+        cacheflow, ["generate", "-m", str(model), "--ctx-size", "512", "--kv-cache-memory", "1GiB", "hi"]
+    )
+    assert result.exit_code == 2 and "set n_ctx or kv_cache_bytes, not both" in result.output
 
 
 def test_bad_prompts_file_is_a_usage_error(runner, tmp_path):

@@ -36,10 +36,16 @@ def test_llama_server_flags_map_to_engine_config(engine_kwargs):
                     "--policy", "priority", "-cb")  # fmt: skip
     assert isinstance(result.exception, Loaded), result.output
     assert engine_kwargs == [{
-        "n_ctx": 2048, "max_num_seqs": 4, "max_num_batched_tokens": 256, "n_threads": 0,
+        "n_ctx": 2048, "kv_cache_bytes": 0, "max_num_seqs": 4, "max_num_batched_tokens": 256, "n_threads": 0,
         "n_gpu_layers": -1, "flash_attn": True, "kv_mode": "paged", "block_size": 32,
         "policy": "priority", "log_level": "error",
     }]  # fmt: skip
+
+
+def test_kv_cache_memory(engine_kwargs):
+    result = invoke("--kv-cache-memory", "1.5GiB")
+    assert isinstance(result.exception, Loaded), result.output
+    assert engine_kwargs[0]["kv_cache_bytes"] == 3 * 2**29 and engine_kwargs[0]["n_ctx"] == 0
 
 
 def test_defaults_and_env_vars(engine_kwargs, monkeypatch):
@@ -62,6 +68,8 @@ def test_defaults_and_env_vars(engine_kwargs, monkeypatch):
         (["-ngl", "many"], "-ngl"),
         (["-fa", "maybe"], "maybe"),
         (["-np", "-3"], "-np"),
+        (["--preemption", "swap"], "'swap' is not available yet"),
+        (["--kv-cache-memory", "much"], "is not a size"),
     ],
 )
 def test_bad_flags_are_usage_errors(engine_kwargs, args, message):

@@ -47,6 +47,13 @@ EngineConfig EngineConfig::from_c(const cf_engine_config & c) {
     check_range("flash_attn", c.flash_attn, -1, 1);
     check_range("log_level", c.log_level, CF_LOG_LEVEL_NONE, CF_LOG_LEVEL_DEBUG);
     check_at_least("profile_capacity", c.profile_capacity, 0);
+    if (c.kv_cache_bytes < 0) {
+        fail_invalid("kv_cache_bytes must be >= 0, got " + std::to_string(c.kv_cache_bytes));
+    }
+    if (c.kv_cache_bytes > 0 && c.n_ctx > 0) {
+        fail_invalid("set n_ctx or kv_cache_bytes, not both (n_ctx=" + std::to_string(c.n_ctx) +
+                     ", kv_cache_bytes=" + std::to_string(c.kv_cache_bytes) + ")");
+    }
     if (c.n_ctx > 0 && c.n_ctx < c.max_num_seqs) {
         // llama.cpp sizes its per-step output buffer from n_ctx: fewer rows than sequences
         // would abort inside llama_decode instead of failing here.
@@ -67,6 +74,7 @@ EngineConfig EngineConfig::from_c(const cf_engine_config & c) {
     out.flash_attn = c.flash_attn;
     out.log_level = (cf_log_level) c.log_level;
     out.profile_capacity = c.profile_capacity;
+    out.kv_cache_bytes = c.kv_cache_bytes;
     return out;
 }
 
@@ -84,6 +92,7 @@ cf_engine_config default_engine_config() {
     c.flash_attn = -1;
     c.log_level = CF_LOG_LEVEL_ERROR;
     c.profile_capacity = 0;
+    c.kv_cache_bytes = 0;
     return c;
 }
 

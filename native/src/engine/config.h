@@ -21,6 +21,7 @@ struct EngineConfig {
     int32_t flash_attn = -1;
     cf_log_level log_level = CF_LOG_LEVEL_ERROR;
     int32_t profile_capacity = 0;  // profiler ring events; 0 = off
+    int64_t kv_cache_bytes = 0;    // KV memory budget; 0 = from n_ctx (LlamaSession resolves it)
 
     bool kv_unified() const { return kv_mode == CF_KV_MODE_STOCK_UNIFIED; }
     bool paged() const { return kv_mode == CF_KV_MODE_PAGED; }

@@ -102,6 +102,22 @@ const char * paged_unsupported_reason(const llama_model * model, int32_t n_gpu_l
     return nullptr;
 }
 
+// "<arch>.<key>" of the GGUF as an integer (e.g. attention.key_length: Gemma 3's heads are 256
+// wide while n_embd / n_head = 160), or fallback when absent.
+int64_t meta_int(const llama_model * model, const char * key, int64_t fallback) {
+    char arch[64];
+    if (llama_model_meta_val_str(model, "general.architecture", arch, sizeof(arch)) < 0) {
+        return fallback;
+    }
+    char value[32];
+    const std::string full = std::string(arch) + "." + key;
+    if (llama_model_meta_val_str(model, full.c_str(), value, sizeof(value)) < 0) {
+        return fallback;
+    }
+    const long long parsed = std::atoll(value);
+    return parsed > 0 ? (int64_t) parsed : fallback;
+}
+
 }  // namespace
 
 void set_log_level(cf_log_level level) {
@@ -163,12 +179,41 @@ void LlamaSession::resolve_kv_mode() {
     }
 }
 
+// KV rows that fit in config_.kv_cache_bytes, rounded down to what llama.cpp allocates without
+// padding up: multiples of 256 rows, per sequence in stock split mode (llama-context.cpp pads
+// n_ctx and the per-sequence slice up to 256).
+int32_t LlamaSession::n_ctx_from_budget() const {
+    constexpr int64_t kPad = 256;
+    const int64_t rows = config_.kv_cache_bytes / kv_bytes_per_token_;
+    const bool split = config_.kv_mode == CF_KV_MODE_STOCK;
+    const int64_t per_stream = split ? rows / config_.max_num_seqs : rows;
+    const int64_t n_ctx = per_stream / kPad * kPad * (split ? config_.max_num_seqs : 1);
+    if (n_ctx < std::max<int64_t>(kPad, config_.max_num_seqs)) {
+        throw Error(CF_STATUS_INVALID_ARGUMENT,
+                    "kv_cache_bytes=" + std::to_string(config_.kv_cache_bytes) + " holds " + std::to_string(rows) +
+                        " KV rows of " + std::to_string(kv_bytes_per_token_) + " bytes; " +
+                        (split ? "stock split mode needs 256 rows per sequence (" +
+                                     std::to_string(kPad * config_.max_num_seqs) + " for max_num_seqs=" +
+                                     std::to_string(config_.max_num_seqs) + ")"
+                               : std::string("the cache needs at least 256")));
+    }
+    return (int32_t) std::min<int64_t>(n_ctx, INT32_MAX / 2);
+}
+
 void LlamaSession::create_context() {
     const int32_t n_ctx_train = llama_model_n_ctx_train(model_);
     const int64_t n_ctx_default = (int64_t) config_.max_num_seqs * std::min(n_ctx_train > 0 ? n_ctx_train : 2048, 2048);
+    // K and V rows of every layer, f16 (llama.cpp's default cache type).
+    const int64_t n_head = std::max(1, llama_model_n_head(model_));
+    const int64_t head_dim = llama_model_n_embd(model_) / n_head;
+    const int64_t head_k = meta_int(model_, "attention.key_length", head_dim);
+    const int64_t head_v = meta_int(model_, "attention.value_length", head_dim);
+    kv_bytes_per_token_ = (int64_t) llama_model_n_layer(model_) * llama_model_n_head_kv(model_) * (head_k + head_v) * 2;
 
     llama_context_params cp = llama_context_default_params();
-    cp.n_ctx = (uint32_t) (config_.n_ctx > 0 ? config_.n_ctx : n_ctx_default);
+    cp.n_ctx = (uint32_t) (config_.kv_cache_bytes > 0 ? n_ctx_from_budget()
+                           : config_.n_ctx > 0        ? config_.n_ctx
+                                                      : n_ctx_default);
     cp.n_batch = (uint32_t) config_.max_num_batched_tokens;
     cp.n_ubatch = (uint32_t) config_.max_num_batched_tokens;  // one ubatch per step where possible
     cp.n_seq_max = (uint32_t) config_.max_num_seqs;
@@ -210,10 +255,6 @@ void LlamaSession::create_context() {
         n_ctx_ = num_blocks_ * config_.block_size;
         n_ctx_per_seq_ = n_ctx_train > 0 ? std::min(n_ctx_train, n_ctx_) : n_ctx_;
     }
-    // K and V rows of every layer, f16 (llama.cpp's default cache type).
-    const int64_t n_head = std::max(1, llama_model_n_head(model_));
-    const int64_t head_dim = llama_model_n_embd(model_) / n_head;
-    kv_bytes_per_token_ = 2 * (int64_t) llama_model_n_layer(model_) * llama_model_n_head_kv(model_) * head_dim * 2;
 }
 
 // One greedy chain per sequence slot, handed to the context at creation (attaching them later
@@ -337,6 +378,7 @@ void LlamaSession::fill_info(cf_model_info * info) const {
     info->n_ctx_train = llama_model_n_ctx_train(model_);
     info->n_ctx = n_ctx_;
     info->n_ctx_per_seq = n_ctx_per_seq_;
+    info->kv_bytes_per_token = kv_bytes_per_token_;
     info->max_num_seqs = config_.max_num_seqs;
     info->max_num_batched_tokens = n_batch_;
     info->n_layer = llama_model_n_layer(model_);

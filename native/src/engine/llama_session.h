@@ -84,6 +84,7 @@ class LlamaSession {
     void load_model();
     void resolve_kv_mode();
     void create_context();
+    int32_t n_ctx_from_budget() const;
     void warm_up();
     void init_greedy_samplers();
     void free_samplers();
