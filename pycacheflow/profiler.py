@@ -177,6 +177,7 @@ class StepSpan:
     num_waiting: int
     kv_tokens_used: int
     kv_tokens_free: int
+    kv_blocks_used: int = 0  # paged mode; 0 in the stock modes
 
 
 @dataclass
@@ -252,6 +253,7 @@ class Profile:
                     num_waiting=end.num_waiting,
                     kv_tokens_used=end.kv_tokens_used,
                     kv_tokens_free=end.kv_tokens_free,
+                    kv_blocks_used=end.kv_blocks_used,
                 )
             )
         return sorted(result, key=lambda s: s.step_id)
