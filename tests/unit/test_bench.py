@@ -79,6 +79,17 @@ def test_sharegpt_requests_from_a_file(tmp_path):
     assert len(datasets.sharegpt_requests(1, fake_tokenize, path=str(path))) == 1
 
 
+def test_json_records_of_an_array_cut_off_inside_an_element():
+    whole = '[{"id": 1}, {"id": 2, "v": [1, 2]},\n {"id": 3, "v": "long'
+    assert datasets.load_json_records(whole) == [{"id": 1}, {"id": 2, "v": [1, 2]}]
+    assert datasets.load_json_records('[{"a": 1}, {"b": 2}]') == [{"a": 1}, {"b": 2}]
+    assert datasets.load_json_records(" [ ] ") == []
+    with pytest.raises(ValueError):
+        datasets.load_json_records('[{"a": 1}, {"b": }]')  # whole array, malformed element
+    with pytest.raises(ValueError, match="JSON array"):
+        datasets.load_json_records('{"a": 1}')
+
+
 def test_sharegpt_missing_package_says_how_to_install(monkeypatch):
     import builtins
 
