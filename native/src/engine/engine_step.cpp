@@ -59,7 +59,7 @@ StepResult Engine::step_locked() {
         profiler_.step_begin(totals_.num_steps, step_start_ns_, (int32_t) out.seqs.size(), out.num_decode_tokens,
                              out.num_prefill_tokens);
         for (const ScheduledSeq & s : out.seqs) {
-            session_->set_seq_greedy(s.seq->seq_id, s.seq->sampler == nullptr);
+            session_->set_seq_sampling(s.seq->seq_id, &s.seq->params);
         }
         const llama_batch & batch = batch_.build(out);
         prepare_paged_step(out);
@@ -147,17 +147,13 @@ void Engine::run_decoded_step(const SchedulerOutput & out) {
 // Greedy rows come back sampled in-graph; the others (and greedy ones whose slot could not get
 // an in-graph sampler) are sampled on the CPU from their logits row.
 int32_t Engine::sample(Sequence & seq, int32_t batch_index) {
-    if (seq.sampler == nullptr) {
-        const int32_t token_id = session_->sampled_token(batch_index);
-        if (token_id != CF_TOKEN_NONE) {
-            return token_id;
-        }
+    const int32_t token_id = session_->sampled_token(batch_index);  // in-graph, where its slot has a chain
+    if (token_id != CF_TOKEN_NONE) {
+        return token_id;
     }
     return sampler_.sample(seq, session_->logits(batch_index));
 }
 
-// Paged mode, until preemption exists [TAG_PREEMPTION]: a running sequence whose next tokens find
-// no free block ends here, as if its context were full, instead of stalling the step.
 // Paged mode: forget the slots of sequences preempted while scheduling (their blocks are free
 // already) and finish the ones that cannot grow even alone.
 void Engine::finish_out_of_blocks(const SchedulerOutput & out) {

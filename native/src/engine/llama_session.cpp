@@ -2,6 +2,7 @@
 #include "engine/llama_session.h"
 
 #include "core/error.h"
+#include "engine/sampling.h"
 #include "kernels/paged_attention_cpu.h"
 #include "llama.h"
 
@@ -223,8 +224,8 @@ void LlamaSession::create_context() {
     cp.kv_unified = config_.kv_unified();
     cp.no_perf = true;
     std::vector<llama_sampler_seq_config> samplers;
-    for (size_t seq_id = 0; seq_id < greedy_chains_.size(); ++seq_id) {
-        samplers.push_back({(llama_seq_id) seq_id, greedy_chains_[seq_id]});
+    for (size_t seq_id = 0; seq_id < slot_chains_.size(); ++seq_id) {
+        samplers.push_back({(llama_seq_id) seq_id, slot_chains_[seq_id].chain});
     }
     cp.samplers = samplers.data();
     cp.n_samplers = samplers.size();
@@ -260,23 +261,23 @@ void LlamaSession::create_context() {
 // One greedy chain per sequence slot, handed to the context at creation (attaching them later
 // would cost one graph re-reserve each).
 void LlamaSession::init_greedy_samplers() {
-    backend_greedy_ = !host_sampling_forced();
-    if (!backend_greedy_) {
+    backend_sampling_ = !host_sampling_forced();
+    if (!backend_sampling_) {
         return;
     }
-    greedy_chains_.reserve((size_t) config_.max_num_seqs);
-    for (int32_t seq_id = 0; seq_id < config_.max_num_seqs; ++seq_id) {
-        greedy_chains_.push_back(make_greedy_chain());
+    slot_chains_.resize((size_t) config_.max_num_seqs);
+    for (SlotChain & slot : slot_chains_) {
+        slot.chain = make_greedy_chain();
     }
 }
 
 void LlamaSession::free_samplers() {
-    for (llama_sampler * chain : greedy_chains_) {
-        if (chain != nullptr) {
-            llama_sampler_free(chain);
+    for (SlotChain & slot : slot_chains_) {
+        if (slot.chain != nullptr) {
+            llama_sampler_free(slot.chain);
         }
     }
-    greedy_chains_.clear();
+    slot_chains_.clear();
     for (llama_sampler * chain : retired_chains_) {
         llama_sampler_free(chain);
     }
@@ -313,32 +314,52 @@ int32_t LlamaSession::decode(const llama_batch & batch) {
 }
 
 int32_t LlamaSession::sampled_token(int32_t batch_index) {
-    if (!backend_greedy_) {
+    if (!backend_sampling_) {
         return CF_TOKEN_NONE;
     }
     return llama_get_sampled_token_ith(ctx_, batch_index);  // LLAMA_TOKEN_NULL == CF_TOKEN_NONE
 }
 
-void LlamaSession::set_seq_greedy(int32_t seq_id, bool greedy) {
-    if (!backend_greedy_ || seq_id < 0 || (size_t) seq_id >= greedy_chains_.size()) {
+bool LlamaSession::SlotChain::serves(const SamplingParams & p) const {
+    if (chain == nullptr || greedy != p.is_greedy()) {
+        return false;
+    }
+    return greedy || (top_k == p.top_k && top_p == p.top_p && min_p == p.min_p && temperature == p.temperature);
+}
+
+void LlamaSession::set_seq_sampling(int32_t seq_id, const SamplingParams * params) {
+    if (!backend_sampling_ || seq_id < 0 || (size_t) seq_id >= slot_chains_.size()) {
         return;
     }
-    llama_sampler *& chain = greedy_chains_[(size_t) seq_id];
-    if ((chain != nullptr) == greedy) {
+    SlotChain & slot = slot_chains_[(size_t) seq_id];
+    const bool in_graph = params != nullptr && (params->is_greedy() || params->seed == CF_SEED_RANDOM);
+    if (in_graph ? slot.serves(*params) : slot.chain == nullptr) {
         return;
     }
-    if (greedy) {
-        // A chain is initialised for the backend once, so a re-attached slot gets a new one.
-        chain = make_greedy_chain();
-        if (!llama_set_sampler(ctx_, seq_id, chain)) {
-            llama_sampler_free(chain);  // not offloadable here: this slot keeps sampling on the CPU
-            chain = nullptr;
-        }
-    } else {
+    if (slot.chain != nullptr) {
         llama_set_sampler(ctx_, seq_id, nullptr);
-        retired_chains_.push_back(chain);
-        chain = nullptr;
+        retired_chains_.push_back(slot.chain);  // llama.cpp may still read it until the next decode
+        slot.chain = nullptr;
     }
+    if (in_graph) {
+        attach(seq_id, params);
+    }
+}
+
+// A chain is initialised for the backend once, so every attach gets a new one.
+void LlamaSession::attach(int32_t seq_id, const SamplingParams * params) {
+    SlotChain & slot = slot_chains_[(size_t) seq_id];
+    llama_sampler * chain = params->is_greedy() ? make_greedy_chain() : make_sampler_chain(*params);
+    if (!llama_set_sampler(ctx_, seq_id, chain)) {
+        llama_sampler_free(chain);  // not offloadable here: this slot samples on the CPU
+        return;
+    }
+    slot.chain = chain;
+    slot.greedy = params->is_greedy();
+    slot.top_k = params->top_k;
+    slot.top_p = params->top_p;
+    slot.min_p = params->min_p;
+    slot.temperature = params->temperature;
 }
 
 const float * LlamaSession::logits(int32_t batch_index) {

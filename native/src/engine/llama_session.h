@@ -3,13 +3,17 @@
 // kv_mode AUTO resolves here, once the model is loaded: PAGED where the paged KV path covers the
 // model (plain full-attention layers, CPU), else STOCK with a one-line notice on stderr.
 //
-// Greedy sequences are sampled in-graph: every sequence slot starts with a llama.cpp backend
-// sampler chain holding only `greedy` (argmax), so a step whose sampled rows are all greedy
-// copies back one token id per row instead of [n_vocab] logits. A slot whose sequence samples
-// on the CPU has its chain detached (set_seq_greedy), and llama.cpp then copies the logits of
-// the whole ubatch as before. Attaching or detaching a chain makes llama.cpp re-reserve its
-// graph on the next decode, so slots only change state when their sequence's kind changes.
-// CACHEFLOW_HOST_SAMPLING=1 in the environment turns in-graph sampling off (for A/B runs).
+// Sampling runs in-graph where it can (llama.cpp's backend sampling): every sequence slot starts
+// with a backend sampler chain holding only `greedy` (argmax), and a slot whose sequence samples
+// with temperature > 0 and a random seed gets the chain top_k -> top_p -> min_p -> temp -> dist
+// of its parameters. A step whose sampled rows all come from chains copies back one token id per
+// row instead of [n_vocab] logits, and no sequence is sampled on the CPU one after the other.
+// Seeded sequences sample on the CPU with their own chain (the same tokens for a seed whatever
+// the slot's history), so their slot's chain is detached and llama.cpp copies the logits of the
+// ubatch as before. Attaching or detaching a chain makes llama.cpp re-reserve its graph on the
+// next decode, so a slot keeps its chain while the next sequence in it wants the same kind and
+// parameters (a random-seed chain's generator simply goes on). CACHEFLOW_HOST_SAMPLING=1 in the
+// environment turns in-graph sampling off (for A/B runs).
 //
 // Thread-safety: decode/logits/clear_seq only from the stepping thread; the vocab and model are
 // read-only after open() and may be used from any thread (tokenize, detokenize, info).
@@ -17,6 +21,7 @@
 
 #include "cacheflow.h"
 #include "core/block_manager.h"
+#include "core/sequence.h"
 #include "engine/config.h"
 
 #include <cstdint>
@@ -51,13 +56,14 @@ class LlamaSession {
     // Logits row [n_vocab] float of batch token `batch_index` (which must have requested logits
     // and belong to a slot without an in-graph sampler, else the row holds stale data).
     const float * logits(int32_t batch_index);
-    // Token chosen in-graph (greedy argmax) for batch token `batch_index`, or CF_TOKEN_NONE when
-    // that row was not sampled in-graph (its slot has no chain, or in-graph sampling is off).
-    // Ties between equal maxima are broken by the backend's argmax kernel.
+    // Token chosen in-graph for batch token `batch_index`, or CF_TOKEN_NONE when that row was not
+    // sampled in-graph (its slot has no chain, or in-graph sampling is off). Greedy ties between
+    // equal maxima are broken by the backend's argmax kernel.
     int32_t sampled_token(int32_t batch_index);
-    // Call before decode for each scheduled sequence: attach (greedy) or detach (CPU-sampled) the
-    // in-graph greedy chain of slot seq_id. No-op when the slot is already in that state.
-    void set_seq_greedy(int32_t seq_id, bool greedy);
+    // Call before decode for each scheduled sequence: give slot seq_id the in-graph chain for
+    // `params` (greedy, or stochastic with a random seed), or none (params == nullptr, or seeded:
+    // the engine samples on the CPU). No-op when the slot already has what it needs.
+    void set_seq_sampling(int32_t seq_id, const SamplingParams * params);
     // Drop every KV row of llama sequence slot seq_id (paged mode: only llama.cpp's position record
     // of the slot; the blocks belong to the block manager).
     void clear_seq(int32_t seq_id);
@@ -98,8 +104,20 @@ class LlamaSession {
     int32_t n_ctx_per_seq_ = 0;
     int32_t n_batch_ = 0;
     int64_t kv_bytes_per_token_ = 0;
-    bool backend_greedy_ = false;                   // in-graph sampling of greedy slots is on
-    std::vector<llama_sampler *> greedy_chains_;    // [n_seq_max]; nullptr = slot samples on CPU
+    // What an in-graph chain samples with; a slot keeps its chain while this stays the same.
+    struct SlotChain {
+        llama_sampler * chain = nullptr;  // nullptr = the slot samples on the CPU
+        bool greedy = true;
+        int32_t top_k = 0;
+        float top_p = 1.0f;
+        float min_p = 0.0f;
+        float temperature = 0.0f;
+        bool serves(const SamplingParams & p) const;
+    };
+    void attach(int32_t seq_id, const SamplingParams * params);
+
+    bool backend_sampling_ = false;                 // in-graph sampling is on
+    std::vector<SlotChain> slot_chains_;            // [n_seq_max]
     std::vector<llama_sampler *> retired_chains_;   // detached; freed after the next decode
     int32_t num_blocks_ = 0;
     std::vector<int32_t> copy_src_;  // copy_blocks scratch

@@ -34,10 +34,13 @@ OpaqueHandle make_sampler(const SamplingParams & params) {
     if (params.is_greedy()) {
         return OpaqueHandle(nullptr, opaque_handle_no_free);
     }
+    return OpaqueHandle(make_sampler_chain(params), free_sampler);
+}
+
+llama_sampler * make_sampler_chain(const SamplingParams & params) {
     llama_sampler_chain_params cp = llama_sampler_chain_default_params();
     cp.no_perf = true;
     llama_sampler * chain = llama_sampler_chain_init(cp);
-    OpaqueHandle handle(chain, free_sampler);  // owns the chain (and what is added) from here on
     if (params.top_k > 0) {
         llama_sampler_chain_add(chain, llama_sampler_init_top_k(params.top_k));
     }
@@ -49,7 +52,7 @@ OpaqueHandle make_sampler(const SamplingParams & params) {
     }
     llama_sampler_chain_add(chain, llama_sampler_init_temp(params.temperature));
     llama_sampler_chain_add(chain, llama_sampler_init_dist(seed_of(params.seed)));
-    return handle;
+    return chain;
 }
 
 TokenSampler::TokenSampler(int32_t n_vocab) : n_vocab_(n_vocab), candidates_((size_t) n_vocab) {}

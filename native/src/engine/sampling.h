@@ -23,6 +23,10 @@ int32_t argmax_token(const float * logits, int32_t n_vocab);
 // Sampler chain for a non-greedy sequence, or an empty handle for greedy ones.
 OpaqueHandle make_sampler(const SamplingParams & params);
 
+// New llama.cpp chain top_k -> top_p -> min_p -> temp -> dist(seed) of non-greedy params (the
+// samplers that are disabled by their value are left out); the caller frees it.
+llama_sampler * make_sampler_chain(const SamplingParams & params);
+
 class TokenSampler {
   public:
     explicit TokenSampler(int32_t n_vocab);

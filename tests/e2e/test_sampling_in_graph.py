@@ -1,0 +1,43 @@
+"""Stochastic sampling in-graph (llama.cpp backend sampling) next to the CPU path.
+
+Sequences with temperature > 0 and a random seed are sampled by a backend chain attached to
+their slot; seeded ones on the CPU (llama_session.h). top_k = 1 makes a stochastic chain
+deterministic, so its tokens must equal greedy decoding, whatever else shares the batch.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from pycacheflow import SamplingParams
+
+pytestmark = pytest.mark.e2e
+
+PROMPTS = ["The capital of France is", "def fibonacci(n):", "Water boils at", "2 + 2 ="]
+
+
+def test_top_k_1_equals_greedy_in_a_mixed_batch(tiny_model_path, make_llm):
+    llm = make_llm(tiny_model_path, max_num_seqs=8)
+    greedy = SamplingParams(max_tokens=24, ignore_eos=True)
+    expected = [o.token_ids for o in llm.generate(PROMPTS, greedy)]
+    top1 = SamplingParams(max_tokens=24, ignore_eos=True, temperature=0.8, top_k=1)
+    noisy = SamplingParams(max_tokens=24, ignore_eos=True, temperature=1.5, top_p=0.9)
+    seeded = SamplingParams(max_tokens=24, ignore_eos=True, temperature=1.0, seed=7)
+    ids = [llm.add_request(p, top1) for p in PROMPTS]
+    ids += [llm.add_request(p, noisy) for p in PROMPTS]
+    ids += [llm.add_request(p, seeded) for p in PROMPTS[:2]]
+    outs = [list(llm.iter_outputs(i))[-1].output for i in ids]
+    assert [o.token_ids for o in outs[:4]] == expected
+    n_vocab = llm.info.n_vocab
+    assert all(len(o.token_ids) == 24 and all(0 <= t < n_vocab for t in o.token_ids) for o in outs)
+    # the seeded ones sample on the CPU: the same tokens as each alone
+    alone = [llm.generate([p], seeded)[0].token_ids for p in PROMPTS[:2]]
+    assert [o.token_ids for o in outs[8:]] == alone
+
+
+def test_random_seed_sampling_varies(tiny_model_path, make_llm):
+    llm = make_llm(tiny_model_path, max_num_seqs=8)
+    params = SamplingParams(max_tokens=16, ignore_eos=True, temperature=2.0, top_k=50)
+    outs = llm.generate(["Once upon a time"] * 8, params)
+    assert all(len(o.token_ids) == 16 for o in outs)
+    assert len({tuple(o.token_ids) for o in outs}) > 1  # 8 draws at temperature 2 differ
