@@ -8,7 +8,7 @@ import statistics
 from collections.abc import Sequence
 from pathlib import Path
 
-from pycacheflow.bench import plots
+from pycacheflow.bench import plots, report_extra
 from pycacheflow.bench.results import read_csv
 
 COMMANDS = ("throughput", "latency", "scaling", "kv_cache", "serve")
@@ -240,6 +240,8 @@ def generate(results_dir: Path) -> Path:
         lines += _kv_table(read_csv(d / "kv_cache_results.csv"))
         if "kv_cache" in pngs:
             lines += [f"![KV utilization over time]({pngs['kv_cache'].name})", ""]
+    lines += report_extra.kv_capacity_section(d)
+    lines += report_extra.serve_sections(d)
     path = d / "report.md"
     path.write_text("\n".join(lines), encoding="utf-8")
     return path

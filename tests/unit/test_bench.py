@@ -259,3 +259,36 @@ def test_report_from_synthetic_files(tmp_path):
     for png in ("throughput.png", "scaling.png", "latency_cdf.png"):
         assert (tmp_path / png).stat().st_size > 1000
     assert "(throughput.png)" in text and "(scaling.png)" in text
+
+
+def test_report_serving_and_kv_capacity_sections(tmp_path):
+    from pycacheflow.bench import report_extra
+
+    serve_dir = tmp_path / "cpu_serve" / "rate_0.5"
+    serve_dir.mkdir(parents=True)
+    keys = ("ttft_ms_median", "ttft_ms_p99", "tpot_ms_median", "tpot_ms_p99")
+    rows = [
+        {"variant": url, "dataset": "sharegpt", "request_rate": 0.5, "num_requests": 8,
+         "num_errors": err, "output_throughput": tput, **dict(zip(keys, lat))}
+        for url, err, tput, lat in (
+            ("http://a", 0, 90.0, (100.0, 400.0, 20.0, 30.0)),
+            ("http://b", 1, 60.0, (150.0, 800.0, 25.0, 40.0)),
+        )
+    ]  # fmt: skip
+    results.write_csv(serve_dir / "serve_results.csv", rows)
+    results.write_json(serve_dir / "serve_summary.json",
+                       {"parameters": {"url": "http://a", "baselines": ["http://b"]}})
+    text = "\n".join(report_extra.serve_sections(tmp_path))
+    assert "`cpu_serve/rate_0.5`" in text
+    assert "| under test `http://a` | sharegpt | 0.5 | 8 (0 failed) | 90.0 | 100.0 | 400.0 |" in text
+    assert "| baseline `http://b` |" in text and "| 1.50x | 0.50 |" in text  # 90/60, 400/800
+
+    cap = tmp_path / "kv_capacity"
+    cap.mkdir()
+    row = {"label": "paged", "max_num_seqs": 64, "n_ctx": 9216, "num_completed": 48,
+           "num_requests": 48, "num_failed": 0, "mean_running": 15.74, "peak_running": 48,
+           "kv_utilization": 0.983, "pool_usage": 0.66, "num_preemptions": 6, "output_tok_s": 95.0}
+    results.write_csv(cap / "kv_capacity_results.csv", [row])
+    text = "\n".join(report_extra.kv_capacity_section(tmp_path))
+    assert "| paged | 64 | 9216 | 48/48 | 0 | 15.74 | 48 | 98.3% | 66.0% | 6 | 95.0 |" in text
+    assert report_extra.serve_sections(tmp_path / "kv_capacity") == []

@@ -190,8 +190,8 @@ bool Scheduler::can_admit(const Sequence & seq) const {
     }
     if (config_.block_manager != nullptr) {
         // The watermark leaves running sequences room to grow: 1% of the pool, and at least one block
-        // per running sequence, since without preemption [TAG_PREEMPTION] a sequence that cannot grow
-        // ends. Alone, a sequence may take the whole pool.
+        // per running sequence, so that admitting a prompt does not force a preemption (and its
+        // recompute) on the very next decode. Alone, a sequence may take the whole pool.
         const BlockManager & blocks = *config_.block_manager;
         const int64_t watermark = running_.empty() ? 0 : std::max<int64_t>(watermark_blocks_, num_running());
         return blocks.num_blocks_needed(seq.request_id, seq.num_uncomputed_tokens()) + watermark <=
