@@ -34,7 +34,9 @@ class ByteSize(click.ParamType):
 
     name = "SIZE"
 
-    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> int:
+    def convert(
+        self, value: object, param: click.Parameter | None, ctx: click.Context | None
+    ) -> int:
         if isinstance(value, int):
             return value
         text = str(value).strip()
@@ -52,6 +54,14 @@ class ByteSize(click.ParamType):
 KV_CACHE_MEMORY_HELP = (
     "KV memory budget (e.g. 256MiB, 1GiB; bytes without a unit) instead of --ctx-size: "
     "the cache gets as many tokens as fit, the same memory in every KV mode."
+)
+
+BLOCK_SIZE_OPTION = click.option(
+    "--block-size",
+    type=click.IntRange(min=1),
+    default=16,
+    show_default=True,
+    help="Tokens per KV block (paged mode).",
 )
 
 

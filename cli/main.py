@@ -16,7 +16,7 @@ import click
 
 import pycacheflow
 from cli.bench import bench
-from cli.common import KV_CACHE_MEMORY_HELP, ByteSize, load_llm, to_click_error
+from cli.common import BLOCK_SIZE_OPTION, KV_CACHE_MEMORY_HELP, ByteSize, load_llm, to_click_error
 from cli.prompts import PromptsFileError, read_prompts_file
 from cli.serve import serve
 from pycacheflow import SamplingParams
@@ -132,13 +132,7 @@ def cacheflow() -> None:
     "min(trained context, 2048).",
 )
 @click.option("--kv-cache-memory", type=ByteSize(), default=0, help=KV_CACHE_MEMORY_HELP)
-@click.option(
-    "--block-size",
-    type=click.IntRange(min=1),
-    default=16,
-    show_default=True,
-    help="Tokens per KV block (paged mode).",
-)
+@BLOCK_SIZE_OPTION
 @click.option(
     "--batch-tokens",
     type=click.IntRange(min=1),

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from cli.common import KV_CACHE_MEMORY_HELP, ByteSize, load_llm
+from cli.common import BLOCK_SIZE_OPTION, KV_CACHE_MEMORY_HELP, ByteSize, load_llm
 from pycacheflow.config import KV_MODES, POLICIES
 from pycacheflow.errors import CacheFlowError
 
@@ -52,6 +52,8 @@ def _check_preemption(value: str) -> str:
             "'swap' is not available yet (preempted sequences are recomputed); use 'recompute'"
         )
     return value
+
+
 _POLL_S = 0.1  # how often the shutdown watcher looks at uvicorn's should_exit
 _FLUSH_S = 2.0  # after aborting at shutdown, time for handlers to send their last bytes
 
@@ -119,8 +121,7 @@ def _env(name: str) -> str:
     type=click.IntRange(min=-1),
     default=-1,
     envvar=_env("N_PARALLEL"),
-    help="Sequences decoded at once (max_num_seqs); more requests wait in the "
-    "scheduler. -1 = 16.",
+    help="Sequences decoded at once (max_num_seqs); more requests wait in the scheduler. -1 = 16.",
 )
 @click.option(
     "-b",
@@ -129,7 +130,7 @@ def _env(name: str) -> str:
     default=2048,
     show_default=True,
     envvar=_env("BATCH"),
-    help="Logical batch size; the engine's per-step token " "budget is min(-b, -ub).",
+    help="Logical batch size; the engine's per-step token budget is min(-b, -ub).",
 )
 @click.option(
     "-ub",
@@ -252,19 +253,13 @@ def _env(name: str) -> str:
     envvar=_env("KV_CACHE_MEMORY"),
     help=KV_CACHE_MEMORY_HELP,
 )
-@click.option(
-    "--block-size",
-    type=click.IntRange(min=1),
-    default=16,
-    show_default=True,
-    help="Tokens per KV block (paged mode).",
-)
+@BLOCK_SIZE_OPTION
 @click.option(
     "--policy",
     type=click.Choice(POLICIES),
     default="fcfs",
     show_default=True,
-    help="Scheduling policy; 'priority' honours the request field priority " "(smaller first).",
+    help="Scheduling policy; 'priority' honours the request field priority (smaller first).",
 )
 @click.option(
     "--preemption",
@@ -286,7 +281,7 @@ def _env(name: str) -> str:
     type=click.FloatRange(min=0),
     default=10.0,
     show_default=True,
-    help="On SIGINT/SIGTERM: seconds in-flight requests may still run before they " "are aborted.",
+    help="On SIGINT/SIGTERM: seconds in-flight requests may still run before they are aborted.",
 )
 @click.option("-v", "--verbose", is_flag=True, help="Access log, llama.cpp and engine logs.")
 def serve(**options: object) -> None:

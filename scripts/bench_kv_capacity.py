@@ -65,17 +65,19 @@ def run_row(args: argparse.Namespace, label: str, kv_mode: str, max_num_seqs: in
     from pycacheflow.llm import LLM
     from pycacheflow.profiler import DEFAULT_PROFILE_CAPACITY
 
-    with LLM(
-        args.model,
-        kv_mode=kv_mode,
-        max_num_seqs=max_num_seqs,
-        kv_cache_bytes=args.kv_cache_bytes,
-        n_threads=args.threads,
-        max_num_batched_tokens=args.batch_tokens,
-        profile_capacity=DEFAULT_PROFILE_CAPACITY,
-    ) as llm:
-        with tqdm(total=len(reqs), desc=label, unit="req", file=sys.stderr) as bar:
-            return run_capacity(label, llm, reqs, on_finish=lambda: bar.update(1))
+    with (
+        LLM(
+            args.model,
+            kv_mode=kv_mode,
+            max_num_seqs=max_num_seqs,
+            kv_cache_bytes=args.kv_cache_bytes,
+            n_threads=args.threads,
+            max_num_batched_tokens=args.batch_tokens,
+            profile_capacity=DEFAULT_PROFILE_CAPACITY,
+        ) as llm,
+        tqdm(total=len(reqs), desc=label, unit="req", file=sys.stderr) as bar,
+    ):
+        return run_capacity(label, llm, reqs, on_finish=lambda: bar.update(1))
 
 
 def main() -> None:
@@ -139,6 +141,7 @@ def write(args, rows, info, token_bytes: int, longest: int, safe: int) -> None:
             ["git", "-C", str(ROOT), "describe", "--always", "--dirty"],
             capture_output=True,
             text=True,
+            check=False,
         ).stdout.strip(),
         "model": Path(args.model).name,
         "kv_cache_bytes": args.kv_cache_bytes,

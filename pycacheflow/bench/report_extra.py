@@ -38,21 +38,34 @@ def serve_sections(d: Path) -> list[str]:
     lines = [
         "## Serving",
         "",
-        "`cacheflow bench serve URL --baseline URL2`: the same requests against each server, one "
-        "after the other; latencies measured by the client. Rows: the server under test (URL) "
-        "and its baselines; x = under test / baseline (output tok/s), TTFT p99 ratio likewise.",
+        (
+            "`cacheflow bench serve URL --baseline URL2`: the same requests against each server, "
+            "one after the other; latencies measured by the client. Rows: the server under test "
+            "(URL) and its baselines; x = under test / baseline (output tok/s), TTFT p99 ratio "
+            "likewise."
+        ),
         "",
     ]
     for path in paths:
         summary_path = path.with_name("serve_summary.json")
-        params = json.loads(summary_path.read_text()).get("parameters", {}) if summary_path.exists() else {}
+        params = (
+            json.loads(summary_path.read_text()).get("parameters", {})
+            if summary_path.exists()
+            else {}
+        )
         subject = params.get("url", "")
         baselines = set(params.get("baselines", []))
         rows = [r for r in read_csv(path) if r["variant"] != "no-op server"]
         mine = next((r for r in rows if r["variant"] == subject), None)
         body = []
         for r in rows:
-            role = "under test" if r["variant"] == subject else "baseline" if r["variant"] in baselines else ""
+            role = (
+                "under test"
+                if r["variant"] == subject
+                else "baseline"
+                if r["variant"] in baselines
+                else ""
+            )
             ratio = ttft_ratio = ""
             if mine is not None and r is not mine and float(r["output_throughput"] or 0) > 0:
                 ratio = f"{float(mine['output_throughput']) / float(r['output_throughput']):.2f}x"
@@ -105,11 +118,14 @@ def kv_capacity_section(d: Path) -> list[str]:
         lines += [
             f"    {s.get('command', '')}",
             "",
-            f"{s.get('num_requests')} {s.get('dataset')} requests (longest "
-            f"{s.get('longest_request_tokens')} tokens), every engine with "
-            f"{int(s.get('kv_cache_bytes', 0)) / 2**20:.1f} MiB of KV cache; stock split holds "
-            f"{s.get('stock_split_safe_seqs')} slices of the longest request. Paged runs "
-            f"{float(s.get('mean_running_ratio_paged_vs_stock', 0)):.2f}x the sequences at once.",
+            (
+                f"{s.get('num_requests')} {s.get('dataset')} requests (longest "
+                f"{s.get('longest_request_tokens')} tokens), every engine with "
+                f"{int(s.get('kv_cache_bytes', 0)) / 2**20:.1f} MiB of KV cache; stock split "
+                f"holds {s.get('stock_split_safe_seqs')} slices of the longest request. Paged "
+                f"runs {float(s.get('mean_running_ratio_paged_vs_stock', 0)):.2f}x the "
+                "sequences at once."
+            ),
             "",
         ]
     body = [

@@ -61,10 +61,14 @@ def test_real_model_preemption_keeps_greedy_outputs(real_model_path, make_llm):
         ("stock", 3, 1000 // 3 // 256 * 256 * 3),  # each of the 3 slices in 256-row steps
     ],
 )
-def test_kv_cache_bytes_sizes_every_mode_alike(kv_mode, max_num_seqs, rows, tiny_model_path, make_llm):
+def test_kv_cache_bytes_sizes_every_mode_alike(
+    kv_mode, max_num_seqs, rows, tiny_model_path, make_llm
+):
     probe = make_llm(tiny_model_path, max_num_seqs=1, n_ctx=256)
     budget = 1000 * token_bytes(probe)
-    llm = make_llm(tiny_model_path, kv_mode=kv_mode, max_num_seqs=max_num_seqs, kv_cache_bytes=budget)
+    llm = make_llm(
+        tiny_model_path, kv_mode=kv_mode, max_num_seqs=max_num_seqs, kv_cache_bytes=budget
+    )
     assert llm.info.n_ctx == rows
     assert llm.info.n_ctx * token_bytes(llm) <= budget
 
@@ -75,6 +79,11 @@ def test_kv_cache_bytes_too_small_is_a_clear_error(tiny_model_path, make_llm):
     with pytest.raises(InvalidArgumentError, match=r"stock split mode needs 256 rows per sequence"):
         make_llm(tiny_model_path, kv_mode="stock", max_num_seqs=2, kv_cache_bytes=budget)
     with pytest.raises(InvalidArgumentError, match=r"kv_cache_bytes=\d+ holds \d+ KV rows"):
-        make_llm(tiny_model_path, kv_mode="paged", max_num_seqs=2, kv_cache_bytes=token_bytes(probe) * 100)
+        make_llm(
+            tiny_model_path,
+            kv_mode="paged",
+            max_num_seqs=2,
+            kv_cache_bytes=token_bytes(probe) * 100,
+        )
     with pytest.raises(ValueError, match="set n_ctx or kv_cache_bytes, not both"):
         make_llm(tiny_model_path, n_ctx=512, kv_cache_bytes=budget)
