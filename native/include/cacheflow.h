@@ -53,7 +53,9 @@ typedef enum cf_status {
  * the library and valid until the next cf_* call on the same thread. Thread-safe. */
 CF_API const char * cf_last_error(void);
 
-/* Library version string, e.g. "0.1.0 (llama.cpp 0c1e570)". Static storage. */
+/* Library version string, e.g. "0.1.0+1a2b3c4 (llama.cpp 0c1e570)": the package version, the
+ * CacheFlow git commit it was built from ("-dirty" with uncommitted changes; no "+..." outside
+ * a git checkout) and the llama.cpp commit. Static storage. */
 CF_API const char * cf_version(void);
 
 /* Current time of the monotonic clock the engine stamps events with, in nanoseconds. */

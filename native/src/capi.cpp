@@ -13,6 +13,9 @@
 #ifndef CACHEFLOW_VERSION
 #define CACHEFLOW_VERSION "0.1.0"
 #endif
+#ifndef CACHEFLOW_GIT_COMMIT
+#define CACHEFLOW_GIT_COMMIT ""
+#endif
 #ifndef CACHEFLOW_LLAMA_COMMIT
 #define CACHEFLOW_LLAMA_COMMIT "0c1e570"
 #endif
@@ -41,7 +44,8 @@ const char * cf_last_error(void) {
 }
 
 const char * cf_version(void) {
-    return CACHEFLOW_VERSION " (llama.cpp " CACHEFLOW_LLAMA_COMMIT ")";
+    return sizeof(CACHEFLOW_GIT_COMMIT) > 1 ? CACHEFLOW_VERSION "+" CACHEFLOW_GIT_COMMIT " (llama.cpp " CACHEFLOW_LLAMA_COMMIT ")"
+                                           : CACHEFLOW_VERSION " (llama.cpp " CACHEFLOW_LLAMA_COMMIT ")";
 }
 
 int64_t cf_clock_ns(void) {

@@ -17,25 +17,42 @@ COPY_REPEATS = 7
 
 
 def git_commit(cwd: str | os.PathLike[str] | None = None) -> str:
-    """Short commit of the checkout (with "-dirty" when files differ); "" outside git."""
-    cwd = cwd or Path(__file__).resolve().parents[2]
+    """Short commit of the CacheFlow checkout (with "-dirty" when tracked files differ).
+
+    Run from a checkout, git answers; installed (site-packages), the commit the native library
+    was built from (``cf_version()``); "" when neither knows.
+    """
+    root = Path(cwd) if cwd else Path(__file__).resolve().parents[2]
+    if (root / ".git").exists():
+        try:
+            commit = subprocess.run(
+                ["git", "rev-parse", "--short=7", "HEAD"],
+                cwd=root,
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout.strip()
+            dirty = subprocess.run(
+                ["git", "status", "--porcelain", "--untracked-files=no"],
+                cwd=root,
+                capture_output=True,
+                text=True,
+                check=False,
+            ).stdout.strip()
+            return commit + ("-dirty" if dirty else "")
+        except (OSError, subprocess.CalledProcessError):
+            pass
+    return build_commit()
+
+
+def build_commit() -> str:
+    """The CacheFlow commit the loaded native library was built from; "" if unknown."""
     try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            cwd=cwd,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=cwd,
-            capture_output=True,
-            text=True,
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
+        from pycacheflow._native import version
+    except (ImportError, OSError):
         return ""
-    return commit + ("-dirty" if dirty else "")
+    head = version().split(" ", 1)[0]
+    return head.split("+", 1)[1] if "+" in head else ""
 
 
 def cpu_model() -> str:

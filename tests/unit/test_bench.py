@@ -292,3 +292,14 @@ def test_report_serving_and_kv_capacity_sections(tmp_path):
     text = "\n".join(report_extra.kv_capacity_section(tmp_path))
     assert "| paged | 64 | 9216 | 48/48 | 0 | 15.74 | 48 | 98.3% | 66.0% | 6 | 95.0 |" in text
     assert report_extra.serve_sections(tmp_path / "kv_capacity") == []
+
+
+def test_commit_of_an_installed_package_comes_from_the_library(tmp_path, monkeypatch):
+    from pycacheflow import _native
+    from pycacheflow.bench import environment
+
+    monkeypatch.setattr(_native, "version", lambda: "0.1.0+1a2b3c4-dirty (llama.cpp 0c1e570)")
+    assert environment.build_commit() == "1a2b3c4-dirty"
+    assert environment.git_commit(tmp_path) == "1a2b3c4-dirty"  # not a checkout
+    monkeypatch.setattr(_native, "version", lambda: "0.1.0 (llama.cpp 0c1e570)")
+    assert environment.git_commit(tmp_path) == ""
