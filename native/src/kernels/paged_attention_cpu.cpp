@@ -1,12 +1,14 @@
 // paged_attention_cpu.cpp - see paged_attention_cpu.h.
 //
-// Per (token t, kv head h) item, with G = n_head / n_head_kv query heads sharing h:
+// Per (tile of consecutive tokens of one sequence, kv head h) item, for each token t of the tile,
+// with G = n_head / n_head_kv query heads sharing h:
 //
 //   for each block b of t's sequence covering positions [b*bs, min((b+1)*bs, ctx_len)):
-//     s[g][j] = scale * q_g . K[row_j]           K row converted to f32 once, used by all G heads
+//     s[g][j] = scale * q_g . K[row_j]           K row converted to f32 once per tile, used by all
+//                                               G heads of all its tokens
 //     m_g' = max(m_g, max_j s[g][j]); acc_g, l_g *= exp(m_g - m_g')   (online softmax, once per block)
 //     p[g][j] = exp(s[g][j] - m_g'); l_g += sum_j p[g][j]
-//     acc_g += sum_j p[g][j] * V[row_j]         V row converted once, used by all G heads
+//     acc_g += sum_j p[g][j] * V[row_j]         V row likewise
 //   out_g = acc_g / l_g
 //
 // The vector helpers use AVX-512 or AVX2+F16C+FMA when the build enables them (CMake compiles this
@@ -124,86 +126,110 @@ std::vector<float> & thread_scratch() {
     return scratch;
 }
 
-// Attention of the G query heads of kv head h for token t (see the file comment).
-void attend_item(const PagedAttentionArgs & a, int32_t t, int32_t h) {
+// Query tokens processed together: consecutive tokens of one sequence (a prefill chunk) share
+// each K/V block, so its rows are converted to f32 once per tile instead of once per token.
+constexpr int32_t kTileTokens = 8;
+
+// Attention of the G query heads of kv head h for tokens [t0, t0 + nt) of one sequence (see the
+// file comment); per (token, head) the operations and their order are those of a single token.
+void attend_tile(const PagedAttentionArgs & a, int32_t t0, int32_t nt, int32_t h) {
     const int32_t G = a.n_head / a.n_head_kv;
     const int32_t bs = a.block_size;
     const int32_t dk = a.head_dim_k;
     const int32_t dv = a.head_dim_v;
+    const int32_t R = nt * G;  // (token, head) rows of the tile, row r = i * G + g
 
     std::vector<float> & scratch = thread_scratch();
-    const size_t need = (size_t) G * bs + dk + dv + (size_t) G * dv + 2 * (size_t) G;
+    const size_t need = (size_t) R * bs + (size_t) bs * (dk + dv) + (size_t) R * dv + 2 * (size_t) R;
     if (scratch.size() < need) {
         scratch.resize(need);
     }
-    float * s = scratch.data();    // [G][bs] scores, then probabilities, of the current block
-    float * kbuf = s + (size_t) G * bs;
-    float * vbuf = kbuf + dk;
-    float * acc = vbuf + dv;       // [G][dv]
-    float * m = acc + (size_t) G * dv;  // [G] running max
-    float * l = m + G;             // [G] running sum of exp(s - m)
+    float * s = scratch.data();                 // [R][bs] scores, then probabilities, of the block
+    float * kblk = s + (size_t) R * bs;         // [bs][dk] K rows of the block as f32
+    float * vblk = kblk + (size_t) bs * dk;     // [bs][dv]
+    float * acc = vblk + (size_t) bs * dv;      // [R][dv]
+    float * m = acc + (size_t) R * dv;          // [R] running max
+    float * l = m + R;                          // [R] running sum of exp(s - m)
 
-    std::fill(acc, acc + (size_t) G * dv, 0.0f);
-    std::fill(m, m + G, -std::numeric_limits<float>::infinity());
-    std::fill(l, l + G, 0.0f);
+    std::fill(acc, acc + (size_t) R * dv, 0.0f);
+    std::fill(m, m + R, -std::numeric_limits<float>::infinity());
+    std::fill(l, l + R, 0.0f);
+    thread_local std::vector<const float *> k_rows;  // [bs] the block's rows as f32 (f32 pools in place)
+    thread_local std::vector<const float *> v_rows;
+    k_rows.resize((size_t) bs);
+    v_rows.resize((size_t) bs);
 
     const size_t k_elt = ggml_type_size(a.k_type);
     const size_t v_elt = ggml_type_size(a.v_type);
-    const char * q_tok = a.q + (size_t) t * a.q_stride_token_bytes + (size_t) h * G * a.q_stride_head_bytes;
-    const int32_t ctx_len = a.token_ctx_len[t];
-    const int32_t * table = a.block_tables + (int64_t) a.token_seq_idx[t] * a.block_table_stride;
+    const int32_t * table = a.block_tables + (int64_t) a.token_seq_idx[t0] * a.block_table_stride;
     const int64_t n_pool_blocks = a.kv_size / bs;
+    int32_t max_ctx = 0;
+    for (int32_t i = 0; i < nt; ++i) {
+        max_ctx = std::max(max_ctx, a.token_ctx_len[t0 + i]);
+    }
 
-    for (int32_t b = 0, p0 = 0; p0 < ctx_len; ++b, p0 += bs) {
-        const int32_t n = std::min(bs, ctx_len - p0);
+    for (int32_t b = 0, p0 = 0; p0 < max_ctx; ++b, p0 += bs) {
+        const int32_t n = std::min(bs, max_ctx - p0);
         const int32_t block_id = table[b];
         if (block_id < 0 || block_id >= n_pool_blocks) {
-            GGML_ABORT("paged attention: token %d reads block %d outside the pool of %lld blocks", t, block_id,
+            GGML_ABORT("paged attention: token %d reads block %d outside the pool of %lld blocks", t0, block_id,
                        (long long) n_pool_blocks);
         }
         const int64_t row0 = (int64_t) block_id * bs;
-
         for (int32_t j = 0; j < n; ++j) {
             const char * k_src = a.k_pool + (row0 + j) * a.k_stride_row_bytes + (size_t) h * dk * k_elt;
-            const float * k = row_f32(k_src, a.k_type, dk, kbuf);
-            for (int32_t g = 0; g < G; ++g) {
-                float x = a.scale * dot_f32((const float *) (q_tok + (size_t) g * a.q_stride_head_bytes), k, dk);
-                if (a.softcap != 0.0f) {
-                    x = a.softcap * std::tanh(x / a.softcap);
+            k_rows[(size_t) j] = row_f32(k_src, a.k_type, dk, kblk + (size_t) j * dk);
+        }
+        for (int32_t i = 0; i < nt; ++i) {
+            const int32_t ni = std::min(n, a.token_ctx_len[t0 + i] - p0);  // <= 0: block past its context
+            const char * q_tok = a.q + (size_t) (t0 + i) * a.q_stride_token_bytes + (size_t) h * G * a.q_stride_head_bytes;
+            for (int32_t g = 0; g < G && ni > 0; ++g) {
+                const int32_t r = i * G + g;
+                float * sr = s + (size_t) r * bs;
+                const float * qg = (const float *) (q_tok + (size_t) g * a.q_stride_head_bytes);
+                for (int32_t j = 0; j < ni; ++j) {
+                    float x = a.scale * dot_f32(qg, k_rows[(size_t) j], dk);
+                    if (a.softcap != 0.0f) {
+                        x = a.softcap * std::tanh(x / a.softcap);
+                    }
+                    sr[j] = x;
                 }
-                s[(size_t) g * bs + j] = x;
+                const float m_block = *std::max_element(sr, sr + ni);
+                if (m_block > m[r]) {
+                    const float c = std::exp(m[r] - m_block);  // 0 on the first block (m = -inf)
+                    l[r] *= c;
+                    scale_f32(acc + (size_t) r * dv, c, dv);
+                    m[r] = m_block;
+                }
+                for (int32_t j = 0; j < ni; ++j) {
+                    sr[j] = std::exp(sr[j] - m[r]);
+                    l[r] += sr[j];
+                }
             }
         }
-
-        for (int32_t g = 0; g < G; ++g) {
-            float * sg = s + (size_t) g * bs;
-            const float m_block = *std::max_element(sg, sg + n);
-            if (m_block > m[g]) {
-                const float c = std::exp(m[g] - m_block);  // 0 on the first block (m = -inf)
-                l[g] *= c;
-                scale_f32(acc + (size_t) g * dv, c, dv);
-                m[g] = m_block;
-            }
-            for (int32_t j = 0; j < n; ++j) {
-                sg[j] = std::exp(sg[j] - m[g]);
-                l[g] += sg[j];
-            }
-        }
-
         for (int32_t j = 0; j < n; ++j) {
             const char * v_src = a.v_pool + (row0 + j) * a.v_stride_row_bytes + (size_t) h * dv * v_elt;
-            const float * v = row_f32(v_src, a.v_type, dv, vbuf);
-            for (int32_t g = 0; g < G; ++g) {
-                axpy_f32(acc + (size_t) g * dv, s[(size_t) g * bs + j], v, dv);
+            v_rows[(size_t) j] = row_f32(v_src, a.v_type, dv, vblk + (size_t) j * dv);
+        }
+        for (int32_t i = 0; i < nt; ++i) {
+            const int32_t ni = std::min(n, a.token_ctx_len[t0 + i] - p0);
+            for (int32_t j = 0; j < ni; ++j) {
+                for (int32_t g = 0; g < G; ++g) {
+                    const int32_t r = i * G + g;
+                    axpy_f32(acc + (size_t) r * dv, s[(size_t) r * bs + j], v_rows[(size_t) j], dv);
+                }
             }
         }
     }
 
-    for (int32_t g = 0; g < G; ++g) {
-        float * out = a.out + ((int64_t) t * a.n_head + (int64_t) h * G + g) * dv;
-        const float inv = l[g] > 0.0f ? 1.0f / l[g] : 0.0f;
-        for (int32_t d = 0; d < dv; ++d) {
-            out[d] = acc[(size_t) g * dv + d] * inv;
+    for (int32_t i = 0; i < nt; ++i) {
+        for (int32_t g = 0; g < G; ++g) {
+            const int32_t r = i * G + g;
+            float * out = a.out + ((int64_t) (t0 + i) * a.n_head + (int64_t) h * G + g) * dv;
+            const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
+            for (int32_t d = 0; d < dv; ++d) {
+                out[d] = acc[(size_t) r * dv + d] * inv;
+            }
         }
     }
 }
@@ -215,11 +241,22 @@ bool is_f16_or_f32(const ggml_tensor * t) {
 }  // namespace
 
 void paged_attention_cpu(const PagedAttentionArgs & args, int ith, int nth) {
-    // Interleaved items: tokens of one thread are spread over the batch, so sequences of very
+    // Tiles: runs of up to kTileTokens consecutive tokens of one sequence (decode tokens are tiles
+    // of one). Items (tile, kv head) are interleaved over the threads, so sequences of very
     // different lengths (ragged decode batches, a growing prefill chunk) balance across threads.
-    const int64_t n_items = (int64_t) args.n_tokens * args.n_head_kv;
-    for (int64_t item = ith; item < n_items; item += nth) {
-        attend_item(args, (int32_t) (item / args.n_head_kv), (int32_t) (item % args.n_head_kv));
+    int64_t item = 0;
+    for (int32_t t0 = 0; t0 < args.n_tokens;) {
+        int32_t nt = 1;
+        while (nt < kTileTokens && t0 + nt < args.n_tokens &&
+               args.token_seq_idx[t0 + nt] == args.token_seq_idx[t0]) {
+            ++nt;
+        }
+        for (int32_t h = 0; h < args.n_head_kv; ++h, ++item) {
+            if (item % nth == ith) {
+                attend_tile(args, t0, nt, h);
+            }
+        }
+        t0 += nt;
     }
 }
 
