@@ -11,8 +11,11 @@
 //     acc_g += sum_j p[g][j] * V[row_j]         V row likewise
 //   out_g = acc_g / l_g
 //
-// The vector helpers use AVX-512 or AVX2+F16C+FMA when the build enables them (CMake compiles this
-// file for the build machine, like ggml's CPU backend), else portable scalar code.
+// Scores of a block come from its K rows transposed ([head_dim][block], one lane per row: no
+// horizontal sums) and its softmax weights from a vector e^x (Taylor series after range
+// reduction, about 1e-7 relative). The vector helpers use AVX-512 or AVX2+F16C+FMA when the build
+// enables them (CMake compiles this file for the build machine, like ggml's CPU backend), else
+// portable scalar code.
 #include "kernels/paged_attention_cpu.h"
 
 #include "llama.h"
@@ -34,43 +37,6 @@
 namespace cf {
 
 namespace {
-
-// sum_i a[i] * b[i]
-inline float dot_f32(const float * a, const float * b, int32_t n) {
-    int32_t i = 0;
-    float sum = 0.0f;
-#if defined(__AVX512F__)
-    __m512 acc0 = _mm512_setzero_ps();
-    __m512 acc1 = _mm512_setzero_ps();
-    for (; i + 32 <= n; i += 32) {
-        acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc0);
-        acc1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16), _mm512_loadu_ps(b + i + 16), acc1);
-    }
-    for (; i + 16 <= n; i += 16) {
-        acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc0);
-    }
-    sum = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
-#elif defined(__AVX2__) && defined(__FMA__)
-    __m256 acc0 = _mm256_setzero_ps();
-    __m256 acc1 = _mm256_setzero_ps();
-    for (; i + 16 <= n; i += 16) {
-        acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
-        acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), acc1);
-    }
-    for (; i + 8 <= n; i += 8) {
-        acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
-    }
-    const __m256 acc = _mm256_add_ps(acc0, acc1);
-    __m128 r = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-    r = _mm_add_ps(r, _mm_movehl_ps(r, r));
-    r = _mm_add_ss(r, _mm_movehdup_ps(r));
-    sum = _mm_cvtss_f32(r);
-#endif
-    for (; i < n; ++i) {
-        sum += a[i] * b[i];
-    }
-    return sum;
-}
 
 // y[i] += a * x[i]
 inline void axpy_f32(float * y, float a, const float * x, int32_t n) {
@@ -96,6 +62,123 @@ inline void scale_f32(float * y, float c, int32_t n) {
     for (int32_t i = 0; i < n; ++i) {
         y[i] *= c;
     }
+}
+
+#if defined(__AVX512F__)
+constexpr int32_t kLanes = 16;
+#elif defined(__AVX2__) && defined(__FMA__)
+constexpr int32_t kLanes = 8;
+#else
+constexpr int32_t kLanes = 1;
+#endif
+
+// s[j] = q . K[j] for j in [0, width): kT is the block transposed, [dk][width] (width a multiple
+// of kLanes, padding columns zero), so each lane accumulates one score and no horizontal sum is
+// needed.
+inline void block_scores(const float * q, const float * kT, int32_t dk, int32_t width, float * s) {
+    for (int32_t j0 = 0; j0 < width; j0 += kLanes) {
+#if defined(__AVX512F__)
+        __m512 acc = _mm512_setzero_ps();
+        for (int32_t d = 0; d < dk; ++d) {
+            acc = _mm512_fmadd_ps(_mm512_set1_ps(q[d]), _mm512_loadu_ps(kT + (size_t) d * width + j0), acc);
+        }
+        _mm512_storeu_ps(s + j0, acc);
+#elif defined(__AVX2__) && defined(__FMA__)
+        __m256 acc = _mm256_setzero_ps();
+        for (int32_t d = 0; d < dk; ++d) {
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(q[d]), _mm256_loadu_ps(kT + (size_t) d * width + j0), acc);
+        }
+        _mm256_storeu_ps(s + j0, acc);
+#else
+        float acc = 0.0f;
+        for (int32_t d = 0; d < dk; ++d) {
+            acc += q[d] * kT[(size_t) d * width + j0];
+        }
+        s[j0] = acc;
+#endif
+    }
+}
+
+// e^x for x <= 0, lane-wise: x = k ln2 + y with k integer and |y| <= ln2 / 2, e^y by its Taylor
+// series to y^7 (truncation below 6e-9 relative), 2^k through the exponent bits; x < -87 gives
+// about 1.6e-38 instead of a denormal (the softmax weight is negligible either way).
+#if defined(__AVX512F__)
+inline __m512 exp_nonpositive(__m512 x) {
+    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+    const __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504089f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 y = _mm512_fnmadd_ps(k, _mm512_set1_ps(0.693145752f), x);  // ln2 split in two floats
+    y = _mm512_fnmadd_ps(k, _mm512_set1_ps(1.42860677e-6f), y);
+    __m512 p = _mm512_set1_ps(1.0f / 5040.0f);
+    p = _mm512_fmadd_ps(p, y, _mm512_set1_ps(1.0f / 720.0f));
+    p = _mm512_fmadd_ps(p, y, _mm512_set1_ps(1.0f / 120.0f));
+    p = _mm512_fmadd_ps(p, y, _mm512_set1_ps(1.0f / 24.0f));
+    p = _mm512_fmadd_ps(p, y, _mm512_set1_ps(1.0f / 6.0f));
+    p = _mm512_fmadd_ps(p, y, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, y, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, y, _mm512_set1_ps(1.0f));
+    const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(k), _mm512_set1_epi32(127)), 23);
+    return _mm512_mul_ps(p, _mm512_castsi512_ps(e));
+}
+#elif defined(__AVX2__) && defined(__FMA__)
+inline __m256 exp_nonpositive(__m256 x) {
+    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+    const __m256 k = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504089f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 y = _mm256_fnmadd_ps(k, _mm256_set1_ps(0.693145752f), x);
+    y = _mm256_fnmadd_ps(k, _mm256_set1_ps(1.42860677e-6f), y);
+    __m256 p = _mm256_set1_ps(1.0f / 5040.0f);
+    p = _mm256_fmadd_ps(p, y, _mm256_set1_ps(1.0f / 720.0f));
+    p = _mm256_fmadd_ps(p, y, _mm256_set1_ps(1.0f / 120.0f));
+    p = _mm256_fmadd_ps(p, y, _mm256_set1_ps(1.0f / 24.0f));
+    p = _mm256_fmadd_ps(p, y, _mm256_set1_ps(1.0f / 6.0f));
+    p = _mm256_fmadd_ps(p, y, _mm256_set1_ps(0.5f));
+    p = _mm256_fmadd_ps(p, y, _mm256_set1_ps(1.0f));
+    p = _mm256_fmadd_ps(p, y, _mm256_set1_ps(1.0f));
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+#endif
+
+// s[j] = e^(s[j] - m) for j < n and 0 for j in [n, width) (width a multiple of kLanes, m >= every
+// s[j], j < n); returns the sum over j < n.
+inline float exp_shifted_sum(float * s, float m, int32_t n, int32_t width) {
+    float sum = 0.0f;
+    int32_t j0 = 0;
+#if defined(__AVX512F__)
+    __m512 total = _mm512_setzero_ps();
+    for (; j0 < n; j0 += kLanes) {
+        const __mmask16 live = n - j0 >= kLanes ? (__mmask16) 0xFFFF : (__mmask16) ((1u << (n - j0)) - 1);
+        const __m512 x = _mm512_sub_ps(_mm512_loadu_ps(s + j0), _mm512_set1_ps(m));
+        const __m512 p = _mm512_maskz_mov_ps(live, exp_nonpositive(x));
+        _mm512_storeu_ps(s + j0, p);
+        total = _mm512_add_ps(total, p);
+    }
+    sum = _mm512_reduce_add_ps(total);
+#elif defined(__AVX2__) && defined(__FMA__)
+    __m256 total = _mm256_setzero_ps();
+    const __m256 lane = _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7);
+    for (; j0 < n; j0 += kLanes) {
+        const __m256 live = _mm256_cmp_ps(lane, _mm256_set1_ps((float) (n - j0)), _CMP_LT_OQ);
+        const __m256 x = _mm256_sub_ps(_mm256_loadu_ps(s + j0), _mm256_set1_ps(m));
+        const __m256 p = _mm256_and_ps(live, exp_nonpositive(x));
+        _mm256_storeu_ps(s + j0, p);
+        total = _mm256_add_ps(total, p);
+    }
+    __m128 r = _mm_add_ps(_mm256_castps256_ps128(total), _mm256_extractf128_ps(total, 1));
+    r = _mm_add_ps(r, _mm_movehl_ps(r, r));
+    r = _mm_add_ss(r, _mm_movehdup_ps(r));
+    sum = _mm_cvtss_f32(r);
+#else
+    for (; j0 < n; ++j0) {
+        s[j0] = std::exp(s[j0] - m);
+        sum += s[j0];
+    }
+#endif
+    for (int32_t j = std::max(j0, n); j < width; ++j) {
+        s[j] = 0.0f;
+    }
+    return sum;
 }
 
 // A K/V row slice as f32: f32 rows are used in place, f16 rows are converted into buf[n].
@@ -139,15 +222,19 @@ void attend_tile(const PagedAttentionArgs & a, int32_t t0, int32_t nt, int32_t h
     const int32_t dv = a.head_dim_v;
     const int32_t R = nt * G;  // (token, head) rows of the tile, row r = i * G + g
 
+    const int32_t W = (bs + kLanes - 1) / kLanes * kLanes;  // block width padded to whole vectors
+
     std::vector<float> & scratch = thread_scratch();
-    const size_t need = (size_t) R * bs + (size_t) bs * (dk + dv) + (size_t) R * dv + 2 * (size_t) R;
+    const size_t need =
+        (size_t) R * W + (size_t) bs * (dk + dv) + (size_t) dk * W + (size_t) R * dv + 2 * (size_t) R;
     if (scratch.size() < need) {
         scratch.resize(need);
     }
-    float * s = scratch.data();                 // [R][bs] scores, then probabilities, of the block
-    float * kblk = s + (size_t) R * bs;         // [bs][dk] K rows of the block as f32
+    float * s = scratch.data();                 // [R][W] scores, then probabilities, of the block
+    float * kblk = s + (size_t) R * W;          // [bs][dk] K rows of the block as f32
     float * vblk = kblk + (size_t) bs * dk;     // [bs][dv]
-    float * acc = vblk + (size_t) bs * dv;      // [R][dv]
+    float * kT = vblk + (size_t) bs * dv;       // [dk][W] K block transposed, padding columns zero
+    float * acc = kT + (size_t) dk * W;         // [R][dv]
     float * m = acc + (size_t) R * dv;          // [R] running max
     float * l = m + R;                          // [R] running sum of exp(s - m)
 
@@ -180,15 +267,23 @@ void attend_tile(const PagedAttentionArgs & a, int32_t t0, int32_t nt, int32_t h
             const char * k_src = a.k_pool + (row0 + j) * a.k_stride_row_bytes + (size_t) h * dk * k_elt;
             k_rows[(size_t) j] = row_f32(k_src, a.k_type, dk, kblk + (size_t) j * dk);
         }
+        for (int32_t d = 0; d < dk; ++d) {
+            float * col = kT + (size_t) d * W;
+            for (int32_t j = 0; j < n; ++j) {
+                col[j] = k_rows[(size_t) j][d];
+            }
+            std::fill(col + n, col + W, 0.0f);
+        }
         for (int32_t i = 0; i < nt; ++i) {
             const int32_t ni = std::min(n, a.token_ctx_len[t0 + i] - p0);  // <= 0: block past its context
             const char * q_tok = a.q + (size_t) (t0 + i) * a.q_stride_token_bytes + (size_t) h * G * a.q_stride_head_bytes;
             for (int32_t g = 0; g < G && ni > 0; ++g) {
                 const int32_t r = i * G + g;
-                float * sr = s + (size_t) r * bs;
+                float * sr = s + (size_t) r * W;
                 const float * qg = (const float *) (q_tok + (size_t) g * a.q_stride_head_bytes);
+                block_scores(qg, kT, dk, W, sr);
                 for (int32_t j = 0; j < ni; ++j) {
-                    float x = a.scale * dot_f32(qg, k_rows[(size_t) j], dk);
+                    float x = a.scale * sr[j];
                     if (a.softcap != 0.0f) {
                         x = a.softcap * std::tanh(x / a.softcap);
                     }
@@ -201,10 +296,7 @@ void attend_tile(const PagedAttentionArgs & a, int32_t t0, int32_t nt, int32_t h
                     scale_f32(acc + (size_t) r * dv, c, dv);
                     m[r] = m_block;
                 }
-                for (int32_t j = 0; j < ni; ++j) {
-                    sr[j] = std::exp(sr[j] - m[r]);
-                    l[r] += sr[j];
-                }
+                l[r] += exp_shifted_sum(sr, m[r], ni, W);
             }
         }
         for (int32_t j = 0; j < n; ++j) {
@@ -216,7 +308,7 @@ void attend_tile(const PagedAttentionArgs & a, int32_t t0, int32_t nt, int32_t h
             for (int32_t j = 0; j < ni; ++j) {
                 for (int32_t g = 0; g < G; ++g) {
                     const int32_t r = i * G + g;
-                    axpy_f32(acc + (size_t) r * dv, s[(size_t) r * bs + j], v_rows[(size_t) j], dv);
+                    axpy_f32(acc + (size_t) r * dv, s[(size_t) r * W + j], v_rows[(size_t) j], dv);
                 }
             }
         }
