@@ -38,22 +38,69 @@ namespace cf {
 
 namespace {
 
-// y[i] += a * x[i]
-inline void axpy_f32(float * y, float a, const float * x, int32_t n) {
-    int32_t i = 0;
+// acc[d] += sum_j p[j] * rows[j][d] for j in [0, n), d in [0, dv): each element accumulates in j
+// order, as n axpy calls would, but the acc slice stays in registers across the rows.
+inline void add_weighted_rows(float * acc, const float * p, const float * const * rows, int32_t n, int32_t dv) {
+    int32_t d = 0;
 #if defined(__AVX512F__)
-    const __m512 va = _mm512_set1_ps(a);
-    for (; i + 16 <= n; i += 16) {
-        _mm512_storeu_ps(y + i, _mm512_fmadd_ps(va, _mm512_loadu_ps(x + i), _mm512_loadu_ps(y + i)));
+    for (; d + 64 <= dv; d += 64) {
+        __m512 a0 = _mm512_loadu_ps(acc + d);
+        __m512 a1 = _mm512_loadu_ps(acc + d + 16);
+        __m512 a2 = _mm512_loadu_ps(acc + d + 32);
+        __m512 a3 = _mm512_loadu_ps(acc + d + 48);
+        for (int32_t j = 0; j < n; ++j) {
+            const __m512 w = _mm512_set1_ps(p[j]);
+            const float * r = rows[j] + d;
+            a0 = _mm512_fmadd_ps(w, _mm512_loadu_ps(r), a0);
+            a1 = _mm512_fmadd_ps(w, _mm512_loadu_ps(r + 16), a1);
+            a2 = _mm512_fmadd_ps(w, _mm512_loadu_ps(r + 32), a2);
+            a3 = _mm512_fmadd_ps(w, _mm512_loadu_ps(r + 48), a3);
+        }
+        _mm512_storeu_ps(acc + d, a0);
+        _mm512_storeu_ps(acc + d + 16, a1);
+        _mm512_storeu_ps(acc + d + 32, a2);
+        _mm512_storeu_ps(acc + d + 48, a3);
+    }
+    for (; d + 16 <= dv; d += 16) {
+        __m512 a0 = _mm512_loadu_ps(acc + d);
+        for (int32_t j = 0; j < n; ++j) {
+            a0 = _mm512_fmadd_ps(_mm512_set1_ps(p[j]), _mm512_loadu_ps(rows[j] + d), a0);
+        }
+        _mm512_storeu_ps(acc + d, a0);
     }
 #elif defined(__AVX2__) && defined(__FMA__)
-    const __m256 va = _mm256_set1_ps(a);
-    for (; i + 8 <= n; i += 8) {
-        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+    for (; d + 32 <= dv; d += 32) {
+        __m256 a0 = _mm256_loadu_ps(acc + d);
+        __m256 a1 = _mm256_loadu_ps(acc + d + 8);
+        __m256 a2 = _mm256_loadu_ps(acc + d + 16);
+        __m256 a3 = _mm256_loadu_ps(acc + d + 24);
+        for (int32_t j = 0; j < n; ++j) {
+            const __m256 w = _mm256_set1_ps(p[j]);
+            const float * r = rows[j] + d;
+            a0 = _mm256_fmadd_ps(w, _mm256_loadu_ps(r), a0);
+            a1 = _mm256_fmadd_ps(w, _mm256_loadu_ps(r + 8), a1);
+            a2 = _mm256_fmadd_ps(w, _mm256_loadu_ps(r + 16), a2);
+            a3 = _mm256_fmadd_ps(w, _mm256_loadu_ps(r + 24), a3);
+        }
+        _mm256_storeu_ps(acc + d, a0);
+        _mm256_storeu_ps(acc + d + 8, a1);
+        _mm256_storeu_ps(acc + d + 16, a2);
+        _mm256_storeu_ps(acc + d + 24, a3);
+    }
+    for (; d + 8 <= dv; d += 8) {
+        __m256 a0 = _mm256_loadu_ps(acc + d);
+        for (int32_t j = 0; j < n; ++j) {
+            a0 = _mm256_fmadd_ps(_mm256_set1_ps(p[j]), _mm256_loadu_ps(rows[j] + d), a0);
+        }
+        _mm256_storeu_ps(acc + d, a0);
     }
 #endif
-    for (; i < n; ++i) {
-        y[i] += a * x[i];
+    for (; d < dv; ++d) {
+        float a = acc[d];
+        for (int32_t j = 0; j < n; ++j) {
+            a += p[j] * rows[j][d];
+        }
+        acc[d] = a;
     }
 }
 
@@ -305,11 +352,9 @@ void attend_tile(const PagedAttentionArgs & a, int32_t t0, int32_t nt, int32_t h
         }
         for (int32_t i = 0; i < nt; ++i) {
             const int32_t ni = std::min(n, a.token_ctx_len[t0 + i] - p0);
-            for (int32_t j = 0; j < ni; ++j) {
-                for (int32_t g = 0; g < G; ++g) {
-                    const int32_t r = i * G + g;
-                    axpy_f32(acc + (size_t) r * dv, s[(size_t) r * W + j], v_rows[(size_t) j], dv);
-                }
+            for (int32_t g = 0; g < G && ni > 0; ++g) {
+                const int32_t r = i * G + g;
+                add_weighted_rows(acc + (size_t) r * dv, s + (size_t) r * W, v_rows.data(), ni, dv);
             }
         }
     }
