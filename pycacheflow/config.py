@@ -79,6 +79,11 @@ class EngineConfig:
         ):
             _check_int(name, getattr(self, name), minimum)
         _check_int("kv_cache_bytes", self.kv_cache_bytes, 0, limit_bits=62)
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise ValueError(
+                f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be at least "
+                f"max_num_seqs ({self.max_num_seqs}): every running sequence decodes in each step"
+            )
         if self.kv_cache_bytes and self.n_ctx:
             raise ValueError(
                 f"set n_ctx or kv_cache_bytes, not both (n_ctx={self.n_ctx}, "

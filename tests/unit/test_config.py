@@ -71,3 +71,9 @@ def test_wrong_types(kwargs):
 def test_c_enum_name():
     assert c_enum_name("CF_KV_MODE_", "stock-unified") == "CF_KV_MODE_STOCK_UNIFIED"
     assert "warn" in LOG_LEVELS
+
+
+def test_step_budget_below_max_num_seqs_is_refused():
+    with pytest.raises(ValueError, match=r"max_num_batched_tokens \(4\) must be at least max_num_seqs \(16\)"):
+        EngineConfig(model="m.gguf", max_num_batched_tokens=4)
+    EngineConfig(model="m.gguf", max_num_batched_tokens=16, max_num_seqs=16)

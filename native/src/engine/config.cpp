@@ -47,6 +47,12 @@ EngineConfig EngineConfig::from_c(const cf_engine_config & c) {
     check_range("flash_attn", c.flash_attn, -1, 1);
     check_range("log_level", c.log_level, CF_LOG_LEVEL_NONE, CF_LOG_LEVEL_DEBUG);
     check_at_least("profile_capacity", c.profile_capacity, 0);
+    if (c.max_num_batched_tokens < c.max_num_seqs) {
+        // every running sequence's decode token must fit one step (llama.cpp sizes its output
+        // buffer by n_seq_max and aborts on a smaller n_batch)
+        fail_invalid("max_num_batched_tokens (" + std::to_string(c.max_num_batched_tokens) +
+                     ") must be at least max_num_seqs (" + std::to_string(c.max_num_seqs) + ")");
+    }
     if (c.kv_cache_bytes < 0) {
         fail_invalid("kv_cache_bytes must be >= 0, got " + std::to_string(c.kv_cache_bytes));
     }
