@@ -46,7 +46,7 @@ class ByteSize(click.ParamType):
             size = float(number)
         except ValueError:
             size = -1.0
-        if unit not in _SIZE_UNITS or size < 0:
+        if unit not in _SIZE_UNITS or not 0 <= size < 2**62:  # also NaN and infinity
             self.fail(f"{value!r} is not a size (e.g. 268435456, 256MiB, 1.5GiB, 512M)", param, ctx)
         return int(size * _SIZE_UNITS[unit])
 

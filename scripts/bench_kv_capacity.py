@@ -104,7 +104,10 @@ def main() -> None:
     args.kv_cache_bytes = parse_size(args.kv_cache_memory)
     with LLM(args.model, max_num_seqs=1, n_ctx=256, n_threads=1) as tok:
         info = tok.info
-        reqs = workload(args, tok)
+        try:
+            reqs = workload(args, tok)
+        except RuntimeError as exc:  # the ShareGPT package is missing: say how to get it
+            sys.exit(f"bench_kv_capacity: {exc} (or use --dataset random)")
     token_bytes = info.kv_bytes_per_token
     longest = max(r.num_prompt_tokens + r.max_tokens for r in reqs)
     safe = stock_split_safe_seqs(args.kv_cache_bytes, token_bytes, longest)

@@ -48,6 +48,8 @@ def test_model_path(runner, tmp_path, monkeypatch):
         (["generate", "--stop", "", "hi"], "stop strings must be non-empty"),
         (["generate", "--kv-cache-memory", "lots", "hi"], "is not a size"),
         (["generate", "--kv-cache-memory", "-1MiB", "hi"], "is not a size"),
+        (["generate", "--kv-cache-memory", "nan", "hi"], "is not a size"),
+        (["generate", "--kv-cache-memory", "inf", "hi"], "is not a size"),
     ],
 )
 def test_usage_errors_exit_2_without_traceback(runner, args, message):
