@@ -77,7 +77,7 @@ class Engine {
     void consume_inbox();
     void run_decoded_step(const SchedulerOutput & out);
     int32_t sample(Sequence & seq, int32_t batch_index);
-    void finish_out_of_blocks(const SchedulerOutput & out);
+    void handle_block_shortage(const SchedulerOutput & out);
     void prepare_paged_step(const SchedulerOutput & out);
     void fail_step(const SchedulerOutput & out);
     void finish(Sequence * seq, cf_finish_reason reason, int32_t token_id, int64_t now_ns);

@@ -51,7 +51,7 @@ StepResult Engine::step_locked() {
     step_start_ns_ = clock_ns();
     consume_inbox();
     const SchedulerOutput & out = scheduler_.schedule();
-    finish_out_of_blocks(out);
+    handle_block_shortage(out);
     StepResult result;
     result.num_scheduled_tokens = out.num_scheduled_tokens;
     if (!out.seqs.empty()) {
@@ -144,8 +144,9 @@ void Engine::run_decoded_step(const SchedulerOutput & out) {
     }
 }
 
-// Greedy rows come back sampled in-graph; the others (and greedy ones whose slot could not get
-// an in-graph sampler) are sampled on the CPU from their logits row.
+// Rows whose slot has an in-graph chain (greedy, or stochastic with a random seed) come back
+// sampled; the others (seeded, or a slot whose chain could not be offloaded) are sampled on the
+// CPU from their logits row.
 int32_t Engine::sample(Sequence & seq, int32_t batch_index) {
     const int32_t token_id = session_->sampled_token(batch_index);  // in-graph, where its slot has a chain
     if (token_id != CF_TOKEN_NONE) {
@@ -156,7 +157,7 @@ int32_t Engine::sample(Sequence & seq, int32_t batch_index) {
 
 // Paged mode: forget the slots of sequences preempted while scheduling (their blocks are free
 // already) and finish the ones that cannot grow even alone.
-void Engine::finish_out_of_blocks(const SchedulerOutput & out) {
+void Engine::handle_block_shortage(const SchedulerOutput & out) {
     for (const SchedulerOutput::Preempted & p : out.preempted) {
         session_->clear_seq(p.former_seq_id);
         profiler_.request(CF_PROFILE_EVENT_REQUEST_PREEMPT, totals_.num_steps, step_start_ns_, p.seq->request_id,
