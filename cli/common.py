@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from pycacheflow.config import EngineConfig
+from pycacheflow.config import PAGED_ATTENTIONS, EngineConfig
 from pycacheflow.errors import CacheFlowError
 
 if TYPE_CHECKING:
@@ -62,6 +62,15 @@ BLOCK_SIZE_OPTION = click.option(
     default=16,
     show_default=True,
     help="Tokens per KV block (paged mode).",
+)
+
+PAGED_ATTENTION_OPTION = click.option(
+    "--paged-attention",
+    type=click.Choice(PAGED_ATTENTIONS),
+    default="ggml",
+    show_default=True,
+    help="Paged mode CPU attention: ggml = llama.cpp's flash-attention arithmetic (greedy outputs "
+    "equal stock mode's); f32 = f32 throughout (faster, may part from stock at near ties).",
 )
 
 

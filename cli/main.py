@@ -16,7 +16,14 @@ import click
 
 import pycacheflow
 from cli.bench import bench
-from cli.common import BLOCK_SIZE_OPTION, KV_CACHE_MEMORY_HELP, ByteSize, load_llm, to_click_error
+from cli.common import (
+    BLOCK_SIZE_OPTION,
+    KV_CACHE_MEMORY_HELP,
+    PAGED_ATTENTION_OPTION,
+    ByteSize,
+    load_llm,
+    to_click_error,
+)
 from cli.prompts import PromptsFileError, read_prompts_file
 from cli.serve import serve
 from pycacheflow import SamplingParams
@@ -133,6 +140,7 @@ def cacheflow() -> None:
 )
 @click.option("--kv-cache-memory", type=ByteSize(), default=0, help=KV_CACHE_MEMORY_HELP)
 @BLOCK_SIZE_OPTION
+@PAGED_ATTENTION_OPTION
 @click.option(
     "--batch-tokens",
     type=click.IntRange(min=1),
@@ -256,6 +264,7 @@ def _config_kwargs(options: dict[str, object]) -> dict[str, object]:
         "n_ctx": options["ctx_size"],
         "kv_cache_bytes": options["kv_cache_memory"],
         "block_size": options["block_size"],
+        "paged_attention": options["paged_attention"],
         "max_num_batched_tokens": options["batch_tokens"],
         "n_threads": options["threads"],
         "n_gpu_layers": options["gpu_layers"],

@@ -16,7 +16,13 @@ from typing import TYPE_CHECKING
 
 import click
 
-from cli.common import BLOCK_SIZE_OPTION, KV_CACHE_MEMORY_HELP, ByteSize, load_llm
+from cli.common import (
+    BLOCK_SIZE_OPTION,
+    KV_CACHE_MEMORY_HELP,
+    PAGED_ATTENTION_OPTION,
+    ByteSize,
+    load_llm,
+)
 from pycacheflow.config import KV_MODES, POLICIES
 from pycacheflow.errors import CacheFlowError
 
@@ -254,6 +260,7 @@ def _env(name: str) -> str:
     help=KV_CACHE_MEMORY_HELP,
 )
 @BLOCK_SIZE_OPTION
+@PAGED_ATTENTION_OPTION
 @click.option(
     "--policy",
     type=click.Choice(POLICIES),
@@ -317,6 +324,7 @@ def _engine_kwargs(options: dict[str, object]) -> dict[str, object]:
         "flash_attn": {"on": True, "off": False, "auto": None}[str(options["flash_attn"])],
         "kv_mode": options["kv_mode"],
         "block_size": options["block_size"],
+        "paged_attention": options["paged_attention"],
         "policy": options["policy"],
         "log_level": "info" if options["verbose"] else "error",
     }

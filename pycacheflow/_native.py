@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from pycacheflow import errors
 from pycacheflow._ffi import ffi, load_library
-from pycacheflow.config import KV_MODES, LOG_LEVELS, POLICIES, c_enum_name
+from pycacheflow.config import KV_MODES, LOG_LEVELS, PAGED_ATTENTIONS, POLICIES, c_enum_name
 from pycacheflow.outputs import EngineStats, ModelInfo, OutputEvent
 from pycacheflow.profiler import ProfileEvent
 
@@ -44,6 +44,9 @@ _KV_MODE_VALUES = {name: getattr(lib, c_enum_name("CF_KV_MODE_", name)) for name
 _KV_MODE_NAMES = {value: name for name, value in _KV_MODE_VALUES.items()}
 _POLICY_VALUES = {name: getattr(lib, c_enum_name("CF_SCHED_POLICY_", name)) for name in POLICIES}
 _LOG_LEVEL_VALUES = {name: getattr(lib, c_enum_name("CF_LOG_LEVEL_", name)) for name in LOG_LEVELS}
+_PAGED_ATTENTION_VALUES = {
+    name: getattr(lib, c_enum_name("CF_PAGED_ATTENTION_", name)) for name in PAGED_ATTENTIONS
+}
 
 _DRAIN_CAPACITY = 1024  # events moved per cf_engine_drain call
 _INITIAL_TEXT_BYTES = 1024
@@ -102,6 +105,7 @@ def _engine_config(config: EngineConfig, keep: list) -> object:
     c.log_level = _LOG_LEVEL_VALUES[config.log_level]
     c.profile_capacity = config.profile_capacity
     c.kv_cache_bytes = config.kv_cache_bytes
+    c.paged_attention = _PAGED_ATTENTION_VALUES[config.paged_attention]
     return c
 
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 KV_MODES = ("auto", "stock", "stock-unified", "paged")
 POLICIES = ("fcfs", "sjf", "priority")
 LOG_LEVELS = ("none", "error", "warn", "info", "debug")
+PAGED_ATTENTIONS = ("ggml", "f32")
 
 
 def c_enum_name(prefix: str, name: str) -> str:
@@ -45,6 +46,12 @@ class EngineConfig:
             tokens that fit, in multiples of 256 (per sequence in "stock" split mode), so the
             same budget gives every KV mode the same memory. ``LLM.info.n_ctx`` says how
             many tokens that is.
+        paged_attention: the paged mode CPU attention kernel: "ggml" (the default) does the
+            arithmetic of llama.cpp's CPU flash attention in its order and precision (f16 query
+            and f16 value accumulator for decode rows, f32 tiles of 64 keys for prefill runs of
+            64+ tokens), so greedy outputs equal stock mode's; "f32" computes in f32 throughout
+            with an online softmax per block, faster and at least as accurate, but its outputs
+            can part from stock's at near ties.
 
     Raises:
         ValueError: on construction, for a value out of range; the message names it.
@@ -64,6 +71,7 @@ class EngineConfig:
     log_level: str = "error"
     profile_capacity: int = 0
     kv_cache_bytes: int = 0
+    paged_attention: str = "ggml"
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, (str, os.PathLike)) or not os.fspath(self.model):
@@ -92,6 +100,7 @@ class EngineConfig:
         _check_choice("kv_mode", self.kv_mode, KV_MODES)
         _check_choice("policy", self.policy, POLICIES)
         _check_choice("log_level", self.log_level, LOG_LEVELS)
+        _check_choice("paged_attention", self.paged_attention, PAGED_ATTENTIONS)
         if self.flash_attn is not None and not isinstance(self.flash_attn, bool):
             raise TypeError(f"flash_attn must be None, True or False, got {self.flash_attn!r}")
 

@@ -76,6 +76,14 @@ typedef enum cf_sched_policy {
     CF_SCHED_POLICY_PRIORITY = 2  /* lower priority value first, ties by arrival              */
 } cf_sched_policy;
 
+typedef enum cf_paged_attention {
+    CF_PAGED_ATTENTION_GGML = 0,  /* the arithmetic of llama.cpp's CPU flash attention, in its
+                                     order and precision: paged mode's outputs equal stock
+                                     mode's bit for bit (the default)                         */
+    CF_PAGED_ATTENTION_F32 = 1    /* f32 throughout, online softmax per block; faster, as
+                                     accurate or more, not bit-identical to stock            */
+} cf_paged_attention;
+
 typedef enum cf_log_level {
     CF_LOG_LEVEL_NONE = 0,  /* silence llama.cpp and CacheFlow logs */
     CF_LOG_LEVEL_ERROR = 1,
@@ -109,6 +117,8 @@ typedef struct cf_engine_config {
                                         tokens that fit, rounded down to llama.cpp's 256-token
                                         granularity (per sequence in stock split mode).
                                         CF_STATUS_INVALID_ARGUMENT if that is too small.       */
+    int32_t paged_attention;         /* cf_paged_attention: the paged mode CPU attention kernel,
+                                        default CF_PAGED_ATTENTION_GGML                        */
 } cf_engine_config;
 
 typedef struct cf_engine * cf_engine_t;

@@ -208,7 +208,7 @@ void fill_pool(ggml_tensor * t, const std::vector<float> & values) {
 }
 
 // Run the op through a ggml graph on n_threads CPU threads. [n_tokens][n_head][head_dim]
-std::vector<float> run_op(const Case & c, float scale, int n_threads) {
+std::vector<float> run_op(const Case & c, float scale, int n_threads, ggml_custom_op_t op = cf::paged_attention_cpu_op) {
     const Shape & sh = c.shape;
     const size_t mem = 64 * ggml_tensor_overhead() + ggml_graph_overhead() + 2 * c.k_f32.size() * sizeof(float) +
                        2 * c.q.size() * sizeof(float) + c.tables.size() * sizeof(int32_t) + (1u << 20);
@@ -240,7 +240,7 @@ std::vector<float> run_op(const Case & c, float scale, int n_threads) {
     llama_paged_attn_params params = { scale, 0.0f, sh.block_size };
     ggml_tensor * args[] = { q, k, v, bt, ts, tc };
     ggml_tensor * out = ggml_custom_4d(ctx, GGML_TYPE_F32, sh.head_dim, c.n_head(), c.n_tokens(), 1, args, 6,
-                                       cf::paged_attention_cpu_op, GGML_N_TASKS_MAX, &params);
+                                       op, GGML_N_TASKS_MAX, &params);
     ggml_cgraph * gf = ggml_new_graph(ctx);
     ggml_build_forward_expand(gf, out);
     const ggml_status st = ggml_graph_compute_with_ctx(ctx, gf, n_threads);
@@ -337,6 +337,172 @@ void test_softcap() {
     assert(std::fabs(out[0] - p0) < 1e-6 && std::fabs(out[1] - (1.0 - p0)) < 1e-6);
 }
 
+// ---- ggml numerics: paged_attention_cpu_ggml against ggml_flash_attn_ext, bit for bit ----------------
+//
+// Stock KV mode in split mode: each sequence is a stream whose cells 0..len-1 hold its positions,
+// n_kv = len rounded up to 256 (llama.cpp's padding), the KQ mask hides cells past each token's
+// position. Each sequence runs through its own ggml_flash_attn_ext node (as a stream does) and the
+// paged op runs once over all of them: the outputs must be identical bits. Sequences have 1..63 new
+// tokens (ggml's one-chunk path) or 64 and more (its tiled path); single-token sequences stay under
+// 512 cells, where ggml would split the keys over threads (a path the paged op does not reproduce).
+
+struct StreamSeq {
+    int32_t len;
+    int32_t n_new;
+};
+
+// Run ggml_flash_attn_ext for sequence s of case c (split mode). [n_new][n_head][head_dim]
+std::vector<float> run_stock_stream(const Case & c, size_t s, float scale, int n_threads) {
+    const Shape & sh = c.shape;
+    const int32_t len = c.seqs[s].len;
+    const int32_t n_new = c.seqs[s].n_new;
+    const int32_t n_kv = div_up(len, 256) * 256;
+    const int32_t row = sh.n_head_kv * sh.head_dim;
+    const size_t mem = 64 * ggml_tensor_overhead() + ggml_graph_overhead() + 4 * (size_t) n_kv * row * sizeof(float) +
+                       4 * (size_t) n_new * c.n_head() * sh.head_dim * sizeof(float) +
+                       (size_t) n_kv * n_new * sizeof(ggml_fp16_t) + (1u << 20);
+    ggml_init_params ip = { mem, nullptr, false };
+    ggml_context * ctx = ggml_init(ip);
+    assert(ctx != nullptr);
+
+    // the stream's cells: positions 0..len-1 from the paged pool's rows, zeros past them (masked)
+    std::vector<float> k_cells((size_t) n_kv * row, 0.0f), v_cells((size_t) n_kv * row, 0.0f);
+    for (int32_t p = 0; p < len; ++p) {
+        const int32_t block_id = c.tables[s * (size_t) c.max_blocks + (size_t) (p / sh.block_size)];
+        const size_t src = ((size_t) block_id * sh.block_size + p % sh.block_size) * row;
+        std::copy(c.k_f32.begin() + (long) src, c.k_f32.begin() + (long) (src + row), k_cells.begin() + (long) p * row);
+        std::copy(c.v_f32.begin() + (long) src, c.v_f32.begin() + (long) (src + row), v_cells.begin() + (long) p * row);
+    }
+    ggml_tensor * k_stream = ggml_new_tensor_2d(ctx, c.kv_type, row, n_kv);
+    ggml_tensor * v_stream = ggml_new_tensor_2d(ctx, c.kv_type, row, n_kv);
+    fill_pool(k_stream, k_cells);
+    fill_pool(v_stream, v_cells);
+    // llama.cpp's views: [head_dim, n_kv, n_head_kv], rows of the cache strided per cell
+    ggml_tensor * k = ggml_view_3d(ctx, k_stream, sh.head_dim, n_kv, sh.n_head_kv, k_stream->nb[1],
+                                   ggml_row_size(c.kv_type, sh.head_dim), 0);
+    ggml_tensor * v = ggml_view_3d(ctx, v_stream, sh.head_dim, n_kv, sh.n_head_kv, v_stream->nb[1],
+                                   ggml_row_size(c.kv_type, sh.head_dim), 0);
+
+    // q of the sequence's tokens [head_dim, n_head, n_new], permuted to [head_dim, n_new, n_head]
+    ggml_tensor * q_tok = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, sh.head_dim, c.n_head(), n_new);
+    int32_t t_first = 0;
+    while (c.tok_seq[(size_t) t_first] != (int32_t) s) {
+        ++t_first;
+    }
+    std::memcpy(q_tok->data, c.q.data() + (size_t) t_first * c.n_head() * sh.head_dim,
+                (size_t) n_new * c.n_head() * sh.head_dim * sizeof(float));
+    ggml_tensor * q = ggml_permute(ctx, q_tok, 0, 2, 1, 3);
+
+    ggml_tensor * mask = ggml_new_tensor_2d(ctx, GGML_TYPE_F16, n_kv, n_new);
+    for (int32_t i = 0; i < n_new; ++i) {
+        const int32_t pos = len - n_new + i;
+        ggml_fp16_t * m = (ggml_fp16_t *) mask->data + (size_t) i * n_kv;
+        for (int32_t j = 0; j < n_kv; ++j) {
+            m[j] = ggml_fp32_to_fp16(j <= pos ? 0.0f : -INFINITY);
+        }
+    }
+    ggml_tensor * out = ggml_flash_attn_ext(ctx, q, k, v, mask, scale, 0.0f, 0.0f);
+    ggml_cgraph * gf = ggml_new_graph(ctx);
+    ggml_build_forward_expand(gf, out);
+    const ggml_status st = ggml_graph_compute_with_ctx(ctx, gf, n_threads);
+    assert(st == GGML_STATUS_SUCCESS);
+    std::vector<float> res((size_t) ggml_nelements(out));  // [n_new][n_head][head_dim]
+    std::memcpy(res.data(), out->data, res.size() * sizeof(float));
+    ggml_free(ctx);
+    return res;
+}
+
+int g_num_bitwise = 0;
+
+void check_ggml_numerics(const Shape & sh, ggml_type kv_type, const std::vector<StreamSeq> & spec, int n_threads,
+                         uint32_t seed) {
+    Case c = make_case(sh, kv_type, seed);
+    // replace make_case's sequences and token order: each sequence's tokens consecutive, in order
+    std::mt19937 rng(seed + 7);
+    std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
+    c.seqs.clear();
+    for (const StreamSeq & x : spec) {
+        c.seqs.push_back({ x.len, x.n_new });
+    }
+    int32_t blocks_needed = 0;
+    c.max_blocks = 0;
+    for (const SeqSpec & x : c.seqs) {
+        blocks_needed += div_up(x.len, sh.block_size);
+        c.max_blocks = std::max(c.max_blocks, div_up(x.len, sh.block_size));
+    }
+    c.num_blocks = blocks_needed + 3;
+    std::vector<int32_t> ids((size_t) c.num_blocks);
+    std::iota(ids.begin(), ids.end(), 0);
+    std::shuffle(ids.begin(), ids.end(), rng);
+    c.tables.assign(c.seqs.size() * (size_t) c.max_blocks, -1);
+    size_t next = 0;
+    c.tok_seq.clear();
+    c.tok_ctx.clear();
+    for (size_t s = 0; s < c.seqs.size(); ++s) {
+        for (int32_t b = 0; b < div_up(c.seqs[s].len, sh.block_size); ++b) {
+            c.tables[s * (size_t) c.max_blocks + (size_t) b] = ids[next++];
+        }
+        for (int32_t i = 0; i < c.seqs[s].n_new; ++i) {
+            c.tok_seq.push_back((int32_t) s);
+            c.tok_ctx.push_back(c.seqs[s].len - c.seqs[s].n_new + i + 1);
+        }
+    }
+    const int32_t row = sh.n_head_kv * sh.head_dim;
+    c.q.resize((size_t) c.n_tokens() * c.n_head() * sh.head_dim);
+    for (float & x : c.q) {
+        x = 2.0f * uni(rng);  // wide scores, so maxima move and rescaling happens
+    }
+    c.k_f32.assign((size_t) c.kv_size() * row, 0.0f);
+    c.v_f32.assign((size_t) c.kv_size() * row, 0.0f);
+    for (size_t i = 0; i < c.k_f32.size(); ++i) {
+        float kx = uni(rng);
+        float vx = uni(rng);
+        if (kv_type == GGML_TYPE_F16) {
+            kx = ggml_fp16_to_fp32(ggml_fp32_to_fp16(kx));
+            vx = ggml_fp16_to_fp32(ggml_fp32_to_fp16(vx));
+        }
+        c.k_f32[i] = kx;
+        c.v_f32[i] = vx;
+    }
+
+    const float scale = 1.0f / std::sqrt((float) sh.head_dim);
+    const std::vector<float> paged = run_op(c, scale, n_threads, cf::paged_attention_cpu_ggml_op);
+    const size_t per_token = (size_t) c.n_head() * sh.head_dim;
+    size_t t0 = 0;
+    for (size_t s = 0; s < c.seqs.size(); ++s) {
+        const std::vector<float> stock = run_stock_stream(c, s, scale, n_threads);
+        for (size_t i = 0; i < stock.size(); ++i) {
+            const float got = paged[t0 * per_token + i];
+            if (std::memcmp(&got, &stock[i], sizeof(float)) != 0) {
+                std::fprintf(stderr,
+                             "ggml numerics: n_head_kv=%d gqa=%d head_dim=%d block_size=%d %s threads=%d: sequence "
+                             "%zu (len %d, %d new), out[%zu] = %.9g, ggml_flash_attn_ext %.9g\n",
+                             sh.n_head_kv, sh.gqa, sh.head_dim, sh.block_size, ggml_type_name(kv_type), n_threads, s,
+                             c.seqs[s].len, c.seqs[s].n_new, i, got, stock[i]);
+                assert(false);
+            }
+        }
+        t0 += (size_t) c.seqs[s].n_new;
+        ++g_num_bitwise;
+    }
+}
+
+void test_ggml_numerics() {
+    // one-chunk path (1..63 new tokens) and tiled path (>= 64), tile and block boundaries
+    const std::vector<StreamSeq> seqs = {
+        { 1, 1 }, { 17, 1 }, { 64, 1 }, { 65, 1 }, { 200, 1 }, { 256, 1 }, { 300, 5 }, { 63, 63 },
+        { 64, 64 }, { 100, 64 }, { 129, 90 }, { 700, 64 },
+    };
+    uint32_t seed = 5000;
+    for (ggml_type kv_type : { GGML_TYPE_F16, GGML_TYPE_F32 }) {
+        for (const Shape & sh : { Shape{ 3, 3, 64, 16 }, Shape{ 2, 4, 128, 32 }, Shape{ 1, 1, 64, 8 } }) {
+            for (int n_threads : { 1, 3 }) {
+                check_ggml_numerics(sh, kv_type, seqs, n_threads, seed++);
+            }
+        }
+    }
+}
+
 }  // namespace
 
 int main() {
@@ -344,6 +510,9 @@ int main() {
     test_grid();
     test_f32_pool_and_odd_head_dim();
     test_softcap();
+    test_ggml_numerics();
+    std::printf("test_paged_attention: ggml numerics equal ggml_flash_attn_ext bit for bit (%d sequences)\n",
+                g_num_bitwise);
     std::printf("test_paged_attention: ok (%d cases, max |kernel - reference| = %.2g, tolerance %.0g)\n",
                 g_num_cases, g_worst, kTolerance);
     return 0;

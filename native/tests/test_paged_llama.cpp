@@ -6,12 +6,13 @@
 // list) stands in for the engine's block manager, so this covers the llama.cpp side alone. 8 prompts of
 // 64 tokens, 32 greedy tokens each:
 //
-//   1. f16 KV (the defaults) vs stock (unified cache, flash attention), paged block size 16 with all
-//      prompts in one batch, and block size 8 with prefill chunks of 24 mixed with decode steps:
-//      teacher-forced logits of every sampled position within a stated tolerance, and free-running
-//      greedy tokens equal (a sequence may only part at a near tie of stock's own logits).
-//   2. f32 KV vs stock without flash attention (f32 attention on both sides): logits within a tight
-//      tolerance where the weights allow it (f32 fixture).
+//   1. f16 KV (the defaults) vs stock (unified cache, flash attention). The ggml-numerics kernel with
+//      paged block size 16 and the same batches as stock: logits bit-identical, greedy tokens equal.
+//      Block size 8 with prefill chunks of 24 mixed with decode steps (other batches), and the f32
+//      kernel: teacher-forced logits of every sampled position within a stated tolerance, and
+//      free-running greedy tokens equal (a sequence may only part at a near tie of stock's logits).
+//   2. f32 KV, f32 kernel vs stock without flash attention (f32 attention on both sides): logits
+//      within a tight tolerance where the weights allow it (f32 fixture).
 //   3. fork with copy-on-write: a child sharing its parent's blocks copies the partially filled last
 //      block (llama_paged_copy_blocks) before writing; parent and child generate the same tokens.
 //   4. errors: a block id out of range, decode without a plan, a slot that disagrees with its block table.
@@ -57,7 +58,9 @@ void quiet_log(ggml_log_level level, const char * text, void *) {
     }
 }
 
-llama_context * make_ctx(bool paged, int32_t block_size, bool flash_attn, ggml_type kv_type) {
+// op: the paged attention kernel (ggml numerics, the engine's default, or f32).
+llama_context * make_ctx(bool paged, int32_t block_size, bool flash_attn, ggml_type kv_type,
+                         ggml_custom_op_t op = cf::paged_attention_cpu_ggml_op) {
     llama_context_params cp = llama_context_default_params();
     cp.n_ctx = kNumCtx;
     cp.n_batch = 512;
@@ -71,7 +74,7 @@ llama_context * make_ctx(bool paged, int32_t block_size, bool flash_attn, ggml_t
     cp.type_v = kv_type;
     if (paged) {
         cp.kv_block_size = (uint32_t) block_size;
-        cp.paged_attn_op = cf::paged_attention_cpu_op;
+        cp.paged_attn_op = op;
     }
     llama_context * ctx = llama_init_from_model(g_model, cp);
     assert(ctx != nullptr);
@@ -235,8 +238,9 @@ int decode_paged(llama_context * ctx, ToyBlocks & blocks, const std::vector<Work
 // Paged mode: prompts in chunks of `chunk` tokens (whole prompts if chunk >= kPromptLen), decode
 // tokens of sequences whose prompt is done in the same steps, until every sequence has kNumGen tokens.
 Result run_paged(const std::vector<std::vector<llama_token>> & prompts, int32_t block_size, int32_t chunk,
-                 uint32_t seed, ggml_type kv_type, const Result * force) {
-    llama_context * ctx = make_ctx(true, block_size, true, kv_type);
+                 uint32_t seed, ggml_type kv_type, const Result * force,
+                 ggml_custom_op_t op = cf::paged_attention_cpu_ggml_op) {
+    llama_context * ctx = make_ctx(true, block_size, true, kv_type, op);
     const int32_t n_seqs = (int32_t) prompts.size();
     ToyBlocks blocks(llama_paged_n_blocks(ctx), block_size, n_seqs, seed);
     Result res;
@@ -329,35 +333,49 @@ int32_t check_greedy(const Result & want, const Result & got, float tol, const c
     return n_equal;
 }
 
-// The engine's defaults: f16 KV cache, stock with flash attention. Teacher-forced logits within
-// tol.fa; free-running greedy tokens equal (tie-aware, see check_greedy). Returns stock's run.
+// The engine's defaults: f16 KV cache, stock with flash attention, the ggml-numerics kernel.
+//   - the same batches as stock (all prompts in one batch, then one token per sequence per step):
+//     every logit of every sampled position is bit-identical, so greedy tokens are equal throughout;
+//   - different batches (block size 8, prefill chunks of 24 next to decode tokens): batching alone
+//     moves logits, so teacher-forced logits within tol.fa and greedy tokens equal up to a near tie;
+//   - the f32 kernel, same batches: within tol.fa, greedy up to a near tie.
+// Returns stock's run.
 Result test_greedy_vs_stock(const std::vector<std::vector<llama_token>> & prompts, const Tolerances & tol) {
     const Result stock = run_stock(prompts, /*flash_attn =*/ true, GGML_TYPE_F16, nullptr);
-    const Result paged_forced = run_paged(prompts, 16, kPromptLen, 1, GGML_TYPE_F16, &stock);
-    const Result chunked_forced = run_paged(prompts, 8, 24, 2, GGML_TYPE_F16, &stock);
-    const float d_paged = max_logit_diff(stock, paged_forced);
-    const float d_chunked = max_logit_diff(stock, chunked_forced);
-    std::printf("  f16 KV, vs stock with flash attention: max |logit diff| over %d x %d positions x %d vocab:\n"
-                "    paged block 16 %.4f, paged block 8 with prefill chunks of 24 %.4f (tolerance %.3g); "
-                "the two paged runs differ by %.4f (batching alone)\n",
-                kNumSeqs, kNumGen, g_n_vocab, d_paged, d_chunked, tol.fa, max_logit_diff(paged_forced, chunked_forced));
-    assert(d_paged <= tol.fa && d_chunked <= tol.fa);
+    const Result paged = run_paged(prompts, 16, kPromptLen, 1, GGML_TYPE_F16, nullptr);
+    const float d_same = max_logit_diff(stock, paged);
+    int32_t n_same = 0;
+    for (size_t s = 0; s < stock.tokens.size(); ++s) {
+        n_same += stock.tokens[s] == paged.tokens[s];
+    }
+    std::printf("  f16 KV, vs stock with flash attention (%d prompts of %d tokens, %d greedy tokens each):\n"
+                "    paged block 16, same batches, ggml numerics: max |logit diff| %.4f, sequences equal %d/%d\n",
+                kNumSeqs, kPromptLen, kNumGen, d_same, n_same, kNumSeqs);
+    assert(d_same == 0.0f && n_same == kNumSeqs);
 
-    const int32_t n_paged = check_greedy(stock, run_paged(prompts, 16, kPromptLen, 1, GGML_TYPE_F16, nullptr),
-                                         tol.fa, "paged block 16");
+    const Result chunked_forced = run_paged(prompts, 8, 24, 2, GGML_TYPE_F16, &stock);
+    const Result f32_forced = run_paged(prompts, 16, kPromptLen, 1, GGML_TYPE_F16, &stock, cf::paged_attention_cpu_op);
+    const float d_chunked = max_logit_diff(stock, chunked_forced);
+    const float d_f32 = max_logit_diff(stock, f32_forced);
+    std::printf("    teacher-forced max |logit diff|: block 8 with prefill chunks of 24 %.4f, f32 kernel %.4f "
+                "(tolerance %.3g)\n", d_chunked, d_f32, tol.fa);
+    assert(d_chunked <= tol.fa && d_f32 <= tol.fa);
     const int32_t n_chunked = check_greedy(stock, run_paged(prompts, 8, 24, 2, GGML_TYPE_F16, nullptr), tol.fa,
-                                           "paged block 8 chunked");
-    std::printf("    greedy %d tokens, sequences equal to stock: paged block 16 %d/%d, paged block 8 chunked %d/%d\n",
-                kNumGen, n_paged, kNumSeqs, n_chunked, kNumSeqs);
+                                           "block 8 chunked");
+    const int32_t n_f32 = check_greedy(
+        stock, run_paged(prompts, 16, kPromptLen, 1, GGML_TYPE_F16, nullptr, cf::paged_attention_cpu_op), tol.fa,
+        "f32 kernel");
+    std::printf("    greedy sequences equal to stock: block 8 chunked %d/%d, f32 kernel %d/%d\n", n_chunked, kNumSeqs,
+                n_f32, kNumSeqs);
     return stock;
 }
 
 // f32 KV cache against stock without flash attention, whose attention is then f32 end to end like
-// the paged op's (stock's flash attention casts K/V to f16): teacher-forced logits within tol.exact.
+// the f32 kernel's (stock's flash attention casts K/V to f16): teacher-forced logits within tol.exact.
 void test_logits_vs_f32_stock(const std::vector<std::vector<llama_token>> & prompts, const Tolerances & tol,
                               const Result & tokens) {
     const Result stock = run_stock(prompts, /*flash_attn =*/ false, GGML_TYPE_F32, &tokens);
-    const Result chunked = run_paged(prompts, 8, 24, 2, GGML_TYPE_F32, &tokens);
+    const Result chunked = run_paged(prompts, 8, 24, 2, GGML_TYPE_F32, &tokens, cf::paged_attention_cpu_op);
     const float diff = max_logit_diff(stock, chunked);
     std::printf("  f32 KV, vs stock without flash attention: max |logit diff|: paged block 8 chunked %.2g "
                 "(tolerance %.2g)\n", diff, tol.exact);

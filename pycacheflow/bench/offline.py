@@ -31,24 +31,34 @@ class Variant:
     """One engine configuration under test.
 
     Attributes:
-        name: label in results ("cacheflow", "stock", "stock-unified").
+        name: label in results ("cacheflow", "stock", "stock-unified", "paged-f32").
         kv_mode: EngineConfig.kv_mode.
         profile: record profiler events (step-level metrics; under 2% overhead).
+        paged_attention: EngineConfig.paged_attention (the paged mode attention kernel).
     """
 
     name: str
     kv_mode: str
     profile: bool = True
+    paged_attention: str = "ggml"
 
 
-def variants(kv_mode: str, stock_baseline: bool, profile: bool = True) -> list[Variant]:
-    """CacheFlow as configured, plus both stock KV modes when ``stock_baseline``."""
+def variants(
+    kv_mode: str,
+    stock_baseline: bool,
+    profile: bool = True,
+    paged_f32_baseline: bool = False,
+) -> list[Variant]:
+    """CacheFlow as configured, plus both stock KV modes when ``stock_baseline``, plus paged
+    mode with the f32 attention kernel when ``paged_f32_baseline``."""
     result = [Variant("cacheflow", kv_mode, profile)]
     if stock_baseline:
         result += [
             Variant("stock", "stock", profile),
             Variant("stock-unified", "stock-unified", profile),
         ]
+    if paged_f32_baseline:
+        result.append(Variant("paged-f32", "paged", profile, "f32"))
     return result
 
 
@@ -123,6 +133,7 @@ def engine_config(
     threads: int,
     batch_tokens: int,
     profile: bool,
+    paged_attention: str = "ggml",
 ) -> EngineConfig:
     """EngineConfig sized for the workload: ``concurrency`` sequences of up to max_seq_tokens
     (prompt + output), rounded up to llama.cpp's 256-token context alignment."""
@@ -137,6 +148,7 @@ def engine_config(
         n_threads=threads,
         kv_mode=kv_mode,
         profile_capacity=DEFAULT_PROFILE_CAPACITY if profile else 0,
+        paged_attention=paged_attention,
     )
 
 
@@ -230,7 +242,14 @@ def run_variants(
     try:
         for v in variant_list:
             config = engine_config(
-                model, v.kv_mode, concurrency, max_seq, threads, batch_tokens, v.profile
+                model,
+                v.kv_mode,
+                concurrency,
+                max_seq,
+                threads,
+                batch_tokens,
+                v.profile,
+                v.paged_attention,
             )
             llms[v.name] = LLM(config=config)
             warm_up(llms[v.name], concurrency, llms[v.name].info.n_vocab)

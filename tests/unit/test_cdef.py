@@ -13,7 +13,7 @@ import cffi
 import pytest
 
 from pycacheflow import _ffi, outputs, profiler
-from pycacheflow.config import KV_MODES, LOG_LEVELS, POLICIES, c_enum_name
+from pycacheflow.config import KV_MODES, LOG_LEVELS, PAGED_ATTENTIONS, POLICIES, c_enum_name
 
 REPO = Path(__file__).resolve().parents[2]
 HEADER = REPO / "native" / "include" / "cacheflow.h"
@@ -70,7 +70,12 @@ def test_constants(consts):
 
 @pytest.mark.parametrize(
     ("prefix", "names"),
-    [("CF_KV_MODE_", KV_MODES), ("CF_SCHED_POLICY_", POLICIES), ("CF_LOG_LEVEL_", LOG_LEVELS)],
+    [
+        ("CF_KV_MODE_", KV_MODES),
+        ("CF_SCHED_POLICY_", POLICIES),
+        ("CF_LOG_LEVEL_", LOG_LEVELS),
+        ("CF_PAGED_ATTENTION_", PAGED_ATTENTIONS),
+    ],
 )
 def test_config_names_map_onto_c_enums(consts, prefix, names):
     values = [getattr(consts, c_enum_name(prefix, n)) for n in names]

@@ -231,7 +231,8 @@ void LlamaSession::create_context() {
     cp.n_samplers = samplers.size();
     if (config_.paged()) {
         cp.kv_block_size = (uint32_t) config_.block_size;
-        cp.paged_attn_op = paged_attention_cpu_op;
+        cp.paged_attn_op = config_.paged_attention == CF_PAGED_ATTENTION_F32 ? paged_attention_cpu_op
+                                                                            : paged_attention_cpu_ggml_op;
     }
 
     ctx_ = llama_init_from_model(model_, cp);

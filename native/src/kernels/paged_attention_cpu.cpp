@@ -397,7 +397,7 @@ void paged_attention_cpu(const PagedAttentionArgs & args, int ith, int nth) {
     }
 }
 
-void paged_attention_cpu_op(ggml_tensor * dst, int ith, int nth, void * userdata) {
+PagedAttentionArgs paged_attention_args(const ggml_tensor * dst, const void * userdata) {
     const ggml_tensor * q = dst->src[0];
     const ggml_tensor * k = dst->src[1];
     const ggml_tensor * v = dst->src[2];
@@ -448,7 +448,11 @@ void paged_attention_cpu_op(ggml_tensor * dst, int ith, int nth, void * userdata
     args.block_size = params->block_size;
     args.scale = params->scale;
     args.softcap = params->softcap;
-    paged_attention_cpu(args, ith, nth);
+    return args;
+}
+
+void paged_attention_cpu_op(ggml_tensor * dst, int ith, int nth, void * userdata) {
+    paged_attention_cpu(paged_attention_args(dst, userdata), ith, nth);
 }
 
 }  // namespace cf

@@ -48,13 +48,25 @@ struct PagedAttentionArgs {
     float softcap;                   // 0 = none, else s = softcap * tanh(s / softcap) after scaling
 };
 
-// Compute the (token, kv head) items ith, ith + nth, ... of args (thread ith of nth; nth >= 1).
-// Aborts (GGML_ABORT) on a block id outside the pool. Thread-safe for distinct ith.
+// Two implementations of one contract, differing only in floating-point rounding:
+//   paged_attention_cpu       f32 throughout (scores, softmax, P.V), online softmax rescaled once per
+//                             block; the fastest (paged_attention_cpu.cpp).
+//   paged_attention_cpu_ggml  the operations of ggml's CPU flash attention (ggml_flash_attn_ext) in
+//                             its order and precision, so paged mode reproduces stock mode's outputs
+//                             bit for bit (paged_attention_ggml.cpp says when).
+// Each computes the work items of thread ith of nth (nth >= 1; thread-safe for distinct ith) and
+// aborts (GGML_ABORT) on a block id outside the pool.
 void paged_attention_cpu(const PagedAttentionArgs & args, int ith, int nth);
+void paged_attention_cpu_ggml(const PagedAttentionArgs & args, int ith, int nth);
 
-// ggml_custom_op_t for llama_context_params.paged_attn_op: checks the tensor shapes and types of the
-// op contract (aborting on a mismatch, a bug), then runs paged_attention_cpu.
-// userdata: const llama_paged_attn_params *.
+// The op contract's tensors and parameters as PagedAttentionArgs: checks shapes and types (aborting on
+// a mismatch, a bug in the patch or here). dst: the custom op node; userdata: const
+// llama_paged_attn_params *. The pointers in the result alias the tensors' data.
+PagedAttentionArgs paged_attention_args(const ggml_tensor * dst, const void * userdata);
+
+// ggml_custom_op_t adaptors for llama_context_params.paged_attn_op (userdata: const
+// llama_paged_attn_params *): paged_attention_args, then the implementation of the same name.
 void paged_attention_cpu_op(ggml_tensor * dst, int ith, int nth, void * userdata);
+void paged_attention_cpu_ggml_op(ggml_tensor * dst, int ith, int nth, void * userdata);
 
 }  // namespace cf
