@@ -271,6 +271,41 @@ class Engine:
         )
         return out[0]
 
+    def add_requests(
+        self, requests: Sequence[tuple[Sequence[int], SamplingParams, int]]
+    ) -> list[int]:
+        """Queue several requests at once (mutates engine state; thread-safe).
+
+        All are validated before any is queued, and they are queued together: the step that
+        admits the first one sees all of them, so an offline batch is scheduled the same way
+        whatever the thread timing.
+
+        Args:
+            requests: (prompt_token_ids, params, priority) per request, as ``add_request``.
+
+        Returns:
+            The new request ids, in request order (consecutive).
+
+        Raises:
+            As ``add_request``, the message prefixed with "request i: "; a failure queues none.
+        """
+        if not requests:
+            return []
+        keep: list = []
+        c_requests = ffi.new("cf_request[]", len(requests))
+        for c, (tokens, params, priority) in zip(c_requests, requests):
+            token_array = ffi.new("int32_t[]", list(tokens))
+            keep.append(token_array)
+            c.prompt_tokens = token_array
+            c.num_prompt_tokens = len(tokens)
+            c_params = _sampling_params(params, keep)
+            keep.append(c_params)  # a struct field does not own what it points to
+            c.params = c_params
+            c.priority = priority
+        out = ffi.new("int64_t[]", len(requests))
+        self._call(self._lib.cf_engine_add_requests, c_requests, len(requests), out)
+        return list(out)
+
     def abort(self, request_id: int) -> None:
         """Abort a waiting or running request; its final event has finish reason "abort".
 

@@ -132,6 +132,25 @@ class EngineRunner:
             self._streams[request_id] = stream
         return stream
 
+    def add_requests(
+        self, requests: Sequence[tuple[Sequence[int], SamplingParams]]
+    ) -> list[RequestStream]:
+        """Submit (prompt_token_ids, params) requests together (one engine step admits them
+        all; see ``Engine.add_requests``) and return their streams in order (thread-safe).
+
+        Raises:
+            ShutdownError: the runner is closed. Native errors as ``Engine.add_requests``
+            (nothing is submitted then).
+        """
+        with self._lock:
+            if self._closed:
+                raise errors.ShutdownError("engine is closed")
+            ids = self.engine.add_requests([(tokens, params, 0) for tokens, params in requests])
+            streams = [RequestStream(request_id) for request_id in ids]
+            for stream in streams:
+                self._streams[stream.request_id] = stream
+        return streams
+
     def abort(self, request_id: int) -> bool:
         """Abort a request; its stream still receives a final "abort" event.
 

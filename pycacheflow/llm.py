@@ -179,7 +179,9 @@ class LLM:
         """Generate completions for all prompts concurrently.
 
         Every prompt is tokenized and checked before anything is submitted, so a bad prompt
-        raises without starting work. If the call is interrupted, its requests are aborted.
+        raises without starting work. The prompts are submitted together: the engine step that
+        admits the first sees all of them, so the batches (and with them the exact outputs) do
+        not depend on thread timing. If the call is interrupted, its requests are aborted.
 
         Args:
             prompts: a str, a list of str, or a list of token-id lists ([[1, 2, 3]]).
@@ -197,8 +199,9 @@ class LLM:
         prepared = self._prepare_all(prompts, params, use_chat_template)
         submitted: list[tuple[RequestState, RequestStream]] = []
         try:
-            for p in prepared:
-                stream = self._runner.add_request(p.token_ids, p.params)
+            # one submission: the engine schedules the batch as a whole, whatever the timing
+            streams = self._runner.add_requests([(p.token_ids, p.params) for p in prepared])
+            for p, stream in zip(prepared, streams):
                 state = RequestState(
                     stream.request_id,
                     p.prompt,

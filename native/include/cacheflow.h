@@ -227,6 +227,22 @@ CF_API cf_status cf_engine_add_request(cf_engine_t engine, const int32_t * promp
                                        int32_t num_prompt_tokens, const cf_sampling_params * params,
                                        int32_t priority, int64_t * out_request_id);
 
+/* One request of cf_engine_add_requests; fields as the arguments of cf_engine_add_request. */
+typedef struct cf_request {
+    const int32_t * prompt_tokens;       /* [num_prompt_tokens] int32 (copied)                */
+    int32_t num_prompt_tokens;
+    const cf_sampling_params * params;   /* read during the call only                         */
+    int32_t priority;
+} cf_request;
+
+/* Queue num_requests requests at once: all are validated first, then all are queued together,
+ * so the step that admits the first sees every one of them (an offline batch is scheduled as a
+ * whole, independent of thread timing). out_request_ids: [num_requests], filled on success with
+ * new ids in request order. Errors as cf_engine_add_request, the message prefixed with
+ * "request i: "; a failed call queues none of them. num_requests 0 is a no-op. Thread-safe. */
+CF_API cf_status cf_engine_add_requests(cf_engine_t engine, const cf_request * requests, int32_t num_requests,
+                                        int64_t * out_request_ids);
+
 /* Abort a waiting or running request: its KV is freed before the next step and a final event
  * with CF_FINISH_REASON_ABORT is queued. Returns CF_STATUS_NOT_FOUND if the id is unknown or
  * already finished (nothing changes). Thread-safe. */

@@ -104,6 +104,14 @@ cf_status cf_engine_add_request(cf_engine_t engine, const int32_t * prompt_token
     });
 }
 
+cf_status cf_engine_add_requests(cf_engine_t engine, const cf_request * requests, int32_t num_requests,
+                                 int64_t * out_request_ids) {
+    return guarded("cf_engine_add_requests", [&] {
+        require(engine != nullptr, "engine is NULL");
+        engine->engine.add_requests(requests, num_requests, out_request_ids);
+    });
+}
+
 cf_status cf_engine_abort_request(cf_engine_t engine, int64_t request_id) {
     return guarded("cf_engine_abort_request", [&] {
         require(engine != nullptr, "engine is NULL");

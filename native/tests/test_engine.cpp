@@ -140,6 +140,26 @@ void test_request_errors() {
     assert(std::strcmp(cf_last_error(), "temperature must be >= 0, got -1") == 0);
     assert(cf_engine_abort_request(engine, 12345) == CF_STATUS_NOT_FOUND);
     assert(!cf_engine_has_work(engine));
+
+    // a batch with one bad request queues none of them, and says which one failed
+    p.temperature = 0.0f;
+    const int32_t two[2] = {1, 2};
+    cf_request batch[3] = {{two, 2, &p, 0}, {two, 0, &p, 0}, {two, 1, &p, 0}};
+    int64_t ids[3] = {0, 0, 0};
+    assert(cf_engine_add_requests(engine, batch, 3, ids) == CF_STATUS_INVALID_ARGUMENT);
+    assert(std::strcmp(cf_last_error(), "request 1: prompt is empty") == 0);
+    assert(!cf_engine_has_work(engine) && ids[0] == 0);
+    batch[1].params = nullptr;
+    assert(cf_engine_add_requests(engine, batch, 3, ids) == CF_STATUS_INVALID_ARGUMENT);
+    assert(std::strcmp(cf_last_error(), "request 1: params is NULL") == 0);
+    assert(cf_engine_add_requests(engine, batch, 0, nullptr) == CF_STATUS_OK && !cf_engine_has_work(engine));
+    // a good batch: consecutive ids, and the first step admits all of it (3 + 2 + 1 prompt tokens)
+    batch[1] = {two, 2, &p, 0};
+    batch[0].num_prompt_tokens = 1;
+    assert(cf_engine_add_requests(engine, batch, 3, ids) == CF_STATUS_OK);
+    assert(ids[1] == ids[0] + 1 && ids[2] == ids[1] + 1);
+    int32_t n_sched = 0;
+    assert(cf_engine_step(engine, &n_sched) == CF_STATUS_OK && n_sched == 1 + 2 + 1);
     cf_engine_free(engine);
 
     const char * path = "/tmp/cacheflow_test_corrupt.gguf";
@@ -194,19 +214,11 @@ void test_greedy_batched_equals_alone() {
     assert(greedy_outputs(CF_KV_MODE_STOCK_UNIFIED, true, 512) == alone);
     assert(greedy_outputs(CF_KV_MODE_STOCK, true, 16) == alone);  // chunked prefill
 
-    // Paged mode is batching-invariant too. Against stock it differs only where the rounding of two
-    // attention implementations decides a near tie of the top logits (test_paged_llama checks that
-    // with teacher-forced logits); on these prompts that is one token of 96.
-    const auto paged_alone = greedy_outputs(CF_KV_MODE_PAGED, false, 512);
-    assert(greedy_outputs(CF_KV_MODE_PAGED, true, 512) == paged_alone);
-    assert(greedy_outputs(CF_KV_MODE_PAGED, true, 16) == paged_alone);
-    int32_t num_equal = 0;
-    for (size_t i = 0; i < alone.size(); ++i) {
-        for (size_t t = 0; t < alone[i].size(); ++t) {
-            num_equal += paged_alone[i][t] == alone[i][t];
-        }
-    }
-    assert(num_equal >= 90);
+    // Paged mode too; its default attention kernel does llama.cpp's flash attention arithmetic, so
+    // it equals stock token for token.
+    assert(greedy_outputs(CF_KV_MODE_PAGED, false, 512) == alone);
+    assert(greedy_outputs(CF_KV_MODE_PAGED, true, 512) == alone);
+    assert(greedy_outputs(CF_KV_MODE_PAGED, true, 16) == alone);
 }
 
 void test_stops_and_abort() {

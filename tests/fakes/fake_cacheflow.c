@@ -276,6 +276,31 @@ cf_status cf_engine_add_request(cf_engine_t e, const int32_t * prompt_tokens, in
     return CF_STATUS_OK;
 }
 
+cf_status cf_engine_add_requests(cf_engine_t e, const cf_request * requests, int32_t num_requests,
+                                 int64_t * out_request_ids) {
+    /* validate all first (as the real engine: a failure queues none), then queue each */
+    for (int32_t i = 0; i < num_requests; i++) {
+        const cf_request * q = &requests[i];
+        const char * why = q->num_prompt_tokens <= 0                    ? "empty prompt"
+                           : q->num_prompt_tokens >= FAKE_CTX_PER_SEQ   ? "prompt too long"
+                           : q->params->max_tokens < 1                  ? "max_tokens must be >= 1"
+                                                                        : NULL;
+        if (why != NULL) {
+            char message[128];
+            snprintf(message, sizeof message, "request %d: %s", (int) i, why);
+            return fail(q->num_prompt_tokens >= FAKE_CTX_PER_SEQ ? CF_STATUS_PROMPT_TOO_LONG
+                                                                 : CF_STATUS_INVALID_ARGUMENT, message);
+        }
+    }
+    for (int32_t i = 0; i < num_requests; i++) {
+        const cf_request * q = &requests[i];
+        cf_status rc = cf_engine_add_request(e, q->prompt_tokens, q->num_prompt_tokens, q->params, q->priority,
+                                             &out_request_ids[i]);
+        if (rc != CF_STATUS_OK) return rc;
+    }
+    return CF_STATUS_OK;
+}
+
 cf_status cf_engine_abort_request(cf_engine_t e, int64_t request_id) {
     pthread_mutex_lock(&e->mu);
     for (int32_t i = 0; i < e->num_requests; i++) {

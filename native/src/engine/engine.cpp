@@ -61,9 +61,9 @@ Engine::~Engine() {
     events_.close();
 }
 
-int64_t Engine::add_request(const int32_t * prompt, int32_t num_prompt_tokens, const cf_sampling_params & params,
-                            int32_t priority) {
-    const int64_t arrival_ns = clock_ns();
+std::unique_ptr<Sequence> Engine::make_sequence(const int32_t * prompt, int32_t num_prompt_tokens,
+                                                const cf_sampling_params & params, int32_t priority,
+                                                int64_t arrival_ns) {
     validate_prompt(prompt, num_prompt_tokens, session_->n_vocab(), session_->n_ctx_per_seq());
     SamplingParams sp = SamplingParams::from_c(params, session_->n_vocab());
     const int32_t capacity = (int32_t) std::min<int64_t>((int64_t) num_prompt_tokens + sp.max_tokens,
@@ -71,19 +71,56 @@ int64_t Engine::add_request(const int32_t * prompt, int32_t num_prompt_tokens, c
     OpaqueHandle sampler = make_sampler(sp);
     auto seq = std::make_unique<Sequence>(0, prompt, num_prompt_tokens, std::move(sp), priority, arrival_ns, capacity);
     seq->sampler = std::move(sampler);
-    int64_t request_id = 0;
+    return seq;
+}
+
+void Engine::enqueue(std::vector<std::unique_ptr<Sequence>> & seqs, int64_t * out_ids) {
     {
         std::lock_guard<std::mutex> lock(inbox_mu_);
         if (shutting_down_) {
             throw Error(CF_STATUS_SHUTDOWN, "the engine is shutting down; no new requests");
         }
-        request_id = next_request_id_++;
-        seq->request_id = request_id;
-        pending_adds_.push_back(std::move(seq));
-        live_ids_.insert(request_id);
+        for (size_t i = 0; i < seqs.size(); ++i) {
+            const int64_t request_id = next_request_id_++;
+            seqs[i]->request_id = request_id;
+            out_ids[i] = request_id;
+            live_ids_.insert(request_id);
+            pending_adds_.push_back(std::move(seqs[i]));
+        }
     }
     work_cv_.notify_one();
+}
+
+int64_t Engine::add_request(const int32_t * prompt, int32_t num_prompt_tokens, const cf_sampling_params & params,
+                            int32_t priority) {
+    std::vector<std::unique_ptr<Sequence>> seqs;
+    seqs.push_back(make_sequence(prompt, num_prompt_tokens, params, priority, clock_ns()));
+    int64_t request_id = 0;
+    enqueue(seqs, &request_id);
     return request_id;
+}
+
+void Engine::add_requests(const cf_request * requests, int32_t n, int64_t * out_ids) {
+    if (n < 0 || (n > 0 && (requests == nullptr || out_ids == nullptr))) {
+        fail_invalid("add_requests: num_requests must be >= 0 with non-NULL requests and out_request_ids");
+    }
+    const int64_t arrival_ns = clock_ns();
+    std::vector<std::unique_ptr<Sequence>> seqs;
+    seqs.reserve((size_t) n);
+    for (int32_t i = 0; i < n; ++i) {
+        try {
+            if (requests[i].params == nullptr) {
+                fail_invalid("params is NULL");
+            }
+            seqs.push_back(make_sequence(requests[i].prompt_tokens, requests[i].num_prompt_tokens,
+                                         *requests[i].params, requests[i].priority, arrival_ns));
+        } catch (const Error & e) {
+            throw Error(e.status(), "request " + std::to_string(i) + ": " + e.what());
+        }
+    }
+    if (n > 0) {
+        enqueue(seqs, out_ids);
+    }
 }
 
 void Engine::abort_request(int64_t request_id) {

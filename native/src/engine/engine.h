@@ -55,6 +55,9 @@ class Engine {
     // Validate and queue; returns the new request id. Throws INVALID_ARGUMENT, PROMPT_TOO_LONG, SHUTDOWN.
     int64_t add_request(const int32_t * prompt, int32_t num_prompt_tokens, const cf_sampling_params & params,
                         int32_t priority);
+    // Validate all, then queue all under one inbox lock (one step admits them together); request
+    // ids go to out_ids[n]. Errors as add_request, prefixed "request i: "; on error nothing is queued.
+    void add_requests(const cf_request * requests, int32_t n, int64_t * out_ids);
     // Throws NOT_FOUND for unknown or finished ids.
     void abort_request(int64_t request_id);
 
@@ -75,6 +78,11 @@ class Engine {
     StepResult step_guarded();
     StepResult step_locked();
     void consume_inbox();
+    // A validated Sequence for a request (throws as add_request); its id is set by enqueue.
+    std::unique_ptr<Sequence> make_sequence(const int32_t * prompt, int32_t num_prompt_tokens,
+                                            const cf_sampling_params & params, int32_t priority, int64_t arrival_ns);
+    // Give seqs ids (out_ids[i]) and queue them under one inbox lock; throws SHUTDOWN (nothing queued).
+    void enqueue(std::vector<std::unique_ptr<Sequence>> & seqs, int64_t * out_ids);
     void run_decoded_step(const SchedulerOutput & out);
     int32_t sample(Sequence & seq, int32_t batch_index);
     void handle_block_shortage(const SchedulerOutput & out);
