@@ -30,6 +30,7 @@
 #include "vec.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -74,94 +75,233 @@ struct ScoreScale {
     }
 };
 
+// The f16 accumulator updates of ggml's one-chunk path, y = f16(f32(y) * v) and
+// y = f16(fma(f32(x), v, f32(y))) with round-to-nearest-even, in F16C/AVX-512 vectors. ggml's own
+// ggml_vec_scale_f16 / ggml_vec_mad_f16 compute the same values, but fall back to a scalar loop with
+// software conversions when the row is shorter than their unrolled step (128 halves with AVX512-FP16,
+// longer than a 64-wide head), which makes them the bulk of the path's time; and on rows of whole
+// steps they may compute in native f16 instead (AVX512-FP16), which rounds differently.
+// fast_f16_matches_ggml(n) checks the equality for rows of n halves once at run time; where it fails,
+// ggml's routines are used.
+#if defined(__AVX512F__) || (defined(__F16C__) && defined(__FMA__))
+constexpr bool kHaveFastF16 = true;
+
+void fast_scale_f16(int32_t n, ggml_fp16_t * y, float v) {
+    int32_t i = 0;
+#if defined(__AVX512F__)
+    const __m512 vv = _mm512_set1_ps(v);
+    for (; i + 16 <= n; i += 16) {
+        const __m512 r = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *) (y + i))), vv);
+        _mm256_storeu_si256((__m256i *) (y + i), _mm512_cvtps_ph(r, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    }
+#else
+    const __m256 vv = _mm256_set1_ps(v);
+    for (; i + 8 <= n; i += 8) {
+        const __m256 r = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) (y + i))), vv);
+        _mm_storeu_si128((__m128i *) (y + i), _mm256_cvtps_ph(r, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    }
+#endif
+    if (i < n) {
+        ggml_vec_scale_f16(n - i, y + i, v);
+    }
+}
+
+void fast_mad_f16(int32_t n, ggml_fp16_t * y, const ggml_fp16_t * x, float v) {
+    int32_t i = 0;
+#if defined(__AVX512F__)
+    const __m512 vv = _mm512_set1_ps(v);
+    for (; i + 16 <= n; i += 16) {
+        const __m512 xs = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *) (x + i)));
+        const __m512 ys = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *) (y + i)));
+        const __m512 r = _mm512_fmadd_ps(xs, vv, ys);
+        _mm256_storeu_si256((__m256i *) (y + i), _mm512_cvtps_ph(r, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    }
+#else
+    const __m256 vv = _mm256_set1_ps(v);
+    for (; i + 8 <= n; i += 8) {
+        const __m256 xs = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) (x + i)));
+        const __m256 ys = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) (y + i)));
+        const __m256 r = _mm256_fmadd_ps(xs, vv, ys);
+        _mm_storeu_si128((__m128i *) (y + i), _mm256_cvtps_ph(r, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    }
+#endif
+    if (i < n) {
+        ggml_vec_mad_f16(n - i, y + i, x + i, v);
+    }
+}
+#else
+constexpr bool kHaveFastF16 = false;
+void fast_scale_f16(int32_t n, ggml_fp16_t * y, float v) { ggml_vec_scale_f16(n, y, v); }
+void fast_mad_f16(int32_t n, ggml_fp16_t * y, const ggml_fp16_t * x, float v) { ggml_vec_mad_f16(n, y, x, v); }
+#endif
+
+// Whether fast_scale_f16 / fast_mad_f16 give ggml's bits on rows of n halves: random rows, weights
+// and long accumulations like the kernel's. Computed once per n (n <= 1024, else false).
+bool compute_fast_f16_matches_ggml(int32_t n) {
+        if (!kHaveFastF16) {
+            return false;
+        }
+        uint32_t state = 12345u;
+        auto next = [&state] {  // xorshift32 in [-1, 1)
+            state ^= state << 13;
+            state ^= state >> 17;
+            state ^= state << 5;
+            return (float) (state >> 8) / (float) (1u << 23) - 1.0f;
+        };
+        {
+            std::vector<ggml_fp16_t> a((size_t) n), b((size_t) n), x((size_t) n);
+            for (int32_t i = 0; i < n; ++i) {
+                a[(size_t) i] = b[(size_t) i] = ggml_fp32_to_fp16(next());
+            }
+            for (int32_t step = 0; step < 400; ++step) {
+                for (int32_t i = 0; i < n; ++i) {
+                    x[(size_t) i] = ggml_fp32_to_fp16(4.0f * next());
+                }
+                const float v = step % 7 == 0 ? 0.5f + 0.5f * next() : 0.5f + 0.5f * next() * next();
+                if (step % 7 == 0) {
+                    ggml_vec_scale_f16(n, a.data(), v);
+                    fast_scale_f16(n, b.data(), v);
+                } else {
+                    ggml_vec_mad_f16(n, a.data(), x.data(), v);
+                    fast_mad_f16(n, b.data(), x.data(), v);
+                }
+                if (std::memcmp(a.data(), b.data(), (size_t) n * sizeof(ggml_fp16_t)) != 0) {
+                    return false;
+                }
+            }
+        }
+        return true;
+}
+
+bool fast_f16_matches_ggml(int32_t n) {
+    constexpr int32_t kMaxN = 1024;
+    static std::atomic<int8_t> known[kMaxN + 1];  // 0 unknown, 1 yes, -1 no (racing threads agree)
+    if (n <= 0 || n > kMaxN) {
+        return false;
+    }
+    int8_t k = known[n].load(std::memory_order_relaxed);
+    if (k == 0) {
+        k = compute_fast_f16_matches_ggml(n) ? 1 : -1;
+        known[n].store(k, std::memory_order_relaxed);
+    }
+    return k > 0;
+}
+
 std::vector<char> & thread_scratch() {
     thread_local std::vector<char> scratch;
     return scratch;
 }
 
 // The "one chunk" path for tokens [t0, t0 + nt) and kv head h: per (token, query head), keys in
-// position order, exactly ggml_compute_forward_flash_attn_ext_f16_one_chunk's updates.
+// position order, exactly ggml_compute_forward_flash_attn_ext_f16_one_chunk's updates. The G query
+// heads of the group walk the keys together (each K/V row is read once per token), each with its
+// own running state, so every head sees the same sequence of operations as in ggml.
 void attend_one_chunk(const PagedAttentionArgs & a, int32_t t0, int32_t nt, int32_t h) {
     const int32_t G = a.n_head / a.n_head_kv;
+    const int32_t bs = a.block_size;
     const int32_t dk = a.head_dim_k;
     const int32_t dv = a.head_dim_v;
     const ScoreScale sc(a);
+    const bool v_f16 = a.v_type == GGML_TYPE_F16;
+    const bool fast = v_f16 && fast_f16_matches_ggml(dv);
 
     const ggml_type k_vec_dot_type = ggml_get_type_traits_cpu(a.k_type)->vec_dot_type;
     const ggml_from_float_t q_to_vec_dot = ggml_get_type_traits_cpu(k_vec_dot_type)->from_float;
     const ggml_vec_dot_t kq_vec_dot = ggml_get_type_traits_cpu(a.k_type)->vec_dot;
+    const size_t q_bytes = ggml_row_size(k_vec_dot_type, dk);
 
+    // per head g: q as the vec_dot type, the f32 accumulator (f32 V, and the output), the f16 one
     std::vector<char> & scratch = thread_scratch();
-    const size_t need = (size_t) dk * sizeof(float) + (size_t) dv * sizeof(float) * 2;
+    const size_t q_stride = (q_bytes + 63) / 64 * 64;
+    const size_t need = (size_t) G * (q_stride + (size_t) dv * (sizeof(float) + sizeof(ggml_fp16_t))) + 2 * G * sizeof(float);
     if (scratch.size() < need) {
         scratch.resize(need);
     }
-    void * q_q = scratch.data();                                              // q as the vec_dot type
-    float * vkq32 = (float *) (scratch.data() + (size_t) dk * sizeof(float));  // [dv]
-    ggml_fp16_t * vkq16 = (ggml_fp16_t *) (vkq32 + dv);                       // [dv] (f16 V)
+    char * q_q = scratch.data();                                       // [G][q_stride] bytes
+    float * vkq32 = (float *) (q_q + (size_t) G * q_stride);          // [G][dv]
+    ggml_fp16_t * vkq16 = (ggml_fp16_t *) (vkq32 + (size_t) G * dv);   // [G][dv]
+    float * S = (float *) (vkq16 + (size_t) G * dv);                   // [G]
+    float * M = S + G;                                                 // [G]
 
-    const size_t k_elt = ggml_type_size(a.k_type);
-    const size_t v_elt = ggml_type_size(a.v_type);
-    const int64_t n_pool_blocks = a.kv_size / a.block_size;
+    const size_t k_off = (size_t) h * dk * ggml_type_size(a.k_type);
+    const size_t v_off = (size_t) h * dv * ggml_type_size(a.v_type);
+    const int64_t n_pool_blocks = a.kv_size / bs;
     const int32_t * table = a.block_tables + (int64_t) a.token_seq_idx[t0] * a.block_table_stride;
 
     for (int32_t i = 0; i < nt; ++i) {
         const int32_t t = t0 + i;
         const int32_t ctx = a.token_ctx_len[t];
         for (int32_t g = 0; g < G; ++g) {
-            const int32_t head = h * G + g;
-            q_to_vec_dot(q_row(a, t, head), q_q, dk);
-            float S = 0.0f;
-            float M = -INFINITY;
-            if (a.v_type == GGML_TYPE_F16) {
-                std::memset(vkq16, 0, (size_t) dv * sizeof(ggml_fp16_t));
-            } else {
-                std::memset(vkq32, 0, (size_t) dv * sizeof(float));
-            }
-            for (int32_t p = 0; p < ctx; ++p) {
-                const int64_t row = pool_row(table, p, a.block_size, n_pool_blocks);
-                const char * k_data = a.k_pool + row * a.k_stride_row_bytes + (size_t) h * dk * k_elt;
-                const char * v_data = a.v_pool + row * a.v_stride_row_bytes + (size_t) h * dv * v_elt;
-                float s;
-                kq_vec_dot(dk, &s, 0, k_data, 0, q_q, 0, 1);
-                s = s * sc.scale;
-                if (sc.softcap != 0.0f) {
-                    s = sc.softcap * tanhf(s);
-                }
-                s += 0.0f;  // ggml adds the mask value, 0 for a visible key (turns -0 into +0)
+            q_to_vec_dot(q_row(a, t, h * G + g), q_q + (size_t) g * q_stride, dk);
+            S[g] = 0.0f;
+            M[g] = -INFINITY;
+        }
+        if (v_f16) {
+            std::memset(vkq16, 0, (size_t) G * dv * sizeof(ggml_fp16_t));
+        } else {
+            std::memset(vkq32, 0, (size_t) G * dv * sizeof(float));
+        }
+        for (int32_t p0 = 0; p0 < ctx; p0 += bs) {
+            const int64_t row0 = pool_row(table, p0, bs, n_pool_blocks);
+            const int32_t n = std::min(bs, ctx - p0);
+            for (int32_t j = 0; j < n; ++j) {
+                const char * k_data = a.k_pool + (row0 + j) * a.k_stride_row_bytes + k_off;
+                const char * v_data = a.v_pool + (row0 + j) * a.v_stride_row_bytes + v_off;
+                for (int32_t g = 0; g < G; ++g) {
+                    float s;
+                    kq_vec_dot(dk, &s, 0, k_data, 0, q_q + (size_t) g * q_stride, 0, 1);
+                    s = s * sc.scale;
+                    if (sc.softcap != 0.0f) {
+                        s = sc.softcap * tanhf(s);
+                    }
+                    s += 0.0f;  // ggml adds the mask value, 0 for a visible key (turns -0 into +0)
 
-                const float M_old = M;
-                float ms = 1.0f;
-                float vs = 1.0f;
-                if (a.v_type == GGML_TYPE_F16) {
-                    if (s > M) {
-                        M = s;
-                        ms = expf(M_old - M);
-                        ggml_vec_scale_f16(dv, vkq16, ms);
+                    const float M_old = M[g];
+                    float ms = 1.0f;
+                    float vs = 1.0f;
+                    if (v_f16) {
+                        ggml_fp16_t * acc = vkq16 + (size_t) g * dv;
+                        if (s > M[g]) {
+                            M[g] = s;
+                            ms = expf(M_old - s);
+                            if (fast) {
+                                fast_scale_f16(dv, acc, ms);
+                            } else {
+                                ggml_vec_scale_f16(dv, acc, ms);
+                            }
+                        } else {
+                            vs = expf(s - M[g]);
+                        }
+                        if (fast) {
+                            fast_mad_f16(dv, acc, (const ggml_fp16_t *) v_data, vs);
+                        } else {
+                            ggml_vec_mad_f16(dv, acc, (const ggml_fp16_t *) v_data, vs);
+                        }
                     } else {
-                        vs = expf(s - M);
+                        float * acc = vkq32 + (size_t) g * dv;
+                        if (s > M[g]) {
+                            M[g] = s;
+                            ms = expf(M_old - s);
+                            ggml_vec_scale_f32(dv, acc, ms);
+                        } else {
+                            vs = expf(s - M[g]);
+                        }
+                        ggml_vec_mad_f32(dv, acc, (const float *) v_data, vs);
                     }
-                    ggml_vec_mad_f16(dv, vkq16, (const ggml_fp16_t *) v_data, vs);
-                } else {
-                    if (s > M) {
-                        M = s;
-                        ms = expf(M_old - M);
-                        ggml_vec_scale_f32(dv, vkq32, ms);
-                    } else {
-                        vs = expf(s - M);
-                    }
-                    ggml_vec_mad_f32(dv, vkq32, (const float *) v_data, vs);
+                    S[g] = S[g]*ms + vs;
                 }
-                S = S*ms + vs;
             }
-            if (a.v_type == GGML_TYPE_F16) {
+        }
+        for (int32_t g = 0; g < G; ++g) {
+            float * out = vkq32 + (size_t) g * dv;
+            if (v_f16) {
                 for (int32_t d = 0; d < dv; ++d) {
-                    vkq32[d] = GGML_CPU_FP16_TO_FP32(vkq16[d]);
+                    out[d] = GGML_CPU_FP16_TO_FP32(vkq16[(size_t) g * dv + d]);
                 }
             }
-            const float S_inv = S == 0.0f ? 0.0f : 1.0f/S;
-            ggml_vec_scale_f32(dv, vkq32, S_inv);
-            std::memcpy(out_row(a, t, head), vkq32, (size_t) dv * sizeof(float));
+            const float S_inv = S[g] == 0.0f ? 0.0f : 1.0f/S[g];
+            ggml_vec_scale_f32(dv, out, S_inv);
+            std::memcpy(out_row(a, t, h * G + g), out, (size_t) dv * sizeof(float));
         }
     }
 }
