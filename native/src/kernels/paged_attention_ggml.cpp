@@ -22,6 +22,7 @@
 // Work items are (tile of up to 8 consecutive tokens of one sequence, kv head), as in the f32 kernel
 // (paged_attention_cpu.cpp): each K/V tile is converted once for all query heads of its GQA group.
 #include "kernels/paged_attention_cpu.h"
+#include "kernels/paged_attention_simd.h"
 
 // ggml-cpu's internal headers (the pinned tree's ggml/src/ggml-cpu): its vector routines (vec.h) and
 // flash attention tile sizes (common.h). CMake adds their include directories for this file only and
@@ -328,6 +329,10 @@ void attend_tiled(const PagedAttentionArgs & a, int32_t t0, int32_t nt, int32_t 
     float * acc = kq + kKvTile;                       // [R][dv]
     float * M = acc + (size_t) R * dv;                // [R]
     float * S = M + R;                                // [R]
+    const float * v_rows[kKvTile];                    // the tile's V rows, for add_weighted_rows
+    for (int32_t j = 0; j < kKvTile; ++j) {
+        v_rows[j] = v32 + (size_t) j * dv;
+    }
     std::fill(acc, acc + (size_t) R * dv, 0.0f);
     std::fill(M, M + R, -INFINITY);
     std::fill(S, S + R, 0.0f);
@@ -374,14 +379,7 @@ void attend_tiled(const PagedAttentionArgs & a, int32_t t0, int32_t nt, int32_t 
                 const int32_t r = i * G + g;
                 const float * q = q_row(a, t0 + i, h * G + g);
                 // s[j] = sum_d q[d] * k[d][j] as one FMA chain in d order (simd_gemm's C += A.B)
-                std::fill(kq, kq + kKvTile, 0.0f);
-                for (int32_t d = 0; d < dk; ++d) {
-                    const float qd = q[d];
-                    const float * kd = kT + (size_t) d * kKvTile;
-                    for (int32_t j = 0; j < kKvTile; ++j) {
-                        kq[j] = std::fma(kd[j], qd, kq[j]);
-                    }
-                }
+                block_scores(q, kT, dk, kKvTile, kq);
                 ggml_vec_scale_f32(kKvTile, kq, sc.scale);
                 if (sc.softcap != 0.0f) {
                     ggml_vec_tanh_f32(kKvTile, kq, kq);
@@ -403,14 +401,7 @@ void attend_tiled(const PagedAttentionArgs & a, int32_t t0, int32_t nt, int32_t 
                 S[r] += ggml_vec_soft_max_f32(kKvTile, kq, kq, M_new);
 
                 // acc[d] += sum_j p[j] * v[j][d], one FMA chain in j order (zero weights past ni)
-                float * acc_r = acc + (size_t) r * dv;
-                for (int32_t j = 0; j < ni; ++j) {
-                    const float pj = kq[j];
-                    const float * vj = v32 + (size_t) j * dv;
-                    for (int32_t d = 0; d < dv; ++d) {
-                        acc_r[d] = std::fma(vj[d], pj, acc_r[d]);
-                    }
-                }
+                add_weighted_rows(acc + (size_t) r * dv, kq, v_rows, ni, dv);
             }
         }
     }
