@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import click
 
 from pycacheflow.config import EngineConfig
-from pycacheflow.errors import CacheFlowError
+from pycacheflow.errors import CacheFlowError, OutOfMemoryError
 
 if TYPE_CHECKING:
     from pycacheflow.llm import LLM
@@ -71,12 +71,19 @@ def to_click_error(exc: CacheFlowError) -> click.ClickException:
     return click.ClickException(f"{type(exc).__name__}: {exc}")
 
 
-def load_llm(model: Path | None, config_kwargs: dict[str, object]) -> LLM:
+def load_llm(model: Path | None, config_kwargs: dict[str, object], memory_options: str = "") -> LLM:
     """Build the engine for a command (model None = the default model, fetched if needed).
+
+    Args:
+        model: the GGUF file; None = the default model.
+        config_kwargs: EngineConfig fields.
+        memory_options: the command's options that size the KV cache (e.g. "--ctx-size or
+            --kv-cache-memory"), named when the cache does not fit in memory.
 
     Raises:
         click.UsageError: a bad config value (exit 2).
-        click.ClickException: the library or the model could not be loaded (exit 1).
+        click.ClickException: the library or the model could not be loaded, or the KV cache
+            does not fit in memory (exit 1).
     """
     try:
         if model is None:
@@ -94,5 +101,8 @@ def load_llm(model: Path | None, config_kwargs: dict[str, object]) -> LLM:
         return LLM(config=config)
     except ImportError as exc:
         raise click.ClickException(str(exc)) from None
+    except OutOfMemoryError as exc:
+        hint = f"\nThe KV cache does not fit: lower {memory_options}." if memory_options else ""
+        raise click.ClickException(f"{type(exc).__name__}: {exc}{hint}") from None
     except CacheFlowError as exc:
         raise to_click_error(exc) from None

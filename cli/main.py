@@ -206,7 +206,7 @@ def generate(
         from pycacheflow.profiler import DEFAULT_PROFILE_CAPACITY
 
         config_kwargs["profile_capacity"] = DEFAULT_PROFILE_CAPACITY
-    llm = load_llm(model, config_kwargs)
+    llm = load_llm(model, config_kwargs, "--ctx-size, --kv-cache-memory or -c/--concurrency")
     try:
         t0 = time.perf_counter()
         outputs = _run(llm, prompt_list, params, chat, stream, as_json)

@@ -298,7 +298,7 @@ def serve(**options: object) -> None:
       cacheflow serve --alias smollm2 --api-key secret --policy priority
     """
     config_kwargs = _engine_kwargs(options)
-    llm = load_llm(options["model"], config_kwargs)
+    llm = load_llm(options["model"], config_kwargs, "-c/--ctx-size, --kv-cache-memory or -np")
     try:
         app = _make_app(llm, options)
         _run(app, options)

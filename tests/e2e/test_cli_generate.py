@@ -110,6 +110,13 @@ def test_prompt_too_long(tiny_model_path):
     assert "PromptTooLongError" in result.output
 
 
+def test_kv_cache_beyond_memory(real_model_path):
+    result = run_cli("generate", "-m", str(real_model_path), "--ctx-size", str(2**31 - 1), "hi")
+    assert result.exit_code == 1, result.output
+    assert "OutOfMemoryError: out of memory creating the llama.cpp context" in result.output
+    assert "The KV cache does not fit: lower --ctx-size, --kv-cache-memory or -c" in result.output
+
+
 def test_subprocess_entry_point(tiny_model_path, tiny_llm):
     cmd = [sys.executable, "-m", "cli", "generate", "-m", str(tiny_model_path), "--json",
            "-n", "4", "--ignore-eos", "Hello", "World"]

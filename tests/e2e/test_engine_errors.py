@@ -16,6 +16,7 @@ from pycacheflow.errors import (
     InvalidArgumentError,
     ModelLoadError,
     NotFoundError,
+    OutOfMemoryError,
     PromptTooLongError,
     ShutdownError,
 )
@@ -63,6 +64,17 @@ def test_corrupt_model_file(kind, tmp_path, tiny_model_path, make_llm):
 def test_directory_as_model(tmp_path, make_llm):
     with pytest.raises(ModelLoadError, match=str(tmp_path)):
         make_llm(tmp_path)
+
+
+@pytest.mark.parametrize("kv_mode", ["paged", "stock"])
+def test_kv_cache_beyond_memory_is_out_of_memory(kv_mode, real_model_path, make_llm):
+    """2**31 - 1 rows of 23 KiB (46 TiB): OutOfMemoryError naming the size and what to lower
+    (the paged mode raised UnsupportedError)."""
+    with pytest.raises(OutOfMemoryError) as info:
+        make_llm(real_model_path, n_ctx=2**31 - 1, max_num_seqs=2, kv_mode=kv_mode)
+    message = str(info.value)
+    assert "the KV cache of 2147483647 tokens alone needs 46080.0 GiB" in message
+    assert "lower n_ctx or kv_cache_bytes" in message
 
 
 def test_bad_engine_config_names_the_field(tiny_model_path, make_llm):

@@ -18,7 +18,7 @@ class Loaded(Exception):
 def engine_kwargs(monkeypatch) -> list[dict[str, object]]:
     seen: list[dict[str, object]] = []
 
-    def stub(model, config_kwargs):
+    def stub(model, config_kwargs, memory_options=""):
         seen.append(config_kwargs)
         raise Loaded
 
