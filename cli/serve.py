@@ -1,7 +1,8 @@
 """``cacheflow serve``: an HTTP server that can replace llama.cpp's ``llama-server``.
 
 Same flags (and LLAMA_ARG_* environment variables) for the common options, same endpoints and
-response formats, plus CacheFlow's engine options. Exit codes: 0 after a clean shutdown
+response formats, plus CacheFlow's engine options. Every other llama-server flag is a usage error
+that names it (cli/serve_compat.py). Exit codes: 0 after a clean shutdown
 (SIGINT/SIGTERM); 1 runtime error (model cannot load, port taken); 2 usage error.
 """
 
@@ -16,7 +17,9 @@ from typing import TYPE_CHECKING
 
 import click
 
+import pycacheflow
 from cli.common import BLOCK_SIZE_OPTION, KV_CACHE_MEMORY_HELP, ByteSize, load_llm
+from cli.serve_compat import ServeCommand
 from pycacheflow.config import KV_MODES, POLICIES
 from pycacheflow.errors import CacheFlowError
 
@@ -25,25 +28,16 @@ if TYPE_CHECKING:
 
     from pycacheflow.llm import LLM
 
-# llama-server flags that `cacheflow serve` does not accept; naming them gives a clearer error
-# than click's "No such option".
-_LLAMA_SERVER_ONLY_FLAGS = frozenset(
-    """-hf -hfr --hf-repo -hff --hf-file -mu --model-url -dr --docker-repo --lora --lora-scaled
-    --mmproj -mm -mmu --mmproj-url --embedding --embeddings --rerank --reranking --pooling
-    -ctk --cache-type-k -ctv --cache-type-v -sm --split-mode -ts --tensor-split -mg --main-gpu
-    --mlock --no-mmap --numa -dev --device -ot --override-tensor --rope-scaling --rope-scale
-    --rope-freq-base --rope-freq-scale --yarn-orig-ctx -md --model-draft --spec-type --grammar
-    --grammar-file -j --json-schema --jinja --no-jinja --chat-template-file
-    --chat-template-kwargs --reasoning-format -rea --reasoning --reasoning-budget --keep
-    --context-shift --no-context-shift -kvu --kv-unified -no-kvu --no-kv-unified
-    --api-key-file --ssl-key-file --ssl-cert-file --path --api-prefix --webui --no-webui --ui
-    --no-ui --props --slot-save-path --cache-reuse -cram --cache-ram --sleep-idle-seconds -tb
-    --threads-batch --threads-http -s --seed --temp --temperature --top-k
-    --top-p --min-p --repeat-penalty --samplers --ignore-eos -sp --special -nocb
-    --no-cont-batching --log-file --log-disable --tools --mcp-servers-config""".split()  # noqa: SIM905 (a word list reads better)
-)
-
 _NO_EFFECT_YET = "accepted, no effect yet"
+
+
+def _check_cache_type(value: str) -> str:
+    if value != "f16":
+        raise click.BadParameter(
+            f"CacheFlow's KV cache is f16 (llama.cpp's other cache types are not implemented); "
+            f"got {value!r}"
+        )
+    return value
 
 
 def _check_preemption(value: str) -> str:
@@ -58,32 +52,14 @@ _POLL_S = 0.1  # how often the shutdown watcher looks at uvicorn's should_exit
 _FLUSH_S = 2.0  # after aborting at shutdown, time for handlers to send their last bytes
 
 
-class _ServeCommand(click.Command):
-    """Names unsupported llama-server flags in the usage error."""
-
-    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        try:
-            return super().parse_args(ctx, args)
-        except click.NoSuchOption as exc:
-            if exc.option_name in _LLAMA_SERVER_ONLY_FLAGS:
-                exc.message = (
-                    f"unsupported llama-server flag: {exc.option_name} (cacheflow serve does not "
-                    "implement it; see `cacheflow serve --help` for the flags it accepts)"
-                )
-                exc.possibilities = None  # "did you mean" would point at an unrelated flag
-            else:
-                exc.message = (
-                    f"no such option: {exc.option_name} (not a cacheflow serve flag; an "
-                    "unsupported llama-server flag, or a typo)"
-                )
-            raise
-
-
 def _env(name: str) -> str:
     return f"LLAMA_ARG_{name}"
 
 
-@click.command(cls=_ServeCommand, context_settings={"help_option_names": ["-h", "--help"]})
+@click.command(
+    cls=ServeCommand, context_settings={"help_option_names": ["-h", "--help", "--usage"]}
+)
+@click.version_option(pycacheflow.__version__, "--version", prog_name="cacheflow serve")
 @click.option(
     "-m",
     "--model",
@@ -239,6 +215,30 @@ def _env(name: str) -> str:
 )
 @click.option("-cb", "--cont-batching", is_flag=True, hidden=True)  # always on; accepted
 @click.option(
+    "-ctk",
+    "--cache-type-k",
+    default="f16",
+    envvar=_env("CACHE_TYPE_K"),
+    callback=lambda ctx, param, value: _check_cache_type(value),
+    help="KV cache type of K; CacheFlow's KV cache is f16 (the only value accepted).",
+)
+@click.option(
+    "-ctv",
+    "--cache-type-v",
+    default="f16",
+    envvar=_env("CACHE_TYPE_V"),
+    callback=lambda ctx, param, value: _check_cache_type(value),
+    help="KV cache type of V (f16, as -ctk).",
+)
+@click.option(
+    "-kvu",
+    "--kv-unified",
+    is_flag=True,
+    envvar=_env("KV_UNIFIED"),
+    help="One KV buffer shared by all sequences: makes --kv-mode stock stock-unified (the "
+    "paged KV cache is one shared pool anyway).",
+)
+@click.option(
     "--kv-mode",
     type=click.Choice(KV_MODES),
     default="auto",
@@ -283,7 +283,9 @@ def _env(name: str) -> str:
     show_default=True,
     help="On SIGINT/SIGTERM: seconds in-flight requests may still run before they are aborted.",
 )
-@click.option("-v", "--verbose", is_flag=True, help="Access log, llama.cpp and engine logs.")
+@click.option(
+    "-v", "--verbose", "--log-verbose", is_flag=True, help="Access log, llama.cpp and engine logs."
+)
 def serve(**options: object) -> None:
     """Serve a model over HTTP, compatible with llama.cpp's llama-server.
 
@@ -315,7 +317,7 @@ def _engine_kwargs(options: dict[str, object]) -> dict[str, object]:
         "n_threads": max(0, int(options["threads"])),
         "n_gpu_layers": _gpu_layers(str(options["gpu_layers"])),
         "flash_attn": {"on": True, "off": False, "auto": None}[str(options["flash_attn"])],
-        "kv_mode": options["kv_mode"],
+        "kv_mode": _kv_mode(str(options["kv_mode"]), bool(options["kv_unified"])),
         "block_size": options["block_size"],
         "policy": options["policy"],
         "log_level": "info" if options["verbose"] else "error",
@@ -323,6 +325,11 @@ def _engine_kwargs(options: dict[str, object]) -> dict[str, object]:
     if parallel > 0:
         kwargs["max_num_seqs"] = parallel
     return kwargs
+
+
+def _kv_mode(kv_mode: str, kv_unified: bool) -> str:
+    """--kv-mode with llama-server's -kvu applied (only llama.cpp's split cache changes)."""
+    return "stock-unified" if kv_unified and kv_mode == "stock" else kv_mode
 
 
 def _gpu_layers(value: str) -> int:
