@@ -9,8 +9,10 @@ that names it (cli/serve_compat.py). Exit codes: 0 after a clean shutdown
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import signal
+import socket
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -300,12 +302,18 @@ def serve(**options: object) -> None:
       cacheflow serve --alias smollm2 --api-key secret --policy priority
     """
     config_kwargs = _engine_kwargs(options)
-    llm = load_llm(options["model"], config_kwargs, "-c/--ctx-size, --kv-cache-memory or -np")
+    # Bound before the model loads: a taken port fails at once, with one line instead of
+    # uvicorn's log and exit status 3 after the load.
+    sock = _listen(str(options["host"]), int(options["port"]))
     try:
-        app = _make_app(llm, options)
-        _run(app, options)
+        llm = load_llm(options["model"], config_kwargs, "-c/--ctx-size, --kv-cache-memory or -np")
+        try:
+            app = _make_app(llm, options)
+            _run(app, sock, options)
+        finally:
+            llm.close()
     finally:
-        llm.close()
+        sock.close()
 
 
 def _engine_kwargs(options: dict[str, object]) -> dict[str, object]:
@@ -384,7 +392,28 @@ def _split(value: object) -> tuple[str, ...]:
     return tuple(part.strip() for part in str(value or "").split(",") if part.strip())
 
 
-def _run(app: object, options: dict[str, object]) -> None:
+def _listen(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to host:port (uvicorn listens on it).
+
+    Raises:
+        click.ClickException: the port is in use, or the address cannot be bound (exit 1).
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise click.ClickException(f"port {port} on {host} is already in use") from None
+        raise click.ClickException(
+            f"cannot listen on {host}:{port}: {exc.strerror or exc}"
+        ) from None
+    return sock
+
+
+def _run(app: object, sock: socket.socket, options: dict[str, object]) -> None:
     import uvicorn
 
     verbose = bool(options["verbose"])
@@ -410,16 +439,21 @@ def _run(app: object, options: dict[str, object]) -> None:
     # With these no-op handlers in place that re-raise is harmless: a signalled shutdown exits 0.
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: None)
-    click.echo(f"cacheflow serve: http://{config.host}:{config.port} (Ctrl-C to stop)", err=True)
-    asyncio.run(_serve(server, app, grace_s))
+    host, port = sock.getsockname()[:2]  # the real port when --port 0
+    click.echo(f"cacheflow serve: http://{_url_host(host)}:{port} (Ctrl-C to stop)", err=True)
+    asyncio.run(_serve(server, sock, app, grace_s))
     if not server.started:
-        sys.exit(1)  # e.g. the port was taken (uvicorn logged why)
+        sys.exit(1)  # uvicorn logged why
 
 
-async def _serve(server: uvicorn.Server, app: object, grace_s: float) -> None:
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+async def _serve(server: uvicorn.Server, sock: socket.socket, app: object, grace_s: float) -> None:
     watcher = asyncio.create_task(_abort_after_grace(server, app, grace_s))
     try:
-        await server.serve()
+        await server.serve(sockets=[sock])
     finally:
         watcher.cancel()
 

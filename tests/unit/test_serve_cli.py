@@ -3,6 +3,7 @@ ServerConfig; nothing is loaded (the model loader is replaced)."""
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -157,3 +158,18 @@ def test_flag_table_matches_the_vendored_readme():
     cmd = [sys.executable, str(script), "--check"]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_port_in_use_is_one_line_before_loading(engine_kwargs):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = invoke("--port", str(port))
+        assert result.exit_code == 1, result.output
+        assert result.output.strip() == f"Error: port {port} on 127.0.0.1 is already in use"
+        assert engine_kwargs == []  # failed before loading the model
+        cmd = [sys.executable, "-m", "cli", "serve", "--port", str(port)]
+        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO_ROOT, check=False)
+    assert proc.returncode == 1
+    assert proc.stderr == f"Error: port {port} on 127.0.0.1 is already in use\n"
