@@ -215,6 +215,34 @@ def _env(name: str) -> str:
     envvar=_env("SSE_PING_INTERVAL"),
     help="Seconds of silence after which a stream gets an SSE comment ping; -1 or 0 = never.",
 )
+@click.option(
+    "--cors-origins",
+    default="*",
+    show_default=True,
+    envvar=_env("CORS_ORIGINS"),
+    help="Comma-separated origins browsers may call from; 'localhost' = localhost origins only.",
+)
+@click.option(
+    "--cors-methods",
+    default="GET, POST, DELETE, OPTIONS",
+    show_default=True,
+    envvar=_env("CORS_METHODS"),
+    help="Comma-separated methods a CORS preflight allows.",
+)
+@click.option(
+    "--cors-headers",
+    default="*",
+    show_default=True,
+    envvar=_env("CORS_HEADERS"),
+    help="Comma-separated request headers a CORS preflight allows.",
+)
+@click.option(
+    "--cors-credentials/--no-cors-credentials",
+    default=True,
+    show_default=True,
+    envvar=_env("CORS_CREDENTIALS"),
+    help="Allow credentials; with --cors-origins '*' each request's Origin is echoed back.",
+)
 @click.option("-cb", "--cont-batching", is_flag=True, hidden=True)  # always on; accepted
 @click.option(
     "-ctk",
@@ -367,14 +395,23 @@ def _make_app(llm: LLM, options: dict[str, object]) -> object:
             llm.apply_chat_template([{"role": "user", "content": "x"}], True, chat_template)
         except CacheFlowError as exc:
             raise click.BadParameter(str(exc), param_hint="--chat-template") from None
+    try:
+        config = _server_config(ServerConfig, llm, options, chat_template)
+    except ValueError as exc:  # e.g. an empty --cors-methods
+        raise click.UsageError(str(exc)) from None
+    return create_app(llm, config)
+
+
+def _server_config(
+    config_cls: type, llm: LLM, options: dict[str, object], chat_template: str | None
+) -> object:
     aliases = _split(options["alias"])
-    api_keys = _split(options["api_key"])
     model_path = str(llm.config.model_path)
-    config = ServerConfig(
+    return config_cls(
         model_name=aliases[0] if aliases else str(options["model"] or model_path),
         model_path=model_path,
         aliases=aliases,
-        api_keys=api_keys,
+        api_keys=_split(options["api_key"]),
         n_predict=int(options["n_predict"]),
         chat_template=chat_template,
         enable_metrics=bool(options["enable_metrics"]),
@@ -384,8 +421,11 @@ def _make_app(llm: LLM, options: dict[str, object]) -> object:
         sse_ping_s=(
             float(options["sse_ping_interval"]) if options["sse_ping_interval"] > 0 else None
         ),
+        cors_origins=_split(options["cors_origins"]),
+        cors_methods=_split(options["cors_methods"]),
+        cors_headers=_split(options["cors_headers"]),
+        cors_credentials=bool(options["cors_credentials"]),
     )
-    return create_app(llm, config)
 
 
 def _split(value: object) -> tuple[str, ...]:

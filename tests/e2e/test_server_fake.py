@@ -245,6 +245,57 @@ def test_api_key(fake_env, fake_model):
             ok = c.post("/completion", json=body, headers={"Authorization": "Bearer k2"})
             assert ok.status_code == 200 and ok.json()["content"] == "ab"
             assert c.get("/v1/models", headers={"X-Api-Key": "k1"}).status_code == 200
+            # Browsers send no key with a CORS preflight: it is answered before the key check.
+            preflight = c.options("/completion", headers=preflight_headers(ORIGIN))
+            assert preflight.status_code == 200
+            assert preflight.headers["access-control-allow-origin"] == ORIGIN
+            rejected = c.post("/completion", json=body, headers={"Origin": ORIGIN})
+            assert rejected.status_code == 401  # and readable by the page:
+            assert rejected.headers["access-control-allow-origin"] == ORIGIN
+    finally:
+        assert proc.stop() == 0
+        proc.close()
+
+
+ORIGIN = "http://app.example:3000"
+
+
+def preflight_headers(origin: str) -> dict[str, str]:
+    return {
+        "Origin": origin,
+        "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "authorization, content-type",
+    }
+
+
+def test_cors_preflight_and_origin_by_default(client):
+    """As llama-server by default: any Origin is echoed back, with credentials allowed."""
+    preflight = client.options("/v1/chat/completions", headers=preflight_headers(ORIGIN))
+    assert preflight.status_code == 200
+    assert preflight.headers["access-control-allow-origin"] == ORIGIN
+    assert preflight.headers["access-control-allow-credentials"] == "true"
+    assert "POST" in preflight.headers["access-control-allow-methods"]
+    assert preflight.headers["access-control-allow-headers"] == "authorization, content-type"
+    answer = client.post("/completion", json={"prompt": "ab", "n_predict": 2},
+                         headers={"Origin": ORIGIN})  # fmt: skip
+    assert answer.status_code == 200 and answer.json()["content"] == "ab"
+    assert answer.headers["access-control-allow-origin"] == ORIGIN
+    assert "access-control-allow-origin" not in client.get("/health").headers  # no Origin
+
+
+def test_cors_origins_localhost(fake_env, fake_model):
+    proc = start(fake_env, fake_model, "--cors-origins", "localhost", "--no-cors-credentials")
+    try:
+        with httpx.Client(base_url=proc.base_url, timeout=30) as c:
+            local = c.options("/completion", headers=preflight_headers("http://localhost:5173"))
+            assert local.status_code == 200
+            assert local.headers["access-control-allow-origin"] == "http://localhost:5173"
+            assert "access-control-allow-credentials" not in local.headers
+            other = c.options("/completion", headers=preflight_headers(ORIGIN))
+            assert other.status_code == 400
+            assert "access-control-allow-origin" not in other.headers
+            health = c.get("/health", headers={"Origin": ORIGIN})
+            assert "access-control-allow-origin" not in health.headers
     finally:
         assert proc.stop() == 0
         proc.close()
