@@ -208,6 +208,26 @@ def test_disconnect_aborts_the_request(client, server):
     assert not any(s["is_processing"] for s in client.get("/slots").json())
 
 
+def test_requests_beyond_the_slots_get_slot_ids_in_range(server):
+    """More concurrent requests than slots: every id_slot is one of the slots (was -1)."""
+    num_requests = FAKE_MAX_NUM_SEQS + 8
+    results: list[object] = [None] * num_requests
+
+    def send(i: int) -> None:
+        with httpx.Client(base_url=server.base_url, timeout=30) as c:
+            body = {"prompt": "abc", "n_predict": 40, "stream": True}
+            results[i] = stream_events(c, "/completion", body)
+
+    threads = [threading.Thread(target=send, args=(i,)) for i in range(num_requests)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for events in results:
+        slot_ids = {e["id_slot"] for e in events}
+        assert len(slot_ids) == 1 and 0 <= slot_ids.pop() < FAKE_MAX_NUM_SEQS, events[-1]
+
+
 def test_metrics_text_parses(client):
     client.post("/completion", json={"prompt": "ab", "n_predict": 3})
     samples = parse_metrics(client.get("/metrics").text)
