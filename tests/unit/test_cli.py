@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 from click.testing import CliRunner
 
+from cli.common import ctx_size_notice
 from cli.main import cacheflow, format_summary
 from cli.prompts import PromptsFileError, read_prompts_file
 from pycacheflow.outputs import RequestMetrics, RequestOutput
@@ -127,3 +130,22 @@ def test_format_summary():
     assert "mean TPOT: 10.0 ms" in text  # only the 3-token request has a TPOT
     assert "output: 8.0 tok/s" in text and "wall: 0.50 s" in text
     assert "mean TTFT: n/a" in format_summary([], 1.0)
+
+
+@pytest.mark.parametrize(
+    "n_ctx,info,notice",
+    [
+        (1000, ("stock", 1024, 256), ("cacheflow: --ctx-size 1000 rounded to 1024 tokens of KV "
+         "cache (llama.cpp allocates multiples of 256 per sequence); at most 256 tokens per "
+         "sequence")),
+        (4000, ("paged", 4096, 4096), ("cacheflow: --ctx-size 4000 rounded to 4096 tokens of KV "
+         "cache (llama.cpp allocates multiples of 256); at most 4096 tokens per sequence")),
+        (4096, ("stock", 4096, 1024), None),  # used as given
+        (0, ("paged", 8192, 2048), None),  # the default
+    ],
+)  # fmt: skip
+def test_ctx_size_notice(n_ctx, info, notice):
+    kv_mode_name, info_n_ctx, n_ctx_per_seq = info
+    model_info = SimpleNamespace(kv_mode_name=kv_mode_name, n_ctx=info_n_ctx,
+                                 n_ctx_per_seq=n_ctx_per_seq)  # fmt: skip
+    assert ctx_size_notice(n_ctx, model_info) == notice
