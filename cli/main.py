@@ -7,6 +7,7 @@ missing); 2 usage error (bad option value, missing file).
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -21,7 +22,8 @@ from cli.prompts import PromptsFileError, read_prompts_file
 from cli.serve import serve
 from pycacheflow import SamplingParams
 from pycacheflow.config import KV_MODES
-from pycacheflow.errors import CacheFlowError
+from pycacheflow.errors import CacheFlowError, InvalidArgumentError
+from pycacheflow.text import encode_utf8
 
 if TYPE_CHECKING:
     from pycacheflow import LLM, RequestOutput
@@ -170,6 +172,7 @@ def cacheflow() -> None:
 @click.option(
     "--trace",
     type=click.Path(dir_okay=False, writable=True, path_type=Path),
+    callback=lambda ctx, param, value: _check_output_dir(value),
     help="Profile the run and write a Chrome trace JSON (open in ui.perfetto.dev).",
 )
 def generate(
@@ -212,7 +215,7 @@ def generate(
         outputs = _run(llm, prompt_list, params, chat, stream, as_json)
         wall_s = time.perf_counter() - t0
         if trace is not None:
-            llm.export_trace(trace)
+            _export_trace(llm, trace)
     except CacheFlowError as exc:
         raise to_click_error(exc) from None
     finally:
@@ -221,16 +224,41 @@ def generate(
         click.echo(format_summary(outputs, wall_s), err=True)
 
 
+def _export_trace(llm: LLM, path: Path) -> None:
+    try:
+        llm.export_trace(path)
+    except OSError as exc:  # the directory was checked up front, but the disk may be full
+        raise click.ClickException(
+            f"cannot write the trace to {path}: {exc.strerror or exc}"
+        ) from None
+
+
+def _check_output_dir(path: Path | None) -> Path | None:
+    """Refuse an output file whose directory is missing or not writable before the run."""
+    if path is not None:
+        folder = path.parent
+        if not folder.is_dir():
+            raise click.BadParameter(f"directory '{folder}' does not exist")
+        if not os.access(folder, os.W_OK):
+            raise click.BadParameter(f"directory '{folder}' is not writable")
+    return path
+
+
 def _collect_prompts(prompts: tuple[str, ...], prompts_file: str | None) -> list[str]:
     result = list(prompts)
     if prompts_file is not None:
         try:
             if prompts_file == "-":
-                result += read_prompts_file("<stdin>", sys.stdin.read())
+                result += read_prompts_file("<stdin>", sys.stdin.buffer.read())
             else:
                 result += read_prompts_file(prompts_file)
-        except (PromptsFileError, OSError, UnicodeDecodeError) as exc:
+        except (PromptsFileError, OSError) as exc:
             raise click.BadParameter(str(exc), param_hint="--prompts-file") from None
+    for index, prompt in enumerate(result):  # e.g. arguments in another encoding than UTF-8
+        try:
+            encode_utf8(prompt, f"prompt {index + 1}")
+        except InvalidArgumentError as exc:
+            raise click.UsageError(str(exc)) from None
     return result
 
 

@@ -6,6 +6,8 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from pycacheflow.text import encode_utf8
+
 # Seeds cross the C ABI as int64_t; CF_SEED_RANDOM (-1) is spelled ``seed=None`` here.
 _MAX_SEED = 2**63 - 1
 
@@ -94,6 +96,7 @@ class SamplingParams:
                 raise TypeError(f"stop strings must be str, got {s!r}")
             if not s:
                 raise ValueError("stop strings must be non-empty, got ''")
+            encode_utf8(s, "stop string")  # ValueError (InvalidArgumentError) if it cannot be
         for token_id in self.stop_token_ids:
             _require_int("stop_token_ids entry", token_id)
             if token_id < 0:

@@ -8,6 +8,7 @@ pycacheflow._native.Engine directly with values the Python layer would have refu
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import pytest
 
@@ -129,6 +130,23 @@ def test_token_id_out_of_range(tiny_llm):
         tiny_llm.generate([[1, 2, n_vocab]], greedy(4))
     with pytest.raises(InvalidArgumentError, match="-1"):
         tiny_llm.generate([[1, -1]], greedy(4))
+
+
+def test_text_without_a_utf8_form(tiny_llm, tiny_model_path, tmp_path, make_llm):
+    """Lone surrogates (undecodable bytes escaped by surrogateescape, or "\\ud800" in JSON) are
+    an InvalidArgumentError naming the value, not a UnicodeEncodeError from deep inside."""
+    undecodable = b"caf\xe9".decode("utf-8", errors="surrogateescape")
+    with pytest.raises(InvalidArgumentError, match="prompt 1 is not valid UTF-8 text: "
+                       "undecodable byte 0xe9 at character 3"):  # fmt: skip
+        tiny_llm.generate(["fine", undecodable], greedy(2))
+    with pytest.raises(InvalidArgumentError, match="lone surrogate U\\+D800"):
+        tiny_llm.tokenize("\ud800")
+    with pytest.raises(InvalidArgumentError, match="chat message is not valid UTF-8"):
+        tiny_llm.apply_chat_template([{"role": "user", "content": "\ud800"}])
+    # A file name that is not UTF-8 is a valid path all the same.
+    path = tmp_path / os.fsdecode(b"tiny-\xff.gguf")
+    path.write_bytes(tiny_model_path.read_bytes())
+    assert make_llm(path, **SMALL_CTX).generate(["hi"], greedy(2))[0].finish_reason == "length"
 
 
 def test_bad_prompt_types(tiny_llm):

@@ -160,6 +160,16 @@ BAD_REQUESTS = [
     ("/v1/chat/completions", b'{"messages": "hi"}', "messages"),
     ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": 5}]}', "content"),
     ("/completion", b'{"prompt": [1, 99999]}', "token id"),
+    # Text with no UTF-8 form: raw bytes that are not UTF-8, or JSON escapes of lone surrogates.
+    ("/completion", b'{"prompt": "caf\xe9"}', "Invalid JSON in request body"),
+    ("/completion", b'{"prompt": "a\\ud800b"}',
+     "Field 'prompt' is not valid UTF-8 text: lone surrogate U+D800 at character 1"),
+    ("/v1/completions", b'{"prompt": ["ok", "\\udcff"]}', "Field 'prompt[1]' is not valid UTF-8"),
+    ("/completion", b'{"prompt": [1, "\\ud800"]}', "Field 'prompt' (piece 1) is not"),
+    ("/completion", b'{"prompt": "a", "stop": ["\\ud800"]}', "stop string is not valid UTF-8"),
+    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "\\ud800"}]}',
+     "Field 'messages[0]'.content is not valid UTF-8"),
+    ("/tokenize", b'{"content": "\\ud800"}', "Field 'content' is not valid UTF-8"),
 ]
 
 

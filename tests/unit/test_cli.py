@@ -149,3 +149,34 @@ def test_ctx_size_notice(n_ctx, info, notice):
     model_info = SimpleNamespace(kv_mode_name=kv_mode_name, n_ctx=info_n_ctx,
                                  n_ctx_per_seq=n_ctx_per_seq)  # fmt: skip
     assert ctx_size_notice(n_ctx, model_info) == notice
+
+
+def test_prompts_that_are_not_utf8_are_usage_errors(runner, tmp_path):
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF")  # never loaded: prompts are checked first
+    bad_arg = b"caf\xe9".decode("utf-8", errors="surrogateescape")  # a Latin-1 terminal
+    result = runner.invoke(cacheflow, ["generate", "-m", str(model), "ok", bad_arg])
+    assert result.exit_code == 2
+    assert "prompt 2 is not valid UTF-8 text: undecodable byte 0xe9 at character 3" in result.output
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_bytes(b"fine\nnot \xff fine\n")
+    result = runner.invoke(cacheflow, ["generate", "-m", str(model), "--prompts-file", str(prompts)])
+    assert result.exit_code == 2
+    assert f"{prompts}:2: not UTF-8 text (byte 0xff at offset 9)" in result.output
+    result = runner.invoke(cacheflow, ["generate", "-m", str(model), "--prompts-file", "-"],
+                           input=b"\xfe")  # fmt: skip
+    assert result.exit_code == 2 and "<stdin>:1: not UTF-8 text (byte 0xfe at offset 0)" in result.output
+    jsonl = tmp_path / "prompts.jsonl"
+    jsonl.write_text('{"prompt": "a\\ud800"}\n')
+    result = runner.invoke(cacheflow, ["generate", "-m", str(model), "--prompts-file", str(jsonl)])
+    assert result.exit_code == 2
+    assert "prompt 1 is not valid UTF-8 text: lone surrogate U+D800 at character 1" in result.output
+
+
+def test_trace_into_a_missing_directory_fails_before_the_run(runner, tmp_path):
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF")
+    trace = tmp_path / "no-such-dir" / "trace.json"
+    result = runner.invoke(cacheflow, ["generate", "-m", str(model), "--trace", str(trace), "hi"])
+    assert result.exit_code == 2
+    assert f"Invalid value for '--trace': directory '{trace.parent}' does not exist" in result.output

@@ -43,6 +43,7 @@ def test_lists_become_tuples_and_single_stop_string_is_wrapped():
         ({"seed": -1}, "seed must be in [0, 2**63) or None, got -1"),
         ({"seed": 2**63}, "seed must be in [0, 2**63)"),
         ({"stop": [""]}, "stop strings must be non-empty"),
+        ({"stop": ["a\ud800"]}, "stop string is not valid UTF-8 text: lone surrogate U+D800"),
         ({"stop_token_ids": [-1]}, "stop_token_ids entries must be >= 0, got -1"),
     ],
 )
