@@ -23,6 +23,7 @@ from cli.serve import serve
 from pycacheflow import SamplingParams
 from pycacheflow.config import KV_MODES
 from pycacheflow.errors import CacheFlowError, InvalidArgumentError
+from pycacheflow.sampling_params import FLOAT32_MAX, INT32_MAX, MAX_SEED
 from pycacheflow.text import encode_utf8
 
 if TYPE_CHECKING:
@@ -69,21 +70,21 @@ def cacheflow() -> None:
 @click.option(
     "-n",
     "--max-tokens",
-    type=click.IntRange(min=1),
+    type=click.IntRange(1, INT32_MAX),
     default=128,
     show_default=True,
     help="Tokens to generate at most per prompt.",
 )
 @click.option(
     "--temperature",
-    type=click.FloatRange(min=0),
+    type=click.FloatRange(0, FLOAT32_MAX),
     default=0.0,
     show_default=True,
     help="Sampling temperature; 0 = greedy (deterministic).",
 )
 @click.option(
     "--top-k",
-    type=click.IntRange(min=0),
+    type=click.IntRange(0, INT32_MAX),
     default=0,
     show_default=True,
     help="Keep the k most likely tokens; 0 = off.",
@@ -104,7 +105,7 @@ def cacheflow() -> None:
 )
 @click.option(
     "--seed",
-    type=click.IntRange(min=0),
+    type=click.IntRange(0, MAX_SEED),
     default=None,
     help="Seed for reproducible sampling (default: random).",
 )

@@ -160,6 +160,12 @@ BAD_REQUESTS = [
     ("/v1/chat/completions", b'{"messages": "hi"}', "messages"),
     ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": 5}]}', "content"),
     ("/completion", b'{"prompt": [1, 99999]}', "token id"),
+    # Beyond the C ABI's int32_t / float
+    ("/completion", b'{"prompt": "a", "n_predict": 1099511627776}', "Field 'n_predict'"),
+    ("/v1/completions", b'{"prompt": "a", "max_tokens": 1099511627776}', "Field 'max_tokens'"),
+    ("/completion", b'{"prompt": "a", "top_k": 1099511627776}', "Field 'top_k'"),
+    ("/completion", b'{"prompt": "a", "seed": 1180591620717411303424}', "Field 'seed'"),
+    ("/completion", b'{"prompt": "a", "temperature": 1e300}', "temperature must be in [0, 3.403e+38]"),
     # Text with no UTF-8 form: raw bytes that are not UTF-8, or JSON escapes of lone surrogates.
     ("/completion", b'{"prompt": "caf\xe9"}', "Invalid JSON in request body"),
     ("/completion", b'{"prompt": "a\\ud800b"}',

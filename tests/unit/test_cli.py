@@ -180,3 +180,19 @@ def test_trace_into_a_missing_directory_fails_before_the_run(runner, tmp_path):
     result = runner.invoke(cacheflow, ["generate", "-m", str(model), "--trace", str(trace), "hi"])
     assert result.exit_code == 2
     assert f"Invalid value for '--trace': directory '{trace.parent}' does not exist" in result.output
+
+
+@pytest.mark.parametrize(
+    "args,option",
+    [
+        (["-n", str(2**40)], "'-n' / '--max-tokens': 1099511627776 is not in the range"),
+        (["--top-k", str(2**31)], "'--top-k': 2147483648 is not in the range"),
+        (["--seed", str(2**70)], "'--seed': 1180591620717411303424 is not in the range"),
+        (["--temperature", "1e300"], "'--temperature': 1e+300 is not in the range"),
+    ],
+)
+def test_sampling_values_beyond_the_c_types_are_usage_errors(runner, tmp_path, args, option):
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF")  # never loaded
+    result = runner.invoke(cacheflow, ["generate", "-m", str(model), *args, "hi"])
+    assert result.exit_code == 2 and f"Invalid value for {option}" in result.output
