@@ -533,11 +533,19 @@ def _fmt(value: object, suffix: str = "") -> str:
 )
 def serve(url: str, baselines: tuple[str, ...], client_check: bool, **opts: object) -> None:
     """Online load against URL (CacheFlow's `cacheflow serve` or llama-server): Poisson or
-    fixed-rate arrivals, streamed responses, TTFT/TPOT/ITL/E2E on the client."""
+    fixed-rate arrivals, streamed responses, TTFT/TPOT/ITL/E2E on the client.
+
+    Exits 1 if a server cannot be reached, or if every request to one of them failed.
+    """
     from pycacheflow.bench import datasets, online, results
     from pycacheflow.llm import LLM
     from pycacheflow.metrics import run_metrics
 
+    for target in (url, *baselines):  # before the workload is built: a dead URL fails at once
+        try:
+            online.check_reachable(target)
+        except (ConnectionError, RuntimeError) as exc:
+            raise click.ClickException(str(exc)) from None
     model = str(opts.get("model") or _default_model())
     with LLM(model, max_num_seqs=1, n_ctx=256, n_threads=1) as tok:
         n, p, o = int(opts["num_requests"]), int(opts["prompt_len"]), int(opts["output_len"])
@@ -560,6 +568,10 @@ def serve(url: str, baselines: tuple[str, ...], client_check: bool, **opts: obje
                     run = _load(online, noop.url, reqs, opts, bar)
             else:
                 run = _load(online, target, reqs, opts, bar)
+        if run.errors and not run.metrics:
+            raise click.ClickException(
+                f"{label}: all {len(run.errors)} requests failed; first: {run.errors[0]}"
+            )
         row = {
             "command": "serve",
             "variant": label,

@@ -8,10 +8,11 @@ from typing import TYPE_CHECKING
 import click
 
 from pycacheflow.config import PAGED_ATTENTIONS, EngineConfig
-from pycacheflow.errors import CacheFlowError
+from pycacheflow.errors import CacheFlowError, OutOfMemoryError
 
 if TYPE_CHECKING:
     from pycacheflow.llm import LLM
+    from pycacheflow.outputs import ModelInfo
 
 
 _SIZE_UNITS = {
@@ -80,12 +81,19 @@ def to_click_error(exc: CacheFlowError) -> click.ClickException:
     return click.ClickException(f"{type(exc).__name__}: {exc}")
 
 
-def load_llm(model: Path | None, config_kwargs: dict[str, object]) -> LLM:
+def load_llm(model: Path | None, config_kwargs: dict[str, object], memory_options: str = "") -> LLM:
     """Build the engine for a command (model None = the default model, fetched if needed).
+
+    Args:
+        model: the GGUF file; None = the default model.
+        config_kwargs: EngineConfig fields.
+        memory_options: the command's options that size the KV cache (e.g. "--ctx-size or
+            --kv-cache-memory"), named when the cache does not fit in memory.
 
     Raises:
         click.UsageError: a bad config value (exit 2).
-        click.ClickException: the library or the model could not be loaded (exit 1).
+        click.ClickException: the library or the model could not be loaded, or the KV cache
+            does not fit in memory (exit 1).
     """
     try:
         if model is None:
@@ -100,8 +108,34 @@ def load_llm(model: Path | None, config_kwargs: dict[str, object]) -> LLM:
     try:
         from pycacheflow.llm import LLM
 
-        return LLM(config=config)
+        llm = LLM(config=config)
     except ImportError as exc:
         raise click.ClickException(str(exc)) from None
+    except OutOfMemoryError as exc:
+        hint = f"\nThe KV cache does not fit: lower {memory_options}." if memory_options else ""
+        raise click.ClickException(f"{type(exc).__name__}: {exc}{hint}") from None
     except CacheFlowError as exc:
         raise to_click_error(exc) from None
+    notice = ctx_size_notice(config.n_ctx, llm.info)
+    if notice:
+        click.echo(notice, err=True)
+    return llm
+
+
+def ctx_size_notice(n_ctx: int, info: ModelInfo) -> str | None:
+    """The line that says what a rounded --ctx-size became, or None if it was used as given.
+
+    llama.cpp allocates the KV cache in multiples of 256 rows (per sequence in the stock split
+    mode), so e.g. 1000 tokens over 4 stock sequences become 1024, 256 per sequence.
+
+    Args:
+        n_ctx: the requested KV capacity in tokens; 0 = the default (no notice).
+        info: the engine's resolved capacity.
+    """
+    if n_ctx <= 0 or info.n_ctx == n_ctx:
+        return None
+    per_seq = " per sequence" if info.kv_mode_name == "stock" else ""
+    return (
+        f"cacheflow: --ctx-size {n_ctx} rounded to {info.n_ctx} tokens of KV cache (llama.cpp "
+        f"allocates multiples of 256{per_seq}); at most {info.n_ctx_per_seq} tokens per sequence"
+    )

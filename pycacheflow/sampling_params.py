@@ -6,8 +6,13 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-# Seeds cross the C ABI as int64_t; CF_SEED_RANDOM (-1) is spelled ``seed=None`` here.
-_MAX_SEED = 2**63 - 1
+from pycacheflow.text import encode_utf8
+
+# Limits of the C ABI's types (cf_sampling_params): counts and token ids are int32_t, seeds
+# int64_t (CF_SEED_RANDOM, -1, is spelled ``seed=None`` here), the sampling floats float.
+INT32_MAX = 2**31 - 1
+MAX_SEED = 2**63 - 1
+FLOAT32_MAX = 3.4028234663852886e38
 
 
 def _is_int(value: object) -> bool:
@@ -25,17 +30,17 @@ class SamplingParams:
     The defaults decode greedily, so outputs are deterministic.
 
     Attributes:
-        max_tokens: tokens to generate at most, >= 1. The request also ends with "length" when
-            its sequence's context is full.
-        temperature: >= 0; 0 = greedy (argmax), ignoring top_k/top_p/min_p/seed.
-        top_k: keep the k most likely tokens, >= 0; 0 = disabled.
+        max_tokens: tokens to generate at most, in [1, 2**31). The request also ends with
+            "length" when its sequence's context is full.
+        temperature: in [0, FLOAT32_MAX]; 0 = greedy (argmax), ignoring top_k/top_p/min_p/seed.
+        top_k: keep the k most likely tokens, in [0, 2**31); 0 = disabled.
         top_p: nucleus sampling mass in (0, 1]; 1 = disabled.
         min_p: drop tokens below min_p * p(most likely), in [0, 1]; 0 = disabled.
         seed: RNG seed in [0, 2**63) for reproducible sampling; None = random.
         stop: stop strings. The request finishes when its output text contains one; the
             returned and streamed text ends right before the earliest occurrence. A single str
             is accepted as a one-element list. Stored as a tuple.
-        stop_token_ids: token ids, each >= 0, that finish the request (the token is kept in
+        stop_token_ids: token ids, each in [0, 2**31), that finish the request (the token is kept in
             ``token_ids``; special tokens render as no text). Stored as a tuple.
         ignore_eos: do not stop at the model's end-of-generation tokens.
 
@@ -66,26 +71,28 @@ class SamplingParams:
 
     def _validate_numbers(self) -> None:
         _require_int("max_tokens", self.max_tokens)
-        if self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if not 1 <= self.max_tokens <= INT32_MAX:
+            raise ValueError(f"max_tokens must be in [1, 2**31), got {self.max_tokens}")
         for name in ("temperature", "top_p", "min_p"):
             value = getattr(self, name)
             if not _is_number(value):
                 raise TypeError(f"{name} must be a number, got {value!r}")
             if not math.isfinite(value):
                 raise ValueError(f"{name} must be finite, got {value}")
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 <= self.temperature <= FLOAT32_MAX:
+            raise ValueError(
+                f"temperature must be in [0, {FLOAT32_MAX:.4g}] (a C float), got {self.temperature}"
+            )
         _require_int("top_k", self.top_k)
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0 (0 = disabled), got {self.top_k}")
+        if not 0 <= self.top_k <= INT32_MAX:
+            raise ValueError(f"top_k must be in [0, 2**31) (0 = disabled), got {self.top_k}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if not 0 <= self.min_p <= 1:
             raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
         if self.seed is not None:
             _require_int("seed", self.seed)
-            if not 0 <= self.seed <= _MAX_SEED:
+            if not 0 <= self.seed <= MAX_SEED:
                 raise ValueError(f"seed must be in [0, 2**63) or None, got {self.seed}")
 
     def _validate_stops(self) -> None:
@@ -94,10 +101,11 @@ class SamplingParams:
                 raise TypeError(f"stop strings must be str, got {s!r}")
             if not s:
                 raise ValueError("stop strings must be non-empty, got ''")
+            encode_utf8(s, "stop string")  # ValueError (InvalidArgumentError) if it cannot be
         for token_id in self.stop_token_ids:
             _require_int("stop_token_ids entry", token_id)
-            if token_id < 0:
-                raise ValueError(f"stop_token_ids entries must be >= 0, got {token_id}")
+            if not 0 <= token_id <= INT32_MAX:
+                raise ValueError(f"stop_token_ids entries must be in [0, 2**31), got {token_id}")
 
     @property
     def greedy(self) -> bool:

@@ -130,7 +130,9 @@ CF_API cf_engine_config cf_engine_default_config(void);
  * Ownership: on success *out_engine is a new engine the caller frees with cf_engine_free.
  * Returns CF_STATUS_INVALID_ARGUMENT (a field out of range; message names it),
  * CF_STATUS_MODEL_LOAD_FAILED (missing/corrupt file; message has the path),
- * CF_STATUS_UNSUPPORTED (kv_mode impossible for this model), CF_STATUS_OUT_OF_MEMORY.
+ * CF_STATUS_UNSUPPORTED (kv_mode impossible for this model, or llama.cpp refused the context
+ * settings; message has llama.cpp's reason), CF_STATUS_OUT_OF_MEMORY (the llama.cpp context, whose
+ * largest buffer is the KV cache, cannot be allocated; message has the KV size and what to lower).
  * On failure *out_engine is set to NULL and nothing leaks. Thread-safe. */
 CF_API cf_status cf_engine_init(const cf_engine_config * config, cf_engine_t * out_engine);
 

@@ -7,6 +7,7 @@
 #include "cacheflow.h"
 
 #include <cassert>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -173,6 +174,21 @@ void test_request_errors() {
     assert(std::string(cf_last_error()) ==
            "failed to load model from /tmp/cacheflow_test_corrupt.gguf (corrupt or unsupported GGUF?)");
     std::remove(path);
+
+    // A KV cache beyond the host's memory (2**31 - 1 rows, 512 GiB on the tiny model): OUT_OF_MEMORY
+    // that says so and what to lower, in the paged mode (where it used to be UNSUPPORTED) and in a
+    // stock mode.
+    for (const int32_t kv_mode : {CF_KV_MODE_PAGED, CF_KV_MODE_STOCK_UNIFIED}) {
+        cf_engine_config huge = cf_engine_default_config();
+        huge.model_path = g_model;
+        huge.kv_mode = kv_mode;
+        huge.max_num_seqs = 1;
+        huge.n_ctx = INT32_MAX;
+        huge.log_level = CF_LOG_LEVEL_NONE;
+        assert(cf_engine_init(&huge, &engine) == CF_STATUS_OUT_OF_MEMORY && engine == nullptr);
+        assert(std::strstr(cf_last_error(), "the KV cache of 2147483647 tokens alone needs") != nullptr);
+        assert(std::strstr(cf_last_error(), "lower n_ctx or kv_cache_bytes") != nullptr);
+    }
 }
 
 std::vector<std::vector<int32_t>> greedy_outputs(int32_t kv_mode, bool together, int32_t budget) {

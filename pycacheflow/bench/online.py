@@ -182,6 +182,24 @@ async def _run(
     return client.result
 
 
+def check_reachable(base_url: str, timeout_s: float = 5.0) -> None:
+    """Check that an HTTP server answers at ``base_url`` (GET /health; any status counts).
+
+    Raises:
+        ConnectionError: nothing answers (refused, unknown host, timeout, not an http URL);
+            the message names the URL and why.
+        RuntimeError: httpx is not installed.
+    """
+    try:
+        import httpx
+    except ImportError:
+        raise RuntimeError("the HTTP benchmark needs httpx: pip install httpx") from None
+    try:
+        httpx.get(base_url.rstrip("/") + "/health", timeout=timeout_s)
+    except (httpx.HTTPError, httpx.InvalidURL) as exc:
+        raise ConnectionError(f"cannot reach {base_url}: {type(exc).__name__}: {exc}") from None
+
+
 def run_load(
     base_url: str,
     requests: Sequence[BenchRequest],

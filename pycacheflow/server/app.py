@@ -7,7 +7,9 @@
     POST /chat/completions /v1/chat/completions
     POST /tokenize /detokenize /apply-template
 
-Errors are ``{"error": {"code", "message", "type"}}`` with the HTTP status in ``code``.
+Errors are ``{"error": {"code", "message", "type"}}`` with the HTTP status in ``code``. Every
+route answers CORS preflights (OPTIONS) and sets Access-Control-Allow-Origin as llama-server's
+--cors-* flags say (starlette's CORSMiddleware; by default any Origin is echoed, credentials on).
 """
 
 from __future__ import annotations
@@ -21,12 +23,14 @@ from typing import TYPE_CHECKING
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from pycacheflow import errors
 from pycacheflow.server import generation, protocol, responses
+from pycacheflow.server.config import CORS_LOCALHOST
 from pycacheflow.server.generation import Api, ClientDisconnected
 from pycacheflow.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from pycacheflow.server.protocol import ProtocolError
@@ -41,6 +45,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger("cacheflow.server")
 
 PUBLIC_PATHS = frozenset({"/health", "/v1/health"})
+_LOCALHOST_ORIGIN = r"https?://(localhost|127\.0\.0\.1|\[::1\])(:[0-9]+)?"
 _CLIENT_CLOSED_REQUEST = 499  # nginx's status for "client went away"; never reaches a client
 
 Handler = Callable[[Request, ServerState], Awaitable[Response]]
@@ -63,7 +68,23 @@ def create_app(llm: LLM, config: ServerConfig) -> Starlette:
     app.state.cacheflow = state
     if config.api_keys:
         app.add_middleware(ApiKeyMiddleware, api_keys=config.api_keys)
+    # Added last, so outermost: preflights are answered before the API-key check (browsers send
+    # no key with them) and every answer, 401 included, carries the CORS headers.
+    app.add_middleware(CORSMiddleware, **cors_options(config))
     return app
+
+
+def cors_options(config: ServerConfig) -> dict[str, object]:
+    """CORSMiddleware arguments for llama-server's --cors-* settings."""
+    origins: dict[str, object] = {"allow_origins": config.cors_origins}
+    if config.cors_origins == (CORS_LOCALHOST,):
+        origins = {"allow_origin_regex": _LOCALHOST_ORIGIN}
+    return {
+        **origins,
+        "allow_methods": config.cors_methods,
+        "allow_headers": config.cors_headers,
+        "allow_credentials": config.cors_credentials,
+    }
 
 
 def abort_in_flight(app: Starlette) -> int:

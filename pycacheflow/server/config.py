@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 N_PREDICT_UNLIMITED = -1  # llama-server's "-n -1": generate until EOS or the context is full
+CORS_ANY = "*"
+CORS_LOCALHOST = "localhost"  # llama-server's special value: localhost origins only
 
 
 @dataclass(frozen=True)
@@ -29,6 +31,12 @@ class ServerConfig:
             before they are aborted.
         sse_ping_s: send an SSE comment ping on a stream silent for this many seconds; None =
             never.
+        cors_origins: origins browsers may call from: ("*",) = any, ("localhost",) = localhost
+            origins only (llama-server's special values), else the exact origins.
+        cors_methods: methods a CORS preflight allows.
+        cors_headers: request headers a CORS preflight allows; ("*",) = any.
+        cors_credentials: allow credentials (with origins "*", each request's Origin is
+            echoed, as llama-server does).
 
     Raises:
         ValueError: a value out of range; the message names it.
@@ -45,6 +53,10 @@ class ServerConfig:
     cache_prompt: bool = True
     shutdown_timeout_s: float = 10.0
     sse_ping_s: float | None = 30.0
+    cors_origins: tuple[str, ...] = (CORS_ANY,)
+    cors_methods: tuple[str, ...] = ("GET", "POST", "DELETE", "OPTIONS")
+    cors_headers: tuple[str, ...] = (CORS_ANY,)
+    cors_credentials: bool = True
 
     def __post_init__(self) -> None:
         if not self.model_name:
@@ -57,3 +69,7 @@ class ServerConfig:
             raise ValueError(f"sse_ping_s must be > 0 or None, got {self.sse_ping_s}")
         if any(not key for key in self.api_keys):
             raise ValueError("api_keys must not contain an empty key")
+        for name in ("cors_origins", "cors_methods", "cors_headers"):
+            values = getattr(self, name)
+            if not values or not all(values):
+                raise ValueError(f"{name} must be non-empty names, got {values!r}")

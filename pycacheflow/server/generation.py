@@ -164,7 +164,7 @@ async def _stream_llama(
             state.progress(job, delta)
             yield sse.event(
                 responses.completion_partial(
-                    index, delta.text, delta.token_ids, job.num_decoded, job.slot_id
+                    index, delta.text, delta.token_ids, job.num_decoded, state.slot_id(job)
                 )
             )
         if delta.output is not None:

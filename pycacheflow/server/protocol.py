@@ -22,7 +22,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Union
 
+from pycacheflow.errors import InvalidArgumentError
 from pycacheflow.sampling_params import SamplingParams
+from pycacheflow.text import encode_utf8
 
 INT32_MAX = 2**31 - 1
 SEED_RANDOM_VALUES = (-1, 0xFFFFFFFF)  # llama.cpp's LLAMA_DEFAULT_SEED and its int32 spelling
@@ -157,6 +159,15 @@ def _as_float(name: str, value: object) -> float:
     return float(value)
 
 
+def _utf8(text: str, where: str) -> str:
+    """``text``, which must have a UTF-8 form (JSON can spell lone surrogates: "\\ud800")."""
+    try:
+        encode_utf8(text, where)
+    except InvalidArgumentError as exc:
+        raise ProtocolError(str(exc)) from None
+    return text
+
+
 def _as_bool(name: str, value: object) -> bool:
     if not isinstance(value, bool):
         raise _bad_type(name, "a boolean", value)
@@ -236,13 +247,14 @@ def _is_token_list(value: list) -> bool:
 
 def _one_prompt(value: object, where: str) -> PromptInput:
     if isinstance(value, str):
-        return value
+        return _utf8(value, where)
     if isinstance(value, dict):
         if value.get("multimodal_data"):
             raise ProtocolError(f"{where}: multimodal_data is not supported (text models only)")
         return _one_prompt(value.get("prompt_string"), f"{where}.prompt_string")
     if isinstance(value, list) and value and _is_token_list(value):
-        return list(value)
+        return [_utf8(v, f"{where} (piece {i})") if isinstance(v, str) else v
+                for i, v in enumerate(value)]  # fmt: skip
     raise ProtocolError(
         f"{where}: expected a string, an array of token ids and strings, or an object with "
         f"'prompt_string'; got {_type_name(value)}"
@@ -271,11 +283,12 @@ def read_mixed(body: Mapping[str, object], name: str) -> list[str | int]:
         return []
     value = body[name]
     if isinstance(value, str):
-        return [value]
+        value = [value]
     if isinstance(value, list) and all(
         isinstance(v, str) or (isinstance(v, int) and not isinstance(v, bool)) for v in value
     ):
-        return list(value)
+        where = f"Field '{name}'"
+        return [_utf8(v, where) if isinstance(v, str) else v for v in value]
     raise _bad_type(name, "a string or an array of strings and token ids", value)
 
 
@@ -313,6 +326,7 @@ def _message(message: object, index: int) -> dict[str, str]:
     role = message.get("role")
     if not isinstance(role, str) or not role:
         raise ProtocolError(f"{where}: 'role' must be a non-empty string")
+    _utf8(role, f"{where}.role")
     content = message.get("content")
     if content is None:
         text = ""
@@ -322,7 +336,7 @@ def _message(message: object, index: int) -> dict[str, str]:
         text = "".join(_text_part(p, f"{where}.content[{j}]") for j, p in enumerate(content))
     else:
         raise ProtocolError(f"{where}: 'content' must be a string or an array of text parts")
-    return {"role": role, "content": text}
+    return {"role": role, "content": _utf8(text, f"{where}.content")}
 
 
 def _text_part(part: object, where: str) -> str:

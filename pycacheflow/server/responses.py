@@ -39,7 +39,7 @@ class Completion:
         output: the engine's result.
         stop_type: llama-server's "eos", "word" or "limit".
         stopping_word: the stop string that ended it, or "".
-        slot_id: the slot it ran in (-1 if it never got one).
+        slot_id: the slot it ran in, in [0, max_num_seqs).
     """
 
     output: RequestOutput

@@ -32,8 +32,8 @@ class Job:
 
     Attributes:
         index: position among the HTTP request's prompts.
+        request_id: its engine request id.
         prompt: what was submitted (text or token ids).
-        slot_id: the slot it holds (SlotTable.NO_SLOT if none).
         settings: its effective generation settings (for /slots and /completion).
         num_decoded: tokens streamed so far.
         discard_output: n_predict was 0: the prompt is evaluated (one token is generated
@@ -41,8 +41,8 @@ class Job:
     """
 
     index: int
+    request_id: int
     prompt: PromptInput
-    slot_id: int
     settings: dict[str, object]
     discard_output: bool = False
     num_decoded: int = 0
@@ -120,8 +120,13 @@ class ServerState:
         except errors.InvalidArgumentError as exc:
             raise ProtocolError(str(exc)) from None
         settings = generation_settings(request, self.info.n_ctx_per_seq, self.model_name)
-        slot_id = self.slots.acquire(group.request_ids[index], settings)
-        return Job(index, prompt, slot_id, settings, discard_output=n_predict == 0)
+        request_id = group.request_ids[index]
+        self.slots.add(request_id, settings)
+        return Job(index, request_id, prompt, settings, discard_output=n_predict == 0)
+
+    def slot_id(self, job: Job) -> int:
+        """The slot the job runs in, in [0, max_num_seqs) (for ``id_slot``)."""
+        return self.slots.slot_of(job.request_id)
 
     def _too_long(self, prompt: PromptInput, exc: Exception) -> ProtocolError:
         if isinstance(prompt, str):
@@ -149,6 +154,7 @@ class ServerState:
             ShutdownError: it was aborted because the server is shutting down.
             DecodeError: it ended with "error", or was aborted by the engine.
         """
+        slot_id = self.slot_id(job)
         self._release(job)
         self.metrics.observe(output)
         if output.finish_reason == "abort" and self.shutting_down:
@@ -160,12 +166,12 @@ class ServerState:
         if job.discard_output:
             output = _without_output(output)
         stopping_word = self._stopping_word(output, job)
-        return Completion(output, stop_type_of(output, stopping_word), stopping_word, job.slot_id)
+        return Completion(output, stop_type_of(output, stopping_word), stopping_word, slot_id)
 
     def progress(self, job: Job, delta: StreamDelta) -> None:
         """Account streamed output of a job (for /slots and ``tokens_predicted``)."""
         job.num_decoded += len(delta.token_ids)
-        self.slots.progress(job.slot_id, len(delta.token_ids), delta.text)
+        self.slots.progress(job.request_id, len(delta.token_ids), delta.text)
 
     def abort_all(self) -> int:
         """Abort the engine requests of every HTTP request in flight (at shutdown); their
@@ -187,7 +193,7 @@ class ServerState:
     def _release(self, job: Job) -> None:
         if not job.slot_released:
             job.slot_released = True
-            self.slots.release(job.slot_id)
+            self.slots.remove(job.request_id)
 
     def _stopping_word(self, output: RequestOutput, job: Job) -> str:
         stops = job.settings.get("stop") or []

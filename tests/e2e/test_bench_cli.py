@@ -4,7 +4,9 @@ built-in no-op server."""
 
 from __future__ import annotations
 
+import http.server
 import json
+import threading
 
 import pytest
 from click.testing import CliRunner
@@ -135,6 +137,38 @@ def test_serve_against_the_noop_server(tiny_model_path, tmp_path):
     rows = results.read_csv(tmp_path / "serve_results.csv")
     assert [r["variant"] for r in rows] == ["no-op server", server.url]
     assert all(r["num_errors"] == "0" and r["num_output_tokens"] == "12" for r in rows)
+
+
+class _FailingHandler(http.server.BaseHTTPRequestHandler):
+    """Answers every request with 503 (reachable, but no request succeeds)."""
+
+    def _fail(self) -> None:
+        self.send_response(503)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    do_GET = do_POST = _fail
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_serve_where_every_request_fails_exits_1(tiny_model_path, tmp_path):
+    pytest.importorskip("httpx")
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _FailingHandler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        result = CliRunner().invoke(cacheflow, ["bench", "serve", url, "-m", str(tiny_model_path),
+                                                "-n", "3", "-p", "4", "-o", "2",
+                                                "--out", str(tmp_path)])  # fmt: skip
+    finally:
+        server.shutdown()
+        thread.join()
+    assert result.exit_code == 1, result.output
+    assert f"Error: {url}: all 3 requests failed; first: HTTP 503" in result.output
+    assert not (tmp_path / "serve_results.csv").exists()
 
 
 def test_unknown_baseline_is_a_usage_error(tiny_model_path, tmp_path):

@@ -110,6 +110,31 @@ def test_prompt_too_long(tiny_model_path):
     assert "PromptTooLongError" in result.output
 
 
+@pytest.mark.parametrize(
+    "args,notice",
+    [
+        (["-c", "4", "--kv-mode", "stock", "--ctx-size", "1000"],
+         ("cacheflow: --ctx-size 1000 rounded to 1024 tokens of KV cache (llama.cpp allocates "
+          "multiples of 256 per sequence); at most 256 tokens per sequence\n")),
+        (["-c", "4", "--kv-mode", "paged", "--ctx-size", "1000"],
+         ("cacheflow: --ctx-size 1000 rounded to 1024 tokens of KV cache (llama.cpp allocates "
+          "multiples of 256); at most 1024 tokens per sequence\n")),
+        (["-c", "4", "--kv-mode", "stock", "--ctx-size", "1024"], ""),
+    ],
+)  # fmt: skip
+def test_rounded_ctx_size_is_a_notice(tiny_model_path, args, notice):
+    result = run_cli("generate", "-m", str(tiny_model_path), "-q", "-n", "1", *args, "hi")
+    assert result.exit_code == 0, result.output
+    assert result.stderr == notice
+
+
+def test_kv_cache_beyond_memory(real_model_path):
+    result = run_cli("generate", "-m", str(real_model_path), "--ctx-size", str(2**31 - 1), "hi")
+    assert result.exit_code == 1, result.output
+    assert "OutOfMemoryError: out of memory creating the llama.cpp context" in result.output
+    assert "The KV cache does not fit: lower --ctx-size, --kv-cache-memory or -c" in result.output
+
+
 def test_subprocess_entry_point(tiny_model_path, tiny_llm):
     cmd = [sys.executable, "-m", "cli", "generate", "-m", str(tiny_model_path), "--json",
            "-n", "4", "--ignore-eos", "Hello", "World"]

@@ -8,6 +8,7 @@ pycacheflow._native.Engine directly with values the Python layer would have refu
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import pytest
 
@@ -16,6 +17,7 @@ from pycacheflow.errors import (
     InvalidArgumentError,
     ModelLoadError,
     NotFoundError,
+    OutOfMemoryError,
     PromptTooLongError,
     ShutdownError,
 )
@@ -63,6 +65,17 @@ def test_corrupt_model_file(kind, tmp_path, tiny_model_path, make_llm):
 def test_directory_as_model(tmp_path, make_llm):
     with pytest.raises(ModelLoadError, match=str(tmp_path)):
         make_llm(tmp_path)
+
+
+@pytest.mark.parametrize("kv_mode", ["paged", "stock"])
+def test_kv_cache_beyond_memory_is_out_of_memory(kv_mode, real_model_path, make_llm):
+    """2**31 - 1 rows of 23 KiB (46 TiB): OutOfMemoryError naming the size and what to lower
+    (the paged mode raised UnsupportedError)."""
+    with pytest.raises(OutOfMemoryError) as info:
+        make_llm(real_model_path, n_ctx=2**31 - 1, max_num_seqs=2, kv_mode=kv_mode)
+    message = str(info.value)
+    assert "the KV cache of 2147483647 tokens alone needs 46080.0 GiB" in message
+    assert "lower n_ctx or kv_cache_bytes" in message
 
 
 def test_bad_engine_config_names_the_field(tiny_model_path, make_llm):
@@ -117,6 +130,23 @@ def test_token_id_out_of_range(tiny_llm):
         tiny_llm.generate([[1, 2, n_vocab]], greedy(4))
     with pytest.raises(InvalidArgumentError, match="-1"):
         tiny_llm.generate([[1, -1]], greedy(4))
+
+
+def test_text_without_a_utf8_form(tiny_llm, tiny_model_path, tmp_path, make_llm):
+    """Lone surrogates (undecodable bytes escaped by surrogateescape, or "\\ud800" in JSON) are
+    an InvalidArgumentError naming the value, not a UnicodeEncodeError from deep inside."""
+    undecodable = b"caf\xe9".decode("utf-8", errors="surrogateescape")
+    with pytest.raises(InvalidArgumentError, match="prompt 1 is not valid UTF-8 text: "
+                       "undecodable byte 0xe9 at character 3"):  # fmt: skip
+        tiny_llm.generate(["fine", undecodable], greedy(2))
+    with pytest.raises(InvalidArgumentError, match="lone surrogate U\\+D800"):
+        tiny_llm.tokenize("\ud800")
+    with pytest.raises(InvalidArgumentError, match="chat message is not valid UTF-8"):
+        tiny_llm.apply_chat_template([{"role": "user", "content": "\ud800"}])
+    # A file name that is not UTF-8 is a valid path all the same.
+    path = tmp_path / os.fsdecode(b"tiny-\xff.gguf")
+    path.write_bytes(tiny_model_path.read_bytes())
+    assert make_llm(path, **SMALL_CTX).generate(["hi"], greedy(2))[0].finish_reason == "length"
 
 
 def test_bad_prompt_types(tiny_llm):

@@ -110,6 +110,8 @@ async def _stream_text(client: httpx.AsyncClient, body: dict[str, object]) -> st
         lines = [line async for line in response.aiter_lines()]
     events = list(sse_data(iter(lines)))
     assert events[-1]["stop"] is True
+    # 64 clients on 16 slots: each request shows one slot id in [0, 16), as llama-server
+    assert len({e["id_slot"] for e in events}) == 1 and 0 <= events[0]["id_slot"] < NUM_SLOTS
     return "".join(e["content"] for e in events)
 
 

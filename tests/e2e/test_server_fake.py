@@ -160,6 +160,22 @@ BAD_REQUESTS = [
     ("/v1/chat/completions", b'{"messages": "hi"}', "messages"),
     ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": 5}]}', "content"),
     ("/completion", b'{"prompt": [1, 99999]}', "token id"),
+    # Beyond the C ABI's int32_t / float
+    ("/completion", b'{"prompt": "a", "n_predict": 1099511627776}', "Field 'n_predict'"),
+    ("/v1/completions", b'{"prompt": "a", "max_tokens": 1099511627776}', "Field 'max_tokens'"),
+    ("/completion", b'{"prompt": "a", "top_k": 1099511627776}', "Field 'top_k'"),
+    ("/completion", b'{"prompt": "a", "seed": 1180591620717411303424}', "Field 'seed'"),
+    ("/completion", b'{"prompt": "a", "temperature": 1e300}', "temperature must be in [0, 3.403e+38]"),
+    # Text with no UTF-8 form: raw bytes that are not UTF-8, or JSON escapes of lone surrogates.
+    ("/completion", b'{"prompt": "caf\xe9"}', "Invalid JSON in request body"),
+    ("/completion", b'{"prompt": "a\\ud800b"}',
+     "Field 'prompt' is not valid UTF-8 text: lone surrogate U+D800 at character 1"),
+    ("/v1/completions", b'{"prompt": ["ok", "\\udcff"]}', "Field 'prompt[1]' is not valid UTF-8"),
+    ("/completion", b'{"prompt": [1, "\\ud800"]}', "Field 'prompt' (piece 1) is not"),
+    ("/completion", b'{"prompt": "a", "stop": ["\\ud800"]}', "stop string is not valid UTF-8"),
+    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "\\ud800"}]}',
+     "Field 'messages[0]'.content is not valid UTF-8"),
+    ("/tokenize", b'{"content": "\\ud800"}', "Field 'content' is not valid UTF-8"),
 ]
 
 
@@ -208,6 +224,26 @@ def test_disconnect_aborts_the_request(client, server):
     assert not any(s["is_processing"] for s in client.get("/slots").json())
 
 
+def test_requests_beyond_the_slots_get_slot_ids_in_range(server):
+    """More concurrent requests than slots: every id_slot is one of the slots (was -1)."""
+    num_requests = FAKE_MAX_NUM_SEQS + 8
+    results: list[object] = [None] * num_requests
+
+    def send(i: int) -> None:
+        with httpx.Client(base_url=server.base_url, timeout=30) as c:
+            body = {"prompt": "abc", "n_predict": 40, "stream": True}
+            results[i] = stream_events(c, "/completion", body)
+
+    threads = [threading.Thread(target=send, args=(i,)) for i in range(num_requests)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for events in results:
+        slot_ids = {e["id_slot"] for e in events}
+        assert len(slot_ids) == 1 and 0 <= slot_ids.pop() < FAKE_MAX_NUM_SEQS, events[-1]
+
+
 def test_metrics_text_parses(client):
     client.post("/completion", json={"prompt": "ab", "n_predict": 3})
     samples = parse_metrics(client.get("/metrics").text)
@@ -245,6 +281,57 @@ def test_api_key(fake_env, fake_model):
             ok = c.post("/completion", json=body, headers={"Authorization": "Bearer k2"})
             assert ok.status_code == 200 and ok.json()["content"] == "ab"
             assert c.get("/v1/models", headers={"X-Api-Key": "k1"}).status_code == 200
+            # Browsers send no key with a CORS preflight: it is answered before the key check.
+            preflight = c.options("/completion", headers=preflight_headers(ORIGIN))
+            assert preflight.status_code == 200
+            assert preflight.headers["access-control-allow-origin"] == ORIGIN
+            rejected = c.post("/completion", json=body, headers={"Origin": ORIGIN})
+            assert rejected.status_code == 401  # and readable by the page:
+            assert rejected.headers["access-control-allow-origin"] == ORIGIN
+    finally:
+        assert proc.stop() == 0
+        proc.close()
+
+
+ORIGIN = "http://app.example:3000"
+
+
+def preflight_headers(origin: str) -> dict[str, str]:
+    return {
+        "Origin": origin,
+        "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "authorization, content-type",
+    }
+
+
+def test_cors_preflight_and_origin_by_default(client):
+    """As llama-server by default: any Origin is echoed back, with credentials allowed."""
+    preflight = client.options("/v1/chat/completions", headers=preflight_headers(ORIGIN))
+    assert preflight.status_code == 200
+    assert preflight.headers["access-control-allow-origin"] == ORIGIN
+    assert preflight.headers["access-control-allow-credentials"] == "true"
+    assert "POST" in preflight.headers["access-control-allow-methods"]
+    assert preflight.headers["access-control-allow-headers"] == "authorization, content-type"
+    answer = client.post("/completion", json={"prompt": "ab", "n_predict": 2},
+                         headers={"Origin": ORIGIN})  # fmt: skip
+    assert answer.status_code == 200 and answer.json()["content"] == "ab"
+    assert answer.headers["access-control-allow-origin"] == ORIGIN
+    assert "access-control-allow-origin" not in client.get("/health").headers  # no Origin
+
+
+def test_cors_origins_localhost(fake_env, fake_model):
+    proc = start(fake_env, fake_model, "--cors-origins", "localhost", "--no-cors-credentials")
+    try:
+        with httpx.Client(base_url=proc.base_url, timeout=30) as c:
+            local = c.options("/completion", headers=preflight_headers("http://localhost:5173"))
+            assert local.status_code == 200
+            assert local.headers["access-control-allow-origin"] == "http://localhost:5173"
+            assert "access-control-allow-credentials" not in local.headers
+            other = c.options("/completion", headers=preflight_headers(ORIGIN))
+            assert other.status_code == 400
+            assert "access-control-allow-origin" not in other.headers
+            health = c.get("/health", headers={"Origin": ORIGIN})
+            assert "access-control-allow-origin" not in health.headers
     finally:
         assert proc.stop() == 0
         proc.close()
@@ -281,6 +368,6 @@ def test_graceful_shutdown_exits_0(fake_env, fake_model, sig, grace_s):
 def test_unsupported_llama_server_flag_is_named():
     result = CliRunner().invoke(cacheflow, ["serve", "--mlock"])
     assert result.exit_code == 2
-    assert "unsupported llama-server flag: --mlock" in result.output
+    assert "unsupported llama-server flag --mlock: " in result.output
     result = CliRunner().invoke(cacheflow, ["serve", "--no-such-thing"])
     assert result.exit_code == 2 and "--no-such-thing" in result.output

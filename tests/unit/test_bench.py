@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import json
 import math
+import socket
 
 import pytest
+from click.testing import CliRunner
 
+from cli.main import cacheflow
 from pycacheflow.bench import datasets, online, results
 from pycacheflow.bench.datasets import BenchRequest
 
@@ -181,6 +184,35 @@ def rows():
         {"variant": "stock", "concurrency": 4, "output_throughput": 50.0, "ttft_ms_median": 24.0},
         {"variant": "stock", "concurrency": 4, "output_throughput": "", "ttft_ms_median": 20.0},
     ]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_check_reachable():
+    pytest.importorskip("httpx")
+    with online.NoopServer() as server:
+        online.check_reachable(server.url)  # its 404 for /health is an answer
+    dead = f"http://127.0.0.1:{_free_port()}"
+    with pytest.raises(ConnectionError, match=f"cannot reach {dead}: ConnectError"):
+        online.check_reachable(dead)
+    with pytest.raises(ConnectionError, match="cannot reach localhost:1: UnsupportedProtocol"):
+        online.check_reachable("localhost:1")
+
+
+def test_bench_serve_against_a_dead_url_exits_1():
+    """Before loading the tokenizer or building the workload (was exit 0, no requests sent)."""
+    pytest.importorskip("httpx")
+    dead = f"http://127.0.0.1:{_free_port()}"
+    result = CliRunner().invoke(cacheflow, ["bench", "serve", dead, "-n", "2"])
+    assert result.exit_code == 1
+    assert result.output.startswith(f"Error: cannot reach {dead}: ConnectError: ")
+    with online.NoopServer() as server:
+        result = CliRunner().invoke(cacheflow, ["bench", "serve", server.url, "--baseline", dead])
+    assert result.exit_code == 1 and f"cannot reach {dead}" in result.output
 
 
 def test_medians_and_ratios():

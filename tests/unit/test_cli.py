@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 from click.testing import CliRunner
 
+from cli.common import ctx_size_notice
 from cli.main import cacheflow, format_summary
 from cli.prompts import PromptsFileError, read_prompts_file
 from pycacheflow.outputs import RequestMetrics, RequestOutput
@@ -127,3 +130,69 @@ def test_format_summary():
     assert "mean TPOT: 10.0 ms" in text  # only the 3-token request has a TPOT
     assert "output: 8.0 tok/s" in text and "wall: 0.50 s" in text
     assert "mean TTFT: n/a" in format_summary([], 1.0)
+
+
+@pytest.mark.parametrize(
+    "n_ctx,info,notice",
+    [
+        (1000, ("stock", 1024, 256), ("cacheflow: --ctx-size 1000 rounded to 1024 tokens of KV "
+         "cache (llama.cpp allocates multiples of 256 per sequence); at most 256 tokens per "
+         "sequence")),
+        (4000, ("paged", 4096, 4096), ("cacheflow: --ctx-size 4000 rounded to 4096 tokens of KV "
+         "cache (llama.cpp allocates multiples of 256); at most 4096 tokens per sequence")),
+        (4096, ("stock", 4096, 1024), None),  # used as given
+        (0, ("paged", 8192, 2048), None),  # the default
+    ],
+)  # fmt: skip
+def test_ctx_size_notice(n_ctx, info, notice):
+    kv_mode_name, info_n_ctx, n_ctx_per_seq = info
+    model_info = SimpleNamespace(kv_mode_name=kv_mode_name, n_ctx=info_n_ctx,
+                                 n_ctx_per_seq=n_ctx_per_seq)  # fmt: skip
+    assert ctx_size_notice(n_ctx, model_info) == notice
+
+
+def test_prompts_that_are_not_utf8_are_usage_errors(runner, tmp_path):
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF")  # never loaded: prompts are checked first
+    bad_arg = b"caf\xe9".decode("utf-8", errors="surrogateescape")  # a Latin-1 terminal
+    result = runner.invoke(cacheflow, ["generate", "-m", str(model), "ok", bad_arg])
+    assert result.exit_code == 2
+    assert "prompt 2 is not valid UTF-8 text: undecodable byte 0xe9 at character 3" in result.output
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_bytes(b"fine\nnot \xff fine\n")
+    result = runner.invoke(cacheflow, ["generate", "-m", str(model), "--prompts-file", str(prompts)])
+    assert result.exit_code == 2
+    assert f"{prompts}:2: not UTF-8 text (byte 0xff at offset 9)" in result.output
+    result = runner.invoke(cacheflow, ["generate", "-m", str(model), "--prompts-file", "-"],
+                           input=b"\xfe")  # fmt: skip
+    assert result.exit_code == 2 and "<stdin>:1: not UTF-8 text (byte 0xfe at offset 0)" in result.output
+    jsonl = tmp_path / "prompts.jsonl"
+    jsonl.write_text('{"prompt": "a\\ud800"}\n')
+    result = runner.invoke(cacheflow, ["generate", "-m", str(model), "--prompts-file", str(jsonl)])
+    assert result.exit_code == 2
+    assert "prompt 1 is not valid UTF-8 text: lone surrogate U+D800 at character 1" in result.output
+
+
+def test_trace_into_a_missing_directory_fails_before_the_run(runner, tmp_path):
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF")
+    trace = tmp_path / "no-such-dir" / "trace.json"
+    result = runner.invoke(cacheflow, ["generate", "-m", str(model), "--trace", str(trace), "hi"])
+    assert result.exit_code == 2
+    assert f"Invalid value for '--trace': directory '{trace.parent}' does not exist" in result.output
+
+
+@pytest.mark.parametrize(
+    "args,option",
+    [
+        (["-n", str(2**40)], "'-n' / '--max-tokens': 1099511627776 is not in the range"),
+        (["--top-k", str(2**31)], "'--top-k': 2147483648 is not in the range"),
+        (["--seed", str(2**70)], "'--seed': 1180591620717411303424 is not in the range"),
+        (["--temperature", "1e300"], "'--temperature': 1e+300 is not in the range"),
+    ],
+)
+def test_sampling_values_beyond_the_c_types_are_usage_errors(runner, tmp_path, args, option):
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF")  # never loaded
+    result = runner.invoke(cacheflow, ["generate", "-m", str(model), *args, "hi"])
+    assert result.exit_code == 2 and f"Invalid value for {option}" in result.output

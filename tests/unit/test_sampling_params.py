@@ -32,10 +32,10 @@ def test_lists_become_tuples_and_single_stop_string_is_wrapped():
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"max_tokens": 0}, "max_tokens must be >= 1, got 0"),
-        ({"temperature": -1.0}, "temperature must be >= 0, got -1.0"),
+        ({"max_tokens": 0}, "max_tokens must be in [1, 2**31), got 0"),
+        ({"temperature": -1.0}, "temperature must be in [0, 3.403e+38] (a C float), got -1.0"),
         ({"temperature": math.nan}, "temperature must be finite, got nan"),
-        ({"top_k": -1}, "top_k must be >= 0"),
+        ({"top_k": -1}, "top_k must be in [0, 2**31)"),
         ({"top_p": 0.0}, "top_p must be in (0, 1], got 0.0"),
         ({"top_p": 1.5}, "top_p must be in (0, 1], got 1.5"),
         ({"min_p": -0.1}, "min_p must be in [0, 1], got -0.1"),
@@ -43,7 +43,14 @@ def test_lists_become_tuples_and_single_stop_string_is_wrapped():
         ({"seed": -1}, "seed must be in [0, 2**63) or None, got -1"),
         ({"seed": 2**63}, "seed must be in [0, 2**63)"),
         ({"stop": [""]}, "stop strings must be non-empty"),
-        ({"stop_token_ids": [-1]}, "stop_token_ids entries must be >= 0, got -1"),
+        ({"stop": ["a\ud800"]}, "stop string is not valid UTF-8 text: lone surrogate U+D800"),
+        ({"stop_token_ids": [-1]}, "stop_token_ids entries must be in [0, 2**31), got -1"),
+        # Beyond the C ABI's int32_t / int64_t / float (these overflowed in cffi)
+        ({"max_tokens": 2**40}, "max_tokens must be in [1, 2**31), got 1099511627776"),
+        ({"top_k": 2**31}, "top_k must be in [0, 2**31) (0 = disabled), got 2147483648"),
+        ({"stop_token_ids": [2**40]}, "stop_token_ids entries must be in [0, 2**31)"),
+        ({"seed": 2**70}, "seed must be in [0, 2**63) or None, got 1180591620717411303424"),
+        ({"temperature": 1e300}, "temperature must be in [0, 3.403e+38] (a C float), got 1e+300"),
     ],
 )
 def test_out_of_range_values_name_the_value(kwargs, message):
@@ -80,6 +87,8 @@ def test_boundaries_accepted():
         min_p=1.0,
         seed=2**63 - 1,
         ignore_eos=True,
+        stop_token_ids=[2**31 - 1],
     )
     assert not p.greedy and p.seed == 2**63 - 1
     assert SamplingParams(seed=0, min_p=0.0, top_p=1e-6).seed == 0
+    assert SamplingParams(max_tokens=2**31 - 1, top_k=2**31 - 1, temperature=3.4e38).top_k > 0

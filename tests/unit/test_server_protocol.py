@@ -115,3 +115,26 @@ def test_read_mixed():
     assert read_mixed({}, "content") == []
     with pytest.raises(ProtocolError, match="content"):
         read_mixed({"content": [1.5]}, "content")
+
+
+@pytest.mark.parametrize(
+    "parse,body,message",
+    [
+        (parse_completion, {"prompt": "a\ud800"}, ("Field 'prompt' is not valid UTF-8 text: "
+         "lone surrogate U+D800 at character 1")),
+        (parse_completion, {"prompt": ["ok", "\udcff"]}, "Field 'prompt[1]' is not valid UTF-8"),
+        (parse_completion, {"prompt": [1, "\ud800"]}, "Field 'prompt' (piece 1) is not valid"),
+        (parse_completion, {"prompt": "a", "stop": "\ud800"}, "stop string is not valid UTF-8"),
+        (parse_chat, {"messages": [{"role": "user", "content": "\ud800"}]},
+         "Field 'messages[0]'.content is not valid UTF-8"),
+        (parse_chat, {"messages": [{"role": "\ud800", "content": "x"}]},
+         "Field 'messages[0]'.role is not valid UTF-8"),
+    ],
+)  # fmt: skip
+def test_text_without_a_utf8_form_is_a_400(parse, body, message):
+    """JSON can spell lone surrogates ("\\ud800"); they have no UTF-8 form for the engine."""
+    with pytest.raises(ProtocolError) as info:
+        parse(body, -1)
+    assert info.value.status == 400 and message in str(info.value)
+    with pytest.raises(ProtocolError, match="Field 'content' is not valid UTF-8"):
+        read_mixed({"content": ["a", "\ud800"]}, "content")

@@ -3,6 +3,7 @@
 
 #include "core/error.h"
 #include "engine/sampling.h"
+#include "ggml-backend.h"
 #include "kernels/paged_attention_cpu.h"
 #include "llama.h"
 
@@ -22,6 +23,8 @@ namespace {
 
 std::atomic<int> g_log_level{CF_LOG_LEVEL_ERROR};
 std::atomic<bool> g_log_last_shown{false};  // whether the message a CONT line continues was shown
+// While an ErrorCapture lives on this thread: llama.cpp's error lines logged on it, shown or not.
+thread_local std::string * t_error_capture = nullptr;
 
 bool shows(ggml_log_level level) {
     const int threshold = g_log_level.load(std::memory_order_relaxed);
@@ -42,6 +45,56 @@ void log_callback(ggml_log_level level, const char * text, void * /*user_data*/)
     if (show) {
         std::fputs(text, stderr);
     }
+    if (t_error_capture != nullptr && level == GGML_LOG_LEVEL_ERROR) {
+        t_error_capture->append(text);
+    }
+}
+
+// Collects llama.cpp's error lines while it lives (one thread; not nestable): llama.cpp reports why
+// a call failed only in its log, and callers here need that reason for the cf_status and message.
+class ErrorCapture {
+  public:
+    ErrorCapture() { t_error_capture = &text_; }
+    ~ErrorCapture() { t_error_capture = nullptr; }
+    ErrorCapture(const ErrorCapture &) = delete;
+    ErrorCapture & operator=(const ErrorCapture &) = delete;
+
+    bool contains(const char * fragment) const { return text_.find(fragment) != std::string::npos; }
+
+    // The last error line without its trailing newline, or "" if none was logged.
+    std::string last_line() const {
+        std::string text = text_;
+        while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) {
+            text.pop_back();
+        }
+        const size_t start = text.rfind('\n');
+        return start == std::string::npos ? text : text.substr(start + 1);
+    }
+
+  private:
+    std::string text_;
+};
+
+// Total memory of every backend device (host RAM and GPUs), in bytes.
+int64_t total_device_memory_bytes() {
+    int64_t total = 0;
+    for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {
+        size_t free_bytes = 0;
+        size_t total_bytes = 0;
+        ggml_backend_dev_memory(ggml_backend_dev_get(i), &free_bytes, &total_bytes);
+        total += (int64_t) total_bytes;
+    }
+    return total;
+}
+
+std::string format_bytes(int64_t bytes) {
+    char text[32];
+    if (bytes >= (int64_t{1} << 30)) {
+        std::snprintf(text, sizeof(text), "%.1f GiB", (double) bytes / (double) (int64_t{1} << 30));
+    } else {
+        std::snprintf(text, sizeof(text), "%.1f MiB", (double) bytes / (double) (1 << 20));
+    }
+    return text;
 }
 
 void init_backend_once() {
@@ -180,6 +233,27 @@ void LlamaSession::resolve_kv_mode() {
     }
 }
 
+// Why the context cannot be created, as an Error. Out of memory: the KV cache is the big buffer
+// of the context (n_ctx rows), so the message gives its size and what to lower. Anything else is a
+// setting llama.cpp refused (UNSUPPORTED; in paged mode an attention variant the paged path does not
+// cover). `detail` says why (llama.cpp's last error line, or the memory the KV cache exceeds).
+Error LlamaSession::context_error(uint32_t n_ctx, uint32_t n_seq_max, bool out_of_memory,
+                                  const std::string & detail) const {
+    const std::string settings = "n_ctx=" + std::to_string(n_ctx) + ", max_num_seqs=" + std::to_string(n_seq_max) +
+                                 (config_.paged() ? ", kv_mode=paged" : "");
+    const std::string why = detail.empty() ? "" : " (" + detail + ")";
+    if (out_of_memory) {
+        const int64_t kv_bytes = (int64_t) n_ctx * kv_bytes_per_token_;
+        return Error(CF_STATUS_OUT_OF_MEMORY,
+                     "out of memory creating the llama.cpp context (" + settings + "): the KV cache of " +
+                         std::to_string(n_ctx) + " tokens alone needs " + format_bytes(kv_bytes) + " (" +
+                         std::to_string(kv_bytes_per_token_) + " bytes per token)" + why +
+                         "; lower n_ctx or kv_cache_bytes (or max_num_seqs when n_ctx is 0)");
+    }
+    return Error(CF_STATUS_UNSUPPORTED, "llama.cpp could not create the context (" + settings + ")" + why +
+                                            (config_.paged() ? "; kv_mode=stock may work" : ""));
+}
+
 // KV rows that fit in config_.kv_cache_bytes, rounded down to what llama.cpp allocates without
 // padding up: multiples of 256 rows, per sequence in stock split mode (llama-context.cpp pads
 // n_ctx and the per-sequence slice up to 256).
@@ -235,17 +309,21 @@ void LlamaSession::create_context() {
                                                                             : paged_attention_cpu_ggml_op;
     }
 
-    ctx_ = llama_init_from_model(model_, cp);
-    if (ctx_ == nullptr && config_.paged()) {
-        throw Error(CF_STATUS_UNSUPPORTED, "failed to create the paged llama.cpp context (block_size=" +
-                                               std::to_string(config_.block_size) + ", n_ctx=" + std::to_string(cp.n_ctx) +
-                                               "): the model's attention is not covered or out of memory "
-                                               "(llama.cpp's log says which); kv_mode=stock may work");
+    // A KV cache larger than the memory of all devices together cannot be allocated; saying so
+    // here spares llama.cpp from touching gigabytes of per-row metadata before it finds out. Models
+    // with sliding-window layers keep fewer rows than n_ctx there, so they are left to llama.cpp.
+    const int64_t memory_bytes = total_device_memory_bytes();
+    if (llama_model_n_swa(model_) == 0 && memory_bytes > 0 && (int64_t) cp.n_ctx * kv_bytes_per_token_ > memory_bytes) {
+        throw context_error(cp.n_ctx, cp.n_seq_max, true,
+                            "more than the " + format_bytes(memory_bytes) + " of memory of all devices together");
     }
+    ErrorCapture capture;
+    ctx_ = llama_init_from_model(model_, cp);
     if (ctx_ == nullptr) {
-        throw Error(CF_STATUS_OUT_OF_MEMORY, "failed to create the llama.cpp context (n_ctx=" + std::to_string(cp.n_ctx) +
-                                                 ", max_num_seqs=" + std::to_string(cp.n_seq_max) +
-                                                 "): out of memory or unsupported settings");
+        const bool out_of_memory = capture.contains("failed to allocate") || capture.contains("insufficient memory") ||
+                                   capture.contains("bad_alloc");
+        const std::string reason = capture.last_line();
+        throw context_error(cp.n_ctx, cp.n_seq_max, out_of_memory, reason.empty() ? "" : "llama.cpp: " + reason);
     }
     // llama.cpp rounds n_ctx (and, in split mode, the per-sequence slice) up to multiples of 256.
     n_ctx_ = (int32_t) llama_n_ctx(ctx_);

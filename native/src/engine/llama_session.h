@@ -21,11 +21,13 @@
 
 #include "cacheflow.h"
 #include "core/block_manager.h"
+#include "core/error.h"
 #include "core/sequence.h"
 #include "engine/config.h"
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 struct llama_model;
@@ -44,8 +46,9 @@ class LlamaSession {
   public:
     // Load the model and create the context. Throws cf::Error: MODEL_LOAD_FAILED ("model file not
     // found: PATH" or "failed to load model from PATH (corrupt or unsupported GGUF?)"),
-    // UNSUPPORTED (no decoder / encoder-decoder; kv_mode=paged on a model it does not cover),
-    // OUT_OF_MEMORY (context creation failed).
+    // UNSUPPORTED (no decoder / encoder-decoder; kv_mode=paged on a model it does not cover;
+    // llama.cpp refused the context settings), OUT_OF_MEMORY (the context, whose largest buffer is
+    // the KV cache, could not be allocated; the message gives the KV size and what to lower).
     static std::unique_ptr<LlamaSession> open(const EngineConfig & config);
     ~LlamaSession();
     LlamaSession(const LlamaSession &) = delete;
@@ -91,6 +94,7 @@ class LlamaSession {
     void resolve_kv_mode();
     void create_context();
     int32_t n_ctx_from_budget() const;
+    Error context_error(uint32_t n_ctx, uint32_t n_seq_max, bool out_of_memory, const std::string & detail) const;
     void warm_up();
     void init_greedy_samplers();
     void free_samplers();
