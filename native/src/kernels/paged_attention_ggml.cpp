@@ -19,8 +19,9 @@
 // Not reproduced: the split-KV path ggml takes for a single decode row over 512 or more cells (it
 // splits the keys per thread), ALiBi and attention sinks (paged mode rejects those models).
 //
-// Work items are (tile of up to 8 consecutive tokens of one sequence, kv head), as in the f32 kernel
-// (paged_attention_cpu.cpp): each K/V tile is converted once for all query heads of its GQA group.
+// Work items are (run of consecutive tokens of one sequence, kv head), as in the f32 kernel
+// (paged_attention_cpu.cpp): each K/V tile is converted once for all query heads of its GQA group
+// and, on the tiled path, for up to 64 tokens.
 #include "kernels/paged_attention_cpu.h"
 #include "kernels/paged_attention_simd.h"
 
@@ -45,7 +46,11 @@ constexpr int32_t kQTile = 64;   // GGML_FA_TILE_Q: query rows from which ggml t
 constexpr int32_t kKvTile = 64;  // GGML_FA_TILE_KV: keys per softmax tile of the tiled path
 static_assert(kQTile == GGML_FA_TILE_Q && kKvTile == GGML_FA_TILE_KV, "ggml's flash attention tiles changed");
 
-constexpr int32_t kTileTokens = 8;  // consecutive tokens of one sequence per work item
+// Consecutive tokens of one sequence per work item: a tiled-path item shares each K/V tile's f32
+// conversion among its tokens (ggml's Q tile, 64 rows, does the same); one-chunk items are
+// per-token work grouped only to spread it over threads.
+constexpr int32_t kTiledItemTokens = kQTile;
+constexpr int32_t kOneChunkItemTokens = 8;
 
 // Pool row of position p of the sequence whose block table is `table`.
 inline int64_t pool_row(const int32_t * table, int32_t p, int32_t bs, int64_t n_pool_blocks) {
@@ -429,8 +434,9 @@ void paged_attention_cpu_ggml(const PagedAttentionArgs & args, int ith, int nth)
             ++run;
         }
         const bool tiled = run >= kQTile;
-        for (int32_t t0 = run0; t0 < run0 + run; t0 += kTileTokens) {
-            const int32_t nt = std::min(kTileTokens, run0 + run - t0);
+        const int32_t item_tokens = tiled ? kTiledItemTokens : kOneChunkItemTokens;
+        for (int32_t t0 = run0; t0 < run0 + run; t0 += item_tokens) {
+            const int32_t nt = std::min(item_tokens, run0 + run - t0);
             for (int32_t h = 0; h < args.n_head_kv; ++h, ++item) {
                 if (item % nth != ith) {
                     continue;
