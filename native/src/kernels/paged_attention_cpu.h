@@ -9,9 +9,10 @@
 // positions [0, pos] (ctx_len = pos + 1). Position p lives in pool row
 // block_table[p / block_size] * block_size + p % block_size.
 //
-// Work is split over (token, kv head) items: all query heads of one KV head (GQA group) share each
-// K/V row load and its f16 -> f32 conversion. Softmax is online (running max and sum per query head,
-// rescaled once per block), accumulated in f32.
+// Work is split over (run of tokens of one sequence, kv head) items: all query heads of one KV head
+// (GQA group) share each K/V row load and its f16 -> f32 conversion. Softmax is online (running max
+// and sum per query head). Two implementations (below) differ in rounding only: f32 throughout, or
+// llama.cpp's own flash attention arithmetic (the engine's default, CF_PAGED_ATTENTION_GGML).
 #pragma once
 
 #include "ggml.h"
