@@ -2,7 +2,8 @@
 # One-command GPU run on the H200 (shared/GPU.md): CUDA build, a random-weight model of the
 # Llama-3.2-1B shape, then CacheFlow vs stock llama.cpp side by side in the same command:
 #   1. decode throughput: scripts/bench_decode.py vs llama-batched-bench (-npl 64, 128/128);
-#   2. serving: `cacheflow bench serve` against `cacheflow serve` and llama-server, both -np 64.
+#   2. serving: `cacheflow bench serve` against `cacheflow serve` and llama-server, both -np 64,
+#      $NREQ requests (default 4 x NP).
 # Inputs travel in the git-ignored _carry/ folder: llama.cpp/ (the pinned tree, trimmed),
 # wheels/ (cp312 wheels the machine lacks), tokenizer.gguf (SmolLM2's tokenizer, 49,152 tokens).
 # Results go to $OUT (default results/h200).
@@ -11,6 +12,7 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-results/h200}
 mkdir -p "$OUT"
 NP=${NP:-64}
+NREQ=${NREQ:-$((NP * 4))}  # serving requests (more = steadier numbers)
 log() { echo "[$(date +%T)] $*" | tee -a "$OUT/run.log" >&2; }
 
 log "install wheels"
@@ -62,6 +64,6 @@ for port in 8081 8082; do
   done
 done
 timeout 240 cacheflow bench serve http://127.0.0.1:8082 --baseline http://127.0.0.1:8081 \
-    -m "$MODEL" -n $((NP * 4)) -p 128 -o 128 --max-concurrency "$NP" --client-check \
+    -m "$MODEL" -n "$NREQ" -p 128 -o 128 --max-concurrency "$NP" --client-check \
     --out "$OUT" 2>&1 | tail -30 | tee -a "$OUT/run.log" || log "serve bench failed"
 log "done"
