@@ -17,7 +17,7 @@
 // enables them (CMake compiles this file for the build machine, like ggml's CPU backend), else
 // portable scalar code.
 #include "kernels/paged_attention_cpu.h"
-#include "kernels/paged_attention_simd.h"
+#include "kernels/paged_attention_simd.h"  // also <immintrin.h> where the vector paths are built
 
 #include "llama.h"
 
@@ -26,14 +26,6 @@
 #include <cstring>
 #include <limits>
 #include <vector>
-
-#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__F16C__) && defined(__FMA__))
-// GCC 12's AVX-512 headers trip -Wmaybe-uninitialized on their own _mm512_undefined_* temporaries
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#include <immintrin.h>
-#pragma GCC diagnostic pop
-#endif
 
 namespace cf {
 
