@@ -291,6 +291,13 @@ class _Context:
                 ("http://", "https://")
             ):
                 raise click.BadParameter(f"unknown baseline {b!r}", param_hint="--baseline")
+            if b.startswith(("http://", "https://")):
+                from pycacheflow.bench import online
+
+                try:  # before any engine loads: a dead URL is a usage error, not a 0 tok/s row
+                    online.check_reachable(b)
+                except (ConnectionError, RuntimeError) as exc:
+                    raise click.ClickException(str(exc)) from None
         self.model = str(opts.get("model") or _default_model())
         self.out_dir = Path(opts["out_dir"])
         self._tokenizer = LLM(self.model, max_num_seqs=1, n_ctx=256, n_threads=1)
@@ -390,6 +397,10 @@ class _Context:
             run = online.run_load(
                 url, self.workload(it), str(self.opts["endpoint"]), max_concurrency=concurrency
             )
+            if run.errors and not run.metrics:
+                raise click.ClickException(
+                    f"{url}: all {len(run.errors)} requests failed; first: {run.errors[0]}"
+                )
             if run.errors:
                 click.echo(f"{url}: {len(run.errors)} failed, first: {run.errors[0]}", err=True)
             row = {
@@ -488,7 +499,7 @@ def _fmt(value: object, suffix: str = "") -> str:
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option(
     "--request-rate",
-    type=float,
+    type=click.FloatRange(min=0.0, min_open=True),
     default=float("inf"),
     show_default=True,
     help="Requests per second; inf sends all at once.",

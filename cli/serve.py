@@ -210,8 +210,8 @@ def _env(name: str) -> str:
     default=True,
     show_default=True,
     envvar=_env("CACHE_PROMPT"),
-    help="Default of the request field cache_prompt (reported only: prompt reuse is "
-    "the prefix cache of --kv-mode paged).",
+    help="Default of the request field cache_prompt (reported only: CacheFlow has no prompt "
+    "reuse across requests yet).",
 )
 @click.option(
     "--sse-ping-interval",
@@ -279,8 +279,7 @@ def _env(name: str) -> str:
     type=click.Choice(KV_MODES),
     default="auto",
     show_default=True,
-    help="KV cache: paged (CacheFlow blocks + prefix cache), stock / stock-unified "
-    "(llama.cpp), or auto.",
+    help="KV cache: paged (CacheFlow's block tables), stock / stock-unified (llama.cpp), or auto.",
 )
 @click.option(
     "--kv-cache-memory",

@@ -288,8 +288,18 @@ def read_mixed(body: Mapping[str, object], name: str) -> list[str | int]:
         isinstance(v, str) or (isinstance(v, int) and not isinstance(v, bool)) for v in value
     ):
         where = f"Field '{name}'"
-        return [_utf8(v, where) if isinstance(v, str) else v for v in value]
+        return [
+            _utf8(v, where) if isinstance(v, str) else _token_id(f"{name}[{i}]", v)
+            for i, v in enumerate(value)
+        ]
     raise _bad_type(name, "a string or an array of strings and token ids", value)
+
+
+def _token_id(name: str, value: int) -> int:
+    """A token id that fits the engine's int32 (the vocabulary check is the engine's)."""
+    if not -(2**31) <= value < 2**31:
+        raise ProtocolError(f"Field '{name}': token id {value} is out of range")
+    return value
 
 
 def read_token_ids(body: Mapping[str, object], name: str) -> list[int]:
@@ -299,7 +309,7 @@ def read_token_ids(body: Mapping[str, object], name: str) -> list[int]:
     value = body[name]
     if not isinstance(value, list):
         raise _bad_type(name, "an array of token ids", value)
-    return [_as_int(f"{name}[{i}]", v) for i, v in enumerate(value)]
+    return [_token_id(f"{name}[{i}]", _as_int(f"{name}[{i}]", v)) for i, v in enumerate(value)]
 
 
 def read_messages(body: Mapping[str, object]) -> tuple[dict[str, str], ...]:

@@ -176,6 +176,9 @@ BAD_REQUESTS = [
     ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "\\ud800"}]}',
      "Field 'messages[0]'.content is not valid UTF-8"),
     ("/tokenize", b'{"content": "\\ud800"}', "Field 'content' is not valid UTF-8"),
+    # token ids beyond int32 (were a 500 from the C ABI conversion)
+    ("/detokenize", b'{"tokens": [99999999999999999999999]}', "Field 'tokens[0]': token id"),
+    ("/tokenize", b'{"content": [99999999999999999999999]}', "Field 'content[0]': token id"),
 ]
 
 

@@ -215,6 +215,20 @@ def test_bench_serve_against_a_dead_url_exits_1():
     assert result.exit_code == 1 and f"cannot reach {dead}" in result.output
 
 
+def test_offline_bench_with_a_dead_url_baseline_exits_1():
+    """Checked before any engine loads (was exit 0 with a 0 tok/s row)."""
+    pytest.importorskip("httpx")
+    dead = f"http://127.0.0.1:{_free_port()}"
+    result = CliRunner().invoke(cacheflow, ["bench", "throughput", "-n", "1", "--baseline", dead])
+    assert result.exit_code == 1 and f"cannot reach {dead}" in result.output
+
+
+def test_bench_serve_request_rate_must_be_positive():
+    for rate in ("0", "-1"):
+        result = CliRunner().invoke(cacheflow, ["bench", "serve", "http://x", "--request-rate", rate])
+        assert result.exit_code == 2 and "--request-rate" in result.output
+
+
 def test_medians_and_ratios():
     medians = results.summarize(rows(), ["variant", "concurrency"])
     cf, stock = medians
