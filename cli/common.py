@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -27,11 +28,16 @@ _SIZE_UNITS = {
     "g": 1000**3,
     "gb": 1000**3,
     "gib": 1024**3,
+    "t": 1000**4,
+    "tb": 1000**4,
+    "tib": 1024**4,
 }
+_MAX_SIZE_BYTES = 2**62  # the engine's kv_cache_bytes limit
 
 
 class ByteSize(click.ParamType):
-    """A memory size: bytes, or a number with a unit (K, KB, KiB, M, MB, MiB, G, GB, GiB)."""
+    """A memory size: bytes, or a number with a unit (K, KB, KiB, M, MB, MiB, G, GB, GiB, T, TB,
+    TiB)."""
 
     name = "SIZE"
 
@@ -41,14 +47,16 @@ class ByteSize(click.ParamType):
         if isinstance(value, int):
             return value
         text = str(value).strip()
-        number = text.rstrip("BbIiKkMmGg")
+        number = text.rstrip("BbIiKkMmGgTt")
         unit = text[len(number) :].lower()
         try:
             size = float(number)
         except ValueError:
             size = -1.0
-        if unit not in _SIZE_UNITS or not 0 <= size < 2**62:  # also NaN and infinity
+        if unit not in _SIZE_UNITS or not 0 <= size < math.inf:  # also NaN
             self.fail(f"{value!r} is not a size (e.g. 268435456, 256MiB, 1.5GiB, 512M)", param, ctx)
+        if size * _SIZE_UNITS[unit] >= _MAX_SIZE_BYTES:
+            self.fail(f"{value!r} is too large (at most 4 EiB)", param, ctx)
         return int(size * _SIZE_UNITS[unit])
 
 

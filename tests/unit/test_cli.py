@@ -52,6 +52,7 @@ def test_model_path(runner, tmp_path, monkeypatch):
         (["generate", "--kv-cache-memory", "lots", "hi"], "is not a size"),
         (["generate", "--kv-cache-memory", "-1MiB", "hi"], "is not a size"),
         (["generate", "--kv-cache-memory", "nan", "hi"], "is not a size"),
+        (["generate", "--kv-cache-memory", "9" * 27, "hi"], "is too large"),
         (["generate", "--kv-cache-memory", "inf", "hi"], "is not a size"),
     ],
 )
@@ -65,7 +66,7 @@ def test_usage_errors_exit_2_without_traceback(runner, args, message):
 @pytest.mark.parametrize(
     ("text", "size"),
     [("268435456", 2**28), ("256MiB", 2**28), ("1.5GiB", 3 * 2**29), ("512M", 512 * 10**6),
-     ("2g", 2 * 10**9), ("64kib", 65536)],
+     ("2g", 2 * 10**9), ("64kib", 65536), ("10TiB", 10 * 2**40), ("1TB", 10**12)],
 )
 def test_kv_cache_memory_sizes(text, size):
     from cli.common import ByteSize
