@@ -35,7 +35,6 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
-#include <limits>
 #include <vector>
 
 namespace cf {
@@ -144,39 +143,37 @@ void fast_mad_f16(int32_t n, ggml_fp16_t * y, const ggml_fp16_t * x, float v) { 
 // Whether fast_scale_f16 / fast_mad_f16 give ggml's bits on rows of n halves: random rows, weights
 // and long accumulations like the kernel's. Computed once per n (n <= 1024, else false).
 bool compute_fast_f16_matches_ggml(int32_t n) {
-        if (!kHaveFastF16) {
+    if (!kHaveFastF16) {
+        return false;
+    }
+    uint32_t state = 12345u;
+    auto next = [&state] {  // xorshift32 in [-1, 1)
+        state ^= state << 13;
+        state ^= state >> 17;
+        state ^= state << 5;
+        return (float) (state >> 8) / (float) (1u << 23) - 1.0f;
+    };
+    std::vector<ggml_fp16_t> a((size_t) n), b((size_t) n), x((size_t) n);
+    for (int32_t i = 0; i < n; ++i) {
+        a[(size_t) i] = b[(size_t) i] = ggml_fp32_to_fp16(next());
+    }
+    for (int32_t step = 0; step < 400; ++step) {
+        for (int32_t i = 0; i < n; ++i) {
+            x[(size_t) i] = ggml_fp32_to_fp16(4.0f * next());
+        }
+        const float v = step % 7 == 0 ? 0.5f + 0.5f * next() : 0.5f + 0.5f * next() * next();
+        if (step % 7 == 0) {
+            ggml_vec_scale_f16(n, a.data(), v);
+            fast_scale_f16(n, b.data(), v);
+        } else {
+            ggml_vec_mad_f16(n, a.data(), x.data(), v);
+            fast_mad_f16(n, b.data(), x.data(), v);
+        }
+        if (std::memcmp(a.data(), b.data(), (size_t) n * sizeof(ggml_fp16_t)) != 0) {
             return false;
         }
-        uint32_t state = 12345u;
-        auto next = [&state] {  // xorshift32 in [-1, 1)
-            state ^= state << 13;
-            state ^= state >> 17;
-            state ^= state << 5;
-            return (float) (state >> 8) / (float) (1u << 23) - 1.0f;
-        };
-        {
-            std::vector<ggml_fp16_t> a((size_t) n), b((size_t) n), x((size_t) n);
-            for (int32_t i = 0; i < n; ++i) {
-                a[(size_t) i] = b[(size_t) i] = ggml_fp32_to_fp16(next());
-            }
-            for (int32_t step = 0; step < 400; ++step) {
-                for (int32_t i = 0; i < n; ++i) {
-                    x[(size_t) i] = ggml_fp32_to_fp16(4.0f * next());
-                }
-                const float v = step % 7 == 0 ? 0.5f + 0.5f * next() : 0.5f + 0.5f * next() * next();
-                if (step % 7 == 0) {
-                    ggml_vec_scale_f16(n, a.data(), v);
-                    fast_scale_f16(n, b.data(), v);
-                } else {
-                    ggml_vec_mad_f16(n, a.data(), x.data(), v);
-                    fast_mad_f16(n, b.data(), x.data(), v);
-                }
-                if (std::memcmp(a.data(), b.data(), (size_t) n * sizeof(ggml_fp16_t)) != 0) {
-                    return false;
-                }
-            }
-        }
-        return true;
+    }
+    return true;
 }
 
 bool fast_f16_matches_ggml(int32_t n) {
