@@ -1,0 +1,73 @@
+// paged_attention.cuh - CUDA paged attention over a block-table KV pool (decode and prefill rows).
+//
+// Contract (the same as the CPU kernels of native/src/kernels/paged_attention_cpu.h): every query
+// token t belongs to one sequence (block table row token_seq_idx[t]) and attends to positions
+// [0, token_ctx_len[t]) of that sequence; position p lives in pool row
+// block_tables[row][p / block_size] * block_size + p % block_size. Causality comes from the context
+// lengths, so no KQ mask exists. Query head h reads KV head h / (n_head / n_head_kv).
+//
+// Work decomposition (grid = splits x KV heads x tokens, 128 threads per CTA):
+//   - one CTA computes all n_head / n_head_kv query heads of one KV head for one token, so each
+//     K/V row is loaded once per GQA group (FlashInfer's GQA decode; vLLM's legacy kernel loads it
+//     once per query head instead);
+//   - keys are cut into splits of kSplitKeys positions at ABSOLUTE boundaries [s * 512, s * 512 + 512)
+//     (flash-decoding, Dao et al. 2023); a row with one split writes its output directly, longer rows
+//     write (max, sum, partial output) per split and a combine kernel merges them in split order.
+// Batch invariance (shared/ARCHITECTURE.md, "Outputs that do not depend on the load"): every
+// reduction over keys (scores, max, sum, P.V) runs in an order fixed by the row's own context length
+// alone: not by the number of tokens in the step, the other sequences, the grid's split count or where
+// the blocks sit. A row's output is therefore bit-identical in any batch (the test proves it).
+//
+// Arithmetic: f16 K/V converted to f32, scores, softmax and accumulation in f32.
+#pragma once
+
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace cf {
+namespace cuda {
+
+// Keys per split (absolute position boundaries; also the score buffer of one CTA).
+constexpr int kPagedSplitKeys = 512;
+
+struct PagedAttentionCudaArgs {
+    const float * q;                 // [n_tokens][n_head][head_dim] f32 (device), strides below
+    int64_t q_stride_head;           // elements between heads of one token
+    int64_t q_stride_token;          // elements between tokens
+    const half * k_pool;             // [kv_size][k_stride_row] f16 (device); KV head j at columns
+    const half * v_pool;             //   [j * head_dim, (j + 1) * head_dim); same for V
+    int64_t k_stride_row;            // elements between pool rows (slots), a multiple of 8
+    int64_t v_stride_row;
+    int64_t kv_size;                 // rows in each pool
+    const int32_t * block_tables;    // [n_seqs][block_table_stride] i32 (device), block ids in position order
+    int64_t block_table_stride;      // entries per row; block_table_stride * block_size bounds every context
+    const int32_t * token_seq_idx;   // [n_tokens] i32 (device): block table row of each token
+    const int32_t * token_ctx_len;   // [n_tokens] i32 (device): token t attends to positions [0, ctx_len)
+    float * out;                     // [n_tokens][n_head][head_dim] f32 (device), contiguous
+    int32_t n_tokens;
+    int32_t n_head;                  // query heads, a multiple of n_head_kv
+    int32_t n_head_kv;
+    int32_t head_dim;                // K and V head size: 64, 128 or 256
+    int32_t block_size;              // tokens per block, >= 1
+    float scale;                     // KQ scale
+    float softcap;                   // 0 = none, else s = softcap * tanh(s / softcap) after scaling
+};
+
+// nullptr if the kernel covers these shapes (head size, GQA ratio up to 8, alignment), else why not.
+const char * paged_attention_cuda_unsupported(const PagedAttentionCudaArgs & args);
+
+// Bytes of device workspace paged_attention_cuda needs (partial results of multi-split rows; 0 when
+// block_table_stride * block_size <= kPagedSplitKeys).
+size_t paged_attention_cuda_workspace_bytes(const PagedAttentionCudaArgs & args);
+
+// Launch on `stream` (asynchronous; capturable in a CUDA graph: the grid depends only on n_tokens,
+// n_head_kv and block_table_stride * block_size). `workspace` must hold
+// paged_attention_cuda_workspace_bytes(args) bytes (may be nullptr when that is 0).
+// Returns nullptr on success, else a message with file and line (unsupported shapes, launch error).
+const char * paged_attention_cuda(const PagedAttentionCudaArgs & args, void * workspace, cudaStream_t stream);
+
+}  // namespace cuda
+}  // namespace cf

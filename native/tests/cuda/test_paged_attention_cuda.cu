@@ -1,0 +1,333 @@
+// test_paged_attention_cuda.cu - the CUDA paged attention kernel against a float64 reference, its batch
+// invariance (a row's output is bit-identical alone, in any batch, with any table width and wherever its
+// blocks sit), and its speed on decode shapes (CUDA events, medians; printed, not asserted).
+//
+// Standalone: nvcc -std=c++17 -arch=sm_90 -O3 --use_fast_math -I native/src/kernels/cuda
+//   native/src/kernels/cuda/paged_attention.cu native/tests/cuda/test_paged_attention_cuda.cu
+// (the CUDA build adds it as a ctest; tests/kernels/test_paged_attention_cuda.py runs it under the gpu marker).
+// Exit status 0 = every check passed.
+#include "paged_attention.cuh"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+using cf::cuda::PagedAttentionCudaArgs;
+
+namespace {
+
+int g_failures = 0;
+
+#define CHECK_CUDA(x)                                                                         \
+    do {                                                                                      \
+        cudaError_t err_ = (x);                                                               \
+        if (err_ != cudaSuccess) {                                                            \
+            std::fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, cudaGetErrorString(err_)); \
+            std::exit(2);                                                                     \
+        }                                                                                     \
+    } while (0)
+
+void expect(bool ok, const std::string & what) {
+    if (!ok) {
+        std::fprintf(stderr, "FAIL: %s\n", what.c_str());
+        ++g_failures;
+    }
+}
+
+template <typename T>
+struct DeviceBuffer {
+    T * ptr = nullptr;
+    size_t n = 0;
+    explicit DeviceBuffer(size_t count) : n(count) { CHECK_CUDA(cudaMalloc(&ptr, std::max<size_t>(1, n) * sizeof(T))); }
+    DeviceBuffer(const std::vector<T> & host) : DeviceBuffer(host.size()) { upload(host); }
+    ~DeviceBuffer() { cudaFree(ptr); }
+    void upload(const std::vector<T> & host) {
+        CHECK_CUDA(cudaMemcpy(ptr, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
+    }
+    std::vector<T> download() const {
+        std::vector<T> host(n);
+        CHECK_CUDA(cudaMemcpy(host.data(), ptr, n * sizeof(T), cudaMemcpyDeviceToHost));
+        return host;
+    }
+};
+
+// A K/V pool and the logical content of each sequence (values by position, so that the same sequence
+// can be laid out in other blocks).
+struct Model {
+    int head_dim, n_head, n_head_kv, block_size, num_blocks;
+    std::vector<std::vector<float>> k_by_pos;  // [seq][pos * n_head_kv * head_dim + ...] values (f16-exact)
+    std::vector<std::vector<float>> v_by_pos;
+    std::vector<int> seq_len;
+};
+
+struct Layout {
+    std::vector<half> k_pool, v_pool;          // [num_blocks * block_size][n_head_kv * head_dim]
+    std::vector<std::vector<int32_t>> tables;  // [seq][blocks]
+};
+
+float f16_round(float x) { return __half2float(__float2half(x)); }
+
+Model make_model(int head_dim, int n_head, int n_head_kv, int block_size, const std::vector<int> & lens,
+                 std::mt19937 & rng) {
+    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+    Model m{head_dim, n_head, n_head_kv, block_size, 0, {}, {}, lens};
+    const int row = n_head_kv * head_dim;
+    for (int len : lens) {
+        std::vector<float> k((size_t) len * row), v((size_t) len * row);
+        for (auto & x : k) x = f16_round(u(rng));
+        for (auto & x : v) x = f16_round(u(rng));
+        m.k_by_pos.push_back(std::move(k));
+        m.v_by_pos.push_back(std::move(v));
+        m.num_blocks += (len + block_size - 1) / block_size;
+    }
+    m.num_blocks += 7;  // spare blocks, so that layouts differ
+    return m;
+}
+
+// Blocks assigned in a shuffled order determined by `seed`.
+Layout make_layout(const Model & m, unsigned seed) {
+    const int row = m.n_head_kv * m.head_dim;
+    Layout lay;
+    lay.k_pool.assign((size_t) m.num_blocks * m.block_size * row, __float2half(0.0f));
+    lay.v_pool = lay.k_pool;
+    std::vector<int32_t> ids(m.num_blocks);
+    std::iota(ids.begin(), ids.end(), 0);
+    std::mt19937 rng(seed);
+    std::shuffle(ids.begin(), ids.end(), rng);
+    size_t next = 0;
+    for (size_t s = 0; s < m.seq_len.size(); ++s) {
+        std::vector<int32_t> table;
+        for (int p = 0; p < m.seq_len[s]; ++p) {
+            if (p % m.block_size == 0) {
+                table.push_back(ids[next++]);
+            }
+            const size_t slot = (size_t) table.back() * m.block_size + p % m.block_size;
+            for (int j = 0; j < row; ++j) {
+                lay.k_pool[slot * row + j] = __float2half(m.k_by_pos[s][(size_t) p * row + j]);
+                lay.v_pool[slot * row + j] = __float2half(m.v_by_pos[s][(size_t) p * row + j]);
+            }
+        }
+        lay.tables.push_back(std::move(table));
+    }
+    return lay;
+}
+
+struct Query {
+    int seq;
+    int ctx;  // attends to positions [0, ctx)
+};
+
+// Runs the kernel over `queries` (q values from q_of(query index)); returns [n][n_head][head_dim].
+std::vector<float> run(const Model & m, const Layout & lay, const std::vector<Query> & queries,
+                       const std::vector<float> & q_all /* [n][n_head][head_dim] */, int table_stride_extra = 0) {
+    const int n = (int) queries.size();
+    int stride = 1;
+    for (const auto & t : lay.tables) stride = std::max(stride, (int) t.size());
+    stride += table_stride_extra;
+    std::vector<int32_t> tables(lay.tables.size() * (size_t) stride, -1);
+    for (size_t s = 0; s < lay.tables.size(); ++s) {
+        std::copy(lay.tables[s].begin(), lay.tables[s].end(), tables.begin() + (ptrdiff_t) (s * stride));
+    }
+    std::vector<int32_t> seq_idx(n), ctx(n);
+    for (int i = 0; i < n; ++i) {
+        seq_idx[i] = queries[i].seq;
+        ctx[i] = queries[i].ctx;
+    }
+    DeviceBuffer<float> d_q(q_all);
+    DeviceBuffer<half> d_k(lay.k_pool), d_v(lay.v_pool);
+    DeviceBuffer<int32_t> d_tables(tables), d_seq(seq_idx), d_ctx(ctx);
+    DeviceBuffer<float> d_out((size_t) n * m.n_head * m.head_dim);
+    PagedAttentionCudaArgs a{};
+    a.q = d_q.ptr;
+    a.q_stride_head = m.head_dim;
+    a.q_stride_token = (int64_t) m.n_head * m.head_dim;
+    a.k_pool = d_k.ptr;
+    a.v_pool = d_v.ptr;
+    a.k_stride_row = a.v_stride_row = (int64_t) m.n_head_kv * m.head_dim;
+    a.kv_size = (int64_t) m.num_blocks * m.block_size;
+    a.block_tables = d_tables.ptr;
+    a.block_table_stride = stride;
+    a.token_seq_idx = d_seq.ptr;
+    a.token_ctx_len = d_ctx.ptr;
+    a.out = d_out.ptr;
+    a.n_tokens = n;
+    a.n_head = m.n_head;
+    a.n_head_kv = m.n_head_kv;
+    a.head_dim = m.head_dim;
+    a.block_size = m.block_size;
+    a.scale = 1.0f / std::sqrt((float) m.head_dim);
+    a.softcap = 0.0f;
+    DeviceBuffer<char> ws(cf::cuda::paged_attention_cuda_workspace_bytes(a));
+    if (const char * err = cf::cuda::paged_attention_cuda(a, ws.ptr, nullptr)) {
+        std::fprintf(stderr, "%s\n", err);
+        std::exit(2);
+    }
+    CHECK_CUDA(cudaDeviceSynchronize());
+    return d_out.download();
+}
+
+std::vector<float> reference(const Model & m, const std::vector<Query> & queries, const std::vector<float> & q_all) {
+    const int D = m.head_dim, G = m.n_head / m.n_head_kv, row = m.n_head_kv * D;
+    const double scale = 1.0 / std::sqrt((double) D);
+    std::vector<float> out(queries.size() * (size_t) m.n_head * D);
+    for (size_t i = 0; i < queries.size(); ++i) {
+        const Query & qu = queries[i];
+        for (int h = 0; h < m.n_head; ++h) {
+            const int kvh = h / G;
+            const float * q = &q_all[(i * m.n_head + h) * D];
+            std::vector<double> s(qu.ctx);
+            double mx = -1e300;
+            for (int p = 0; p < qu.ctx; ++p) {
+                double dot = 0;
+                for (int d = 0; d < D; ++d) dot += (double) q[d] * m.k_by_pos[qu.seq][(size_t) p * row + kvh * D + d];
+                s[p] = dot * scale;
+                mx = std::max(mx, s[p]);
+            }
+            double l = 0;
+            for (auto & x : s) l += (x = std::exp(x - mx));
+            for (int d = 0; d < D; ++d) {
+                double o = 0;
+                for (int p = 0; p < qu.ctx; ++p) o += s[p] * m.v_by_pos[qu.seq][(size_t) p * row + kvh * D + d];
+                out[(i * m.n_head + h) * D + d] = (float) (o / l);
+            }
+        }
+    }
+    return out;
+}
+
+std::vector<float> rows_of(const std::vector<float> & all, const Model & m, size_t i) {
+    const size_t w = (size_t) m.n_head * m.head_dim;
+    return std::vector<float>(all.begin() + (ptrdiff_t) (i * w), all.begin() + (ptrdiff_t) ((i + 1) * w));
+}
+
+void test_shape(int D, int n_head, int n_head_kv, int block_size, unsigned seed) {
+    std::mt19937 rng(seed);
+    const std::vector<int> lens = {1, 17, 200, 511, 512, 513, 1300, 2100};
+    Model m = make_model(D, n_head, n_head_kv, block_size, lens, rng);
+    Layout lay = make_layout(m, seed + 1);
+    // Each sequence: a prefill chunk of its last min(len, 40) positions, plus a decode row at len - 1.
+    std::vector<Query> qs;
+    for (int s = 0; s < (int) lens.size(); ++s) {
+        for (int p = std::max(0, lens[s] - 40); p < lens[s]; ++p) qs.push_back({s, p + 1});
+        qs.push_back({s, lens[s]});
+    }
+    std::uniform_real_distribution<float> u(-2.0f, 2.0f);
+    std::vector<float> q((size_t) qs.size() * n_head * D);
+    for (auto & x : q) x = u(rng);
+
+    const std::vector<float> got = run(m, lay, qs, q);
+    const std::vector<float> want = reference(m, qs, q);
+    double max_err = 0;
+    for (size_t i = 0; i < got.size(); ++i) max_err = std::max(max_err, (double) std::fabs(got[i] - want[i]));
+    const std::string shape = "D=" + std::to_string(D) + " heads " + std::to_string(n_head) + "/" +
+                              std::to_string(n_head_kv) + " bs=" + std::to_string(block_size);
+    std::printf("%-28s %zu rows, max |err| vs float64 = %.2e\n", shape.c_str(), qs.size(), max_err);
+    expect(max_err < 2e-3, shape + ": max error " + std::to_string(max_err) + " >= 2e-3");
+
+    // Invariance: each row alone, with a wider table (more splits in the grid) and another block layout.
+    Layout other = make_layout(m, seed + 99);
+    for (size_t i = 0; i < qs.size(); i += 7) {
+        const std::vector<float> q1(q.begin() + (ptrdiff_t) (i * n_head * D), q.begin() + (ptrdiff_t) ((i + 1) * n_head * D));
+        const std::vector<float> alone = run(m, other, {qs[i]}, q1, /*table_stride_extra=*/64);
+        expect(std::memcmp(alone.data(), rows_of(got, m, i).data(), alone.size() * sizeof(float)) == 0,
+               shape + ": row " + std::to_string(i) + " (ctx " + std::to_string(qs[i].ctx) +
+                   ") differs alone/relocated from its batched output");
+    }
+}
+
+void bench_decode(int batch, int ctx, int D, int n_head, int n_head_kv) {
+    std::mt19937 rng(7);
+    const int bs = 16;
+    const int blocks_per_seq = (ctx + bs - 1) / bs;
+    const int num_blocks = batch * blocks_per_seq;
+    const int row = n_head_kv * D;
+    std::vector<half> pool((size_t) num_blocks * bs * row);
+    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+    for (auto & x : pool) x = __float2half(u(rng));
+    std::vector<int32_t> ids(num_blocks);
+    std::iota(ids.begin(), ids.end(), 0);
+    std::shuffle(ids.begin(), ids.end(), rng);
+    int stride = 1;
+    while (stride < blocks_per_seq) stride *= 2;  // the engine buckets table widths to powers of two
+    std::vector<int32_t> tables((size_t) batch * stride, -1);
+    for (int s = 0; s < batch; ++s)
+        for (int b = 0; b < blocks_per_seq; ++b) tables[(size_t) s * stride + b] = ids[(size_t) s * blocks_per_seq + b];
+    std::vector<int32_t> seq_idx(batch), ctxs(batch, ctx);
+    std::iota(seq_idx.begin(), seq_idx.end(), 0);
+    std::vector<float> q((size_t) batch * n_head * D);
+    for (auto & x : q) x = u(rng);
+    DeviceBuffer<float> d_q(q);
+    DeviceBuffer<half> d_k(pool), d_v(pool);
+    DeviceBuffer<int32_t> d_tables(tables), d_seq(seq_idx), d_ctx(ctxs);
+    DeviceBuffer<float> d_out((size_t) batch * n_head * D);
+    PagedAttentionCudaArgs a{};
+    a.q = d_q.ptr;
+    a.q_stride_head = D;
+    a.q_stride_token = (int64_t) n_head * D;
+    a.k_pool = d_k.ptr;
+    a.v_pool = d_v.ptr;
+    a.k_stride_row = a.v_stride_row = row;
+    a.kv_size = (int64_t) num_blocks * bs;
+    a.block_tables = d_tables.ptr;
+    a.block_table_stride = stride;
+    a.token_seq_idx = d_seq.ptr;
+    a.token_ctx_len = d_ctx.ptr;
+    a.out = d_out.ptr;
+    a.n_tokens = batch;
+    a.n_head = n_head;
+    a.n_head_kv = n_head_kv;
+    a.head_dim = D;
+    a.block_size = bs;
+    a.scale = 0.125f;
+    DeviceBuffer<char> ws(cf::cuda::paged_attention_cuda_workspace_bytes(a));
+    cudaEvent_t e0, e1;
+    CHECK_CUDA(cudaEventCreate(&e0));
+    CHECK_CUDA(cudaEventCreate(&e1));
+    for (int i = 0; i < 20; ++i) cf::cuda::paged_attention_cuda(a, ws.ptr, nullptr);
+    std::vector<float> ms;
+    for (int r = 0; r < 7; ++r) {
+        const int iters = 100;
+        CHECK_CUDA(cudaEventRecord(e0));
+        for (int i = 0; i < iters; ++i) cf::cuda::paged_attention_cuda(a, ws.ptr, nullptr);
+        CHECK_CUDA(cudaEventRecord(e1));
+        CHECK_CUDA(cudaEventSynchronize(e1));
+        float t = 0;
+        CHECK_CUDA(cudaEventElapsedTime(&t, e0, e1));
+        ms.push_back(t / iters);
+    }
+    std::sort(ms.begin(), ms.end());
+    const double us = ms[ms.size() / 2] * 1000.0;
+    const double bytes = 2.0 * batch * (double) ctx * row * sizeof(half);
+    std::printf("bench decode B=%-4d ctx=%-5d D=%d heads %d/%d: %8.1f us/layer, %7.1f GB/s of K+V\n", batch, ctx, D,
+                n_head, n_head_kv, us, bytes / (us * 1e3));
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+}
+
+}  // namespace
+
+int main(int argc, char ** argv) {
+    const bool bench = argc > 1 && std::strcmp(argv[1], "--bench") == 0;
+    test_shape(64, 9, 3, 16, 1);    // SmolLM2-135M
+    test_shape(64, 32, 8, 16, 2);   // Llama-3.2-1B
+    test_shape(128, 32, 8, 16, 3);  // Llama-3.1-8B
+    test_shape(128, 16, 2, 32, 4);
+    test_shape(64, 8, 8, 8, 5);
+    if (bench) {
+        for (int b : {1, 64, 256}) bench_decode(b, 200, 64, 32, 8);
+        for (int b : {1, 8, 32}) bench_decode(b, 8192, 64, 32, 8);
+        for (int b : {1, 32, 128}) bench_decode(b, 256, 128, 32, 8);
+    }
+    if (g_failures) {
+        std::printf("%d check(s) failed\n", g_failures);
+        return 1;
+    }
+    std::printf("PASS\n");
+    return 0;
+}
