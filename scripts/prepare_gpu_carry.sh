@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Fill the git-ignored _carry/ folder with what a GPU machine without network needs for
+# scripts/h200_bench.sh and scripts/h200_gpu_tests.sh (shared/GPU.md):
+#   _carry/llama.cpp/      the pinned tree, pristine (patches are applied by the build), trimmed to
+#                          what a CUDA build of libllama, llama-server and llama-batched-bench needs;
+#   _carry/wheels/         cp312 manylinux wheels of the Python packages the machine lacks;
+#   _carry/tokenizer.gguf  a 1-layer random-weight model carrying SmolLM2's tokenizer (a tokenizer
+#                          source for scripts/make_tiny_gguf.py there).
+# Runs here (with network access to PyPI); the result is about 35 MiB.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+CARRY=_carry
+mkdir -p "$CARRY"
+
+if [ ! -d "$CARRY/llama.cpp" ]; then
+  tmp=$(mktemp -d)
+  python - "$tmp/tree" <<'PY'
+import importlib.util, sys
+from pathlib import Path
+spec = importlib.util.spec_from_file_location("fetch", "vendor/fetch_llama_cpp.py")
+fetch = importlib.util.module_from_spec(spec); sys.modules["fetch"] = fetch; spec.loader.exec_module(fetch)
+fetch.unpack_tree(fetch.locate_archive(), Path(sys.argv[1]))
+PY
+  tree="$tmp/tree"
+  rm -rf "$tree"/{models,docs,tests,examples,app,ci,conversion,gguf-py/tests,media,skills}
+  for d in "$tree"/ggml/src/ggml-*/; do
+    case "$(basename "$d")" in ggml-cpu|ggml-cuda|ggml-blas|ggml-rpc) ;; *) rm -rf "$d" ;; esac
+  done
+  # tools/ui: only its CMake stub is configured (LLAMA_BUILD_UI=OFF)
+  find "$tree/tools/ui" -mindepth 1 -not -name CMakeLists.txt -not -path "*/cmake*" -delete 2>/dev/null || true
+  mv "$tree" "$CARRY/llama.cpp"
+  rm -rf "$tmp"
+fi
+
+mkdir -p "$CARRY/wheels"
+python -m pip download -q --only-binary :all: --python-version 3.12 --platform manylinux2014_x86_64 \
+    --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 --no-deps -d "$CARRY/wheels" \
+    cffi pycparser starlette uvicorn prometheus_client httpx httpcore h11 anyio sniffio idna certifi \
+    typing_extensions tqdm gguf pyyaml
+
+if [ ! -f "$CARRY/tokenizer.gguf" ]; then
+  python scripts/make_tiny_gguf.py "$CARRY/tokenizer.gguf" --n-layer 1 --n-embd 64 --n-head 2 \
+      --n-head-kv 1 --n-ff 64 --dtype f16
+fi
+du -sh "$CARRY"/*
