@@ -56,14 +56,17 @@ paged_attention_split_kernel(const PagedAttentionCudaArgs a, float * part_o /* [
                              float * part_ml /* [n_tokens][n_head][n_splits][2] */, int n_splits) {
     constexpr int TG = D / 8;            // threads per key in Q.K (16 bytes of the K row each)
     constexpr int NG = kThreads / TG;    // keys in flight in Q.K
-    constexpr int DP = D / 2;            // threads per key in P.V (one half2 each)
-    constexpr int KPAR = kThreads / DP;  // keys in flight in P.V
+    // P.V uses the same split of a row: group g of TG threads per key, lane li holds dims [8 li, 8 li + 8).
+    constexpr int kScoreFloats = G * kPagedSplitKeys;
+    constexpr int kReduceFloats = kWarps * G * D;
 
     __shared__ float q_s[G][D];
-    __shared__ float p_s[G][kPagedSplitKeys];
+    // Scores, then probabilities [G][kPagedSplitKeys]; after P.V the per-warp partial outputs
+    // [kWarps][G][D] reuse the space.
+    __shared__ float big_s[kScoreFloats > kReduceFloats ? kScoreFloats : kReduceFloats];
     __shared__ int32_t row_s[kPagedSplitKeys];
-    __shared__ float red_s[KPAR][G][D];
     __shared__ float scratch[kWarps];
+    float (*p_s)[kPagedSplitKeys] = reinterpret_cast<float (*)[kPagedSplitKeys]>(big_s);
 
     const int split = blockIdx.x;
     const int kvh = blockIdx.y;
@@ -100,38 +103,46 @@ paged_attention_split_kernel(const PagedAttentionCudaArgs a, float * part_o /* [
                 qr[h][j] = q_s[h][li * 8 + j];
             }
         }
-        // Every thread runs the same number of iterations: the lane shuffles below need whole warps.
-#pragma unroll 4
-        for (int base = 0; base < nkeys; base += NG) {
-            const int i = base + g;
-            const bool valid = i < nkeys;
-            const half * krow = a.k_pool + (int64_t) row_s[valid ? i : 0] * a.k_stride_row + kvh * D + li * 8;
-            const uint4 raw = *reinterpret_cast<const uint4 *>(krow);
-            const half2 * k2 = reinterpret_cast<const half2 *>(&raw);
-            float kf[8];
+        // Every thread runs the same number of iterations (the lane shuffles below need whole warps),
+        // and issues the loads of kKeysInFlight keys before using any of them.
+        constexpr int kKeysInFlight = 4;
+        for (int base = 0; base < nkeys; base += kKeysInFlight * NG) {
+            uint4 raw[kKeysInFlight];
 #pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                const float2 f = __half22float2(k2[j]);
-                kf[2 * j] = f.x;
-                kf[2 * j + 1] = f.y;
+            for (int u = 0; u < kKeysInFlight; ++u) {
+                const int i = base + u * NG + g;
+                const int row = row_s[i < nkeys ? i : 0];
+                raw[u] = *reinterpret_cast<const uint4 *>(a.k_pool + (int64_t) row * a.k_stride_row + kvh * D + li * 8);
             }
 #pragma unroll
-            for (int h = 0; h < G; ++h) {
-                float s = 0.0f;
+            for (int u = 0; u < kKeysInFlight; ++u) {
+                const int i = base + u * NG + g;
+                const half2 * k2 = reinterpret_cast<const half2 *>(&raw[u]);
+                float kf[8];
 #pragma unroll
-                for (int j = 0; j < 8; ++j) {
-                    s = fmaf(qr[h][j], kf[j], s);
+                for (int j = 0; j < 4; ++j) {
+                    const float2 f = __half22float2(k2[j]);
+                    kf[2 * j] = f.x;
+                    kf[2 * j + 1] = f.y;
                 }
 #pragma unroll
-                for (int off = TG / 2; off > 0; off >>= 1) {
-                    s += __shfl_xor_sync(0xffffffffu, s, off, TG);
-                }
-                if (valid && li == 0) {
-                    s *= a.scale;
-                    if (a.softcap != 0.0f) {
-                        s = a.softcap * tanhf(s / a.softcap);
+                for (int h = 0; h < G; ++h) {
+                    float s = 0.0f;
+#pragma unroll
+                    for (int j = 0; j < 8; ++j) {
+                        s = fmaf(qr[h][j], kf[j], s);
                     }
-                    p_s[h][i] = s;
+#pragma unroll
+                    for (int off = TG / 2; off > 0; off >>= 1) {
+                        s += __shfl_xor_sync(0xffffffffu, s, off, TG);
+                    }
+                    if (i < nkeys && li == 0) {
+                        s *= a.scale;
+                        if (a.softcap != 0.0f) {
+                            s = a.softcap * tanhf(s / a.softcap);
+                        }
+                        p_s[h][i] = s;
+                    }
                 }
             }
         }
@@ -139,51 +150,95 @@ paged_attention_split_kernel(const PagedAttentionCudaArgs a, float * part_o /* [
     __syncthreads();
 
     // Softmax over the split, per head: max, exp, sum (fixed orders, see block_reduce).
-    float m[G];
-    float l[G];
+    __shared__ float m_s[G];
+    __shared__ float l_s[G];
 #pragma unroll
     for (int h = 0; h < G; ++h) {
         float v = -INFINITY;
         for (int i = tid; i < nkeys; i += kThreads) {
             v = fmaxf(v, p_s[h][i]);
         }
-        m[h] = block_reduce<true>(v, scratch);
+        const float m = block_reduce<true>(v, scratch);
         float sum = 0.0f;
         for (int i = tid; i < nkeys; i += kThreads) {
-            const float e = expf(p_s[h][i] - m[h]);
+            const float e = expf(p_s[h][i] - m);
             p_s[h][i] = e;
             sum += e;
         }
-        l[h] = block_reduce<false>(sum, scratch);
+        const float l = block_reduce<false>(sum, scratch);
+        if (tid == 0) {
+            m_s[h] = m;
+            l_s[h] = l;
+        }
     }
     // (block_reduce ended with __syncthreads: every p_s write is visible)
 
-    // P.V: KPAR keys in flight, DP threads per key, each thread two dims of every head.
+    // P.V: NG keys in flight, TG threads per key, each thread 8 dims (16 bytes of V) of every head.
+    // Partial sums meet across the groups of a warp (lane butterfly), then across warps in order.
     {
-        const int kp = tid / DP;
-        const int dp = tid % DP;
-        float acc[G][2];
+        const int g = tid / TG;
+        const int li = tid % TG;
+        float acc[G][8];
 #pragma unroll
         for (int h = 0; h < G; ++h) {
-            acc[h][0] = 0.0f;
-            acc[h][1] = 0.0f;
-        }
-#pragma unroll 8
-        for (int i = kp; i < nkeys; i += KPAR) {
-            const half2 * vrow =
-                reinterpret_cast<const half2 *>(a.v_pool + (int64_t) row_s[i] * a.v_stride_row + kvh * D);
-            const float2 v = __half22float2(vrow[dp]);
 #pragma unroll
-            for (int h = 0; h < G; ++h) {
-                const float p = p_s[h][i];
-                acc[h][0] = fmaf(p, v.x, acc[h][0]);
-                acc[h][1] = fmaf(p, v.y, acc[h][1]);
+            for (int j = 0; j < 8; ++j) {
+                acc[h][j] = 0.0f;
+            }
+        }
+        constexpr int kRowsInFlight = 4;
+        for (int base = g; base < nkeys; base += kRowsInFlight * NG) {
+            uint4 raw[kRowsInFlight];
+#pragma unroll
+            for (int u = 0; u < kRowsInFlight; ++u) {
+                const int i = base + u * NG;
+                const int row = row_s[i < nkeys ? i : 0];
+                raw[u] = *reinterpret_cast<const uint4 *>(a.v_pool + (int64_t) row * a.v_stride_row + kvh * D + li * 8);
+            }
+#pragma unroll
+            for (int u = 0; u < kRowsInFlight; ++u) {
+                const int i = base + u * NG;
+                if (i >= nkeys) {
+                    break;
+                }
+                const half2 * v2 = reinterpret_cast<const half2 *>(&raw[u]);
+                float vf[8];
+#pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                    const float2 f = __half22float2(v2[j]);
+                    vf[2 * j] = f.x;
+                    vf[2 * j + 1] = f.y;
+                }
+#pragma unroll
+                for (int h = 0; h < G; ++h) {
+                    const float p = p_s[h][i];
+#pragma unroll
+                    for (int j = 0; j < 8; ++j) {
+                        acc[h][j] = fmaf(p, vf[j], acc[h][j]);
+                    }
+                }
             }
         }
 #pragma unroll
         for (int h = 0; h < G; ++h) {
-            red_s[kp][h][2 * dp] = acc[h][0];
-            red_s[kp][h][2 * dp + 1] = acc[h][1];
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+#pragma unroll
+                for (int off = 16; off >= TG; off >>= 1) {
+                    acc[h][j] += __shfl_xor_sync(0xffffffffu, acc[h][j], off);
+                }
+            }
+        }
+        __syncthreads();  // every thread is done reading p_s: big_s becomes the reduction buffer
+        const int warp = tid / 32;
+        if (tid % 32 < TG) {
+#pragma unroll
+            for (int h = 0; h < G; ++h) {
+#pragma unroll
+                for (int j = 0; j < 8; ++j) {
+                    big_s[(warp * G + h) * D + li * 8 + j] = acc[h][j];
+                }
+            }
         }
     }
     __syncthreads();
@@ -192,20 +247,20 @@ paged_attention_split_kernel(const PagedAttentionCudaArgs a, float * part_o /* [
     for (int i = tid; i < G * D; i += kThreads) {
         const int h = i / D;
         const int d = i % D;
-        float o = red_s[0][h][d];
+        float o = big_s[h * D + d];
 #pragma unroll
-        for (int k = 1; k < KPAR; ++k) {
-            o += red_s[k][h][d];
+        for (int w = 1; w < kWarps; ++w) {
+            o += big_s[(w * G + h) * D + d];
         }
         const int head = kvh * G + h;
         if (one_split) {
-            a.out[((int64_t) t * a.n_head + head) * D + d] = o / l[h];
+            a.out[((int64_t) t * a.n_head + head) * D + d] = o / l_s[h];
         } else {
             const int64_t part = ((int64_t) t * a.n_head + head) * n_splits + split;
             part_o[part * D + d] = o;
             if (d == 0) {
-                part_ml[2 * part] = m[h];
-                part_ml[2 * part + 1] = l[h];
+                part_ml[2 * part] = m_s[h];
+                part_ml[2 * part + 1] = l_s[h];
             }
         }
     }

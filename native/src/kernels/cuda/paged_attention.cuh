@@ -10,7 +10,7 @@
 //   - one CTA computes all n_head / n_head_kv query heads of one KV head for one token, so each
 //     K/V row is loaded once per GQA group (FlashInfer's GQA decode; vLLM's legacy kernel loads it
 //     once per query head instead);
-//   - keys are cut into splits of kSplitKeys positions at ABSOLUTE boundaries [s * 512, s * 512 + 512)
+//   - keys are cut into splits of kPagedSplitKeys (256) positions at ABSOLUTE boundaries [256 s, 256 s + 256)
 //     (flash-decoding, Dao et al. 2023); a row with one split writes its output directly, longer rows
 //     write (max, sum, partial output) per split and a combine kernel merges them in split order.
 // Batch invariance (shared/ARCHITECTURE.md, "Outputs that do not depend on the load"): every
@@ -31,7 +31,7 @@ namespace cf {
 namespace cuda {
 
 // Keys per split (absolute position boundaries; also the score buffer of one CTA).
-constexpr int kPagedSplitKeys = 512;
+constexpr int kPagedSplitKeys = 256;
 
 struct PagedAttentionCudaArgs {
     const float * q;                 // [n_tokens][n_head][head_dim] f32 (device), strides below
