@@ -1,0 +1,99 @@
+// paged_attention_op.cu - GGML_OP_PAGED_ATTN on ggml-cuda: the op's tensors (contract at ggml_paged_attn in
+// ggml.h and in README.md here) as PagedAttentionCudaArgs, then the kernel of paged_attention.cu.
+//
+// Compiled into the ggml-cuda target (hook of patches/0004-ggml-paged-attn-op.patch), which declares the two
+// functions below and calls them from its compute and supports_op switches.
+#include "ggml-cuda/common.cuh"
+#include "paged_attention.cuh"
+
+#include <cstring>
+
+namespace {
+
+float op_param_f32(const ggml_tensor * t, int i) {
+    float v;
+    std::memcpy(&v, reinterpret_cast<const char *>(t->op_params) + i * sizeof(int32_t), sizeof(v));
+    return v;
+}
+
+int32_t op_param_i32(const ggml_tensor * t, int i) {
+    return reinterpret_cast<const int32_t *>(t->op_params)[i];
+}
+
+cf::cuda::PagedAttentionCudaArgs paged_attention_cuda_args(const ggml_tensor * dst) {
+    const ggml_tensor * q = dst->src[0];
+    const ggml_tensor * k = dst->src[1];
+    const ggml_tensor * v = dst->src[2];
+    cf::cuda::PagedAttentionCudaArgs a{};
+    a.q = static_cast<const float *>(q->data);
+    a.q_stride_head = (int64_t) (q->nb[1] / sizeof(float));
+    a.q_stride_token = (int64_t) (q->nb[2] / sizeof(float));
+    a.k_pool = static_cast<const half *>(k->data);
+    a.v_pool = static_cast<const half *>(v->data);
+    a.k_stride_row = (int64_t) (k->nb[1] / sizeof(half));
+    a.v_stride_row = (int64_t) (v->nb[1] / sizeof(half));
+    a.kv_size = k->ne[1];
+    a.block_tables = static_cast<const int32_t *>(dst->src[3]->data);
+    a.block_table_stride = dst->src[3]->ne[0];
+    a.token_seq_idx = static_cast<const int32_t *>(dst->src[4]->data);
+    a.token_ctx_len = static_cast<const int32_t *>(dst->src[5]->data);
+    a.out = static_cast<float *>(dst->data);
+    a.n_tokens = (int32_t) q->ne[2];
+    a.n_head = (int32_t) q->ne[1];
+    a.head_dim = (int32_t) q->ne[0];
+    a.n_head_kv = a.head_dim > 0 ? (int32_t) (k->ne[0] / a.head_dim) : 0;
+    a.block_size = op_param_i32(dst, 2);
+    a.scale = op_param_f32(dst, 0);
+    a.softcap = op_param_f32(dst, 1);
+    return a;
+}
+
+// nullptr when the kernel covers `op`, else why not (layouts the launcher cannot check itself).
+const char * paged_attention_cuda_layout_unsupported(const ggml_tensor * op) {
+    const ggml_tensor * q = op->src[0];
+    const ggml_tensor * k = op->src[1];
+    const ggml_tensor * v = op->src[2];
+    if (q->type != GGML_TYPE_F32 || q->nb[0] != sizeof(float) || op->type != GGML_TYPE_F32 || !ggml_is_contiguous(op)) {
+        return "q and the output must be f32 with contiguous rows";
+    }
+    if (k->type != GGML_TYPE_F16 || v->type != GGML_TYPE_F16) {
+        return "the K/V pools must be f16";
+    }
+    if (op->ne[0] != q->ne[0] || v->ne[0] != k->ne[0]) {
+        return "K and V head sizes must be equal";
+    }
+    for (int i = 3; i <= 5; ++i) {
+        if (op->src[i]->type != GGML_TYPE_I32 || !ggml_is_contiguous(op->src[i])) {
+            return "block tables and token inputs must be contiguous i32";
+        }
+    }
+    if (q->ne[0] == 0 || k->ne[0] % q->ne[0] != 0) {
+        return "the K pool row must hold whole heads";
+    }
+    return nullptr;
+}
+
+}  // namespace
+
+bool ggml_cuda_paged_attn_supported(int device, const ggml_tensor * op) {
+    (void) device;  // sm_70+ is enough: plain loads, warp shuffles, f16 conversions
+    if (paged_attention_cuda_layout_unsupported(op) != nullptr) {
+        return false;
+    }
+    return cf::cuda::paged_attention_cuda_unsupported(paged_attention_cuda_args(op)) == nullptr;
+}
+
+void ggml_cuda_paged_attn(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
+    if (const char * why = paged_attention_cuda_layout_unsupported(dst)) {
+        GGML_ABORT("paged attention (CUDA): %s", why);
+    }
+    const cf::cuda::PagedAttentionCudaArgs args = paged_attention_cuda_args(dst);
+    const size_t workspace_bytes = cf::cuda::paged_attention_cuda_workspace_bytes(args);
+    ggml_cuda_pool_alloc<char> workspace(ctx.pool());
+    if (workspace_bytes > 0) {
+        workspace.alloc(workspace_bytes);
+    }
+    if (const char * err = cf::cuda::paged_attention_cuda(args, workspace.ptr, ctx.stream())) {
+        GGML_ABORT("%s", err);
+    }
+}
