@@ -13,7 +13,10 @@
 // ubatch as before. Attaching or detaching a chain makes llama.cpp re-reserve its graph on the
 // next decode, so a slot keeps its chain while the next sequence in it wants the same kind and
 // parameters (a random-seed chain's generator simply goes on). CACHEFLOW_HOST_SAMPLING=1 in the
-// environment turns in-graph sampling off (for A/B runs).
+// environment turns in-graph sampling off (for A/B runs). Slots (batch_builder.h) are stable per
+// request in the stock modes and rows of one decode in paged mode: there a row's chain serves
+// whichever sequence sits in the row, so greedy rows (and rows of equal stochastic parameters)
+// never re-attach, while a mix of kinds re-attaches where rows shift as sequences come and go.
 //
 // Thread-safety: decode/logits/clear_seq only from the stepping thread; the vocab and model are
 // read-only after open() and may be used from any thread (tokenize, detokenize, info).
