@@ -51,3 +51,10 @@ def test_stock_modes_keep_llama_cpp_limit(make_llm, tiny_model_path, kv_mode):
     with pytest.raises(InvalidArgumentError, match=r"max_num_seqs must be <= 256 with the stock KV cache"):
         make_llm(tiny_model_path, kv_mode=kv_mode, max_num_seqs=257, n_ctx=257 * 256,
                  max_num_batched_tokens=512)
+
+
+def test_auto_mode_on_a_stock_only_model_says_why(make_llm, tiny_gemma3_model_path):
+    with pytest.raises(InvalidArgumentError, match=r"max_num_seqs=257 needs kv_mode=paged, but the paged "
+                       r"KV path does not cover this model \(it has sliding-window attention layers\); "
+                       r"the stock KV cache holds at most 256 sequences"):
+        make_llm(tiny_gemma3_model_path, max_num_seqs=257, n_ctx=257 * 256, max_num_batched_tokens=512)
