@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import click
 
 from pycacheflow.config import PAGED_ATTENTIONS, EngineConfig
-from pycacheflow.errors import CacheFlowError, OutOfMemoryError
+from pycacheflow.errors import CacheFlowError, InvalidArgumentError, OutOfMemoryError
 
 if TYPE_CHECKING:
     from pycacheflow.llm import LLM
@@ -67,10 +67,10 @@ KV_CACHE_MEMORY_HELP = (
 
 BLOCK_SIZE_OPTION = click.option(
     "--block-size",
-    type=click.IntRange(min=1),
+    type=int,
     default=16,
     show_default=True,
-    help="Tokens per KV block (paged mode).",
+    help="Tokens per KV block (paged mode; block_size).",
 )
 
 PAGED_ATTENTION_OPTION = click.option(
@@ -89,7 +89,12 @@ def to_click_error(exc: CacheFlowError) -> click.ClickException:
     return click.ClickException(f"{type(exc).__name__}: {exc}")
 
 
-def load_llm(model: Path | None, config_kwargs: dict[str, object], memory_options: str = "") -> LLM:
+def load_llm(
+    model: Path | None,
+    config_kwargs: dict[str, object],
+    memory_options: str = "",
+    option_names: dict[str, str] | None = None,
+) -> LLM:
     """Build the engine for a command (model None = the default model, fetched if needed).
 
     Args:
@@ -97,9 +102,12 @@ def load_llm(model: Path | None, config_kwargs: dict[str, object], memory_option
         config_kwargs: EngineConfig fields.
         memory_options: the command's options that size the KV cache (e.g. "--ctx-size or
             --kv-cache-memory"), named when the cache does not fit in memory.
+        option_names: EngineConfig field -> the command's option (e.g. "max_num_seqs" ->
+            "-c/--concurrency"): a value the engine refuses is reported under its option.
 
     Raises:
-        click.UsageError: a bad config value (exit 2).
+        click.UsageError: a bad config value (exit 2), refused by EngineConfig (types) or by the
+            engine (ranges, with the engine's message).
         click.ClickException: the library or the model could not be loaded, or the KV cache
             does not fit in memory (exit 1).
     """
@@ -122,12 +130,23 @@ def load_llm(model: Path | None, config_kwargs: dict[str, object], memory_option
     except OutOfMemoryError as exc:
         hint = f"\nThe KV cache does not fit: lower {memory_options}." if memory_options else ""
         raise click.ClickException(f"{type(exc).__name__}: {exc}{hint}") from None
+    except InvalidArgumentError as exc:
+        # A value the engine refused: it owns the ranges of its settings; its message (which
+        # starts with the field's name) is kept as is, under the option that set the field.
+        raise click.UsageError(_under_option(str(exc), option_names or {})) from None
     except CacheFlowError as exc:
         raise to_click_error(exc) from None
     notice = ctx_size_notice(config.n_ctx, llm.info)
     if notice:
         click.echo(notice, err=True)
     return llm
+
+
+def _under_option(message: str, option_names: dict[str, str]) -> str:
+    """``Invalid value for OPTION: message`` when the message is about a field an option sets."""
+    field = message.split(" ", 1)[0].strip("(")
+    option = option_names.get(field)
+    return f"Invalid value for {option}: {message}" if option else message
 
 
 def ctx_size_notice(n_ctx: int, info: ModelInfo) -> str | None:

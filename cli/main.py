@@ -129,14 +129,14 @@ def cacheflow() -> None:
 @click.option(
     "-c",
     "--concurrency",
-    type=click.IntRange(min=1),
+    type=int,
     default=16,
     show_default=True,
     help="Max sequences running at once (max_num_seqs).",
 )
 @click.option(
     "--ctx-size",
-    type=click.IntRange(min=0),
+    type=int,
     default=0,
     help="Total KV capacity in tokens over all sequences; 0 = concurrency x "
     "min(trained context, 2048).",
@@ -146,17 +146,17 @@ def cacheflow() -> None:
 @PAGED_ATTENTION_OPTION
 @click.option(
     "--batch-tokens",
-    type=click.IntRange(min=1),
+    type=int,
     default=512,
     show_default=True,
     help="Token budget per engine step (max_num_batched_tokens).",
 )
 @click.option(
-    "--threads", type=click.IntRange(min=0), default=0, help="CPU threads; 0 = all cores."
+    "--threads", type=int, default=0, help="CPU threads; 0 = all cores (n_threads)."
 )
 @click.option(
     "--gpu-layers",
-    type=click.IntRange(min=-1),
+    type=int,
     default=0,
     show_default=True,
     help="Layers offloaded to the GPU (CUDA builds); -1 = all.",
@@ -218,7 +218,8 @@ def generate(
         from pycacheflow.profiler import DEFAULT_PROFILE_CAPACITY
 
         config_kwargs["profile_capacity"] = DEFAULT_PROFILE_CAPACITY
-    llm = load_llm(model, config_kwargs, "--ctx-size, --kv-cache-memory or -c/--concurrency")
+    llm = load_llm(model, config_kwargs, "--ctx-size, --kv-cache-memory or -c/--concurrency",
+                   ENGINE_OPTION_NAMES)
     try:
         t0 = time.perf_counter()
         outputs = _run(llm, prompt_list, params, chat, stream, as_json)
@@ -285,6 +286,18 @@ def _sampling_params(options: dict[str, object]) -> SamplingParams:
         )
     except (ValueError, TypeError) as exc:
         raise click.UsageError(str(exc)) from None
+
+
+# EngineConfig field -> the generate option that sets it (the engine validates the values).
+ENGINE_OPTION_NAMES = {
+    "max_num_seqs": "-c/--concurrency",
+    "n_ctx": "--ctx-size",
+    "kv_cache_bytes": "--kv-cache-memory",
+    "block_size": "--block-size",
+    "max_num_batched_tokens": "--batch-tokens",
+    "n_threads": "--threads",
+    "n_gpu_layers": "--gpu-layers",
+}
 
 
 def _config_kwargs(options: dict[str, object]) -> dict[str, object]:

@@ -20,7 +20,12 @@ def c_enum_name(prefix: str, name: str) -> str:
 
 @dataclass
 class EngineConfig:
-    """Configuration of one engine; validated on construction.
+    """Configuration of one engine.
+
+    Each value is validated once, by the layer that owns it: here only what Python owns (types,
+    the C ABI's integer widths, the names of the choices); ranges and rules between fields
+    (max_num_batched_tokens >= max_num_seqs, n_ctx or kv_cache_bytes) by the native engine, whose
+    message ``LLM`` raises as is (InvalidArgumentError, a ValueError) before the model is loaded.
 
     Attributes:
         model: path of the GGUF model file.
@@ -54,7 +59,8 @@ class EngineConfig:
             can part from stock's at near ties.
 
     Raises:
-        ValueError: on construction, for a value out of range; the message names it.
+        ValueError: on construction, for a value that cannot cross the C ABI (an int of 2**31 or
+            more, an unknown choice, an empty model path); the message names it.
         TypeError: for a value of the wrong type.
     """
 
@@ -76,27 +82,10 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.model, (str, os.PathLike)) or not os.fspath(self.model):
             raise ValueError(f"model must be a non-empty path, got {self.model!r}")
-        for name, minimum in (
-            ("n_ctx", 0),
-            ("max_num_seqs", 1),
-            ("max_num_batched_tokens", 1),
-            ("n_threads", 0),
-            ("n_gpu_layers", -1),
-            ("block_size", 1),
-            ("profile_capacity", 0),
-        ):
-            _check_int(name, getattr(self, name), minimum)
-        _check_int("kv_cache_bytes", self.kv_cache_bytes, 0, limit_bits=62)
-        if self.max_num_batched_tokens < self.max_num_seqs:
-            raise ValueError(
-                f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be at least "
-                f"max_num_seqs ({self.max_num_seqs}): every running sequence decodes in each step"
-            )
-        if self.kv_cache_bytes and self.n_ctx:
-            raise ValueError(
-                f"set n_ctx or kv_cache_bytes, not both (n_ctx={self.n_ctx}, "
-                f"kv_cache_bytes={self.kv_cache_bytes})"
-            )
+        for name in ("n_ctx", "max_num_seqs", "max_num_batched_tokens", "n_threads",
+                     "n_gpu_layers", "block_size", "profile_capacity"):
+            _check_int(name, getattr(self, name))  # int32_t in cf_engine_config
+        _check_int("kv_cache_bytes", self.kv_cache_bytes, limit_bits=62)
         _check_choice("kv_mode", self.kv_mode, KV_MODES)
         _check_choice("policy", self.policy, POLICIES)
         _check_choice("log_level", self.log_level, LOG_LEVELS)
@@ -110,13 +99,12 @@ class EngineConfig:
         return os.fspath(self.model)
 
 
-def _check_int(name: str, value: object, minimum: int, limit_bits: int = 31) -> None:
+def _check_int(name: str, value: object, limit_bits: int = 31) -> None:
+    """An int that fits the C field (|value| < 2**limit_bits); its range is the engine's to check."""
     if not isinstance(value, int) or isinstance(value, bool):
         raise TypeError(f"{name} must be an int, got {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    if value >= 2**limit_bits:
-        raise ValueError(f"{name} must be < 2**{limit_bits}, got {value}")
+    if not -(2**limit_bits) <= value < 2**limit_bits:
+        raise ValueError(f"{name} must be < 2**{limit_bits} in magnitude, got {value}")
 
 
 def _check_choice(name: str, value: object, choices: tuple[str, ...]) -> None:

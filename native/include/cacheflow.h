@@ -99,7 +99,8 @@ typedef struct cf_engine_config {
     const char * model_path;         /* GGUF file; required                                    */
     int32_t n_ctx;                   /* total KV capacity in tokens over all sequences;
                                         0 = max_num_seqs * min(n_ctx_train, 2048)             */
-    int32_t max_num_seqs;            /* max sequences running at once (>= 1), default 16       */
+    int32_t max_num_seqs;            /* max sequences running at once (>= 1), default 16;
+                                        <= 256 with the stock KV cache (llama.cpp's limit)    */
     int32_t max_num_batched_tokens;  /* per-step token budget = llama n_batch = n_ubatch,
                                         default 512; chunked prefill splits prompts under it  */
     int32_t n_threads;               /* CPU threads for decode; 0 = number of cores            */

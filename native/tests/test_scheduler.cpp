@@ -1,5 +1,5 @@
 // test_scheduler.cpp - unit tests of cf::Scheduler without a model: chunked prefill, decode
-// priority, slot reuse, KV admission (split, unified and paged), paged preemption by recompute,
+// priority, max_num_seqs, KV admission (split, unified and paged), paged preemption by recompute,
 // policies, aborts.
 #undef NDEBUG  // the checks must run in Release builds too
 #include "core/scheduler.h"
@@ -31,25 +31,31 @@ std::unique_ptr<Sequence> make_seq(int64_t request_id, int32_t prompt_len, int32
     return std::make_unique<Sequence>(request_id, prompt.data(), prompt_len, p, priority, 0, prompt_len + max_tokens);
 }
 
-SchedulerConfig make_config(int32_t max_num_seqs, int32_t budget, int32_t n_ctx_per_seq = 64, bool unified = false,
-                            int32_t n_ctx = 0, cf_sched_policy policy = CF_SCHED_POLICY_FCFS) {
+SchedulerConfig make_config(int32_t max_num_seqs, int32_t budget, int32_t n_ctx_per_seq = 64, int32_t n_ctx = 0,
+                            cf_sched_policy policy = CF_SCHED_POLICY_FCFS) {
     SchedulerConfig c;
     c.max_num_seqs = max_num_seqs;
     c.max_num_batched_tokens = budget;
     c.n_ctx_per_seq = n_ctx_per_seq;
     c.n_ctx = n_ctx > 0 ? n_ctx : n_ctx_per_seq * max_num_seqs;
-    c.kv_unified = unified;
     c.policy = policy;
     return c;
+}
+
+// A scheduler over a stock KV cache manager (split, or unified when `unified`).
+Scheduler stock_scheduler(int32_t max_num_seqs, int32_t budget, int32_t n_ctx_per_seq = 64, bool unified = false,
+                          int32_t n_ctx = 0, cf_sched_policy policy = CF_SCHED_POLICY_FCFS) {
+    const SchedulerConfig c = make_config(max_num_seqs, budget, n_ctx_per_seq, n_ctx, policy);
+    return Scheduler(c, unified ? make_stock_unified_kv(c.n_ctx, c.n_ctx_per_seq) : make_stock_split_kv(c.n_ctx_per_seq));
 }
 
 // Run one step the way the engine does: finish sequences out of KV blocks (paged), compute, sample
 // kToken where asked, finish at max_tokens. Returns the ids of the requests that finished (their
 // Sequence objects are gone, so *out_plan must not be dereferenced for them). *first_ids gets
 // requests computing their first chunk; *num_out_of_blocks counts the sequences out of blocks.
-std::vector<int64_t> run_step(Scheduler & sched, const SchedulerOutput ** out_plan = nullptr,
+std::vector<int64_t> run_step(Scheduler & sched, const StepPlan ** out_plan = nullptr,
                               std::vector<int64_t> * first_ids = nullptr, int32_t * num_out_of_blocks = nullptr) {
-    const SchedulerOutput & out = sched.schedule();
+    const StepPlan & out = sched.schedule();
     std::vector<int64_t> ids;
     if (num_out_of_blocks) {
         *num_out_of_blocks += (int32_t) out.out_of_blocks.size();
@@ -67,7 +73,7 @@ std::vector<int64_t> run_step(Scheduler & sched, const SchedulerOutput ** out_pl
     }
     assert(out.num_scheduled_tokens <= sched.config().max_num_batched_tokens);
     for (size_t i = 1; i < out.seqs.size(); ++i) {
-        assert(out.seqs[i - 1].seq->seq_id < out.seqs[i].seq->seq_id);
+        assert(out.seqs[i - 1].seq->request_id < out.seqs[i].seq->request_id);  // batch order
     }
     sched.commit_step(out);
     std::vector<Sequence *> done;
@@ -89,9 +95,9 @@ std::vector<int64_t> run_step(Scheduler & sched, const SchedulerOutput ** out_pl
 }
 
 void test_chunked_prefill() {
-    Scheduler sched(make_config(2, 8));
+    Scheduler sched = stock_scheduler(2, 8);
     sched.add(make_seq(1, 20, 2));
-    const SchedulerOutput * out = nullptr;
+    const StepPlan * out = nullptr;
     run_step(sched, &out);
     assert(out->seqs.size() == 1 && out->seqs[0].num_new_tokens == 8 && !out->seqs[0].needs_sample);
     assert(out->num_prefill_tokens == 8 && out->num_decode_tokens == 0);
@@ -104,21 +110,22 @@ void test_chunked_prefill() {
     assert(done.size() == 1 && done[0] == 1 && !sched.has_work());
 }
 
-void test_decodes_first_then_prefill_in_seq_id_order() {
-    Scheduler sched(make_config(4, 8));
+// (llama.cpp slots are the adapter's: test_batch_builder.cpp checks their assignment and reuse.)
+void test_decodes_first_then_prefill_in_request_order() {
+    Scheduler sched = stock_scheduler(4, 8);
     sched.add(make_seq(1, 3, 10));
-    run_step(sched);  // request 1 prefilled, now decoding on seq_id 0
+    run_step(sched);  // request 1 prefilled, now decoding
     sched.add(make_seq(2, 30, 10));
-    const SchedulerOutput * out = nullptr;
+    const StepPlan * out = nullptr;
     run_step(sched, &out);
     assert(out->seqs.size() == 2);
-    assert(out->seqs[0].seq->request_id == 1 && out->seqs[0].num_new_tokens == 1 && out->seqs[0].seq->seq_id == 0);
-    assert(out->seqs[1].seq->request_id == 2 && out->seqs[1].num_new_tokens == 7 && out->seqs[1].seq->seq_id == 1);
+    assert(out->seqs[0].seq->request_id == 1 && out->seqs[0].num_new_tokens == 1);
+    assert(out->seqs[1].seq->request_id == 2 && out->seqs[1].num_new_tokens == 7);
     assert(out->num_decode_tokens == 1 && out->num_prefill_tokens == 7);
 }
 
-void test_max_num_seqs_and_lowest_slot_reuse() {
-    Scheduler sched(make_config(3, 64));
+void test_max_num_seqs_and_reuse() {
+    Scheduler sched = stock_scheduler(3, 64);
     sched.add(make_seq(1, 4, 5));
     sched.add(make_seq(2, 4, 1));  // finishes after its first token
     sched.add(make_seq(3, 4, 5));
@@ -126,15 +133,15 @@ void test_max_num_seqs_and_lowest_slot_reuse() {
     const std::vector<int64_t> done = run_step(sched);
     assert(done.size() == 1 && done[0] == 2);
     assert(sched.num_running() == 2 && sched.num_waiting() == 1);
-    const SchedulerOutput * out = nullptr;
-    run_step(sched, &out);  // request 4 takes slot 1, freed by request 2
+    const StepPlan * out = nullptr;
+    run_step(sched, &out);  // request 4 takes the place of request 2
     assert(sched.num_running() == 3 && sched.num_waiting() == 0);
-    assert(out->seqs.size() == 3 && out->seqs[1].seq->request_id == 4 && out->seqs[1].seq->seq_id == 1);
+    assert(out->seqs.size() == 3 && out->seqs[2].seq->request_id == 4 && out->seqs[2].seq->num_computed_tokens == 4);
 }
 
 void test_unified_kv_admission() {
     // n_ctx 100: each request reserves prompt 10 + max_tokens 50 = 60 rows, so only one fits.
-    Scheduler sched(make_config(4, 64, 100, /*unified=*/true, /*n_ctx=*/100));
+    Scheduler sched = stock_scheduler(4, 64, 100, /*unified=*/true, /*n_ctx=*/100);
     sched.add(make_seq(1, 10, 50));
     sched.add(make_seq(2, 10, 50));
     run_step(sched);
@@ -146,14 +153,14 @@ void test_unified_kv_admission() {
     }
     assert(steps == 50 && sched.num_running() == 1);  // admitted in the step after 1 finished
     // Reservation is capped by n_ctx_per_seq: a huge max_tokens still fits alone.
-    Scheduler capped(make_config(2, 64, 100, true, 100));
+    Scheduler capped = stock_scheduler(2, 64, 100, true, 100);
     capped.add(make_seq(3, 10, 1000));
     run_step(capped);
     assert(capped.num_running() == 1 && capped.kv_tokens_reserved() == 100);
 }
 
 void test_split_mode_admits_by_slots() {
-    Scheduler sched(make_config(2, 64, 64));
+    Scheduler sched = stock_scheduler(2, 64, 64);
     sched.add(make_seq(1, 10, 50));
     sched.add(make_seq(2, 10, 50));
     run_step(sched);
@@ -162,7 +169,7 @@ void test_split_mode_admits_by_slots() {
 }
 
 std::vector<int64_t> admission_order(cf_sched_policy policy) {
-    Scheduler sched(make_config(1, 64, 64, false, 0, policy));
+    Scheduler sched = stock_scheduler(1, 64, 64, false, 0, policy);
     sched.add(make_seq(1, 20, 4, /*priority=*/5));
     sched.add(make_seq(2, 5, 4, /*priority=*/1));
     sched.add(make_seq(3, 10, 1, /*priority=*/1));
@@ -180,21 +187,21 @@ void test_policies() {
 }
 
 void test_remove() {
-    Scheduler sched(make_config(1, 64));
+    Scheduler sched = stock_scheduler(1, 64);
     sched.add(make_seq(1, 4, 8));
     sched.add(make_seq(2, 4, 8));
     run_step(sched);
     std::unique_ptr<Sequence> waiting = sched.remove(2, CF_FINISH_REASON_ABORT);
-    assert(waiting && waiting->seq_id == CF_SEQ_ID_NONE && waiting->finish_reason == CF_FINISH_REASON_ABORT);
+    assert(waiting && !waiting->holds_kv && waiting->finish_reason == CF_FINISH_REASON_ABORT);
     std::unique_ptr<Sequence> running = sched.remove(1, CF_FINISH_REASON_ABORT);
-    assert(running && running->seq_id == 0 && running->is_finished());  // keeps its slot id for KV clearing
+    assert(running && !running->holds_kv && running->is_finished());  // its KV is back
     assert(!sched.remove(1, CF_FINISH_REASON_ABORT) && !sched.remove(99, CF_FINISH_REASON_ABORT));
     assert(!sched.has_work() && sched.num_free_slots() == 1);
     sched.check_invariants();
 }
 
 void test_budget_smaller_than_decodes() {
-    Scheduler sched(make_config(4, 2));
+    Scheduler sched = stock_scheduler(4, 2);
     for (int64_t id = 1; id <= 4; ++id) {
         sched.add(make_seq(id, 1, 3));
     }
@@ -211,10 +218,8 @@ void test_budget_smaller_than_decodes() {
 // when blocks run out a newer sequence is preempted instead of any ending early; every block
 // returns when its sequence ends.
 void test_paged_kv_admission() {
-    BlockManager blocks(8, 4);
-    SchedulerConfig c = make_config(4, 64, 32, false, 32);
-    c.block_manager = &blocks;
-    Scheduler sched(c);
+    Scheduler sched(make_config(4, 64, 32, 32), make_paged_kv(8, 4));
+    const BlockManager & blocks = *sched.kv().block_manager();
     sched.add(make_seq(1, 10, 20));  // 3 blocks; alone, no watermark
     sched.add(make_seq(2, 12, 20));  // 3 blocks + 1 (one running) <= 5 free
     sched.add(make_seq(3, 5, 20));   // 2 blocks + 2 (two running) > 2 free: waits
@@ -235,9 +240,9 @@ void test_paged_kv_admission() {
 }
 
 // Runs steps until one preempts; returns that step's plan (valid until the next schedule()).
-const SchedulerOutput & run_until_preemption(Scheduler & sched) {
+const StepPlan & run_until_preemption(Scheduler & sched) {
     for (int32_t i = 0; i < 100; ++i) {
-        const SchedulerOutput * out = nullptr;
+        const StepPlan * out = nullptr;
         run_step(sched, &out);
         if (!out->preempted.empty()) {
             return *out;
@@ -249,19 +254,17 @@ const SchedulerOutput & run_until_preemption(Scheduler & sched) {
 
 // Two sequences of 4-token prompts that want 14 tokens each in 4 blocks of 4: at token 8 the
 // older one needs a third block, so the newer one (not yet scheduled in that step) is preempted:
-// its blocks come back, its slot is free, it waits with its 5 output tokens and, once the older
+// its blocks come back, it waits with its 5 output tokens and, once the older
 // one ends, computes prompt + output again (8 prefill tokens and the last sampled one as decode)
 // and goes on to its 10 tokens.
 void test_preemption_by_recompute() {
-    BlockManager blocks(4, 4);
-    SchedulerConfig c = make_config(4, 64, 16, false, 16);
-    c.block_manager = &blocks;
-    Scheduler sched(c);
+    Scheduler sched(make_config(4, 64, 16, 16), make_paged_kv(4, 4));
+    const BlockManager & blocks = *sched.kv().block_manager();
     sched.add(make_seq(1, 4, 10));
     sched.add(make_seq(2, 4, 10));
-    const SchedulerOutput & out = run_until_preemption(sched);
+    const StepPlan & out = run_until_preemption(sched);
     assert(out.preempted.size() == 1 && out.preempted[0].seq->request_id == 2);
-    assert(out.preempted[0].former_seq_id == 1 && out.out_of_blocks.empty());
+    assert(!out.preempted[0].seq->holds_kv && out.out_of_blocks.empty());
     assert(out.seqs.size() == 1 && out.seqs[0].seq->request_id == 1);
     assert(sched.num_running() == 1 && sched.num_waiting() == 1 && sched.num_preemptions() == 1);
     assert(blocks.find(2) == nullptr && blocks.num_free_blocks() == 1);
@@ -271,7 +274,7 @@ void test_preemption_by_recompute() {
     bool recomputed = false;
     std::vector<int64_t> done;
     while (sched.has_work()) {
-        const SchedulerOutput * step = nullptr;
+        const StepPlan * step = nullptr;
         const std::vector<int64_t> ids = run_step(sched, &step);
         for (const ScheduledSeq & s : step->seqs) {
             if (s.seq->request_id == 2 && s.num_new_tokens > 1) {
@@ -289,14 +292,12 @@ void test_preemption_by_recompute() {
 // Priority policy: the older sequence needs a block, but the only other one has a higher priority
 // (smaller value), so the older one gives way itself.
 void test_preemption_respects_priority() {
-    BlockManager blocks(4, 4);
-    SchedulerConfig c = make_config(4, 64, 16, false, 16, CF_SCHED_POLICY_PRIORITY);
-    c.block_manager = &blocks;
-    Scheduler sched(c);
+    Scheduler sched(make_config(4, 64, 16, 16, CF_SCHED_POLICY_PRIORITY), make_paged_kv(4, 4));
+    const BlockManager & blocks = *sched.kv().block_manager();
     sched.add(make_seq(1, 4, 10, /*priority=*/5));
     run_step(sched);  // 1 runs alone first
     sched.add(make_seq(2, 4, 10, /*priority=*/0));
-    const SchedulerOutput & out = run_until_preemption(sched);
+    const StepPlan & out = run_until_preemption(sched);
     assert(out.preempted.size() == 1 && out.preempted[0].seq->request_id == 1);
     assert(out.seqs.size() == 1 && out.seqs[0].seq->request_id == 2);
     while (sched.has_work()) {
@@ -308,10 +309,8 @@ void test_preemption_respects_priority() {
 // Alone in a pool too small for it, a sequence cannot be helped by preemption: it is reported in
 // out_of_blocks with its blocks already back.
 void test_alone_out_of_blocks() {
-    BlockManager blocks(2, 4);
-    SchedulerConfig c = make_config(2, 64, 16, false, 16);
-    c.block_manager = &blocks;
-    Scheduler sched(c);
+    Scheduler sched(make_config(2, 64, 16, 16), make_paged_kv(2, 4));
+    const BlockManager & blocks = *sched.kv().block_manager();
     sched.add(make_seq(1, 4, 10));
     int32_t num_out_of_blocks = 0;
     std::vector<int64_t> done;
@@ -324,7 +323,7 @@ void test_alone_out_of_blocks() {
 }
 
 void test_context_full_is_respected() {
-    Scheduler sched(make_config(1, 64, 16));
+    Scheduler sched = stock_scheduler(1, 64, 16);
     sched.add(make_seq(1, 15, 100));  // the largest prompt that fits; 1 token then the context is full
     const std::vector<int64_t> done = run_step(sched);
     assert(done.size() == 1 && !sched.has_work());
@@ -334,8 +333,8 @@ void test_context_full_is_respected() {
 
 int main() {
     test_chunked_prefill();
-    test_decodes_first_then_prefill_in_seq_id_order();
-    test_max_num_seqs_and_lowest_slot_reuse();
+    test_decodes_first_then_prefill_in_request_order();
+    test_max_num_seqs_and_reuse();
     test_unified_kv_admission();
     test_split_mode_admits_by_slots();
     test_policies();

@@ -72,6 +72,28 @@ def test_unknown_flag_is_a_usage_error(tiny_model_path):
     assert "No such option" in result.output and "--no-such-flag" in result.output
 
 
+# Engine settings are validated by the engine (one owner per value): its message, as is, under
+# the option that set the field; a usage error (exit 2) before the model is loaded.
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--ctx-size", "512", "--kv-cache-memory", "1GiB"], "set n_ctx or kv_cache_bytes, not both"),
+        (["-c", "0"], "Invalid value for -c/--concurrency: max_num_seqs must be >= 1, got 0"),
+        (["--ctx-size", "-1"], "Invalid value for --ctx-size: n_ctx must be >= 0, got -1"),
+        (["--batch-tokens", "8"], "Invalid value for --batch-tokens: max_num_batched_tokens (8) must "
+                                  "be at least max_num_seqs (16)"),
+        (["--block-size", "0"], "Invalid value for --block-size: block_size must be >= 1, got 0"),
+        (["--gpu-layers", "-2"], "Invalid value for --gpu-layers: n_gpu_layers must be >= -1, got -2"),
+    ],
+)
+def test_engine_values_are_checked_by_the_engine(args, message, tmp_path):
+    not_a_model = tmp_path / "m.gguf"  # never opened: the config is checked first
+    not_a_model.write_bytes(b"GGUF")
+    result = run_cli("generate", "-m", str(not_a_model), *args, "hi")
+    assert result.exit_code == 2, result.output
+    assert message in result.output and "Traceback" not in result.output
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

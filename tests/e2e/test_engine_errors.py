@@ -85,6 +85,31 @@ def test_bad_engine_config_names_the_field(tiny_model_path, make_llm):
         make_llm(tiny_model_path, max_num_seqs=0)
 
 
+# The engine owns these ranges and rules (EngineConfig checks only types and C widths): its message
+# comes back as is, as an InvalidArgumentError (a ValueError), before the model is loaded.
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"n_ctx": -1}, "n_ctx must be >= 0, got -1"),
+        ({"max_num_seqs": 0}, "max_num_seqs must be >= 1, got 0"),
+        ({"max_num_batched_tokens": 0}, "max_num_batched_tokens must be >= 1, got 0"),
+        ({"n_threads": -2}, "n_threads must be >= 0, got -2"),
+        ({"n_gpu_layers": -2}, "n_gpu_layers must be >= -1, got -2"),
+        ({"block_size": 0}, "block_size must be >= 1, got 0"),
+        ({"profile_capacity": -1}, "profile_capacity must be >= 0, got -1"),
+        ({"kv_cache_bytes": -1}, "kv_cache_bytes must be >= 0, got -1"),
+        ({"max_num_batched_tokens": 4}, "max_num_batched_tokens (4) must be at least max_num_seqs (16)"),
+        ({"n_ctx": 512, "kv_cache_bytes": 2**20}, "set n_ctx or kv_cache_bytes, not both"),
+    ],
+)
+def test_engine_config_ranges_come_from_the_engine(kwargs, message, tmp_path, make_llm):
+    not_a_model = tmp_path / "m.gguf"  # never opened: the config is checked first
+    not_a_model.write_bytes(b"GGUF")
+    with pytest.raises(InvalidArgumentError) as info:
+        make_llm(not_a_model, **kwargs)
+    assert message in str(info.value)
+
+
 # ---------------------------------------------------------------------------- prompts
 
 

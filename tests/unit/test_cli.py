@@ -74,15 +74,6 @@ def test_kv_cache_memory_sizes(text, size):
     assert ByteSize().convert(text, None, None) == size
 
 
-def test_ctx_size_and_kv_cache_memory_are_exclusive(runner, tmp_path):
-    model = tmp_path / "m.gguf"
-    model.write_bytes(b"GGUF")
-    result = runner.invoke(
-        cacheflow, ["generate", "-m", str(model), "--ctx-size", "512", "--kv-cache-memory", "1GiB", "hi"]
-    )
-    assert result.exit_code == 2 and "set n_ctx or kv_cache_bytes, not both" in result.output
-
-
 def test_bad_prompts_file_is_a_usage_error(runner, tmp_path):
     bad = tmp_path / "p.jsonl"
     bad.write_text('{"prompt": "ok"}\n{"text": "no prompt key"}\n')

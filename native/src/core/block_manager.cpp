@@ -53,7 +53,7 @@ int64_t BlockManager::num_blocks_needed(int64_t seq_id, int32_t num_new_tokens) 
 // See the diagram above the declaration in block_manager.h.
 bool BlockManager::append_slots(int64_t seq_id, int32_t num_new_tokens, std::vector<int32_t> * slot_mapping) {
     // Call only with a valid id and count; running short of blocks is a result, not a bug.
-    assert(seq_id >= 0 && num_new_tokens >= 0 && slot_mapping != nullptr);
+    assert(seq_id >= 0 && num_new_tokens >= 0);
     int64_t needed = num_blocks_needed(seq_id, num_new_tokens);
     if (!pool_.can_allocate(needed)) {
         return false;  // nothing touched yet: all-or-nothing
@@ -77,9 +77,11 @@ bool BlockManager::append_slots(int64_t seq_id, int32_t num_new_tokens, std::vec
 
     const int32_t bs = block_size();
     const int32_t end = table.num_tokens + num_new_tokens;
-    slot_mapping->reserve(slot_mapping->size() + (size_t) num_new_tokens);
-    for (int32_t pos = table.num_tokens; pos < end; ++pos) {
-        slot_mapping->push_back(table.block_ids[(size_t) (pos / bs)] * bs + pos % bs);
+    if (slot_mapping != nullptr) {
+        slot_mapping->reserve(slot_mapping->size() + (size_t) num_new_tokens);
+        for (int32_t pos = table.num_tokens; pos < end; ++pos) {
+            slot_mapping->push_back(table.block_ids[(size_t) (pos / bs)] * bs + pos % bs);
+        }
     }
     table.num_tokens = end;
     return true;

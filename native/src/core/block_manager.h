@@ -76,8 +76,9 @@ class BlockManager {
     //
     // Give the next num_new_tokens tokens of seq_id a slot each, allocating blocks as needed;
     // creates the sequence's table if it has none. Appends [num_new_tokens] slot ids to
-    // *slot_mapping and may record one copy-on-write in pending_copies(). Returns false when the
-    // pool is short of blocks, changing nothing (all-or-nothing).
+    // *slot_mapping unless it is nullptr (the engine's step plan reads the slots from the table
+    // once the step is final) and may record one copy-on-write in pending_copies(). Returns false
+    // when the pool is short of blocks, changing nothing (all-or-nothing).
     // Call only with seq_id >= 0 and num_new_tokens >= 0 (0 only registers the sequence).
     bool append_slots(int64_t seq_id, int32_t num_new_tokens, std::vector<int32_t> * slot_mapping);
 

@@ -6,29 +6,18 @@
 #include <cstdio>
 #include <cstdlib>
 #include <sstream>
+#include <unordered_set>
 
 namespace cf {
 
-void SchedulerOutput::clear() {
-    seqs.clear();
-    out_of_blocks.clear();
-    preempted.clear();
-    num_scheduled_tokens = 0;
-    num_prefill_tokens = 0;
-    num_decode_tokens = 0;
-}
-
-Scheduler::Scheduler(const SchedulerConfig & config) : config_(config) {
+Scheduler::Scheduler(const SchedulerConfig & config, std::unique_ptr<KvCacheManager> kv)
+    : config_(config), kv_(std::move(kv)) {
+    assert(kv_ != nullptr);
     assert(config.max_num_seqs >= 1 && config.max_num_batched_tokens >= 1);
     assert(config.n_ctx_per_seq >= 1 && config.n_ctx >= config.n_ctx_per_seq);
-    slot_used_.assign((size_t) config.max_num_seqs, 0);
-    scheduled_.assign((size_t) config.max_num_seqs, 0);
     order_.reserve((size_t) config.max_num_seqs);
     running_.reserve((size_t) config.max_num_seqs);
     out_.seqs.reserve((size_t) config.max_num_seqs);
-    if (config.block_manager != nullptr) {
-        watermark_blocks_ = std::max<int64_t>(1, config.block_manager->pool().num_blocks() / 100);
-    }
 }
 
 // Waiting-queue order of the policy; ties (and FCFS) go by request id, which grows with arrival.
@@ -54,7 +43,7 @@ bool Scheduler::comes_before(const Sequence & a, const Sequence & b) const {
 }
 
 void Scheduler::add(std::unique_ptr<Sequence> seq) {
-    assert(seq && seq->status == SequenceStatus::WAITING && seq->seq_id == CF_SEQ_ID_NONE);
+    assert(seq && seq->status == SequenceStatus::WAITING && !seq->holds_kv);
     assert(seq->num_prompt_tokens >= 1 && seq->num_prompt_tokens < config_.n_ctx_per_seq);
     auto pos = std::upper_bound(waiting_.begin(), waiting_.end(), seq,
                                 [this](const std::unique_ptr<Sequence> & x, const std::unique_ptr<Sequence> & y) {
@@ -63,9 +52,11 @@ void Scheduler::add(std::unique_ptr<Sequence> seq) {
     waiting_.insert(pos, std::move(seq));
 }
 
-const SchedulerOutput & Scheduler::schedule() {
+const StepPlan & Scheduler::schedule() {
     out_.clear();
-    std::fill(scheduled_.begin(), scheduled_.end(), 0);
+    for (const auto & seq : running_) {
+        seq->scheduled = false;
+    }
     int32_t budget = config_.max_num_batched_tokens;
     schedule_running(/*decoding=*/true, &budget);
     schedule_running(/*decoding=*/false, &budget);
@@ -73,7 +64,12 @@ const SchedulerOutput & Scheduler::schedule() {
         admit_waiting(&budget);
     }
     std::sort(out_.seqs.begin(), out_.seqs.end(),
-              [](const ScheduledSeq & a, const ScheduledSeq & b) { return a.seq->seq_id < b.seq->seq_id; });
+              [](const ScheduledSeq & a, const ScheduledSeq & b) { return a.seq->request_id < b.seq->request_id; });
+    // The sequences are final: lay out the per-token arrays in batch order, then the KV part.
+    for (size_t i = 0; i < out_.seqs.size(); ++i) {
+        out_.token_seq_idx.insert(out_.token_seq_idx.end(), (size_t) out_.seqs[i].num_new_tokens, (int32_t) i);
+    }
+    kv_->fill_plan(&out_);
     return out_;
 }
 
@@ -102,7 +98,7 @@ void Scheduler::admit_waiting(int32_t * budget) {
 void Scheduler::push_scheduled(Sequence * seq, int32_t budget_left, int32_t * budget) {
     assert(seq->num_uncomputed_tokens() >= 1 && budget_left >= 1);
     const int32_t n = std::min(seq->num_uncomputed_tokens(), budget_left);
-    if (config_.block_manager != nullptr && !allocate_or_preempt(seq, n)) {
+    if (!allocate_or_preempt(seq, n)) {
         return;  // preempted or out of blocks
     }
     const int32_t end = seq->num_computed_tokens + n;
@@ -114,17 +110,15 @@ void Scheduler::push_scheduled(Sequence * seq, int32_t budget_left, int32_t * bu
     out_.num_scheduled_tokens += n;
     out_.num_prefill_tokens += n - n_decode;
     out_.num_decode_tokens += n_decode;
-    scheduled_[(size_t) seq->seq_id] = 1;
+    seq->scheduled = true;
     *budget -= n;
 }
 
-// Append seq's next num_new_tokens slots, preempting others while blocks are short. False when seq
-// itself was preempted or, alone, ends out of blocks (its blocks are free either way).
+// Give seq's next num_new_tokens tokens KV rows, preempting others while KV is short. False when
+// seq itself was preempted (its KV is free) or, alone, ends out of blocks (the engine finishes it).
 bool Scheduler::allocate_or_preempt(Sequence * seq, int32_t num_new_tokens) {
-    BlockManager & blocks = *config_.block_manager;
     for (;;) {
-        slots_.clear();
-        if (blocks.append_slots(seq->request_id, num_new_tokens, &slots_)) {
+        if (kv_->allocate(*seq, num_new_tokens)) {
             return true;
         }
         Sequence * victim = preemption_victim(*seq);
@@ -137,9 +131,7 @@ bool Scheduler::allocate_or_preempt(Sequence * seq, int32_t num_new_tokens) {
         preempt(seq);  // the others are scheduled already; seq resumes once they free blocks
         return false;
     }
-    if (blocks.find(seq->request_id) != nullptr) {  // alone and the pool is not enough: it ends
-        blocks.free(seq->request_id);
-    }
+    free_kv(seq);  // alone and the pool is not enough: it ends, and gives its blocks back now
     out_.out_of_blocks.push_back(seq);
     return false;
 }
@@ -149,7 +141,7 @@ bool Scheduler::allocate_or_preempt(Sequence * seq, int32_t num_new_tokens) {
 Sequence * Scheduler::preemption_victim(const Sequence & needy) const {
     Sequence * victim = nullptr;
     for (const auto & seq : running_) {
-        if (seq.get() == &needy || scheduled_[(size_t) seq->seq_id]) {
+        if (seq.get() == &needy || seq->scheduled || !seq->holds_kv) {
             continue;
         }
         if (victim == nullptr || comes_before(*victim, *seq)) {
@@ -169,61 +161,37 @@ void Scheduler::preempt(Sequence * seq) {
     }
     std::unique_ptr<Sequence> owned = std::move(running_[index]);
     running_.erase(running_.begin() + (std::ptrdiff_t) index);
-    const int32_t former_seq_id = owned->seq_id;
-    slot_used_[(size_t) former_seq_id] = 0;
-    kv_reserved_unified_ -= owned->max_kv_tokens(config_.n_ctx_per_seq);
-    if (config_.block_manager->find(owned->request_id) != nullptr) {
-        config_.block_manager->free(owned->request_id);
-    }
-    owned->seq_id = CF_SEQ_ID_NONE;
+    free_kv(owned.get());
     owned->status = SequenceStatus::WAITING;
     owned->num_computed_tokens = 0;
     owned->num_preemptions += 1;
     num_preemptions_ += 1;
-    out_.preempted.push_back({owned.get(), former_seq_id});
+    out_.preempted.push_back({owned.get()});
     add(std::move(owned));
 }
 
+void Scheduler::free_kv(Sequence * seq) {
+    if (seq->holds_kv) {
+        kv_->free(*seq);
+        seq->holds_kv = false;
+    }
+}
+
 bool Scheduler::can_admit(const Sequence & seq) const {
-    if (num_running() >= config_.max_num_seqs) {
-        return false;
-    }
-    if (config_.block_manager != nullptr) {
-        // The watermark leaves running sequences room to grow: 1% of the pool, and at least one block
-        // per running sequence, so that admitting a prompt does not force a preemption (and its
-        // recompute) on the very next decode. Alone, a sequence may take the whole pool.
-        const BlockManager & blocks = *config_.block_manager;
-        const int64_t watermark = running_.empty() ? 0 : std::max<int64_t>(watermark_blocks_, num_running());
-        return blocks.num_blocks_needed(seq.request_id, seq.num_uncomputed_tokens()) + watermark <=
-               blocks.num_free_blocks();
-    }
-    if (!config_.kv_unified) {
-        return true;  // a free slot is a whole stream of n_ctx_per_seq rows
-    }
-    return kv_reserved_unified_ + seq.max_kv_tokens(config_.n_ctx_per_seq) <= config_.n_ctx;
+    return num_running() < config_.max_num_seqs && kv_->can_admit(seq, num_running());
 }
 
 void Scheduler::admit_front() {
     std::unique_ptr<Sequence> seq = std::move(waiting_.front());
     waiting_.pop_front();
-    seq->seq_id = lowest_free_slot();
     seq->status = SequenceStatus::RUNNING;
-    slot_used_[(size_t) seq->seq_id] = 1;
-    kv_reserved_unified_ += seq->max_kv_tokens(config_.n_ctx_per_seq);
+    seq->scheduled = false;
+    kv_->admit(*seq);
+    seq->holds_kv = true;
     running_.push_back(std::move(seq));
 }
 
-int32_t Scheduler::lowest_free_slot() const {
-    for (size_t i = 0; i < slot_used_.size(); ++i) {
-        if (!slot_used_[i]) {
-            return (int32_t) i;
-        }
-    }
-    assert(false && "lowest_free_slot: no free slot; call only after can_admit");
-    return CF_SEQ_ID_NONE;
-}
-
-void Scheduler::commit_step(const SchedulerOutput & out) {
+void Scheduler::commit_step(const StepPlan & out) {
     for (const ScheduledSeq & s : out.seqs) {
         assert(s.seq->status == SequenceStatus::RUNNING);
         s.seq->num_computed_tokens += s.num_new_tokens;
@@ -259,29 +227,13 @@ std::unique_ptr<Sequence> Scheduler::remove(int64_t request_id, cf_finish_reason
     return nullptr;
 }
 
-// The returned sequence keeps its seq_id so that the caller can clear that slot's KV.
 std::unique_ptr<Sequence> Scheduler::release(size_t running_index, cf_finish_reason reason) {
     std::unique_ptr<Sequence> seq = std::move(running_[running_index]);
     running_.erase(running_.begin() + (std::ptrdiff_t) running_index);
-    slot_used_[(size_t) seq->seq_id] = 0;
-    kv_reserved_unified_ -= seq->max_kv_tokens(config_.n_ctx_per_seq);
-    if (config_.block_manager != nullptr && config_.block_manager->find(seq->request_id) != nullptr) {
-        config_.block_manager->free(seq->request_id);
-    }
+    free_kv(seq.get());
     seq->status = SequenceStatus::FINISHED;
     seq->finish_reason = reason;
     return seq;
-}
-
-int64_t Scheduler::kv_tokens_reserved() const {
-    if (config_.block_manager != nullptr) {
-        const BlockPool & pool = config_.block_manager->pool();
-        return (int64_t) pool.num_used() * pool.block_size();
-    }
-    if (config_.kv_unified) {
-        return kv_reserved_unified_;
-    }
-    return (int64_t) num_running() * config_.n_ctx_per_seq;
 }
 
 int64_t Scheduler::kv_tokens_used() const {
@@ -312,51 +264,38 @@ void Scheduler::check_invariants() const {
         }
     };
     check(num_running() <= config_.max_num_seqs, "num_running <= max_num_seqs");
-    std::vector<uint8_t> seen(slot_used_.size(), 0);
-    int64_t reserved = 0;
+    std::unordered_set<int64_t> ids;
     for (const auto & seq : running_) {
-        const bool in_range = seq->seq_id >= 0 && seq->seq_id < config_.max_num_seqs;
-        check(in_range && slot_used_[(size_t) seq->seq_id] && !seen[(size_t) seq->seq_id],
-              "each running sequence owns one distinct used slot");
-        seen[(size_t) seq->seq_id] = 1;
+        check(ids.insert(seq->request_id).second, "request ids are unique");
+        check(seq->holds_kv, "running sequences were admitted by the KV cache manager");
         check(seq->status == SequenceStatus::RUNNING, "running sequences have status RUNNING");
         check(seq->num_uncomputed_tokens() >= 1, "a running sequence has a token to compute");
         check(seq->num_tokens() <= config_.n_ctx_per_seq, "a sequence fits n_ctx_per_seq");
-        reserved += seq->max_kv_tokens(config_.n_ctx_per_seq);
     }
-    check(seen == slot_used_, "used slots are exactly those of running sequences");
-    if (config_.block_manager != nullptr) {
-        const BlockManager & blocks = *config_.block_manager;
-        check(blocks.check_invariants().empty(), "block manager invariants hold");
-        check(blocks.num_seqs() <= num_running(), "only running sequences hold blocks");
-        for (const auto & seq : running_) {
-            const BlockTable * table = blocks.find(seq->request_id);
-            check(table == nullptr || table->num_tokens >= seq->num_computed_tokens,
-                  "every computed token of a running sequence has a slot");
-        }
-    }
-    check(reserved == kv_reserved_unified_, "reservation counter matches running sequences");
-    check(!config_.kv_unified || reserved <= config_.n_ctx, "unified reservations fit n_ctx");
+    const std::string kv_error = kv_->check_invariants(running_);
+    check(kv_error.empty(), kv_error.c_str());
     for (size_t i = 0; i < waiting_.size(); ++i) {
-        check(waiting_[i]->status == SequenceStatus::WAITING && waiting_[i]->seq_id == CF_SEQ_ID_NONE,
-              "waiting sequences hold no slot");
+        check(waiting_[i]->status == SequenceStatus::WAITING && !waiting_[i]->holds_kv,
+              "waiting sequences hold no KV");
+        check(ids.insert(waiting_[i]->request_id).second, "request ids are unique");
         check(i == 0 || !comes_before(*waiting_[i], *waiting_[i - 1]), "waiting queue is in policy order");
     }
 }
 
 std::string Scheduler::dump() const {
     std::ostringstream os;
-    os << "Scheduler(policy=" << config_.policy << ", unified=" << config_.kv_unified
+    os << "Scheduler(policy=" << config_.policy << ", kv=" << kv_->name()
        << ", running=" << running_.size() << "/" << config_.max_num_seqs << ", waiting=" << waiting_.size()
        << ", kv_reserved=" << kv_tokens_reserved() << "/" << config_.n_ctx << ")\n";
     for (const auto & seq : running_) {
-        os << "  running req=" << seq->request_id << " seq_id=" << seq->seq_id << " prompt=" << seq->num_prompt_tokens
+        os << "  running req=" << seq->request_id << " prompt=" << seq->num_prompt_tokens
            << " computed=" << seq->num_computed_tokens << " tokens=" << seq->num_tokens() << "\n";
     }
     for (const auto & seq : waiting_) {
         os << "  waiting req=" << seq->request_id << " prompt=" << seq->num_prompt_tokens
            << " priority=" << seq->priority << "\n";
     }
+    os << kv_->dump();
     return os.str();
 }
 

@@ -1,19 +1,22 @@
-// scheduler.h - continuous batching over llama.cpp sequence slots, without llama.cpp.
+// scheduler.h - continuous batching over requests, without llama.cpp.
 //
-// The scheduler decides which sequences compute how many tokens in the next step; the engine
-// bridge executes that plan with one llama_decode, samples, and reports back through
-// commit_step() and finish(). Each step mixes, under max_num_batched_tokens:
+// Identities: the request id keys the scheduler (and the KV cache manager below it); llama.cpp's
+// sequence slots belong to the llama.cpp adapter (engine/batch_builder.h) and are not seen here.
+//
+// The scheduler decides which sequences compute how many tokens in the next step and returns it
+// as one StepPlan (core/step_plan.h), built once per step: sequences and new-token counts, the
+// KV part filled by the KV cache manager (slot mapping, block tables, context lengths, block
+// copies), preempted and out-of-blocks sequences. The engine executes the plan, samples, and
+// reports back through commit_step() and finish(). Each step mixes, under max_num_batched_tokens:
 //   1. one decode token for every running sequence whose prompt is computed,
 //   2. the next prompt chunk of running sequences still prefilling (chunked prefill),
 //   3. prompt chunks of newly admitted waiting sequences, in policy order.
-// Admission needs a free sequence slot (max_num_seqs) and KV capacity: in split mode each slot
-// is its own stream of n_ctx_per_seq tokens; in unified mode the sum over running sequences of
-// min(prompt + max_tokens, n_ctx_per_seq) must stay <= n_ctx; in paged mode the block manager
-// must have free blocks for the rest of the prompt plus a watermark (1% of the pool, at least one
-// block per running sequence) while other sequences run, and nothing is reserved: each scheduled
-// token gets its slot when it is scheduled.
+// Admission needs room in the running set (max_num_seqs) and KV capacity, which the KV cache manager
+// decides (kv/kv_cache_manager.h: stock split, stock unified or paged); every scheduled token gets
+// its KV row from the manager's allocate() when it is scheduled. The scheduler has no KV-mode
+// branch: only the paged manager ever answers allocate() with false, so only paged runs preempt.
 //
-// Paged preemption by recompute (vLLM's RECOMPUTE mode, Kwon et al., "Efficient Memory Management
+// Preemption by recompute (vLLM's RECOMPUTE mode, Kwon et al., "Efficient Memory Management
 // for Large Language Model Serving with PagedAttention", SOSP 2023, section 4.5): when a running
 // sequence needs a block and none is free, the scheduler preempts the running sequence that comes
 // last in policy order among those not yet scheduled this step (for FCFS: the newest), frees its
@@ -25,8 +28,9 @@
 // Thread-safety: none; the engine calls it from the stepping thread only.
 #pragma once
 
-#include "core/block_manager.h"
 #include "core/sequence.h"
+#include "core/step_plan.h"
+#include "kv/kv_cache_manager.h"
 
 #include <cstdint>
 #include <deque>
@@ -41,60 +45,32 @@ struct SchedulerConfig {
     int32_t max_num_batched_tokens = 512;  // token budget per step
     int32_t n_ctx = 0;                     // total KV rows, tokens
     int32_t n_ctx_per_seq = 0;             // max tokens (prompt + output) of one sequence
-    bool kv_unified = false;
     cf_sched_policy policy = CF_SCHED_POLICY_FCFS;
-    // Paged KV mode: the engine's block manager (nullptr in the stock modes), keyed by request id.
-    // The scheduler appends the slots of every token it schedules and frees a sequence's blocks when
-    // it leaves the running set.
-    BlockManager * block_manager = nullptr;
-};
-
-// One sequence's share of a step: compute tokens [seq->num_computed_tokens,
-// seq->num_computed_tokens + num_new_tokens).
-struct ScheduledSeq {
-    Sequence * seq;
-    int32_t num_new_tokens;
-    // True when the chunk ends at the last known token, so the step samples a new token.
-    bool needs_sample;
-};
-
-struct SchedulerOutput {
-    std::vector<ScheduledSeq> seqs;  // ascending seq_id (split_equal wants consecutive ids)
-    int32_t num_scheduled_tokens = 0;
-    int32_t num_prefill_tokens = 0;  // tokens inside prompts
-    int32_t num_decode_tokens = 0;   // tokens after the prompt (one per decoding sequence)
-    // Paged mode: sequences that hold the whole pool alone and still need a block. They are not in
-    // `seqs`, their blocks are already free, and the engine finishes them (CF_FINISH_REASON_LENGTH).
-    std::vector<Sequence *> out_of_blocks;
-    // Paged mode: sequences preempted this step, now waiting (seq_id NONE, blocks freed). The
-    // engine clears llama.cpp's record of their former slots before the step's decode.
-    struct Preempted {
-        Sequence * seq;
-        int32_t former_seq_id;
-    };
-    std::vector<Preempted> preempted;
-
-    void clear();
 };
 
 class Scheduler {
   public:
-    explicit Scheduler(const SchedulerConfig & config);
+    // The scheduler owns the KV cache manager and talks to it only through its interface.
+    Scheduler(const SchedulerConfig & config, std::unique_ptr<KvCacheManager> kv);
 
     const SchedulerConfig & config() const { return config_; }
+    const KvCacheManager & kv() const { return *kv_; }
+    KvCacheManager & kv() { return *kv_; }
 
-    // Queue a new sequence (status WAITING, no slot). Call only with a validated sequence whose
+    // Queue a new sequence (status WAITING, holding no KV). Call only with a validated sequence whose
     // prompt fits n_ctx_per_seq.
     void add(std::unique_ptr<Sequence> seq);
 
-    // Plan the next step. The returned reference stays valid until the next schedule() call.
-    const SchedulerOutput & schedule();
+    // Plan the next step. The returned reference stays valid until the next schedule() call; its
+    // arrays are refilled in place (no allocation once they have grown to the largest step).
+    const StepPlan & schedule();
 
     // The engine computed every token of `out`: advance num_computed_tokens.
-    void commit_step(const SchedulerOutput & out);
+    void commit_step(const StepPlan & out);
 
-    // Remove a running sequence (finished, aborted or failed) and free its slot; the engine frees
-    // its KV. Call only with a running sequence. Returns the sequence, status FINISHED.
+    // Remove a running sequence (finished, aborted or failed) and free its KV (the KV cache
+    // manager's rows; the engine clears llama.cpp's slot). Call only with a running sequence.
+    // Returns the sequence, status FINISHED.
     std::unique_ptr<Sequence> finish(Sequence * seq, cf_finish_reason reason);
 
     // Remove a waiting or running sequence by request id (abort). Returns nullptr if unknown.
@@ -105,8 +81,8 @@ class Scheduler {
     int32_t num_waiting() const { return (int32_t) waiting_.size(); }
     int32_t num_free_slots() const { return config_.max_num_seqs - num_running(); }
     int64_t num_preemptions() const { return num_preemptions_; }  // since construction
-    // KV rows set aside for running sequences (unified: sum of reservations; split: whole slots).
-    int64_t kv_tokens_reserved() const;
+    // KV rows set aside for running sequences (see KvCacheManager::kv_tokens_reserved).
+    int64_t kv_tokens_reserved() const { return kv_->kv_tokens_reserved(); }
     // KV rows holding computed tokens of running sequences.
     int64_t kv_tokens_used() const;
     const std::vector<std::unique_ptr<Sequence>> & running() const { return running_; }
@@ -121,11 +97,11 @@ class Scheduler {
     bool comes_before(const Sequence & a, const Sequence & b) const;
     bool can_admit(const Sequence & seq) const;
     void admit_front();
-    int32_t lowest_free_slot() const;
     void push_scheduled(Sequence * seq, int32_t budget_left, int32_t * budget);
     bool allocate_or_preempt(Sequence * seq, int32_t num_new_tokens);
     Sequence * preemption_victim(const Sequence & needy) const;
     void preempt(Sequence * seq);
+    void free_kv(Sequence * seq);  // once per stay in the running set (Sequence::holds_kv)
     void schedule_running(bool decoding, int32_t * budget);
     void admit_waiting(int32_t * budget);
     std::unique_ptr<Sequence> release(size_t running_index, cf_finish_reason reason);
@@ -133,14 +109,10 @@ class Scheduler {
     SchedulerConfig config_;
     std::deque<std::unique_ptr<Sequence>> waiting_;    // policy order, front runs first
     std::vector<std::unique_ptr<Sequence>> running_;   // admission order
-    std::vector<uint8_t> slot_used_;                   // [max_num_seqs], 1 if the slot is taken
-    int64_t kv_reserved_unified_ = 0;                  // sum of max_kv_tokens over running
-    int64_t watermark_blocks_ = 0;                     // paged: free blocks kept for running sequences
-    std::vector<int32_t> slots_;                       // paged: scratch for append_slots
+    std::unique_ptr<KvCacheManager> kv_;
     std::vector<Sequence *> order_;                    // scratch: running_ at the start of a pass
-    std::vector<uint8_t> scheduled_;                   // [max_num_seqs]: slot scheduled this step
     int64_t num_preemptions_ = 0;
-    SchedulerOutput out_;
+    StepPlan out_;
 };
 
 }  // namespace cf

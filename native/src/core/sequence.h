@@ -21,9 +21,6 @@
 
 namespace cf {
 
-// llama.cpp sequence slot of a sequence that holds none (waiting or finished).
-constexpr int32_t CF_SEQ_ID_NONE = -1;
-
 enum class SequenceStatus { WAITING, RUNNING, FINISHED };
 
 // Validated copy of cf_sampling_params (the engine owns the strings and arrays).
@@ -53,6 +50,8 @@ void validate_prompt(const int32_t * tokens, int32_t num_tokens, int32_t n_vocab
 using OpaqueHandle = std::unique_ptr<void, void (*)(void *)>;
 void opaque_handle_no_free(void * ptr);
 
+// Keyed by request_id everywhere in the scheduler and the KV cache manager; llama.cpp's sequence
+// slot is not part of it (the llama.cpp adapter maps request ids to slots).
 struct Sequence {
     Sequence(int64_t request_id, const int32_t * prompt, int32_t num_prompt_tokens, SamplingParams params,
              int32_t priority, int64_t arrival_ns, int32_t max_tokens_capacity);
@@ -61,11 +60,12 @@ struct Sequence {
     int32_t priority;
     SamplingParams params;
     SequenceStatus status = SequenceStatus::WAITING;
-    int32_t seq_id = CF_SEQ_ID_NONE;  // llama.cpp sequence slot while running
     int32_t num_prompt_tokens;
     int32_t num_computed_tokens = 0;  // the single progress counter, see the diagram above
     int32_t num_cached_tokens = 0;    // prompt tokens reused from a prefix cache (none yet)
     int32_t num_preemptions = 0;
+    bool holds_kv = false;            // the KV cache manager holds rows for it (admitted, not freed)
+    bool scheduled = false;           // running and scheduled in the step being planned
     std::vector<int32_t> tokens;      // prompt then output, reserved up front
     cf_finish_reason finish_reason = CF_FINISH_REASON_NONE;
 

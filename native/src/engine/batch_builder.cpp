@@ -3,42 +3,100 @@
 
 #include "core/error.h"
 
+#include <algorithm>
 #include <cassert>
 
 namespace cf {
 
-BatchBuilder::BatchBuilder(int32_t n_batch) : batch_(llama_batch_init(n_batch, 0, 1)), capacity_(n_batch) {
+BatchBuilder::BatchBuilder(int32_t n_batch, SlotMode mode, int32_t num_slots)
+    : batch_(llama_batch_init(n_batch, 0, 1)), capacity_(n_batch), mode_(mode), num_slots_(num_slots) {
+    assert(n_batch >= 1 && num_slots >= 1);
+    slot_used_.assign(mode == SlotMode::STABLE ? (size_t) num_slots : 0, 0);
+    slots_.reserve(256);
     sample_index_.reserve(256);
+    order_.reserve(256);
 }
 
 BatchBuilder::~BatchBuilder() {
     llama_batch_free(batch_);
 }
 
-const llama_batch & BatchBuilder::build(const SchedulerOutput & out) {
-    if (out.num_scheduled_tokens > capacity_) {
-        throw Error(CF_STATUS_INTERNAL, "BatchBuilder::build: " + std::to_string(out.num_scheduled_tokens) +
+int32_t BatchBuilder::num_groups(const StepPlan & plan) const {
+    return (int32_t) ((plan.seqs.size() + (size_t) num_slots_ - 1) / (size_t) num_slots_);
+}
+
+size_t BatchBuilder::group_begin(const StepPlan & plan, int32_t g) const {
+    return std::min(plan.seqs.size(), (size_t) g * (size_t) num_slots_);
+}
+
+int32_t BatchBuilder::acquire(int64_t request_id) {
+    auto it = stable_.find(request_id);
+    if (it != stable_.end()) {
+        return it->second;
+    }
+    for (size_t s = 0; s < slot_used_.size(); ++s) {
+        if (!slot_used_[s]) {
+            slot_used_[s] = 1;
+            stable_.emplace(request_id, (int32_t) s);
+            return (int32_t) s;
+        }
+    }
+    throw Error(CF_STATUS_INTERNAL, "no free llama.cpp sequence slot for request " + std::to_string(request_id) +
+                                        " (all " + std::to_string(num_slots_) + " are taken)");
+}
+
+int32_t BatchBuilder::release(int64_t request_id) {
+    auto it = stable_.find(request_id);
+    if (it == stable_.end()) {
+        return CF_SLOT_NONE;
+    }
+    const int32_t slot = it->second;
+    slot_used_[(size_t) slot] = 0;
+    stable_.erase(it);
+    return slot;
+}
+
+const llama_batch & BatchBuilder::build(const StepPlan & plan, size_t begin, size_t end) {
+    assert(begin < end && end <= plan.seqs.size());
+    if (end - begin > (size_t) num_slots_) {
+        throw Error(CF_STATUS_INTERNAL, "BatchBuilder::build: " + std::to_string(end - begin) +
+                                            " sequences in one decode exceed the " + std::to_string(num_slots_) +
+                                            " llama.cpp slots");
+    }
+    slots_.resize(plan.seqs.size());
+    sample_index_.assign(plan.seqs.size(), CF_BATCH_INDEX_NONE);
+    order_.clear();
+    int32_t num_tokens = 0;
+    for (size_t i = begin; i < end; ++i) {
+        slots_[i] = mode_ == SlotMode::STABLE ? acquire(plan.seqs[i].seq->request_id) : (int32_t) (i - begin);
+        order_.push_back(i);
+        num_tokens += plan.seqs[i].num_new_tokens;
+    }
+    if (num_tokens > capacity_) {
+        throw Error(CF_STATUS_INTERNAL, "BatchBuilder::build: " + std::to_string(num_tokens) +
                                             " scheduled tokens exceed n_batch " + std::to_string(capacity_));
     }
-    sample_index_.clear();
+    if (mode_ == SlotMode::STABLE) {
+        std::sort(order_.begin(), order_.end(), [this](size_t a, size_t b) { return slots_[a] < slots_[b]; });
+    }
     int32_t n = 0;
-    for (const ScheduledSeq & s : out.seqs) {
+    for (const size_t i : order_) {
+        const ScheduledSeq & s = plan.seqs[i];
         const Sequence & seq = *s.seq;
         const int32_t start = seq.num_computed_tokens;
         for (int32_t pos = start; pos < start + s.num_new_tokens; ++pos) {
             batch_.token[n] = seq.tokens[(size_t) pos];
             batch_.pos[n] = pos;
             batch_.n_seq_id[n] = 1;
-            batch_.seq_id[n][0] = seq.seq_id;
+            batch_.seq_id[n][0] = slots_[i];
             batch_.logits[n] = 0;
             ++n;
         }
         if (s.needs_sample) {
             batch_.logits[n - 1] = 1;
+            sample_index_[i] = n - 1;
         }
-        sample_index_.push_back(s.needs_sample ? n - 1 : CF_BATCH_INDEX_NONE);
     }
-    assert(n == out.num_scheduled_tokens);
     batch_.n_tokens = n;
     return batch_;
 }

@@ -1,40 +1,84 @@
-// batch_builder.h - turns a SchedulerOutput into the llama_batch of one step.
+// batch_builder.h - the llama.cpp side of a step: llama.cpp sequence slots and the llama_batch of
+// each decode. The one place where a request id meets a llama.cpp seq id ("slot").
 //
-// The llama_batch is allocated once (n_batch tokens, one seq id per token) and refilled every
-// step: no allocation in the step loop. Tokens are laid out sequence by sequence in the
-// scheduler's ascending seq_id order, and only the last token of a chunk that ends at the
-// sequence's last known token asks for logits.
+// Slots. llama.cpp keys its per-sequence state (stock KV streams and cells, position records,
+// backend samplers) by a seq id below n_seq_max <= LLAMA_MAX_SEQ = 256. How a request gets one:
+//   - stock modes (SlotMode::STABLE): llama.cpp's KV cache holds the request's rows under its slot,
+//     so a running request keeps one slot, the lowest free, from its first step until release();
+//     the engine then clears that slot's KV. max_num_seqs <= 256 (checked at engine creation).
+//   - paged mode (SlotMode::PER_DECODE): the rows belong to the block manager and llama.cpp only
+//     needs distinct seq ids within one decode, so a sequence's slot is its row in the decode:
+//     slot = plan index - first index of the decode. Nothing persists between decodes, and a step
+//     with more than 256 sequences runs as several decodes of at most 256 (decode groups). This is
+//     why paged mode has no 256-sequence cap.
+//
+//   plan.seqs:   | r17 | r18 | r20 | r21 | ... | r300 | r301 | ...
+//   paged slot:  |  0  |  1  |  2  |  3  | ... |  255 |   0  | ...    (group 0 | group 1)
+//   stock slot:  |  4  |  0  |  1  |  7  | ...                         (stable, lowest free first)
+//
+// Batch. Tokens go sequence by sequence in ascending slot order (stock split mode's split_equal
+// wants consecutive seq ids; in paged mode that is plan order, so the batch matches the plan's
+// per-token arrays), each sequence's tokens in position order; only the last token of a chunk
+// that ends at the sequence's last known token asks for logits. The llama_batch is allocated once
+// (n_batch tokens) and refilled: no allocation in the step loop.
 #pragma once
 
-#include "core/scheduler.h"
+#include "core/step_plan.h"
 #include "llama.h"
 
 #include <cstdint>
+#include <unordered_map>
 #include <vector>
 
 namespace cf {
 
 // Batch index meaning "this scheduled sequence samples nothing this step".
 constexpr int32_t CF_BATCH_INDEX_NONE = -1;
+// Slot of a request that holds none.
+constexpr int32_t CF_SLOT_NONE = -1;
+
+enum class SlotMode { STABLE, PER_DECODE };
 
 class BatchBuilder {
   public:
-    explicit BatchBuilder(int32_t n_batch);
+    // n_batch: most tokens of one decode; num_slots: llama.cpp's n_seq_max (<= 256), the most
+    // sequences of one decode.
+    BatchBuilder(int32_t n_batch, SlotMode mode, int32_t num_slots);
     ~BatchBuilder();
     BatchBuilder(const BatchBuilder &) = delete;
     BatchBuilder & operator=(const BatchBuilder &) = delete;
 
-    // Fill the batch with tokens [num_computed_tokens, + num_new_tokens) of each scheduled
-    // sequence. Call only with out.num_scheduled_tokens <= n_batch.
-    const llama_batch & build(const SchedulerOutput & out);
+    int32_t num_slots() const { return num_slots_; }
 
-    // Batch index whose logits sample out.seqs[i], or CF_BATCH_INDEX_NONE.
+    // Decode groups of a plan: seqs [group_begin(g), group_begin(g + 1)) run in decode g.
+    int32_t num_groups(const StepPlan & plan) const;
+    size_t group_begin(const StepPlan & plan, int32_t g) const;
+
+    // Give plan.seqs[begin, end) their slots (slot(i) afterwards) and fill the batch with their new
+    // tokens. Throws INTERNAL if they exceed n_batch tokens or the slots. Call only with one group.
+    const llama_batch & build(const StepPlan & plan, size_t begin, size_t end);
+
+    // Slot of plan.seqs[i] in the last build(); batch index whose logits sample it, or
+    // CF_BATCH_INDEX_NONE.
+    int32_t slot(size_t i) const { return slots_[i]; }
     int32_t sample_index(size_t i) const { return sample_index_[i]; }
 
+    // The request left the running set: its stable slot (whose KV the caller clears) is free
+    // again; CF_SLOT_NONE if it held none (paged mode, or never scheduled).
+    int32_t release(int64_t request_id);
+
   private:
+    int32_t acquire(int64_t request_id);
+
     llama_batch batch_;
     int32_t capacity_;
-    std::vector<int32_t> sample_index_;  // [num scheduled seqs]
+    SlotMode mode_;
+    int32_t num_slots_;
+    std::vector<int32_t> slots_;         // [plan.seqs.size()] slot of each scheduled sequence
+    std::vector<int32_t> sample_index_;  // [plan.seqs.size()]
+    std::vector<size_t> order_;          // plan indices of the group by ascending slot
+    std::unordered_map<int64_t, int32_t> stable_;  // STABLE: request id -> slot
+    std::vector<uint8_t> slot_used_;               // STABLE: [num_slots]
 };
 
 }  // namespace cf

@@ -23,9 +23,6 @@ void check_at_least(const char * name, int32_t value, int32_t lo) {
     }
 }
 
-// The stock llama.cpp context holds at most this many sequences (LLAMA_MAX_SEQ).
-constexpr int32_t kMaxStockSeqs = 256;
-
 cf_kv_mode resolve_kv_mode(int32_t kv_mode) {
     check_range("kv_mode", kv_mode, CF_KV_MODE_AUTO, CF_KV_MODE_PAGED);
     return (cf_kv_mode) kv_mode;  // AUTO: LlamaSession picks PAGED or STOCK once the model is loaded
@@ -38,7 +35,13 @@ EngineConfig EngineConfig::from_c(const cf_engine_config & c) {
         fail_invalid("model_path is required");
     }
     check_at_least("n_ctx", c.n_ctx, 0);
-    check_range("max_num_seqs", c.max_num_seqs, 1, kMaxStockSeqs);
+    check_at_least("max_num_seqs", c.max_num_seqs, 1);
+    const bool stock = c.kv_mode == CF_KV_MODE_STOCK || c.kv_mode == CF_KV_MODE_STOCK_UNIFIED;
+    if (stock && c.max_num_seqs > kLlamaMaxSeq) {
+        fail_invalid("max_num_seqs must be <= " + std::to_string(kLlamaMaxSeq) + " with the stock KV cache "
+                     "(llama.cpp's LLAMA_MAX_SEQ), got " + std::to_string(c.max_num_seqs) +
+                     "; kv_mode=paged has no such limit");
+    }
     check_at_least("max_num_batched_tokens", c.max_num_batched_tokens, 1);
     check_at_least("n_threads", c.n_threads, 0);
     check_at_least("n_gpu_layers", c.n_gpu_layers, -1);

@@ -8,6 +8,10 @@
 
 namespace cf {
 
+// llama.cpp's LLAMA_MAX_SEQ: its sequence ids (slots) are below this. The stock KV modes run at
+// most this many sequences; paged mode has no such cap (batch_builder.h).
+constexpr int32_t kLlamaMaxSeq = 256;
+
 struct EngineConfig {
     std::string model_path;
     int32_t n_ctx = 0;  // requested total KV rows; 0 = max_num_seqs * min(n_ctx_train, 2048)

@@ -16,22 +16,24 @@ int64_t clock_ns() {
 
 namespace {
 
-std::unique_ptr<BlockManager> make_block_manager(const LlamaSession & session) {
-    if (session.num_blocks() == 0) {
-        return nullptr;
+// The KV cache manager of the session's KV mode.
+std::unique_ptr<KvCacheManager> make_kv_manager(const LlamaSession & session) {
+    if (session.config().paged()) {
+        return make_paged_kv(session.num_blocks(), session.config().block_size);
     }
-    return std::make_unique<BlockManager>(session.num_blocks(), session.config().block_size);
+    if (session.config().kv_unified()) {
+        return make_stock_unified_kv(session.n_ctx(), session.n_ctx_per_seq());
+    }
+    return make_stock_split_kv(session.n_ctx_per_seq());
 }
 
-SchedulerConfig scheduler_config(const LlamaSession & session, BlockManager * blocks) {
+SchedulerConfig scheduler_config(const LlamaSession & session) {
     SchedulerConfig c;
     c.max_num_seqs = session.config().max_num_seqs;
     c.max_num_batched_tokens = session.n_batch();
     c.n_ctx = session.n_ctx();
     c.n_ctx_per_seq = session.n_ctx_per_seq();
-    c.kv_unified = session.config().kv_unified();
     c.policy = session.config().policy;
-    c.block_manager = blocks;
     return c;
 }
 
@@ -39,14 +41,15 @@ SchedulerConfig scheduler_config(const LlamaSession & session, BlockManager * bl
 
 Engine::Engine(const EngineConfig & config)
     : session_(LlamaSession::open(config)),
-      blocks_(make_block_manager(*session_)),
-      scheduler_(scheduler_config(*session_, blocks_.get())),
-      batch_(session_->n_batch()),
+      scheduler_(scheduler_config(*session_), make_kv_manager(*session_)),
+      batch_(session_->n_batch(), session_->config().paged() ? SlotMode::PER_DECODE : SlotMode::STABLE,
+             session_->n_seq_max()),
       sampler_(session_->n_vocab()),
       stop_checker_(session_->vocab(), session_->n_ctx_per_seq()),
       profiler_(config.profile_capacity) {
     const size_t max_seqs = (size_t) config.max_num_seqs;
     step_events_.reserve(2 * max_seqs + 64);
+    sampled_.reserve(max_seqs);
     finished_ids_.reserve(2 * max_seqs + 64);
     stats_.kv_tokens_capacity = session_->n_ctx();
     stats_.kv_blocks_total = session_->num_blocks();

@@ -1,8 +1,10 @@
 // engine.h - the CacheFlow engine behind cf_engine_t (stock and paged KV modes).
 //
-// One step: consume the inbox (new requests, aborts) -> Scheduler::schedule -> BatchBuilder ->
-// [paged: block copies + plan] -> llama_decode -> sample -> stop checks -> events. In paged mode
-// the engine owns the BlockManager; the scheduler allocates from it, PagedPlanBuilder reads it.
+// One step: consume the inbox (new requests, aborts) -> Scheduler::schedule returns the StepPlan
+// -> the engine executes it in StepPlan's order (swap-out, swap-in, block copies, KV plan, decode)
+// -> sample -> stop checks -> events. The scheduler owns the KV cache manager (stock split, stock
+// unified or paged, kv/kv_cache_manager.h); the engine sees KV only through the plan and the
+// manager's usage numbers.
 // Requests and aborts from other threads go through a mutex-protected inbox that the step
 // consumes at its start; no lock is held during llama_decode. Events go to an EventQueue that
 // drain() reads.
@@ -19,7 +21,6 @@
 #include "engine/config.h"
 #include "engine/event_queue.h"
 #include "engine/llama_session.h"
-#include "engine/paged_plan.h"
 #include "engine/sampling.h"
 #include "engine/stop_checker.h"
 
@@ -83,11 +84,13 @@ class Engine {
                                             const cf_sampling_params & params, int32_t priority, int64_t arrival_ns);
     // Give seqs ids (out_ids[i]) and queue them under one inbox lock; throws SHUTDOWN (nothing queued).
     void enqueue(std::vector<std::unique_ptr<Sequence>> & seqs, int64_t * out_ids);
-    void run_decoded_step(const SchedulerOutput & out);
+    void run_decoded_step(const StepPlan & out);
     int32_t sample(Sequence & seq, int32_t batch_index);
-    void handle_block_shortage(const SchedulerOutput & out);
-    void prepare_paged_step(const SchedulerOutput & out);
-    void fail_step(const SchedulerOutput & out);
+    void handle_block_shortage(const StepPlan & out);
+    void execute_block_ops(const StepPlan & plan);
+    int32_t decode_groups(const StepPlan & plan);
+    void release_slot(int64_t request_id);
+    void fail_step(const StepPlan & out);
     void finish(Sequence * seq, cf_finish_reason reason, int32_t token_id, int64_t now_ns);
     void emit_final(const Sequence & seq, int32_t token_id, int64_t now_ns);
     void emit_token(const Sequence & seq, int32_t token_id, int64_t now_ns);
@@ -97,10 +100,7 @@ class Engine {
 
     // Stepping thread only (guarded by step_mu_).
     std::unique_ptr<LlamaSession> session_;
-    std::unique_ptr<BlockManager> blocks_;  // paged mode only (before scheduler_, which points at it)
     Scheduler scheduler_;
-    PagedPlanBuilder plan_;
-    std::vector<BlockCopy> copies_;
     BatchBuilder batch_;
     TokenSampler sampler_;
     StopChecker stop_checker_;
@@ -108,6 +108,7 @@ class Engine {
     std::vector<int64_t> inbox_aborts_;                   // swapped with pending_aborts_
     std::vector<cf_output_event> step_events_;
     std::vector<int64_t> finished_ids_;
+    std::vector<int32_t> sampled_;  // [plan.seqs.size()] token sampled for each scheduled sequence
     int64_t step_start_ns_ = 0;
     cf_engine_stats totals_{};  // cumulative counters (num_steps, num_finished, token counts)
     std::mutex step_mu_;

@@ -1,8 +1,9 @@
 // engine_step.cpp - one engine step and the step thread loop.
 //
-//   consume inbox (adds, aborts) -> schedule -> [paged: clear preempted slots, finish sequences
-//   out of blocks]
-//   -> build batch [paged: block copies, plan] -> llama_decode
+//   consume inbox (adds, aborts) -> schedule (one StepPlan) -> clear preempted slots, finish
+//   sequences out of blocks
+//   -> execute the plan in StepPlan's order: swap-out, swap-in, block copies, then per decode group
+//      (batch_builder.h): KV plan, llama_decode, read sampled tokens
 //     ok:     commit computed tokens -> sample where a chunk reached the last token -> stop checks
 //     failed: finish every scheduled request with CF_FINISH_REASON_ERROR, free its KV
 //   -> publish events (one lock) and a stats snapshot
@@ -50,7 +51,7 @@ StepResult Engine::step_locked() {
     finished_ids_.clear();
     step_start_ns_ = clock_ns();
     consume_inbox();
-    const SchedulerOutput & out = scheduler_.schedule();
+    const StepPlan & out = scheduler_.schedule();
     handle_block_shortage(out);
     StepResult result;
     result.num_scheduled_tokens = out.num_scheduled_tokens;
@@ -58,12 +59,8 @@ StepResult Engine::step_locked() {
         totals_.num_steps += 1;
         profiler_.step_begin(totals_.num_steps, step_start_ns_, (int32_t) out.seqs.size(), out.num_decode_tokens,
                              out.num_prefill_tokens);
-        for (const ScheduledSeq & s : out.seqs) {
-            session_->set_seq_sampling(s.seq->seq_id, &s.seq->params);
-        }
-        const llama_batch & batch = batch_.build(out);
-        prepare_paged_step(out);
-        const int32_t rc = session_->decode(batch);
+        execute_block_ops(out);
+        const int32_t rc = decode_groups(out);
         if (rc == 0) {
             run_decoded_step(out);
         } else {
@@ -78,7 +75,7 @@ StepResult Engine::step_locked() {
     if (profiler_.enabled() && !out.seqs.empty()) {  // before publish: recorded once outputs are seen
         const int32_t kv_free = session_->n_ctx() - (int32_t) scheduler_.kv_tokens_reserved();
         profiler_.step_end(totals_.num_steps, clock_ns(), scheduler_.num_waiting(),
-                           (int32_t) scheduler_.kv_tokens_used(), kv_free, blocks_ ? blocks_->pool().num_used() : 0);
+                           (int32_t) scheduler_.kv_tokens_used(), kv_free, scheduler_.kv().num_blocks_used());
     }
     publish();
 #ifndef NDEBUG
@@ -104,16 +101,14 @@ void Engine::consume_inbox() {
         if (!seq) {
             continue;  // finished in the meantime, or aborted twice
         }
-        if (seq->seq_id != CF_SEQ_ID_NONE) {
-            session_->clear_seq(seq->seq_id);
-        }
+        release_slot(seq->request_id);
         seq->finish_ns = step_start_ns_;
         emit_final(*seq, CF_TOKEN_NONE, step_start_ns_);
     }
     inbox_aborts_.clear();
 }
 
-void Engine::run_decoded_step(const SchedulerOutput & out) {
+void Engine::run_decoded_step(const StepPlan & out) {
     scheduler_.commit_step(out);
     totals_.num_prompt_tokens += out.num_prefill_tokens;
     for (size_t i = 0; i < out.seqs.size(); ++i) {
@@ -127,7 +122,7 @@ void Engine::run_decoded_step(const SchedulerOutput & out) {
         if (!s.needs_sample) {
             continue;  // a prompt chunk that does not reach the end of the prompt
         }
-        const int32_t token_id = sample(*seq, batch_.sample_index(i));
+        const int32_t token_id = sampled_[i];
         seq->append_token(token_id);
         totals_.num_generated_tokens += 1;
         const int64_t now_ns = clock_ns();
@@ -155,11 +150,11 @@ int32_t Engine::sample(Sequence & seq, int32_t batch_index) {
     return sampler_.sample(seq, session_->logits(batch_index));
 }
 
-// Paged mode: forget the slots of sequences preempted while scheduling (their blocks are free
-// already) and finish the ones that cannot grow even alone.
-void Engine::handle_block_shortage(const SchedulerOutput & out) {
-    for (const SchedulerOutput::Preempted & p : out.preempted) {
-        session_->clear_seq(p.former_seq_id);
+// Forget the llama.cpp slots of sequences preempted while scheduling (their KV is free already)
+// and finish the ones that cannot grow even alone (only the paged KV manager runs out).
+void Engine::handle_block_shortage(const StepPlan & out) {
+    for (const StepPlan::Preempted & p : out.preempted) {
+        release_slot(p.seq->request_id);
         profiler_.request(CF_PROFILE_EVENT_REQUEST_PREEMPT, totals_.num_steps, step_start_ns_, p.seq->request_id,
                           p.seq->num_tokens());
     }
@@ -169,20 +164,54 @@ void Engine::handle_block_shortage(const SchedulerOutput & out) {
     }
 }
 
-// Paged mode: copy-on-write copies recorded while scheduling, then the plan of this step's batch.
-void Engine::prepare_paged_step(const SchedulerOutput & out) {
-    if (!blocks_) {
-        return;
+// Steps 4-5 of the plan, once per decode group (one group unless a paged step holds more
+// sequences than llama.cpp has slots, see batch_builder.h): the group's batch and KV plan, decode,
+// then the group's sampled tokens (in-graph, or on the CPU from logits), read before the next
+// decode overwrites them. Returns llama_decode's error code, 0 when every group decoded.
+int32_t Engine::decode_groups(const StepPlan & plan) {
+    sampled_.assign(plan.seqs.size(), CF_TOKEN_NONE);
+    int32_t first_token = 0;
+    for (int32_t g = 0; g < batch_.num_groups(plan); ++g) {
+        const size_t begin = batch_.group_begin(plan, g);
+        const size_t end = batch_.group_begin(plan, g + 1);
+        const llama_batch & batch = batch_.build(plan, begin, end);
+        for (size_t i = begin; i < end; ++i) {
+            session_->set_seq_sampling(batch_.slot(i), &plan.seqs[i].seq->params);
+        }
+        session_->set_kv_plan(plan, begin, end, first_token);
+        const int32_t rc = session_->decode(batch);
+        if (rc != 0) {
+            return rc;
+        }
+        for (size_t i = begin; i < end; ++i) {
+            if (plan.seqs[i].needs_sample) {
+                sampled_[i] = sample(*plan.seqs[i].seq, batch_.sample_index(i));
+            }
+        }
+        first_token += batch.n_tokens;
     }
-    copies_.clear();
-    blocks_->take_copies(&copies_);
-    if (!copies_.empty()) {
-        session_->copy_blocks(copies_);
-    }
-    session_->set_paged_plan(plan_.build(out, *blocks_));
+    return 0;
 }
 
-void Engine::fail_step(const SchedulerOutput & out) {
+// The request left the running set: clear llama.cpp's record of its stable slot, if it held one.
+void Engine::release_slot(int64_t request_id) {
+    const int32_t slot = batch_.release(request_id);
+    if (slot != CF_SLOT_NONE) {
+        session_->clear_seq(slot);
+    }
+}
+
+// Steps 1-3 of the plan: swaps (none until the swapper lands), then copy-on-write copies.
+void Engine::execute_block_ops(const StepPlan & plan) {
+    if (!plan.blocks_to_swap_out.empty() || !plan.blocks_to_swap_in.empty()) {
+        throw Error(CF_STATUS_INTERNAL, "the step plan swaps blocks, but this engine has no swapper");
+    }
+    if (!plan.blocks_to_copy.empty()) {
+        session_->copy_blocks(plan.blocks_to_copy);
+    }
+}
+
+void Engine::fail_step(const StepPlan & out) {
     const int64_t now_ns = clock_ns();
     for (const ScheduledSeq & s : out.seqs) {
         finish(s.seq, CF_FINISH_REASON_ERROR, CF_TOKEN_NONE, now_ns);
@@ -192,7 +221,7 @@ void Engine::fail_step(const SchedulerOutput & out) {
 // Call only with a running sequence: frees its slot and KV, queues its final event.
 void Engine::finish(Sequence * seq, cf_finish_reason reason, int32_t token_id, int64_t now_ns) {
     std::unique_ptr<Sequence> done = scheduler_.finish(seq, reason);
-    session_->clear_seq(done->seq_id);
+    release_slot(done->request_id);
     done->finish_ns = now_ns;
     emit_final(*done, token_id, now_ns);
 }
@@ -216,9 +245,7 @@ void Engine::fail_everything(const std::string & why) {
     const int64_t now_ns = clock_ns();
     for (const int64_t request_id : scheduler_.request_ids()) {
         std::unique_ptr<Sequence> seq = scheduler_.remove(request_id, CF_FINISH_REASON_ERROR);
-        if (seq->seq_id != CF_SEQ_ID_NONE) {
-            session_->clear_seq(seq->seq_id);
-        }
+        release_slot(seq->request_id);
         seq->finish_ns = now_ns;
         emit_final(*seq, CF_TOKEN_NONE, now_ns);
     }
@@ -246,10 +273,8 @@ void Engine::publish() {
         stats_.num_waiting = scheduler_.num_waiting();
         stats_.kv_tokens_used = (int32_t) scheduler_.kv_tokens_used();
         stats_.kv_tokens_capacity = session_->n_ctx();
-        if (blocks_) {
-            stats_.kv_blocks_total = blocks_->pool().num_blocks();
-            stats_.kv_blocks_used = blocks_->pool().num_used();
-        }
+        stats_.kv_blocks_total = scheduler_.kv().num_blocks_total();
+        stats_.kv_blocks_used = scheduler_.kv().num_blocks_used();
         stats_.kv_bytes_reserved = scheduler_.kv_tokens_reserved() * bytes_per_token;
         stats_.kv_bytes_used = scheduler_.kv_tokens_used() * bytes_per_token;
     }

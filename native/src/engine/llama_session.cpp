@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cassert>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -226,11 +227,21 @@ void LlamaSession::resolve_kv_mode() {
     }
     if (config_.kv_mode == CF_KV_MODE_AUTO) {
         config_.kv_mode = why == nullptr ? CF_KV_MODE_PAGED : CF_KV_MODE_STOCK;
+        if (why != nullptr && config_.max_num_seqs > kLlamaMaxSeq) {
+            throw Error(CF_STATUS_INVALID_ARGUMENT,
+                        "max_num_seqs=" + std::to_string(config_.max_num_seqs) + " needs kv_mode=paged, but the paged "
+                        "KV path does not cover this model (" + why + "); the stock KV cache holds at most " +
+                        std::to_string(kLlamaMaxSeq) + " sequences (llama.cpp's LLAMA_MAX_SEQ)");
+        }
         if (why != nullptr && config_.log_level != CF_LOG_LEVEL_NONE) {
             std::fprintf(stderr, "cacheflow: using the stock KV cache: the paged KV path does not cover this model (%s)\n",
                          why);
         }
     }
+    // Stock: one llama.cpp slot per running sequence. Paged: slots are rows of one decode, and a
+    // step with more sequences runs as several decodes (batch_builder.h).
+    assert(llama_max_parallel_sequences() == (size_t) kLlamaMaxSeq);
+    n_seq_max_ = config_.paged() ? std::min(config_.max_num_seqs, kLlamaMaxSeq) : config_.max_num_seqs;
 }
 
 // Why the context cannot be created, as an Error. Out of memory: the KV cache is the big buffer
@@ -291,7 +302,7 @@ void LlamaSession::create_context() {
                                                       : n_ctx_default);
     cp.n_batch = (uint32_t) config_.max_num_batched_tokens;
     cp.n_ubatch = (uint32_t) config_.max_num_batched_tokens;  // one ubatch per step where possible
-    cp.n_seq_max = (uint32_t) config_.max_num_seqs;
+    cp.n_seq_max = (uint32_t) n_seq_max_;
     cp.n_threads = config_.n_threads;
     cp.n_threads_batch = config_.n_threads;
     cp.flash_attn_type = flash_attn_type(config_.flash_attn);
@@ -314,7 +325,7 @@ void LlamaSession::create_context() {
     // with sliding-window layers keep fewer rows than n_ctx there, so they are left to llama.cpp.
     const int64_t memory_bytes = total_device_memory_bytes();
     if (llama_model_n_swa(model_) == 0 && memory_bytes > 0 && (int64_t) cp.n_ctx * kv_bytes_per_token_ > memory_bytes) {
-        throw context_error(cp.n_ctx, cp.n_seq_max, true,
+        throw context_error(cp.n_ctx, (uint32_t) config_.max_num_seqs, true,
                             "more than the " + format_bytes(memory_bytes) + " of memory of all devices together");
     }
     ErrorCapture capture;
@@ -323,7 +334,7 @@ void LlamaSession::create_context() {
         const bool out_of_memory = capture.contains("failed to allocate") || capture.contains("insufficient memory") ||
                                    capture.contains("bad_alloc");
         const std::string reason = capture.last_line();
-        throw context_error(cp.n_ctx, cp.n_seq_max, out_of_memory, reason.empty() ? "" : "llama.cpp: " + reason);
+        throw context_error(cp.n_ctx, (uint32_t) config_.max_num_seqs, out_of_memory, reason.empty() ? "" : "llama.cpp: " + reason);
     }
     // llama.cpp rounds n_ctx (and, in split mode, the per-sequence slice) up to multiples of 256.
     n_ctx_ = (int32_t) llama_n_ctx(ctx_);
@@ -344,7 +355,7 @@ void LlamaSession::init_greedy_samplers() {
     if (!backend_sampling_) {
         return;
     }
-    slot_chains_.resize((size_t) config_.max_num_seqs);
+    slot_chains_.resize((size_t) n_seq_max_);
     for (SlotChain & slot : slot_chains_) {
         slot.chain = make_greedy_chain();
     }
@@ -410,7 +421,7 @@ void LlamaSession::set_seq_sampling(int32_t seq_id, const SamplingParams * param
     if (!backend_sampling_ || seq_id < 0 || (size_t) seq_id >= slot_chains_.size()) {
         return;
     }
-    SlotChain & slot = slot_chains_[(size_t) seq_id];
+    SlotChain & slot = slot_chains_[(size_t) seq_id];  // seq_id: a llama.cpp slot (batch_builder.h)
     const bool in_graph = params != nullptr && (params->is_greedy() || params->seed == CF_SEED_RANDOM);
     if (in_graph ? slot.serves(*params) : slot.chain == nullptr) {
         return;
@@ -453,7 +464,36 @@ void LlamaSession::clear_seq(int32_t seq_id) {
     llama_memory_seq_rm(llama_get_memory(ctx_), seq_id, -1, -1);
 }
 
-void LlamaSession::set_paged_plan(const llama_paged_plan & plan) {
+void LlamaSession::set_kv_plan(const StepPlan & step, size_t begin, size_t end, int32_t first_token) {
+    if (!config_.paged()) {
+        return;  // llama.cpp places the rows itself
+    }
+    // Slots are rows of this decode (batch_builder.h): forget which positions the previous decode
+    // stored under them, so that llama.cpp's batch validator sees fresh sequences. O(n_seq_max).
+    llama_memory_seq_rm(llama_get_memory(ctx_), -1, -1, -1);
+    const int32_t n_tokens = [&] {
+        int32_t n = 0;
+        for (size_t i = begin; i < end; ++i) {
+            n += step.seqs[i].num_new_tokens;
+        }
+        return n;
+    }();
+    const int32_t * token_seq_idx = step.token_seq_idx.data() + first_token;
+    if (begin > 0) {  // a later decode group: its rows count from 0
+        group_seq_idx_.assign(token_seq_idx, token_seq_idx + n_tokens);
+        for (int32_t & idx : group_seq_idx_) {
+            idx -= (int32_t) begin;
+        }
+        token_seq_idx = group_seq_idx_.data();
+    }
+    llama_paged_plan plan{};
+    plan.slot_mapping = step.slot_mapping.data() + first_token;
+    plan.token_seq_idx = token_seq_idx;
+    plan.block_tables = step.block_tables.data() + begin * (size_t) step.max_blocks;
+    plan.seq_lens = step.context_lens.data() + begin;
+    plan.n_tokens = n_tokens;
+    plan.n_seqs = (int32_t) (end - begin);
+    plan.max_blocks = step.max_blocks;
     if (llama_set_paged_plan(ctx_, &plan) != 0) {
         throw Error(CF_STATUS_INTERNAL, "llama_set_paged_plan refused the plan of " + std::to_string(plan.n_tokens) +
                                             " tokens over " + std::to_string(plan.n_seqs) + " sequences");

@@ -13,7 +13,10 @@
 // ubatch as before. Attaching or detaching a chain makes llama.cpp re-reserve its graph on the
 // next decode, so a slot keeps its chain while the next sequence in it wants the same kind and
 // parameters (a random-seed chain's generator simply goes on). CACHEFLOW_HOST_SAMPLING=1 in the
-// environment turns in-graph sampling off (for A/B runs).
+// environment turns in-graph sampling off (for A/B runs). Slots (batch_builder.h) are stable per
+// request in the stock modes and rows of one decode in paged mode: there a row's chain serves
+// whichever sequence sits in the row, so greedy rows (and rows of equal stochastic parameters)
+// never re-attach, while a mix of kinds re-attaches where rows shift as sequences come and go.
 //
 // Thread-safety: decode/logits/clear_seq only from the stepping thread; the vocab and model are
 // read-only after open() and may be used from any thread (tokenize, detokenize, info).
@@ -23,6 +26,7 @@
 #include "core/block_manager.h"
 #include "core/error.h"
 #include "core/sequence.h"
+#include "core/step_plan.h"
 #include "engine/config.h"
 
 #include <cstdint>
@@ -63,7 +67,7 @@ class LlamaSession {
     // sampled in-graph (its slot has no chain, or in-graph sampling is off). Greedy ties between
     // equal maxima are broken by the backend's argmax kernel.
     int32_t sampled_token(int32_t batch_index);
-    // Call before decode for each scheduled sequence: give slot seq_id the in-graph chain for
+    // Call before decode for each scheduled sequence: give llama.cpp slot seq_id the in-graph chain for
     // `params` (greedy, or stochastic with a random seed), or none (params == nullptr, or seeded:
     // the engine samples on the CPU). No-op when the slot already has what it needs.
     void set_seq_sampling(int32_t seq_id, const SamplingParams * params);
@@ -71,9 +75,12 @@ class LlamaSession {
     // of the slot; the blocks belong to the block manager).
     void clear_seq(int32_t seq_id);
 
-    // Paged mode: the plan of the next decode, and block copies (copy-on-write) to perform before it.
-    // Both throw INTERNAL when llama.cpp refuses them (a bug: the message is in llama.cpp's log).
-    void set_paged_plan(const llama_paged_plan & plan);
+    // The KV part of the step plan for the next decode (paged mode: slot mapping, block tables,
+    // context lengths; stock modes: nothing to do), and block copies (copy-on-write) to perform
+    // before it. Both throw INTERNAL when llama.cpp refuses them (a bug: the message is in
+    // llama.cpp's log).
+    // One decode group of the plan: seqs [begin, end), whose tokens start at first_token.
+    void set_kv_plan(const StepPlan & plan, size_t begin, size_t end, int32_t first_token);
     void copy_blocks(const std::vector<BlockCopy> & copies);
 
     void fill_info(cf_model_info * info) const;
@@ -86,6 +93,9 @@ class LlamaSession {
     int32_t n_batch() const { return n_batch_; }              // per-step token budget
     int64_t kv_bytes_per_token() const { return kv_bytes_per_token_; }
     int32_t num_blocks() const { return num_blocks_; }  // paged mode: blocks in the pool, else 0
+    // llama.cpp's n_seq_max: the most sequences of one decode (stock: max_num_seqs; paged:
+    // min(max_num_seqs, 256), larger steps run as several decodes).
+    int32_t n_seq_max() const { return n_seq_max_; }
     const EngineConfig & config() const { return config_; }
 
   private:
@@ -124,6 +134,8 @@ class LlamaSession {
     std::vector<SlotChain> slot_chains_;            // [n_seq_max]
     std::vector<llama_sampler *> retired_chains_;   // detached; freed after the next decode
     int32_t num_blocks_ = 0;
+    int32_t n_seq_max_ = 0;
+    std::vector<int32_t> group_seq_idx_;  // set_kv_plan scratch: token_seq_idx of a later decode group
     std::vector<int32_t> copy_src_;  // copy_blocks scratch
     std::vector<int32_t> copy_dst_;
 };

@@ -1,0 +1,86 @@
+// step_plan.h - everything one engine step must do, built once per step by Scheduler::schedule().
+//
+// The executor (engine) performs a plan in this order, and in no other:
+//   1. blocks_to_swap_out   device -> host copies (empty until the swapper lands)
+//   2. blocks_to_swap_in    host -> device copies (empty until the swapper lands)
+//   3. blocks_to_copy       copy-on-write block copies, in order
+//   4. the KV plan          slot_mapping, block_tables, context_lens, token_seq_idx (paged mode)
+//   5. decode               seqs' new tokens in batch order, then sampling where needs_sample
+// preempted and out_of_blocks say which sequences left the running set while scheduling.
+//
+// Batch order: seqs in order (ascending request id); each sequence's new tokens
+// [num_computed_tokens, + num_new_tokens) in position order. The per-token arrays follow it:
+//
+//   seqs:           | s0 (3 new)  | s1 (1) | s2 (2)  |
+//   token_seq_idx:  | 0   0   0   | 1      | 2   2   |    [num_scheduled_tokens]
+//   slot_mapping:   | KV row of each token (paged) |    [num_scheduled_tokens]
+//   block_tables:   row i = s_i's block ids, padded to max_blocks with CF_BLOCK_ID_NONE
+//   context_lens:   [seqs.size()] tokens of s_i with a KV row once this step ran
+//
+// The slot mapping is computed once, from the block tables, after the plan's sequences are final
+// (KvCacheManager::fill_plan); llama.cpp only checks it. In the stock modes slot_mapping,
+// block_tables and context_lens stay empty (llama.cpp places the rows itself).
+//
+// One StepPlan lives in the scheduler and is refilled every step: its arrays keep their capacity,
+// so steady-state steps allocate nothing.
+#pragma once
+
+#include "core/block_manager.h"
+#include "core/sequence.h"
+
+#include <cstdint>
+#include <vector>
+
+namespace cf {
+
+// One sequence's share of a step: compute tokens [seq->num_computed_tokens,
+// seq->num_computed_tokens + num_new_tokens).
+struct ScheduledSeq {
+    Sequence * seq;
+    int32_t num_new_tokens;
+    // True when the chunk ends at the last known token, so the step samples a new token.
+    bool needs_sample;
+};
+
+// One block moved between device and host memory (swap preemption; not built yet).
+struct BlockSwap {
+    int32_t src_block_id;
+    int32_t dst_block_id;
+};
+
+struct StepPlan {
+    std::vector<ScheduledSeq> seqs;  // batch order: ascending request id (the scheduler's key)
+    int32_t num_scheduled_tokens = 0;
+    int32_t num_prefill_tokens = 0;  // tokens inside prompts (and recomputed output after a preemption)
+    int32_t num_decode_tokens = 0;   // tokens after the prompt (one per decoding sequence)
+
+    // Per token, batch order.
+    std::vector<int32_t> token_seq_idx;  // [num_scheduled_tokens] index into seqs
+    std::vector<int32_t> slot_mapping;   // [num_scheduled_tokens] paged: block_id * block_size + pos % block_size
+
+    // Per sequence, paged mode.
+    std::vector<int32_t> block_tables;  // [seqs.size() * max_blocks] int32, row-major
+    int32_t max_blocks = 0;             // widest table this step (>= 1 when seqs is not empty)
+    std::vector<int32_t> context_lens;  // [seqs.size()] tokens with a KV row after this step
+
+    // Block operations before the decode, in this order.
+    std::vector<BlockSwap> blocks_to_swap_out;
+    std::vector<BlockSwap> blocks_to_swap_in;
+    std::vector<BlockCopy> blocks_to_copy;
+
+    // Sequences preempted this step, now waiting with their KV freed; their output is kept and
+    // computed again once they are admitted again.
+    struct Preempted {
+        Sequence * seq;
+    };
+    std::vector<Preempted> preempted;
+    // Sequences that hold the whole KV pool alone and still need a row (only the paged manager runs
+    // out). They are not in `seqs`, their KV is already free, and the engine finishes them
+    // (CF_FINISH_REASON_LENGTH).
+    std::vector<Sequence *> out_of_blocks;
+
+    // Empty every list, keeping capacity.
+    void clear();
+};
+
+}  // namespace cf

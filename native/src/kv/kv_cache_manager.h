@@ -1,0 +1,101 @@
+// kv_cache_manager.h - the KV cache manager interface: what the scheduler asks of KV memory,
+// whatever holds it. No llama.cpp dependency.
+//
+// The scheduler talks only to this interface; each KV mode is one implementation:
+//
+//   implementation  | KV rows                           | admission                        | allocate
+//   ----------------+-----------------------------------+----------------------------------+------------------
+//   stock split     | one stream of n_ctx_per_seq rows  | always (a running slot is a      | always true
+//                   | per running sequence              | whole stream)                    |
+//   stock unified   | one pool of n_ctx rows, reserved  | sum over running of              | always true
+//                   | per sequence at admission         | min(prompt + max_tokens,         |
+//                   |                                   | n_ctx_per_seq) <= n_ctx          |
+//   paged           | one pool of num_blocks blocks of  | blocks for the rest of the prompt| appends blocks as
+//                   | block_size rows, shared by block  | + a watermark (1% of the pool, at| tokens are
+//                   | tables (BlockManager)             | least one block per running seq) | scheduled; false
+//                   |                                   | are free                         | when short
+//
+// The paged implementation owns the BlockManager (block pool and block tables); the prefix cache
+// and the swapper will live inside it. Sequences are keyed by request id.
+//
+// Lifecycle of one sequence, as the scheduler drives it:
+//
+//   can_admit? -> admit -> allocate (once per step it is scheduled) ... -> free
+//                            |  false: the scheduler preempts (free) or ends the sequence
+//
+// admit() and free() pair up exactly once per stay in the running set (a preempted sequence is
+// admitted again later). Between them, allocate() may be called any number of times.
+//
+// Thread-safety: none; the engine calls it from the stepping thread only.
+#pragma once
+
+#include "core/block_manager.h"
+#include "core/sequence.h"
+#include "core/step_plan.h"
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace cf {
+
+class KvCacheManager {
+  public:
+    virtual ~KvCacheManager() = default;
+
+    // "stock split", "stock unified" or "paged" (for dump and messages).
+    virtual const char * name() const = 0;
+
+    // True if `seq` (waiting, holding no KV) may start running next to `num_running` running
+    // sequences without starving them. Does not mutate. The scheduler checks max_num_seqs itself.
+    virtual bool can_admit(const Sequence & seq, int32_t num_running) const = 0;
+
+    // `seq` starts running: take what the mode sets aside at admission (unified: its reservation).
+    // Call only after can_admit(seq) returned true and only once per stay in the running set.
+    virtual void admit(const Sequence & seq) = 0;
+
+    // Give tokens [seq.num_computed_tokens, + num_new_tokens) of `seq` a KV row each; the step
+    // computes them. Returns false when KV memory is short, changing nothing (all-or-nothing); the
+    // scheduler then preempts someone or ends the sequence. Call only for an admitted sequence, with
+    // num_new_tokens >= 1, once per step it is scheduled.
+    virtual bool allocate(const Sequence & seq, int32_t num_new_tokens) = 0;
+
+    // `seq` leaves the running set (finished, aborted, failed or preempted): release its KV rows.
+    // Call only for an admitted sequence, once.
+    virtual void free(const Sequence & seq) = 0;
+
+    // Write the KV part of the step plan for plan->seqs, which are final and in batch order (every
+    // one allocated this step): slot_mapping, block_tables, max_blocks and context_lens, and move
+    // the block copies (copy-on-write) that allocate() recorded into blocks_to_copy, oldest first.
+    // The stock implementations write nothing (llama.cpp places the rows itself).
+    virtual void fill_plan(StepPlan * plan) = 0;
+
+    // Usage, for stats and the profiler.
+    // KV rows set aside for running sequences: split, whole streams; unified, the reservations;
+    // paged, rows of the blocks in use.
+    virtual int64_t kv_tokens_reserved() const = 0;
+    virtual int32_t num_blocks_total() const { return 0; }  // 0 in the stock modes
+    virtual int32_t num_blocks_used() const { return 0; }
+
+    // The block manager of the paged implementation, else nullptr (tests and the C ABI read it).
+    virtual const BlockManager * block_manager() const { return nullptr; }
+
+    // "" if the manager agrees with the scheduler's running set, else the first violation.
+    virtual std::string check_invariants(const std::vector<std::unique_ptr<Sequence>> & running) const = 0;
+
+    // Human-readable state for failing tests and debugging.
+    virtual std::string dump() const = 0;
+};
+
+// One stream of n_ctx_per_seq rows per running sequence (llama.cpp's split mode).
+std::unique_ptr<KvCacheManager> make_stock_split_kv(int32_t n_ctx_per_seq);
+
+// One pool of n_ctx rows; each running sequence reserves min(prompt + max_tokens, n_ctx_per_seq)
+// rows at admission (llama.cpp's unified mode).
+std::unique_ptr<KvCacheManager> make_stock_unified_kv(int32_t n_ctx, int32_t n_ctx_per_seq);
+
+// num_blocks blocks of block_size rows shared through block tables (see BlockManager).
+std::unique_ptr<KvCacheManager> make_paged_kv(int32_t num_blocks, int32_t block_size);
+
+}  // namespace cf

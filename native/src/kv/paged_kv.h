@@ -1,0 +1,45 @@
+// paged_kv.h - the paged KV cache manager: block tables over one block pool (BlockManager),
+// keyed by request id. Nothing is reserved: each scheduled token gets its row when it is
+// scheduled, and a sequence that cannot get one makes the scheduler preempt. The prefix cache and
+// the swapper will plug in here (they share and move blocks; the scheduler does not see them).
+//
+// Thread-safety: none; the engine calls it from the stepping thread only.
+#pragma once
+
+#include "kv/kv_cache_manager.h"
+
+namespace cf {
+
+class PagedKv final : public KvCacheManager {
+  public:
+    // num_blocks >= 1 blocks of block_size >= 1 rows (see BlockPool).
+    PagedKv(int32_t num_blocks, int32_t block_size);
+
+    const char * name() const override { return "paged"; }
+    // Free blocks for the rest of the prompt plus a watermark: 1% of the pool and at least one
+    // block per running sequence, so that admitting a prompt does not force a preemption (and its
+    // recompute) on the very next decode. Alone, a sequence may take the whole pool.
+    bool can_admit(const Sequence & seq, int32_t num_running) const override;
+    void admit(const Sequence & seq) override;
+    bool allocate(const Sequence & seq, int32_t num_new_tokens) override;
+    void free(const Sequence & seq) override;
+    void fill_plan(StepPlan * plan) override;
+    int64_t kv_tokens_reserved() const override;
+    int32_t num_blocks_total() const override { return blocks_.pool().num_blocks(); }
+    int32_t num_blocks_used() const override { return blocks_.pool().num_used(); }
+    const BlockManager * block_manager() const override { return &blocks_; }
+    std::string check_invariants(const std::vector<std::unique_ptr<Sequence>> & running) const override;
+    std::string dump() const override;
+
+    // `child` (admitted, nothing allocated yet) shares every block of `parent` and its token count,
+    // the way the prefix cache will share a cached prefix; its next allocate() copies a shared,
+    // partially filled last block first (copy-on-write, reported in StepPlan::blocks_to_copy).
+    // Call only when parent holds a table and child holds none.
+    void fork(const Sequence & parent, const Sequence & child);
+
+  private:
+    BlockManager blocks_;
+    int64_t watermark_blocks_;  // free blocks kept for running sequences: 1% of the pool, at least 1
+};
+
+}  // namespace cf

@@ -1,0 +1,88 @@
+// test_batch_builder.cpp - llama.cpp slots and batches without a model: stable slots (stock
+// modes: lowest free first, kept until release, reused), per-decode rows (paged mode: decode
+// groups of at most num_slots sequences, nothing kept), batch order and sample indices.
+#undef NDEBUG  // the checks must run in Release builds too
+#include "engine/batch_builder.h"
+
+#include <cassert>
+#include <cstdio>
+#include <memory>
+#include <numeric>
+#include <vector>
+
+using namespace cf;
+
+namespace {
+
+std::unique_ptr<Sequence> make_seq(int64_t request_id, int32_t prompt_len) {
+    SamplingParams p;
+    std::vector<int32_t> prompt((size_t) prompt_len);
+    std::iota(prompt.begin(), prompt.end(), 100);
+    return std::make_unique<Sequence>(request_id, prompt.data(), prompt_len, p, 0, 0, prompt_len + 16);
+}
+
+// A plan computing each sequence's whole prompt (needs_sample), in the given order.
+StepPlan plan_of(const std::vector<Sequence *> & seqs) {
+    StepPlan plan;
+    for (Sequence * seq : seqs) {
+        plan.seqs.push_back({seq, seq->num_prompt_tokens, true});
+        plan.num_scheduled_tokens += seq->num_prompt_tokens;
+    }
+    return plan;
+}
+
+// Stock: request 1 and 2 take slots 0 and 1 and keep them; once 2 is released (its slot is
+// returned for KV clearing), request 4 takes slot 1, the lowest free one. The batch goes by slot.
+void test_stable_slots() {
+    BatchBuilder builder(64, SlotMode::STABLE, 3);
+    std::unique_ptr<Sequence> r1 = make_seq(1, 2);
+    std::unique_ptr<Sequence> r2 = make_seq(2, 3);
+    std::unique_ptr<Sequence> r4 = make_seq(4, 1);
+    StepPlan plan = plan_of({r1.get(), r2.get()});
+    assert(builder.num_groups(plan) == 1);
+    const llama_batch & batch = builder.build(plan, 0, 2);
+    assert(builder.slot(0) == 0 && builder.slot(1) == 1 && batch.n_tokens == 5);
+    assert(batch.seq_id[0][0] == 0 && batch.seq_id[2][0] == 1 && batch.pos[2] == 0 && batch.token[4] == 102);
+    assert(builder.sample_index(0) == 1 && builder.sample_index(1) == 4 && batch.logits[1] && !batch.logits[0]);
+    assert(builder.release(2) == 1 && builder.release(2) == CF_SLOT_NONE);
+
+    // Request 1 keeps slot 0; 4 gets slot 1. In plan order 4 comes first, in the batch slot 0 does.
+    StepPlan next = plan_of({r4.get(), r1.get()});
+    const llama_batch & b2 = builder.build(next, 0, 2);
+    assert(builder.slot(0) == 1 && builder.slot(1) == 0);
+    assert(b2.seq_id[0][0] == 0 && b2.seq_id[2][0] == 1);  // r1's two tokens, then r4's one
+    assert(builder.sample_index(1) == 1 && builder.sample_index(0) == 2);
+    assert(builder.release(1) == 0 && builder.release(4) == 1 && builder.release(99) == CF_SLOT_NONE);
+}
+
+// Paged: 5 sequences over 2 slots run as 3 decode groups; in each the slots are the rows 0, 1.
+void test_per_decode_rows() {
+    BatchBuilder builder(64, SlotMode::PER_DECODE, 2);
+    std::vector<std::unique_ptr<Sequence>> owned;
+    std::vector<Sequence *> seqs;
+    for (int64_t id = 10; id < 15; ++id) {
+        owned.push_back(make_seq(id, 2));
+        seqs.push_back(owned.back().get());
+    }
+    StepPlan plan = plan_of(seqs);
+    assert(builder.num_groups(plan) == 3);
+    assert(builder.group_begin(plan, 0) == 0 && builder.group_begin(plan, 1) == 2);
+    assert(builder.group_begin(plan, 2) == 4 && builder.group_begin(plan, 3) == 5);
+    const llama_batch & batch = builder.build(plan, 2, 4);
+    assert(builder.slot(2) == 0 && builder.slot(3) == 1 && batch.n_tokens == 4);
+    assert(batch.seq_id[0][0] == 0 && batch.seq_id[3][0] == 1);
+    assert(builder.sample_index(2) == 1 && builder.sample_index(3) == 3);
+    assert(builder.sample_index(0) == CF_BATCH_INDEX_NONE);  // not in this group
+    const llama_batch & last = builder.build(plan, 4, 5);
+    assert(builder.slot(4) == 0 && last.n_tokens == 2);
+    assert(builder.release(12) == CF_SLOT_NONE);  // nothing is kept between decodes
+}
+
+}  // namespace
+
+int main() {
+    test_stable_slots();
+    test_per_decode_rows();
+    std::printf("test_batch_builder: ok\n");
+    return 0;
+}

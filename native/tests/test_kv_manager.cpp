@@ -1,0 +1,157 @@
+// test_kv_manager.cpp - the same scenarios through the KvCacheManager interface for each of its
+// implementations (stock split, stock unified, paged), then what differs between them.
+#undef NDEBUG  // the checks must run in Release builds too
+#include "kv/kv_cache_manager.h"
+
+#include <cassert>
+#include <cstdio>
+#include <functional>
+#include <memory>
+#include <numeric>
+#include <string>
+#include <vector>
+
+using namespace cf;
+
+namespace {
+
+std::unique_ptr<Sequence> make_seq(int64_t request_id, int32_t prompt_len, int32_t max_tokens) {
+    SamplingParams p;
+    p.max_tokens = max_tokens;
+    std::vector<int32_t> prompt((size_t) prompt_len);
+    std::iota(prompt.begin(), prompt.end(), 0);
+    return std::make_unique<Sequence>(request_id, prompt.data(), prompt_len, p, 0, 0, prompt_len + max_tokens);
+}
+
+void check(const KvCacheManager & kv, const std::vector<std::unique_ptr<Sequence>> & running) {
+    const std::string error = kv.check_invariants(running);
+    if (!error.empty()) {
+        std::fprintf(stderr, "%s\n%s", error.c_str(), kv.dump().c_str());
+        assert(false);
+    }
+}
+
+// Scenarios every implementation passes (capacity: at least 2 sequences of 64 tokens).
+// Admit two sequences, grow them step by step as the scheduler would, free them in another order:
+// usage goes back to zero and the invariants hold after every call.
+void scenario_admit_grow_free(KvCacheManager & kv) {
+    std::vector<std::unique_ptr<Sequence>> running;
+    assert(kv.kv_tokens_reserved() == 0 && kv.num_blocks_used() == 0);
+    for (int64_t id = 1; id <= 2; ++id) {
+        std::unique_ptr<Sequence> seq = make_seq(id, 10, 20);
+        assert(kv.can_admit(*seq, (int32_t) running.size()));
+        kv.admit(*seq);
+        running.push_back(std::move(seq));
+        check(kv, running);
+    }
+    for (int step = 0; step < 5; ++step) {
+        for (auto & seq : running) {
+            const int32_t n = step == 0 ? seq->num_prompt_tokens : 1;
+            assert(kv.allocate(*seq, n));
+            seq->num_computed_tokens += n;
+            seq->append_token(7);  // every step ends at the last token: it samples one
+            check(kv, running);
+        }
+    }
+    assert(kv.kv_tokens_reserved() > 0);
+    StepPlan plan;  // the KV part of a plan for both sequences' last token
+    for (auto & seq : running) {
+        seq->num_computed_tokens -= 1;
+        plan.seqs.push_back({seq.get(), 1, true});
+    }
+    kv.fill_plan(&plan);
+    for (auto & seq : running) {
+        seq->num_computed_tokens += 1;
+    }
+    assert(plan.blocks_to_copy.empty());  // nothing is shared: no copy-on-write
+    // Paged fills one slot per token and one context length per sequence; stock fills nothing.
+    const size_t n = kv.block_manager() != nullptr ? 2 : 0;
+    assert(plan.slot_mapping.size() == n && plan.context_lens.size() == n);
+    kv.free(*running[0]);
+    running.erase(running.begin());
+    check(kv, running);
+    kv.free(*running[0]);
+    running.clear();
+    check(kv, running);
+    assert(kv.kv_tokens_reserved() == 0 && kv.num_blocks_used() == 0);
+}
+
+// A sequence freed right after admission (aborted before it computed anything) leaves no trace.
+void scenario_free_before_allocate(KvCacheManager & kv) {
+    std::vector<std::unique_ptr<Sequence>> running;
+    std::unique_ptr<Sequence> seq = make_seq(9, 5, 5);
+    assert(kv.can_admit(*seq, 0));
+    kv.admit(*seq);
+    running.push_back(std::move(seq));
+    check(kv, running);
+    kv.free(*running[0]);
+    running.clear();
+    check(kv, running);
+    assert(kv.kv_tokens_reserved() == 0);
+    assert(!kv.dump().empty() && std::string(kv.name()).size() > 0);
+}
+
+void run_common_scenarios(const std::function<std::unique_ptr<KvCacheManager>()> & make) {
+    std::unique_ptr<KvCacheManager> kv = make();
+    scenario_admit_grow_free(*kv);
+    scenario_free_before_allocate(*kv);
+    scenario_admit_grow_free(*kv);  // again on the same manager: nothing leaked
+}
+
+// What differs: split admits whatever runs (a stream per running slot) and reserves whole streams.
+void test_split_specifics() {
+    std::unique_ptr<KvCacheManager> kv = make_stock_split_kv(64);
+    std::unique_ptr<Sequence> seq = make_seq(1, 10, 1000);
+    assert(kv->can_admit(*seq, 100));
+    kv->admit(*seq);
+    assert(kv->kv_tokens_reserved() == 64 && kv->block_manager() == nullptr);
+    kv->free(*seq);
+}
+
+// Unified reserves min(prompt + max_tokens, n_ctx_per_seq) at admission and admits while it fits.
+void test_unified_specifics() {
+    std::unique_ptr<KvCacheManager> kv = make_stock_unified_kv(100, 100);
+    std::unique_ptr<Sequence> a = make_seq(1, 10, 50);
+    std::unique_ptr<Sequence> b = make_seq(2, 10, 50);
+    kv->admit(*a);
+    assert(kv->kv_tokens_reserved() == 60 && !kv->can_admit(*b, 1));
+    kv->free(*a);
+    assert(kv->can_admit(*b, 0));
+    std::unique_ptr<Sequence> huge = make_seq(3, 10, 1000);
+    kv->admit(*huge);
+    assert(kv->kv_tokens_reserved() == 100);  // capped by n_ctx_per_seq
+    kv->free(*huge);
+}
+
+// Paged admits by free blocks plus a watermark, and allocate() fails, changing nothing, when the
+// pool is short.
+void test_paged_specifics() {
+    std::unique_ptr<KvCacheManager> kv = make_paged_kv(8, 4);
+    assert(kv->num_blocks_total() == 8 && kv->block_manager() != nullptr);
+    std::vector<std::unique_ptr<Sequence>> running;
+    running.push_back(make_seq(1, 10, 20));  // 3 blocks
+    kv->admit(*running[0]);
+    assert(kv->allocate(*running[0], 10) && kv->num_blocks_used() == 3);
+    std::unique_ptr<Sequence> big = make_seq(2, 17, 4);  // 5 blocks + watermark 1 > 5 free
+    assert(!kv->can_admit(*big, 1));
+    std::unique_ptr<Sequence> fits = make_seq(3, 16, 4);  // 4 blocks + 1 <= 5 free
+    assert(kv->can_admit(*fits, 1));
+    assert(!kv->allocate(*running[0], 23) && kv->num_blocks_used() == 3);  // 9 blocks > 8: short
+    assert(kv->block_manager()->find(1)->num_tokens == 10);
+    check(*kv, running);
+    kv->free(*running[0]);
+    assert(kv->num_blocks_used() == 0 && kv->kv_tokens_reserved() == 0);
+}
+
+}  // namespace
+
+int main() {
+    run_common_scenarios([] { return make_stock_split_kv(64); });
+    run_common_scenarios([] { return make_stock_unified_kv(256, 64); });
+    run_common_scenarios([] { return make_paged_kv(16, 8); });
+    test_split_specifics();
+    test_unified_specifics();
+    test_paged_specifics();
+    std::printf("test_kv_manager: ok\n");
+    return 0;
+}
