@@ -1,7 +1,7 @@
 // test_paged_attention.cpp - the CPU paged attention op against a naive reference on random inputs.
 //
-// The op runs exactly as llama.cpp runs it: one ggml_custom_4d node (the contract of
-// llama_paged_attn_params in llama.h) computed by ggml's CPU threadpool. The reference gathers each
+// The op runs exactly as llama.cpp runs it: one ggml_paged_attn node (GGML_OP_PAGED_ATTN, its
+// contract at ggml_paged_attn in ggml.h) computed by ggml's CPU backend and threadpool. The reference gathers each
 // token's keys through the block table, computes softmax(scale * q.k) v in double precision, and
 // shares nothing with the kernel but the f16 -> f32 conversion of the inputs.
 //
@@ -14,7 +14,6 @@
 
 #include "ggml-cpu.h"
 #include "ggml.h"
-#include "llama.h"
 
 #include <algorithm>
 #include <cassert>
@@ -208,7 +207,8 @@ void fill_pool(ggml_tensor * t, const std::vector<float> & values) {
 }
 
 // Run the op through a ggml graph on n_threads CPU threads. [n_tokens][n_head][head_dim]
-std::vector<float> run_op(const Case & c, float scale, int n_threads, ggml_custom_op_t op = cf::paged_attention_cpu_op) {
+std::vector<float> run_op(const Case & c, float scale, int n_threads,
+                          ggml_paged_attn_kernel kernel = GGML_PAGED_ATTN_KERNEL_F32) {
     const Shape & sh = c.shape;
     const size_t mem = 64 * ggml_tensor_overhead() + ggml_graph_overhead() + 2 * c.k_f32.size() * sizeof(float) +
                        2 * c.q.size() * sizeof(float) + c.tables.size() * sizeof(int32_t) + (1u << 20);
@@ -237,10 +237,7 @@ std::vector<float> run_op(const Case & c, float scale, int n_threads, ggml_custo
     std::memcpy(ts->data, c.tok_seq.data(), c.tok_seq.size() * sizeof(int32_t));
     std::memcpy(tc->data, c.tok_ctx.data(), c.tok_ctx.size() * sizeof(int32_t));
 
-    llama_paged_attn_params params = { scale, 0.0f, sh.block_size };
-    ggml_tensor * args[] = { q, k, v, bt, ts, tc };
-    ggml_tensor * out = ggml_custom_4d(ctx, GGML_TYPE_F32, sh.head_dim, c.n_head(), c.n_tokens(), 1, args, 6,
-                                       op, GGML_N_TASKS_MAX, &params);
+    ggml_tensor * out = ggml_paged_attn(ctx, q, k, v, bt, ts, tc, scale, 0.0f, sh.block_size, kernel);
     ggml_cgraph * gf = ggml_new_graph(ctx);
     ggml_build_forward_expand(gf, out);
     const ggml_status st = ggml_graph_compute_with_ctx(ctx, gf, n_threads);
@@ -466,7 +463,7 @@ void check_ggml_numerics(const Shape & sh, ggml_type kv_type, const std::vector<
     }
 
     const float scale = 1.0f / std::sqrt((float) sh.head_dim);
-    const std::vector<float> paged = run_op(c, scale, n_threads, cf::paged_attention_cpu_ggml_op);
+    const std::vector<float> paged = run_op(c, scale, n_threads, GGML_PAGED_ATTN_KERNEL_GGML);
     const size_t per_token = (size_t) c.n_head() * sh.head_dim;
     size_t t0 = 0;
     for (size_t s = 0; s < c.seqs.size(); ++s) {

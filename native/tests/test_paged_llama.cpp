@@ -17,7 +17,6 @@
 //      block (llama_paged_copy_blocks) before writing; parent and child generate the same tokens.
 //   4. errors: a block id out of range, decode without a plan, a slot that disagrees with its block table.
 #undef NDEBUG  // the checks must run in Release builds too
-#include "kernels/paged_attention_cpu.h"
 #include "llama.h"
 
 #include <algorithm>
@@ -58,9 +57,9 @@ void quiet_log(ggml_log_level level, const char * text, void *) {
     }
 }
 
-// op: the paged attention kernel (ggml numerics, the engine's default, or f32).
+// kernel: the paged attention kernel (ggml numerics, the engine's default, or f32).
 llama_context * make_ctx(bool paged, int32_t block_size, bool flash_attn, ggml_type kv_type,
-                         ggml_custom_op_t op = cf::paged_attention_cpu_ggml_op) {
+                         ggml_paged_attn_kernel kernel = GGML_PAGED_ATTN_KERNEL_GGML) {
     llama_context_params cp = llama_context_default_params();
     cp.n_ctx = kNumCtx;
     cp.n_batch = 512;
@@ -74,7 +73,7 @@ llama_context * make_ctx(bool paged, int32_t block_size, bool flash_attn, ggml_t
     cp.type_v = kv_type;
     if (paged) {
         cp.kv_block_size = (uint32_t) block_size;
-        cp.paged_attn_op = op;
+        cp.paged_attn_kernel = kernel;
     }
     llama_context * ctx = llama_init_from_model(g_model, cp);
     assert(ctx != nullptr);
@@ -239,8 +238,8 @@ int decode_paged(llama_context * ctx, ToyBlocks & blocks, const std::vector<Work
 // tokens of sequences whose prompt is done in the same steps, until every sequence has kNumGen tokens.
 Result run_paged(const std::vector<std::vector<llama_token>> & prompts, int32_t block_size, int32_t chunk,
                  uint32_t seed, ggml_type kv_type, const Result * force,
-                 ggml_custom_op_t op = cf::paged_attention_cpu_ggml_op) {
-    llama_context * ctx = make_ctx(true, block_size, true, kv_type, op);
+                 ggml_paged_attn_kernel kernel = GGML_PAGED_ATTN_KERNEL_GGML) {
+    llama_context * ctx = make_ctx(true, block_size, true, kv_type, kernel);
     const int32_t n_seqs = (int32_t) prompts.size();
     ToyBlocks blocks(llama_paged_n_blocks(ctx), block_size, n_seqs, seed);
     Result res;
@@ -354,7 +353,7 @@ Result test_greedy_vs_stock(const std::vector<std::vector<llama_token>> & prompt
     assert(d_same == 0.0f && n_same == kNumSeqs);
 
     const Result chunked_forced = run_paged(prompts, 8, 24, 2, GGML_TYPE_F16, &stock);
-    const Result f32_forced = run_paged(prompts, 16, kPromptLen, 1, GGML_TYPE_F16, &stock, cf::paged_attention_cpu_op);
+    const Result f32_forced = run_paged(prompts, 16, kPromptLen, 1, GGML_TYPE_F16, &stock, GGML_PAGED_ATTN_KERNEL_F32);
     const float d_chunked = max_logit_diff(stock, chunked_forced);
     const float d_f32 = max_logit_diff(stock, f32_forced);
     std::printf("    teacher-forced max |logit diff|: block 8 with prefill chunks of 24 %.4f, f32 kernel %.4f "
@@ -363,7 +362,7 @@ Result test_greedy_vs_stock(const std::vector<std::vector<llama_token>> & prompt
     const int32_t n_chunked = check_greedy(stock, run_paged(prompts, 8, 24, 2, GGML_TYPE_F16, nullptr), tol.fa,
                                            "block 8 chunked");
     const int32_t n_f32 = check_greedy(
-        stock, run_paged(prompts, 16, kPromptLen, 1, GGML_TYPE_F16, nullptr, cf::paged_attention_cpu_op), tol.fa,
+        stock, run_paged(prompts, 16, kPromptLen, 1, GGML_TYPE_F16, nullptr, GGML_PAGED_ATTN_KERNEL_F32), tol.fa,
         "f32 kernel");
     std::printf("    greedy sequences equal to stock: block 8 chunked %d/%d, f32 kernel %d/%d\n", n_chunked, kNumSeqs,
                 n_f32, kNumSeqs);
@@ -375,7 +374,7 @@ Result test_greedy_vs_stock(const std::vector<std::vector<llama_token>> & prompt
 void test_logits_vs_f32_stock(const std::vector<std::vector<llama_token>> & prompts, const Tolerances & tol,
                               const Result & tokens) {
     const Result stock = run_stock(prompts, /*flash_attn =*/ false, GGML_TYPE_F32, &tokens);
-    const Result chunked = run_paged(prompts, 8, 24, 2, GGML_TYPE_F32, &tokens, cf::paged_attention_cpu_op);
+    const Result chunked = run_paged(prompts, 8, 24, 2, GGML_TYPE_F32, &tokens, GGML_PAGED_ATTN_KERNEL_F32);
     const float diff = max_logit_diff(stock, chunked);
     std::printf("  f32 KV, vs stock without flash attention: max |logit diff|: paged block 8 chunked %.2g "
                 "(tolerance %.2g)\n", diff, tol.exact);
@@ -409,7 +408,10 @@ void test_fork_copy_on_write(const std::vector<std::vector<llama_token>> & promp
     blocks.tables[1].back() = dst;
     assert(llama_paged_copy_blocks(ctx, &src, &dst, 1) == 0);
 
+    // decode steps of the same shape reuse the graph (block tables bucketed, op params in the nodes):
+    // only the first one, after the prefill, builds it
     std::vector<llama_token> out[2] = { { first }, { first } };
+    const int32_t n_reused_before = llama_perf_context(ctx).n_reused;
     for (int32_t step = 0; step < 16; ++step) {
         rc = decode_paged(ctx, blocks, { { 0, { out[0].back() }, true }, { 1, { out[1].back() }, true } }, batch, &rows);
         assert(rc == 0);
@@ -418,8 +420,10 @@ void test_fork_copy_on_write(const std::vector<std::vector<llama_token>> & promp
         }
     }
     assert(out[0] == out[1]);
-    std::printf("  fork + copy-on-write of a shared partial block: parent and child generate the same %zu tokens\n",
-                out[0].size());
+    const int32_t n_reused = llama_perf_context(ctx).n_reused - n_reused_before;
+    std::printf("  fork + copy-on-write of a shared partial block: parent and child generate the same %zu tokens; "
+                "graph reused in %d of 16 decode steps\n", out[0].size(), n_reused);
+    assert(n_reused == 15);
 
     // errors: out of range copy, decode without a plan, a slot that disagrees with the block table
     const int32_t bad = llama_paged_n_blocks(ctx);

@@ -2,9 +2,9 @@
 #include "engine/llama_session.h"
 
 #include "core/error.h"
+#include "engine/paged_attn_support.h"
 #include "engine/sampling.h"
 #include "ggml-backend.h"
-#include "kernels/paged_attention_cpu.h"
 #include "llama.h"
 
 #include <algorithm>
@@ -142,19 +142,9 @@ void copy_cstr(char * dst, size_t capacity, const char * src) {
     std::snprintf(dst, capacity, "%s", src ? src : "");
 }
 
-// Why the paged KV path cannot serve this model yet, or nullptr. llama.cpp refuses the rest (MLA,
-// sparse attention, quantized KV) when the paged context is created.
-const char * paged_unsupported_reason(const llama_model * model, int32_t n_gpu_layers) {
-    if (llama_model_is_recurrent(model) || llama_model_is_hybrid(model)) {
-        return "it has recurrent layers";
-    }
-    if (llama_model_n_swa(model) > 0) {
-        return "it has sliding-window attention layers";
-    }
-    if (n_gpu_layers != 0 && llama_supports_gpu_offload()) {
-        return "the paged attention op runs on the CPU only (no GPU offload yet)";
-    }
-    return nullptr;
+// The paged attention kernel of the engine's setting (the op param of every paged attention node).
+ggml_paged_attn_kernel paged_attn_kernel(cf_paged_attention setting) {
+    return setting == CF_PAGED_ATTENTION_F32 ? GGML_PAGED_ATTN_KERNEL_F32 : GGML_PAGED_ATTN_KERNEL_GGML;
 }
 
 // "<arch>.<key>" of the GGUF as an integer (e.g. attention.key_length: Gemma 3's heads are 256
@@ -171,6 +161,33 @@ int64_t meta_int(const llama_model * model, const char * key, int64_t fallback) 
     }
     const long long parsed = std::atoll(value);
     return parsed > 0 ? (int64_t) parsed : fallback;
+}
+
+// Why the paged KV path cannot serve this model with this config, or "". llama.cpp refuses the rest
+// (MLA, sparse attention, quantized KV) when the paged context is created.
+std::string paged_unsupported_reason(const llama_model * model, const EngineConfig & config) {
+    if (llama_model_is_recurrent(model) || llama_model_is_hybrid(model)) {
+        return "it has recurrent layers";
+    }
+    if (llama_model_n_swa(model) > 0) {
+        return "it has sliding-window attention layers";
+    }
+    // the devices its attention layers land on must run the paged attention op (today: the CPU only)
+    const int64_t n_head = std::max(1, llama_model_n_head(model));
+    const int64_t head_dim = llama_model_n_embd(model) / n_head;
+    const PagedAttnShape shape = {meta_int(model, "attention.key_length", head_dim),
+                                  meta_int(model, "attention.value_length", head_dim),
+                                  n_head,
+                                  std::max(1, llama_model_n_head_kv(model)),
+                                  config.block_size,
+                                  GGML_TYPE_F16,
+                                  paged_attn_kernel(config.paged_attention)};
+    const std::string device = first_device_without_paged_attn(attention_devices(config.n_gpu_layers), shape);
+    if (!device.empty()) {
+        return "the paged attention op (GGML_OP_PAGED_ATTN) is not implemented on " + device +
+               ", where n_gpu_layers=" + std::to_string(config.n_gpu_layers) + " puts attention layers";
+    }
+    return "";
 }
 
 }  // namespace
@@ -220,22 +237,21 @@ void LlamaSession::load_model() {
 }
 
 void LlamaSession::resolve_kv_mode() {
-    const char * why = paged_unsupported_reason(model_, config_.n_gpu_layers);
-    if (config_.kv_mode == CF_KV_MODE_PAGED && why != nullptr) {
-        throw Error(CF_STATUS_UNSUPPORTED, std::string("kv_mode=paged does not cover this model: ") + why +
-                                               "; use kv_mode=stock");
+    const std::string why = paged_unsupported_reason(model_, config_);
+    if (config_.kv_mode == CF_KV_MODE_PAGED && !why.empty()) {
+        throw Error(CF_STATUS_UNSUPPORTED, "kv_mode=paged does not cover this model: " + why + "; use kv_mode=stock");
     }
     if (config_.kv_mode == CF_KV_MODE_AUTO) {
-        config_.kv_mode = why == nullptr ? CF_KV_MODE_PAGED : CF_KV_MODE_STOCK;
-        if (why != nullptr && config_.max_num_seqs > kLlamaMaxSeq) {
+        config_.kv_mode = why.empty() ? CF_KV_MODE_PAGED : CF_KV_MODE_STOCK;
+        if (!why.empty() && config_.max_num_seqs > kLlamaMaxSeq) {
             throw Error(CF_STATUS_INVALID_ARGUMENT,
                         "max_num_seqs=" + std::to_string(config_.max_num_seqs) + " needs kv_mode=paged, but the paged "
                         "KV path does not cover this model (" + why + "); the stock KV cache holds at most " +
                         std::to_string(kLlamaMaxSeq) + " sequences (llama.cpp's LLAMA_MAX_SEQ)");
         }
-        if (why != nullptr && config_.log_level != CF_LOG_LEVEL_NONE) {
+        if (!why.empty() && config_.log_level != CF_LOG_LEVEL_NONE) {
             std::fprintf(stderr, "cacheflow: using the stock KV cache: the paged KV path does not cover this model (%s)\n",
-                         why);
+                         why.c_str());
         }
     }
     // Stock: one llama.cpp slot per running sequence. Paged: slots are rows of one decode, and a
@@ -316,8 +332,7 @@ void LlamaSession::create_context() {
     cp.n_samplers = samplers.size();
     if (config_.paged()) {
         cp.kv_block_size = (uint32_t) config_.block_size;
-        cp.paged_attn_op = config_.paged_attention == CF_PAGED_ATTENTION_F32 ? paged_attention_cpu_op
-                                                                            : paged_attention_cpu_ggml_op;
+        cp.paged_attn_kernel = paged_attn_kernel(config_.paged_attention);
     }
 
     // A KV cache larger than the memory of all devices together cannot be allocated; saying so

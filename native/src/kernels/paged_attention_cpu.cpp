@@ -16,10 +16,8 @@
 // reduction, about 1e-7 relative). The vector helpers use AVX-512 or AVX2+F16C+FMA when the build
 // enables them (CMake compiles this file for the build machine, like ggml's CPU backend), else
 // portable scalar code.
-#include "kernels/paged_attention_cpu.h"
-#include "kernels/paged_attention_simd.h"  // also <immintrin.h> where the vector paths are built
-
-#include "llama.h"
+#include "paged_attention_cpu.h"
+#include "paged_attention_simd.h"  // also <immintrin.h> where the vector paths are built
 
 #include <algorithm>
 #include <cmath>
@@ -256,10 +254,6 @@ void attend_tile(const PagedAttentionArgs & a, int32_t t0, int32_t nt, int32_t h
     }
 }
 
-bool is_f16_or_f32(const ggml_tensor * t) {
-    return t->type == GGML_TYPE_F16 || t->type == GGML_TYPE_F32;
-}
-
 }  // namespace
 
 void paged_attention_cpu(const PagedAttentionArgs & args, int ith, int nth) {
@@ -280,64 +274,6 @@ void paged_attention_cpu(const PagedAttentionArgs & args, int ith, int nth) {
         }
         t0 += nt;
     }
-}
-
-PagedAttentionArgs paged_attention_args(const ggml_tensor * dst, const void * userdata) {
-    const ggml_tensor * q = dst->src[0];
-    const ggml_tensor * k = dst->src[1];
-    const ggml_tensor * v = dst->src[2];
-    const ggml_tensor * block_tables = dst->src[3];
-    const ggml_tensor * tok_seq = dst->src[4];
-    const ggml_tensor * tok_ctx = dst->src[5];
-    const auto * params = (const llama_paged_attn_params *) userdata;
-
-    // the op contract of llama.h (llama_paged_attn_params); a mismatch is a bug in the patch or here
-    GGML_ASSERT(params != nullptr && params->block_size > 0);
-    GGML_ASSERT(q && k && v && block_tables && tok_seq && tok_ctx);
-    GGML_ASSERT(dst->type == GGML_TYPE_F32 && ggml_is_contiguous(dst));
-    GGML_ASSERT(q->type == GGML_TYPE_F32 && q->nb[0] == sizeof(float));
-    GGML_ASSERT(is_f16_or_f32(k) && is_f16_or_f32(v) && ggml_is_contiguous_rows(k) && ggml_is_contiguous_rows(v));
-    GGML_ASSERT(block_tables->type == GGML_TYPE_I32 && ggml_is_contiguous(block_tables));
-    GGML_ASSERT(tok_seq->type == GGML_TYPE_I32 && tok_ctx->type == GGML_TYPE_I32);
-    const int64_t head_dim_k = q->ne[0];
-    const int64_t head_dim_v = dst->ne[0];
-    const int64_t n_head = q->ne[1];
-    const int64_t n_tokens = q->ne[2];
-    const int64_t n_head_kv = k->ne[0] / head_dim_k;
-    GGML_ASSERT(dst->ne[1] == n_head && dst->ne[2] == n_tokens);
-    GGML_ASSERT(n_head_kv >= 1 && k->ne[0] == n_head_kv * head_dim_k && v->ne[0] == n_head_kv * head_dim_v);
-    GGML_ASSERT(n_head % n_head_kv == 0);
-    GGML_ASSERT(k->ne[1] == v->ne[1] && tok_seq->ne[0] == n_tokens && tok_ctx->ne[0] == n_tokens);
-
-    PagedAttentionArgs args;
-    args.q = (const char *) q->data;
-    args.q_stride_head_bytes = q->nb[1];
-    args.q_stride_token_bytes = q->nb[2];
-    args.k_pool = (const char *) k->data;
-    args.v_pool = (const char *) v->data;
-    args.k_type = k->type;
-    args.v_type = v->type;
-    args.k_stride_row_bytes = k->nb[1];
-    args.v_stride_row_bytes = v->nb[1];
-    args.kv_size = k->ne[1];
-    args.block_tables = (const int32_t *) block_tables->data;
-    args.block_table_stride = block_tables->ne[0];
-    args.token_seq_idx = (const int32_t *) tok_seq->data;
-    args.token_ctx_len = (const int32_t *) tok_ctx->data;
-    args.out = (float *) dst->data;
-    args.n_tokens = (int32_t) n_tokens;
-    args.n_head = (int32_t) n_head;
-    args.n_head_kv = (int32_t) n_head_kv;
-    args.head_dim_k = (int32_t) head_dim_k;
-    args.head_dim_v = (int32_t) head_dim_v;
-    args.block_size = params->block_size;
-    args.scale = params->scale;
-    args.softcap = params->softcap;
-    return args;
-}
-
-void paged_attention_cpu_op(ggml_tensor * dst, int ith, int nth, void * userdata) {
-    paged_attention_cpu(paged_attention_args(dst, userdata), ith, nth);
 }
 
 }  // namespace cf

@@ -1,9 +1,12 @@
 // paged_attention_cpu.h - CPU paged attention: each token attends over its own sequence's KV
 // blocks, read through a block table; no KQ mask, no gathered copy of the context.
 //
-// llama.cpp (patches/0002-paged-attn-graph.patch) runs this as the ggml custom op of every attention
-// layer in paged KV mode; the op contract (tensor shapes) is documented at llama_paged_attn_params in
-// llama.h. The engine hands paged_attention_cpu_op to llama.cpp as llama_context_params.paged_attn_op.
+// These are the CPU implementation of GGML_OP_PAGED_ATTN (ggml_paged_attn, patches/0004), the op of
+// every attention layer in paged KV mode (patches/0002); its contract (shapes, dtypes, op params) is
+// documented at ggml_paged_attn in ggml.h. CMake compiles this folder into ggml's CPU backend
+// (GGML_CPU_PAGED_ATTN_SOURCES), whose compute_forward calls paged_attention_op.cpp; the op param
+// `kernel` picks the implementation (llama_context_params.paged_attn_kernel, from the engine's
+// paged_attention setting).
 //
 // Causality comes from per-token context lengths: a token at position pos of its sequence attends to
 // positions [0, pos] (ctx_len = pos + 1). Position p lives in pool row
@@ -60,14 +63,9 @@ struct PagedAttentionArgs {
 void paged_attention_cpu(const PagedAttentionArgs & args, int ith, int nth);
 void paged_attention_cpu_ggml(const PagedAttentionArgs & args, int ith, int nth);
 
-// The op contract's tensors and parameters as PagedAttentionArgs: checks shapes and types (aborting on
-// a mismatch, a bug in the patch or here). dst: the custom op node; userdata: const
-// llama_paged_attn_params *. The pointers in the result alias the tensors' data.
-PagedAttentionArgs paged_attention_args(const ggml_tensor * dst, const void * userdata);
-
-// ggml_custom_op_t adaptors for llama_context_params.paged_attn_op (userdata: const
-// llama_paged_attn_params *): paged_attention_args, then the implementation of the same name.
-void paged_attention_cpu_op(ggml_tensor * dst, int ith, int nth, void * userdata);
-void paged_attention_cpu_ggml_op(ggml_tensor * dst, int ith, int nth, void * userdata);
+// A GGML_OP_PAGED_ATTN node's tensors and op params as PagedAttentionArgs (paged_attention_op.cpp):
+// checks shapes and types against the contract in ggml.h, aborting on a mismatch (ggml_paged_attn
+// checks them when the graph is built, so a mismatch is a bug). The pointers alias the tensors' data.
+PagedAttentionArgs paged_attention_args(const ggml_tensor * dst);
 
 }  // namespace cf

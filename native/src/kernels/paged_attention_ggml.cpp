@@ -22,12 +22,12 @@
 // Work items are (run of consecutive tokens of one sequence, kv head), as in the f32 kernel
 // (paged_attention_cpu.cpp): each K/V tile is converted once for all query heads of its GQA group
 // and, on the tiled path, for up to 64 tokens.
-#include "kernels/paged_attention_cpu.h"
-#include "kernels/paged_attention_simd.h"
+#include "paged_attention_cpu.h"
+#include "paged_attention_simd.h"
 
 // ggml-cpu's internal headers (the pinned tree's ggml/src/ggml-cpu): its vector routines (vec.h) and
-// flash attention tile sizes (common.h). CMake adds their include directories for this file only and
-// compiles it with the CPU backend's options.
+// flash attention tile sizes (common.h). This file is compiled into the CPU backend (patches/0004),
+// with its include directories and options.
 #include "common.h"
 #include "vec.h"
 
@@ -447,10 +447,6 @@ void paged_attention_cpu_ggml(const PagedAttentionArgs & args, int ith, int nth)
         }
         run0 += run;
     }
-}
-
-void paged_attention_cpu_ggml_op(ggml_tensor * dst, int ith, int nth, void * userdata) {
-    paged_attention_cpu_ggml(paged_attention_args(dst, userdata), ith, nth);
 }
 
 }  // namespace cf
