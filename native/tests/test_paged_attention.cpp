@@ -10,7 +10,7 @@
 // chunks, shuffled block tables over a pool larger than needed, a q view with padded strides, and
 // NaN in every pool row that holds no position (reading one shows up as NaN in the output).
 #undef NDEBUG  // the checks must run in Release builds too
-#include "kernels/paged_attention_cpu.h"
+#include "kernels/cpu/paged_attention_cpu.h"
 
 #include "ggml-cpu.h"
 #include "ggml.h"
