@@ -305,8 +305,8 @@ void LlamaSession::create_context() {
     cp.n_samplers = samplers.size();
     if (config_.paged()) {
         cp.kv_block_size = (uint32_t) config_.block_size;
-        cp.paged_attn_op = config_.paged_attention == CF_PAGED_ATTENTION_F32 ? paged_attention_cpu_op
-                                                                            : paged_attention_cpu_ggml_op;
+        cp.paged_attn_op = config_.paged_attention == CF_PAGED_ATTENTION_GGML ? paged_attention_cpu_ggml_op
+                                                                             : paged_attention_cpu_op;
     }
 
     // A KV cache larger than the memory of all devices together cannot be allocated; saying so
