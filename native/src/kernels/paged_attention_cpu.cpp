@@ -166,73 +166,146 @@ std::vector<float> & thread_scratch() {
 // tile's f32 conversion. Grouping never changes a row's arithmetic, only the work per item.
 constexpr int32_t kQueryTile = 64;
 
-// The rows of one item: [R] pointers into the item's scratch and the query, and the running state.
-struct ItemRows {
+// One work item's rows (r = i * G + g for token t0 + i, query head h * G + g) and its key tile.
+// Pointers go into the thread's scratch, which the item owns while it runs.
+struct Item {
     std::vector<const float *> q;  // [R] query rows
     std::vector<float *> s;        // [R] score rows of the current tile, kTileKeys floats each
-    std::vector<float *> acc;      // [R] accumulators, head_dim_v floats each
+    std::vector<float *> acc;      // [R] P.V accumulators, head_dim_v floats each
+    std::vector<int32_t> n_vis;    // [R] visible keys of the current tile (rows in `live`)
     std::vector<int32_t> live;     // rows whose context reaches into the current tile
-    std::vector<int32_t> n_vis;    // [R] visible keys of the current tile
+    float * m = nullptr;           // [R] running max
+    float * l = nullptr;           // [R] running sum of e^(s - m)
+    float * kT = nullptr;          // [head_dim_k][kTileKeys] the tile's keys, f32, transposed
+    float * v32 = nullptr;         // [kTileKeys][head_dim_v] its values as f32 (f16 pools)
+    const float * v[kTileKeys];    // the tile's value rows as f32
 };
 
-// Scores, online softmax and P.V of the live rows against one converted tile (kT, v).
-void attend_rows(const PagedAttentionArgs & a, ItemRows & rows, const float * kT, const float * const * v, float * m,
-                 float * l) {
-    const int32_t n_live = (int32_t) rows.live.size();
+// Sets up item's rows for tokens [t0, t0 + nt) and kv head h in the thread's scratch.
+void init_item(const PagedAttentionArgs & a, int32_t t0, int32_t nt, int32_t h, Item & it) {
+    const int32_t G = a.n_head / a.n_head_kv;
+    const int32_t R = nt * G;
+    const int32_t dv = a.head_dim_v;
+    const bool v_f16 = a.v_type == GGML_TYPE_F16;
+    std::vector<float> & scratch = thread_scratch();
+    const size_t need = (size_t) a.head_dim_k * kTileKeys + (v_f16 ? (size_t) kTileKeys * dv : 0) +
+                        (size_t) R * (kTileKeys + dv + 2);
+    if (scratch.size() < need) {
+        scratch.resize(need);
+    }
+    it.kT = scratch.data();
+    it.v32 = it.kT + (size_t) a.head_dim_k * kTileKeys;
+    float * s = it.v32 + (v_f16 ? (size_t) kTileKeys * dv : 0);  // [R][kTileKeys]
+    float * acc = s + (size_t) R * kTileKeys;                     // [R][dv]
+    it.m = acc + (size_t) R * dv;
+    it.l = it.m + R;
+    std::fill(acc, acc + (size_t) R * dv, 0.0f);
+    std::fill(it.m, it.m + R, -std::numeric_limits<float>::infinity());
+    std::fill(it.l, it.l + R, 0.0f);
+    it.q.resize((size_t) R);
+    it.s.resize((size_t) R);
+    it.acc.resize((size_t) R);
+    it.n_vis.resize((size_t) R);
+    for (int32_t r = 0; r < R; ++r) {
+        const int32_t i = r / G;
+        const int32_t g = r % G;
+        it.q[(size_t) r] = (const float *) (a.q + (size_t) (t0 + i) * a.q_stride_token_bytes +
+                                            (size_t) (h * G + g) * a.q_stride_head_bytes);
+        it.s[(size_t) r] = s + (size_t) r * kTileKeys;
+        it.acc[(size_t) r] = acc + (size_t) r * dv;
+    }
+}
+
+// Converts the keys and values of positions [c0, c0 + n) of kv head h (block table `table`) into
+// item's tile: keys transposed to f32 (it.kT), values as f32 rows (it.v).
+void load_tile(const PagedAttentionArgs & a, const int32_t * table, int32_t h, int32_t c0, int32_t n, Item & it) {
+    const char * k_rows[kTileKeys];
+    const size_t k_off = (size_t) h * a.head_dim_k * ggml_type_size(a.k_type);
+    const size_t v_off = (size_t) h * a.head_dim_v * ggml_type_size(a.v_type);
+    const int32_t bs = a.block_size;
+    const int64_t n_pool_blocks = a.kv_size / bs;
+    for (int32_t j = 0; j < n; ++j) {
+        const int32_t p = c0 + j;
+        const int32_t block_id = table[p / bs];
+        if (block_id < 0 || block_id >= n_pool_blocks) {
+            GGML_ABORT("paged attention: position %d reads block %d outside the pool of %lld blocks", p, block_id,
+                       (long long) n_pool_blocks);
+        }
+        const int64_t row = (int64_t) block_id * bs + p % bs;
+        k_rows[j] = a.k_pool + row * a.k_stride_row_bytes + k_off;
+        const char * v_src = a.v_pool + row * a.v_stride_row_bytes + v_off;
+        it.v[j] = a.v_type == GGML_TYPE_F16 ? row_f16_to_f32(v_src, a.head_dim_v, it.v32 + (size_t) j * a.head_dim_v)
+                                            : (const float *) v_src;
+    }
+    for (int32_t j0 = 0; j0 < n; j0 += kVecLanes) {
+        transpose_key_group(k_rows + j0, std::min(kVecLanes, n - j0), a.k_type, a.head_dim_k, it.kT, j0);
+    }
+}
+
+// Row r's online softmax step over its n visible scores of the tile: scale (and softcap), new max,
+// rescale of the running sum and accumulator when the max grows, scores -> weights e^(s - m).
+void softmax_tile(const PagedAttentionArgs & a, Item & it, int32_t r, int32_t n) {
+    float * sr = it.s[(size_t) r];
+    for (int32_t j = 0; j < n; ++j) {
+        sr[j] *= a.scale;
+    }
+    if (a.softcap != 0.0f) {
+        for (int32_t j = 0; j < n; ++j) {
+            sr[j] = a.softcap * std::tanh(sr[j] / a.softcap);
+        }
+    }
+    const float m_tile = row_max(sr, n);
+    if (m_tile > it.m[r]) {
+        if (it.l[r] > 0.0f) {  // earlier tiles: rescale (the first tile starts from zeros)
+            const float c = std::exp(it.m[r] - m_tile);
+            it.l[r] *= c;
+            float * acc = it.acc[(size_t) r];
+            for (int32_t d = 0; d < a.head_dim_v; ++d) {
+                acc[d] *= c;
+            }
+        }
+        it.m[r] = m_tile;
+    }
+    it.l[r] += exp_shifted_sum(sr, it.m[r], n, (n + kVecLanes - 1) / kVecLanes * kVecLanes);
+}
+
+// Scores, online softmax and P.V of the live rows against the loaded tile, rows in register blocks
+// of kRowBlock (a block's rows may see different numbers of keys: P.V runs the keys all of them see
+// together, then each row's rest alone, which is the same chain per row).
+void attend_tile(const PagedAttentionArgs & a, Item & it) {
+    const int32_t n_live = (int32_t) it.live.size();
     const float * qb[kRowBlock];
-    float * sb[kRowBlock];
     const float * pb[kRowBlock];
+    float * sb[kRowBlock];
     float * ab[kRowBlock];
     for (int32_t b0 = 0; b0 < n_live; b0 += kRowBlock) {
         const int32_t nb = std::min(kRowBlock, n_live - b0);
         int32_t n_max = 0;
         for (int32_t b = 0; b < nb; ++b) {
-            const int32_t r = rows.live[(size_t) (b0 + b)];
-            qb[b] = rows.q[(size_t) r];
-            sb[b] = rows.s[(size_t) r];
-            n_max = std::max(n_max, rows.n_vis[(size_t) r]);
+            const int32_t r = it.live[(size_t) (b0 + b)];
+            qb[b] = it.q[(size_t) r];
+            sb[b] = it.s[(size_t) r];
+            n_max = std::max(n_max, it.n_vis[(size_t) r]);
         }
-        tile_scores(qb, nb, kT, a.head_dim_k, (n_max + kVecLanes - 1) / kVecLanes, sb);
+        tile_scores(qb, nb, it.kT, a.head_dim_k, (n_max + kVecLanes - 1) / kVecLanes, sb);
     }
-    for (int32_t r : rows.live) {
-        float * sr = rows.s[(size_t) r];
-        const int32_t n = rows.n_vis[(size_t) r];
-        for (int32_t j = 0; j < n; ++j) {
-            sr[j] *= a.scale;
-        }
-        if (a.softcap != 0.0f) {
-            for (int32_t j = 0; j < n; ++j) {
-                sr[j] = a.softcap * std::tanh(sr[j] / a.softcap);
-            }
-        }
-        const float m_tile = row_max(sr, n);
-        if (m_tile > m[r]) {
-            if (l[r] > 0.0f) {  // earlier tiles: rescale (the first tile starts from zeros)
-                const float c = std::exp(m[r] - m_tile);
-                l[r] *= c;
-                float * acc = rows.acc[(size_t) r];
-                for (int32_t d = 0; d < a.head_dim_v; ++d) {
-                    acc[d] *= c;
-                }
-            }
-            m[r] = m_tile;
-        }
-        l[r] += exp_shifted_sum(sr, m[r], n, (n + kVecLanes - 1) / kVecLanes * kVecLanes);
+    for (int32_t r : it.live) {
+        softmax_tile(a, it, r, it.n_vis[(size_t) r]);
     }
     for (int32_t b0 = 0; b0 < n_live; b0 += kRowBlock) {
         const int32_t nb = std::min(kRowBlock, n_live - b0);
         int32_t n_min = kTileKeys;
         for (int32_t b = 0; b < nb; ++b) {
-            const int32_t r = rows.live[(size_t) (b0 + b)];
-            pb[b] = rows.s[(size_t) r];
-            ab[b] = rows.acc[(size_t) r];
-            n_min = std::min(n_min, rows.n_vis[(size_t) r]);
+            const int32_t r = it.live[(size_t) (b0 + b)];
+            pb[b] = it.s[(size_t) r];
+            ab[b] = it.acc[(size_t) r];
+            n_min = std::min(n_min, it.n_vis[(size_t) r]);
         }
-        tile_pv(ab, pb, nb, v, 0, n_min, a.head_dim_v);  // keys all rows see, then each row's rest
+        tile_pv(ab, pb, nb, it.v, 0, n_min, a.head_dim_v);
         for (int32_t b = 0; b < nb; ++b) {
-            const int32_t n = rows.n_vis[(size_t) rows.live[(size_t) (b0 + b)]];
+            const int32_t n = it.n_vis[(size_t) it.live[(size_t) (b0 + b)]];
             if (n > n_min) {
-                tile_pv(ab + b, pb + b, 1, v, n_min, n, a.head_dim_v);
+                tile_pv(ab + b, pb + b, 1, it.v, n_min, n, a.head_dim_v);
             }
         }
     }
@@ -242,89 +315,31 @@ void attend_rows(const PagedAttentionArgs & a, ItemRows & rows, const float * kT
 // file comment).
 void attend_item(const PagedAttentionArgs & a, int32_t t0, int32_t nt, int32_t h) {
     const int32_t G = a.n_head / a.n_head_kv;
-    const int32_t dk = a.head_dim_k;
-    const int32_t dv = a.head_dim_v;
-    const int32_t R = nt * G;
-    const bool v_f16 = a.v_type == GGML_TYPE_F16;
-
-    std::vector<float> & scratch = thread_scratch();
-    const size_t need = (size_t) dk * kTileKeys + (v_f16 ? (size_t) kTileKeys * dv : 0) + (size_t) R * kTileKeys +
-                        (size_t) R * dv + 2 * (size_t) R;
-    if (scratch.size() < need) {
-        scratch.resize(need);
-    }
-    float * kT = scratch.data();                               // [dk][kTileKeys]
-    float * v32 = kT + (size_t) dk * kTileKeys;                // [kTileKeys][dv] (f16 V only)
-    float * s = v32 + (v_f16 ? (size_t) kTileKeys * dv : 0);   // [R][kTileKeys]
-    float * acc = s + (size_t) R * kTileKeys;                  // [R][dv]
-    float * m = acc + (size_t) R * dv;                         // [R] running max
-    float * l = m + R;                                         // [R] running sum of e^(s - m)
-    std::fill(acc, acc + (size_t) R * dv, 0.0f);
-    std::fill(m, m + R, -std::numeric_limits<float>::infinity());
-    std::fill(l, l + R, 0.0f);
-
-    thread_local ItemRows rows;
-    rows.q.resize((size_t) R);
-    rows.s.resize((size_t) R);
-    rows.acc.resize((size_t) R);
-    rows.n_vis.resize((size_t) R);
-    for (int32_t i = 0; i < nt; ++i) {
-        const char * q_tok = a.q + (size_t) (t0 + i) * a.q_stride_token_bytes + (size_t) h * G * a.q_stride_head_bytes;
-        for (int32_t g = 0; g < G; ++g) {
-            const int32_t r = i * G + g;
-            rows.q[(size_t) r] = (const float *) (q_tok + (size_t) g * a.q_stride_head_bytes);
-            rows.s[(size_t) r] = s + (size_t) r * kTileKeys;
-            rows.acc[(size_t) r] = acc + (size_t) r * dv;
-        }
-    }
-
-    const char * k_rows[kTileKeys];
-    const float * v_rows[kTileKeys];
-    const size_t k_off = (size_t) h * dk * ggml_type_size(a.k_type);
-    const size_t v_off = (size_t) h * dv * ggml_type_size(a.v_type);
-    const int32_t bs = a.block_size;
-    const int64_t n_pool_blocks = a.kv_size / bs;
+    thread_local Item it;
+    init_item(a, t0, nt, h, it);
     const int32_t * table = a.block_tables + (int64_t) a.token_seq_idx[t0] * a.block_table_stride;
     int32_t max_ctx = 0;
     for (int32_t i = 0; i < nt; ++i) {
         max_ctx = std::max(max_ctx, a.token_ctx_len[t0 + i]);
     }
-
-    for (int32_t c0 = 0; c0 < max_ctx; c0 += kTileKeys) {
+    for (int32_t c0 = 0; c0 < max_ctx; c0 += kTileKeys) {  // tiles at absolute positions
         const int32_t n = std::min(kTileKeys, max_ctx - c0);
-        for (int32_t j = 0; j < n; ++j) {
-            const int32_t p = c0 + j;
-            const int32_t block_id = table[p / bs];
-            if (block_id < 0 || block_id >= n_pool_blocks) {
-                GGML_ABORT("paged attention: position %d reads block %d outside the pool of %lld blocks", p, block_id,
-                           (long long) n_pool_blocks);
-            }
-            const int64_t row = (int64_t) block_id * bs + p % bs;
-            k_rows[j] = a.k_pool + row * a.k_stride_row_bytes + k_off;
-            const char * v_src = a.v_pool + row * a.v_stride_row_bytes + v_off;
-            v_rows[j] = v_f16 ? row_f16_to_f32(v_src, dv, v32 + (size_t) j * dv) : (const float *) v_src;
-        }
-        for (int32_t j0 = 0; j0 < n; j0 += kVecLanes) {
-            transpose_key_group(k_rows + j0, std::min(kVecLanes, n - j0), a.k_type, dk, kT, j0);
-        }
-        rows.live.clear();
+        load_tile(a, table, h, c0, n, it);
+        it.live.clear();
         for (int32_t i = 0; i < nt; ++i) {
             const int32_t n_i = std::min(n, a.token_ctx_len[t0 + i] - c0);  // <= 0: tile past its context
             for (int32_t g = 0; g < G && n_i > 0; ++g) {
-                rows.live.push_back(i * G + g);
-                rows.n_vis[(size_t) (i * G + g)] = n_i;
+                it.live.push_back(i * G + g);
+                it.n_vis[(size_t) (i * G + g)] = n_i;
             }
         }
-        attend_rows(a, rows, kT, v_rows, m, l);
+        attend_tile(a, it);
     }
-
-    for (int32_t r = 0; r < R; ++r) {
-        const int32_t i = r / G;
-        const int32_t g = r % G;
-        float * out = a.out + ((int64_t) (t0 + i) * a.n_head + (int64_t) h * G + g) * dv;
-        const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
-        for (int32_t d = 0; d < dv; ++d) {
-            out[d] = acc[(size_t) r * dv + d] * inv;
+    for (int32_t r = 0; r < nt * G; ++r) {
+        float * out = a.out + ((int64_t) (t0 + r / G) * a.n_head + (int64_t) h * G + r % G) * a.head_dim_v;
+        const float inv = it.l[r] > 0.0f ? 1.0f / it.l[r] : 0.0f;
+        for (int32_t d = 0; d < a.head_dim_v; ++d) {
+            out[d] = it.acc[(size_t) r][d] * inv;
         }
     }
 }
