@@ -66,9 +66,9 @@ def _common(fn: Callable) -> Callable:
             "baselines",
             multiple=True,
             metavar="NAME|URL",
-            help="Repeatable: 'stock' (stock and stock-unified KV modes), 'paged-f32' (paged "
-            "mode with the f32 attention kernel), 'llama-batched-bench', or a llama-server URL "
-            "(http://...).",
+            help="Repeatable: 'stock' (stock and stock-unified KV modes), 'paged-ggml' (paged "
+            "mode with the ggml-numerics attention kernel), 'llama-batched-bench', or a "
+            "llama-server URL (http://...).",
         ),
         click.option(
             "--endpoint",
@@ -234,7 +234,7 @@ def _offline(
         str(opts["kv_mode"]),
         "stock" in ctx.baselines,
         not opts["no_profile"],
-        paged_f32_baseline="paged-f32" in ctx.baselines,
+        paged_ggml_baseline="paged-ggml" in ctx.baselines,
     )
     if "profile-off" in extra_variants:
         variants.append(offline.Variant("cacheflow-profile-off", str(opts["kv_mode"]), False))
@@ -287,7 +287,7 @@ class _Context:
         self.opts = opts
         self.baselines = list(opts.get("baselines") or ())
         for b in self.baselines:
-            if b not in ("stock", "paged-f32", "llama-batched-bench") and not b.startswith(
+            if b not in ("stock", "paged-ggml", "llama-batched-bench") and not b.startswith(
                 ("http://", "https://")
             ):
                 raise click.BadParameter(f"unknown baseline {b!r}", param_hint="--baseline")

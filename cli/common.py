@@ -76,10 +76,11 @@ BLOCK_SIZE_OPTION = click.option(
 PAGED_ATTENTION_OPTION = click.option(
     "--paged-attention",
     type=click.Choice(PAGED_ATTENTIONS),
-    default="ggml",
+    default="invariant",
     show_default=True,
-    help="Paged mode CPU attention: ggml = llama.cpp's flash-attention arithmetic (greedy outputs "
-    "equal stock mode's); f32 = f32 throughout (faster, may part from stock at near ties).",
+    help="Paged mode CPU attention: invariant = a request's outputs do not depend on chunking, "
+    "batching or block placement (close to stock's, not bit-identical); ggml = llama.cpp's "
+    "flash-attention arithmetic (stock's logits in the same batches, not invariant).",
 )
 
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 KV_MODES = ("auto", "stock", "stock-unified", "paged")
 POLICIES = ("fcfs", "sjf", "priority")
 LOG_LEVELS = ("none", "error", "warn", "info", "debug")
-PAGED_ATTENTIONS = ("ggml", "f32")
+PAGED_ATTENTIONS = ("invariant", "ggml")
 
 
 def c_enum_name(prefix: str, name: str) -> str:
@@ -51,12 +51,13 @@ class EngineConfig:
             tokens that fit, in multiples of 256 (per sequence in "stock" split mode), so the
             same budget gives every KV mode the same memory. ``LLM.info.n_ctx`` says how
             many tokens that is.
-        paged_attention: the paged mode CPU attention kernel: "ggml" (the default) does the
-            arithmetic of llama.cpp's CPU flash attention in its order and precision (f16 query
-            and f16 value accumulator for decode rows, f32 tiles of 64 keys for prefill runs of
-            64+ tokens), so greedy outputs equal stock mode's; "f32" computes in f32 throughout
-            with an online softmax per block, faster and at least as accurate, but its outputs
-            can part from stock's at near ties.
+        paged_attention: the paged mode CPU attention kernel: "invariant" (the default) computes
+            in f32 with one reduction order per (sequence, position), so a request's outputs do
+            not depend on how its prompt is chunked, on the other requests of its steps or on
+            where its blocks sit; they are close to stock llama.cpp's but not bit-identical.
+            "ggml" does the arithmetic of llama.cpp's CPU flash attention in its order and
+            precision, so given the same batches its logits equal stock mode's bit for bit, but
+            like stock's they change with chunking and batching.
 
     Raises:
         ValueError: on construction, for a value that cannot cross the C ABI (an int of 2**31 or
@@ -77,7 +78,7 @@ class EngineConfig:
     log_level: str = "error"
     profile_capacity: int = 0
     kv_cache_bytes: int = 0
-    paged_attention: str = "ggml"
+    paged_attention: str = "invariant"
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, (str, os.PathLike)) or not os.fspath(self.model):

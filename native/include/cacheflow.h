@@ -77,11 +77,14 @@ typedef enum cf_sched_policy {
 } cf_sched_policy;
 
 typedef enum cf_paged_attention {
-    CF_PAGED_ATTENTION_GGML = 0,  /* the arithmetic of llama.cpp's CPU flash attention, in its
-                                     order and precision: paged mode's outputs equal stock
-                                     mode's bit for bit (the default)                         */
-    CF_PAGED_ATTENTION_F32 = 1    /* f32 throughout, online softmax per block; faster, as
-                                     accurate or more, not bit-identical to stock            */
+    CF_PAGED_ATTENTION_INVARIANT = 0,  /* f32, one reduction order per (sequence, position): a
+                                          sequence's outputs do not depend on how its prompt
+                                          is chunked, on the other sequences of its steps or
+                                          on where its blocks sit (the default)              */
+    CF_PAGED_ATTENTION_GGML = 1        /* the arithmetic of llama.cpp's CPU flash attention, in
+                                          its order and precision: the same logits as stock
+                                          mode given the same batches, but like stock they
+                                          change with chunking and batching                  */
 } cf_paged_attention;
 
 typedef enum cf_log_level {
@@ -119,7 +122,7 @@ typedef struct cf_engine_config {
                                         granularity (per sequence in stock split mode).
                                         CF_STATUS_INVALID_ARGUMENT if that is too small.       */
     int32_t paged_attention;         /* cf_paged_attention: the paged mode CPU attention kernel,
-                                        default CF_PAGED_ATTENTION_GGML                        */
+                                        default CF_PAGED_ATTENTION_INVARIANT                   */
 } cf_engine_config;
 
 typedef struct cf_engine * cf_engine_t;

@@ -208,7 +208,7 @@ void fill_pool(ggml_tensor * t, const std::vector<float> & values) {
 
 // Run the op through a ggml graph on n_threads CPU threads. [n_tokens][n_head][head_dim]
 std::vector<float> run_op(const Case & c, float scale, int n_threads,
-                          ggml_paged_attn_kernel kernel = GGML_PAGED_ATTN_KERNEL_F32) {
+                          ggml_paged_attn_kernel kernel = GGML_PAGED_ATTN_KERNEL_INVARIANT) {
     const Shape & sh = c.shape;
     const size_t mem = 64 * ggml_tensor_overhead() + ggml_graph_overhead() + 2 * c.k_f32.size() * sizeof(float) +
                        2 * c.q.size() * sizeof(float) + c.tables.size() * sizeof(int32_t) + (1u << 20);

@@ -26,7 +26,7 @@ void test_cpu_supports_f16_and_f32_pools() {
     ggml_backend_dev_t cpu = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);
     assert(cpu != nullptr);
     for (ggml_type type : {GGML_TYPE_F16, GGML_TYPE_F32}) {
-        for (ggml_paged_attn_kernel kernel : {GGML_PAGED_ATTN_KERNEL_GGML, GGML_PAGED_ATTN_KERNEL_F32}) {
+        for (ggml_paged_attn_kernel kernel : {GGML_PAGED_ATTN_KERNEL_GGML, GGML_PAGED_ATTN_KERNEL_INVARIANT}) {
             assert(cf::device_supports_paged_attn(cpu, make_shape(type, kernel)));
             assert(cf::first_device_without_paged_attn({cpu}, make_shape(type, kernel)).empty());
         }

@@ -31,7 +31,7 @@ class Variant:
     """One engine configuration under test.
 
     Attributes:
-        name: label in results ("cacheflow", "stock", "stock-unified", "paged-f32").
+        name: label in results ("cacheflow", "stock", "stock-unified", "paged-ggml").
         kv_mode: EngineConfig.kv_mode.
         profile: record profiler events (step-level metrics; under 2% overhead).
         paged_attention: EngineConfig.paged_attention (the paged mode attention kernel).
@@ -40,25 +40,25 @@ class Variant:
     name: str
     kv_mode: str
     profile: bool = True
-    paged_attention: str = "ggml"
+    paged_attention: str = "invariant"
 
 
 def variants(
     kv_mode: str,
     stock_baseline: bool,
     profile: bool = True,
-    paged_f32_baseline: bool = False,
+    paged_ggml_baseline: bool = False,
 ) -> list[Variant]:
     """CacheFlow as configured, plus both stock KV modes when ``stock_baseline``, plus paged
-    mode with the f32 attention kernel when ``paged_f32_baseline``."""
+    mode with the ggml-numerics attention kernel when ``paged_ggml_baseline``."""
     result = [Variant("cacheflow", kv_mode, profile)]
     if stock_baseline:
         result += [
             Variant("stock", "stock", profile),
             Variant("stock-unified", "stock-unified", profile),
         ]
-    if paged_f32_baseline:
-        result.append(Variant("paged-f32", "paged", profile, "f32"))
+    if paged_ggml_baseline:
+        result.append(Variant("paged-ggml", "paged", profile, "ggml"))
     return result
 
 
@@ -133,7 +133,7 @@ def engine_config(
     threads: int,
     batch_tokens: int,
     profile: bool,
-    paged_attention: str = "ggml",
+    paged_attention: str = "invariant",
 ) -> EngineConfig:
     """EngineConfig sized for the workload: ``concurrency`` sequences of up to max_seq_tokens
     (prompt + output), rounded up to llama.cpp's 256-token context alignment."""

@@ -50,7 +50,7 @@ EngineConfig EngineConfig::from_c(const cf_engine_config & c) {
     check_range("flash_attn", c.flash_attn, -1, 1);
     check_range("log_level", c.log_level, CF_LOG_LEVEL_NONE, CF_LOG_LEVEL_DEBUG);
     check_at_least("profile_capacity", c.profile_capacity, 0);
-    check_range("paged_attention", c.paged_attention, CF_PAGED_ATTENTION_GGML, CF_PAGED_ATTENTION_F32);
+    check_range("paged_attention", c.paged_attention, CF_PAGED_ATTENTION_INVARIANT, CF_PAGED_ATTENTION_GGML);
     if (c.max_num_batched_tokens < c.max_num_seqs) {
         // every running sequence's decode token must fit one step (llama.cpp sizes its output
         // buffer by n_seq_max and aborts on a smaller n_batch)
@@ -104,7 +104,7 @@ cf_engine_config default_engine_config() {
     c.log_level = CF_LOG_LEVEL_ERROR;
     c.profile_capacity = 0;
     c.kv_cache_bytes = 0;
-    c.paged_attention = CF_PAGED_ATTENTION_GGML;
+    c.paged_attention = CF_PAGED_ATTENTION_INVARIANT;
     return c;
 }
 

@@ -26,7 +26,7 @@ struct EngineConfig {
     cf_log_level log_level = CF_LOG_LEVEL_ERROR;
     int32_t profile_capacity = 0;  // profiler ring events; 0 = off
     int64_t kv_cache_bytes = 0;    // KV memory budget; 0 = from n_ctx (LlamaSession resolves it)
-    cf_paged_attention paged_attention = CF_PAGED_ATTENTION_GGML;  // paged mode CPU attention kernel
+    cf_paged_attention paged_attention = CF_PAGED_ATTENTION_INVARIANT;  // paged mode CPU attention kernel
 
     bool kv_unified() const { return kv_mode == CF_KV_MODE_STOCK_UNIFIED; }
     bool paged() const { return kv_mode == CF_KV_MODE_PAGED; }

@@ -144,7 +144,7 @@ void copy_cstr(char * dst, size_t capacity, const char * src) {
 
 // The paged attention kernel of the engine's setting (the op param of every paged attention node).
 ggml_paged_attn_kernel paged_attn_kernel(cf_paged_attention setting) {
-    return setting == CF_PAGED_ATTENTION_F32 ? GGML_PAGED_ATTN_KERNEL_F32 : GGML_PAGED_ATTN_KERNEL_GGML;
+    return setting == CF_PAGED_ATTENTION_GGML ? GGML_PAGED_ATTN_KERNEL_GGML : GGML_PAGED_ATTN_KERNEL_INVARIANT;
 }
 
 // "<arch>.<key>" of the GGUF as an integer (e.g. attention.key_length: Gemma 3's heads are 256

@@ -14,8 +14,8 @@
 //
 // Work is split over (run of tokens of one sequence, kv head) items: all query heads of one KV head
 // (GQA group) share each K/V row load and its f16 -> f32 conversion. Softmax is online (running max
-// and sum per query head). Two implementations (below) differ in rounding only: f32 throughout, or
-// llama.cpp's own flash attention arithmetic (the engine's default, CF_PAGED_ATTENTION_GGML).
+// and sum per query head). Two implementations (below) differ in rounding only: the invariant one
+// (the engine's default, CF_PAGED_ATTENTION_INVARIANT), or llama.cpp's own flash attention arithmetic.
 #pragma once
 
 #include "ggml.h"
@@ -53,11 +53,16 @@ struct PagedAttentionArgs {
 };
 
 // Two implementations of one contract, differing only in floating-point rounding:
-//   paged_attention_cpu       f32 throughout (scores, softmax, P.V), online softmax rescaled once per
-//                             block; the fastest (paged_attention_cpu.cpp).
+//   paged_attention_cpu       invariant: f32 throughout, key tiles of 64 aligned to absolute
+//                             positions, one reduction order per (sequence, position), so a row's
+//                             output bits do not depend on the other rows of the call, on how its
+//                             sequence's tokens are split across calls, on the block size or on
+//                             block placement; the fastest (paged_attention_cpu.cpp).
 //   paged_attention_cpu_ggml  the operations of ggml's CPU flash attention (ggml_flash_attn_ext) in
 //                             its order and precision, so paged mode reproduces stock mode's outputs
-//                             bit for bit (paged_attention_ggml.cpp says when).
+//                             bit for bit given the same batches; like ggml, its arithmetic changes
+//                             with the number of a sequence's rows in the call
+//                             (paged_attention_ggml.cpp says when).
 // Each computes the work items of thread ith of nth (nth >= 1; thread-safe for distinct ith) and
 // aborts (GGML_ABORT) on a block id outside the pool.
 void paged_attention_cpu(const PagedAttentionArgs & args, int ith, int nth);

@@ -19,7 +19,7 @@
 // Not reproduced: the split-KV path ggml takes for a single decode row over 512 or more cells (it
 // splits the keys per thread), ALiBi and attention sinks (paged mode rejects those models).
 //
-// Work items are (run of consecutive tokens of one sequence, kv head), as in the f32 kernel
+// Work items are (run of consecutive tokens of one sequence, kv head), as in the invariant kernel
 // (paged_attention_cpu.cpp): each K/V tile is converted once for all query heads of its GQA group
 // and, on the tiled path, for up to 64 tokens.
 #include "paged_attention_cpu.h"

@@ -100,7 +100,7 @@ void ggml_compute_forward_paged_attn(const ggml_compute_params * params, ggml_te
         case GGML_PAGED_ATTN_KERNEL_GGML:
             cf::paged_attention_cpu_ggml(args, params->ith, params->nth);
             break;
-        case GGML_PAGED_ATTN_KERNEL_F32:
+        case GGML_PAGED_ATTN_KERNEL_INVARIANT:
             cf::paged_attention_cpu(args, params->ith, params->nth);
             break;
         default:
@@ -112,5 +112,5 @@ void ggml_compute_forward_paged_attn(const ggml_compute_params * params, ggml_te
 bool ggml_cpu_paged_attn_supported(const ggml_tensor * op) {
     const int32_t kernel = cf::op_param_i32(op, cf::kParamKernel);
     return cf::is_f16_or_f32(op->src[1]) && cf::is_f16_or_f32(op->src[2]) && op->src[0]->type == GGML_TYPE_F32 &&
-           (kernel == GGML_PAGED_ATTN_KERNEL_GGML || kernel == GGML_PAGED_ATTN_KERNEL_F32);
+           (kernel == GGML_PAGED_ATTN_KERNEL_GGML || kernel == GGML_PAGED_ATTN_KERNEL_INVARIANT);
 }

@@ -1,4 +1,5 @@
-// paged_attention_simd.h - vector building blocks shared by the paged attention kernels.
+// paged_attention_simd.h - vector building blocks of the ggml-numerics paged attention kernel
+// (the invariant kernel's are in paged_attention_tiles.h).
 //
 // Both are FMA chains in a fixed order, the same order as ggml's simd_gemm (ggml-cpu/simd-gemm.h,
 // C += A.B with one accumulator per output element, k ascending), so the ggml-numerics kernel can use
