@@ -70,6 +70,9 @@ const char * paged_attention_cuda_layout_unsupported(const ggml_tensor * op) {
     if (q->ne[0] == 0 || k->ne[0] % q->ne[0] != 0) {
         return "the K pool row must hold whole heads";
     }
+    if (op_param_i32(op, 3) != GGML_PAGED_ATTN_KERNEL_INVARIANT) {
+        return "only the invariant kernel is implemented on CUDA (ggml-cuda's flash attention arithmetic is not replayed)";
+    }
     return nullptr;
 }
 
