@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# One command on the GPU machine (shared/GPU.md): CUDA build, the GPU tests (pytest -m gpu), the
+# paged attention kernel benchmark, and decode throughput of CacheFlow (paged and stock KV) vs
+# llama-batched-bench on a random-weight model of the Llama-3.2-1B shape, all in the same run.
+#
+# Prepare here first: bash scripts/prepare_gpu_carry.sh (fills the git-ignored _carry/ folder).
+# On the machine: bash scripts/h200_gpu_tests.sh   (OUT=results/h200_gpu, BUILD_DIR=/tmp/cf-cuda-build,
+# STAGES="build tests kernel decode" to run a subset; NPL="1 64 256" batches for the decode stage).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-results/h200_gpu}
+BUILD_DIR=${BUILD_DIR:-/tmp/cf-cuda-build}
+STAGES=${STAGES:-"build tests kernel decode"}
+NPL=${NPL:-"64 256"}
+mkdir -p "$OUT"
+log() { echo "[$(date +%T)] $*" | tee -a "$OUT/run.log" >&2; }
+want() { [[ " $STAGES " == *" $1 "* ]]; }
+
+if want build; then
+  log "install wheels"
+  python -m pip install -q --no-deps --no-index --find-links _carry/wheels cffi pycparser starlette uvicorn \
+      prometheus_client httpx httpcore h11 anyio sniffio idna certifi typing_extensions tqdm gguf pyyaml \
+      2>&1 | tail -2 || true
+  log "build (CUDA) in $BUILD_DIR"
+  export CACHEFLOW_LLAMA_CPP_DIR=$PWD/_carry/llama.cpp CACHEFLOW_CUDA=ON CMAKE_BUILD_PARALLEL_LEVEL=16
+  rm -rf vendor/llama.cpp
+  python -m pip install -q --no-build-isolation --no-deps -C build-dir="$BUILD_DIR" . > "$OUT/build.log" 2>&1 \
+      || { tail -40 "$OUT/build.log"; exit 1; }
+  cmake --build "$BUILD_DIR" --target llama-batched-bench -j 16 > "$OUT/build_tools.log" 2>&1
+  log "built"
+fi
+
+MODEL=${MODEL:-/tmp/llama-1b-shape-f16.gguf}
+if [ ! -f "$MODEL" ]; then
+  log "write random-weight model $MODEL"
+  python scripts/make_tiny_gguf.py "$MODEL" --tokenizer-from _carry/tokenizer.gguf --dtype f16 \
+      --n-layer 16 --n-embd 2048 --n-head 32 --n-head-kv 8 --n-ff 8192 --n-ctx-train 131072 --seed 0
+fi
+
+if want tests; then
+  log "GPU tests (pytest -m gpu)"
+  CACHEFLOW_TOKENIZER_GGUF=$PWD/_carry/tokenizer.gguf CACHEFLOW_GPU_RESULTS=$OUT/gpu_agreement.json \
+      python -m pytest -q -s -m gpu -p no:cacheprovider tests/kernels 2>&1 | tail -15 | tee -a "$OUT/run.log" \
+      || log "GPU tests failed"
+fi
+
+if want kernel; then
+  log "paged attention kernel benchmark"
+  nvcc -std=c++17 -O3 --use_fast_math -arch=native -I native/src/kernels/cuda \
+      native/src/kernels/cuda/paged_attention.cu native/tests/cuda/test_paged_attention_cuda.cu -o /tmp/cf_pa_bench
+  /tmp/cf_pa_bench --bench | tee "$OUT/kernel_bench.txt" | tee -a "$OUT/run.log"
+fi
+
+if want decode; then
+  for npl in $NPL; do
+    for mode in paged stock; do
+      log "decode: cacheflow ($mode KV) vs llama-batched-bench, npl $npl"
+      mkdir -p "$OUT/decode_${mode}_b$npl"
+      timeout 300 python scripts/bench_decode.py -m "$MODEL" --npp 128 --ntg 128 --npl "$npl" -i ${ITER:-2} -t 8 \
+          -ngl 99 --kv-mode "$mode" --out "$OUT/decode_${mode}_b$npl" 2>&1 | tail -6 | tee -a "$OUT/run.log" \
+          || log "decode bench ($mode, $npl) failed"
+    done
+  done
+fi
+log "done"
