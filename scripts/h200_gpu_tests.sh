@@ -27,6 +27,7 @@ if want build; then
   python -m pip install -q --no-build-isolation --no-deps -C build-dir="$BUILD_DIR" . > "$OUT/build.log" 2>&1 \
       || { tail -40 "$OUT/build.log"; exit 1; }
   cmake --build "$BUILD_DIR" --target llama-batched-bench -j 16 > "$OUT/build_tools.log" 2>&1
+  mkdir -p build && ln -sfn "$BUILD_DIR" build/cuda  # where the benchmarks look for llama-batched-bench
   log "built"
 fi
 
