@@ -215,13 +215,13 @@ async def models(request: Request, state: ServerState) -> Response:
     model = {
         "id": name,
         "aliases": list(state.config.aliases),
-        "tags": [],
+        "tags": list(state.config.tags),
         "object": "model",
         "created": int(time.time()),
         "owned_by": "cacheflow",
         "meta": {
             "n_vocab": info.n_vocab,
-            "n_ctx": info.n_ctx_per_seq,
+            "n_ctx": state.n_ctx_slot,
             "n_ctx_train": info.n_ctx_train,
             "n_embd": info.n_embd,
             "n_params": info.n_params,
@@ -273,9 +273,9 @@ async def detokenize(request: Request, state: ServerState) -> Response:
 
 async def apply_template(request: Request, state: ServerState) -> Response:
     body = protocol.require_object(await _json(request))
-    messages = list(protocol.read_messages(body))
-    prompt = state.llm.apply_chat_template(messages, True, state.config.chat_template)
-    return JSONResponse({"prompt": prompt})
+    messages = protocol.read_messages(body)
+    options = protocol.read_chat_options(body)
+    return JSONResponse({"prompt": state.render_chat(messages, **options)})
 
 
 # ---------------------------------------------------------------------------- generation

@@ -46,11 +46,13 @@ class ClientDisconnected(Exception):
 async def handle(request: Request, api: Api, state: ServerState, body: object) -> Response:
     """Run one generating request; errors propagate to the app's error handlers."""
     parse = parse_chat if api is Api.OAI_CHAT else parse_completion
-    req = parse(body, state.config.n_predict)
+    req = parse(body, state.config.n_predict, state.config.defaults)
     prompts = req.prompts
     if api is Api.OAI_CHAT:
-        template = state.config.chat_template
-        prompts = (state.llm.apply_chat_template(list(req.messages), True, template),)
+        prompts = (
+            state.render_chat(req.messages, req.tools, req.template_kwargs,
+                              req.add_generation_prompt, req.continue_final_message),
+        )  # fmt: skip
     group = RequestGroup(state.llm)
     state.groups.add(group)
     jobs: list[Job] = []

@@ -40,12 +40,15 @@ class Completion:
         stop_type: llama-server's "eos", "word" or "limit".
         stopping_word: the stop string that ended it, or "".
         slot_id: the slot it ran in, in [0, max_num_seqs).
+        truncated: it stopped because its slot's context was full (llama-server's
+            ``truncated``), not at its own n_predict.
     """
 
     output: RequestOutput
     stop_type: str
     stopping_word: str
     slot_id: int
+    truncated: bool = False
 
     @property
     def oai_finish_reason(self) -> str:
@@ -183,7 +186,7 @@ def completion_final(
         "generation_settings": settings,
         "prompt": prompt_text,
         "has_new_line": "\n" in out.text,
-        "truncated": False,
+        "truncated": done.truncated,
         "stop_type": done.stop_type,
         "stopping_word": done.stopping_word,
         "tokens_cached": m.num_prompt_tokens + m.num_output_tokens,

@@ -64,7 +64,8 @@ def test_health_props_models(client):
     # paged KV (the default for this model): one pool of -c tokens that any one sequence may fill
     cacheflow = props["cacheflow"]
     assert cacheflow["kv_mode"] == "paged" and cacheflow["n_ctx"] == NUM_SLOTS * CTX_PER_SEQ
-    assert props["default_generation_settings"]["n_ctx"] == cacheflow["n_ctx_per_seq"]
+    # llama-server's context per slot: -c split over the -np slots (the pool is shared anyway)
+    assert props["default_generation_settings"]["n_ctx"] == CTX_PER_SEQ
     assert props["eos_token"] == "<|im_end|>"
     for path in ("/models", "/v1/models"):
         assert client.get(path).json()["data"][0]["id"] == "smollm2"
