@@ -462,6 +462,8 @@ def _make_app(
             chat_template_kwargs=template_kwargs,
             prefill_assistant=bool(options["prefill_assistant"]),
             tags=_split(options["tags"]),
+            enable_ui=bool(options["enable_ui"]),
+            verbose=bool(options["verbose"]),
             n_ctx_slot=_n_ctx_slot(options),
         )
     except ValueError as exc:  # e.g. an empty --cors-methods
@@ -473,7 +475,8 @@ def _server_fields(llm: LLM, options: dict[str, object], chat_template: str | No
     aliases = _split(options["alias"])
     model_path = str(llm.config.model_path)
     return dict(
-        model_name=aliases[0] if aliases else str(options["model"] or model_path),
+        # llama-server keeps its aliases in a std::set: the model id is the smallest
+        model_name=min(aliases) if aliases else str(options["model"] or model_path),
         model_path=model_path,
         aliases=aliases,
         api_keys=_split(options["api_key"]),

@@ -77,11 +77,12 @@ def serve_flag_options(command: Callable) -> Callable:
                 help="Model tags, comma-separated (informational, shown by /models)."),
         _option("--offline", is_flag=True, envvar=_env("OFFLINE"),
                 help="Never download: without -m the default model must be in the cache."),
-        # Switches whose effect CacheFlow has already (no context shift, no warm-up run, no
-        # web page yet), accepted so that llama-server command lines run unchanged.
+        _option("--ui/--no-ui", "--webui/--no-webui", "enable_ui", default=True,
+                show_default=True, envvar=_env("WEBUI"), help="Serve the chat page at /."),
+        # Switches whose effect CacheFlow has already (no context shift, no warm-up run),
+        # accepted so that llama-server command lines run unchanged.
         _option("--no-context-shift", is_flag=True, hidden=True, expose_value=False),
         _option("--warmup/--no-warmup", default=True, hidden=True, expose_value=False),
-        _option("--no-ui", "--no-webui", is_flag=True, hidden=True, expose_value=False),
     ]
     for option in reversed(options):
         command = option(command)

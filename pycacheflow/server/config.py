@@ -64,7 +64,7 @@ class ServerConfig:
 
     Attributes:
         model_name: the model id shown by /v1/models and in responses (llama-server: the
-            first --alias, else the -m path).
+            alphabetically first --alias, else the -m path).
         model_path: path of the GGUF file, for /props.
         aliases: all --alias names (the first is ``model_name``).
         api_keys: accepted keys; empty = no authentication.
@@ -93,6 +93,8 @@ class ServerConfig:
         tags: model tags shown by /models.
         n_ctx_slot: tokens per slot (prompt + output), as llama-server's -c / -np; 0 = the
             engine's context per sequence.
+        enable_ui: serve the chat page at GET / (public, as llama-server's web UI).
+        verbose: add ``__verbose`` (the rendered prompt) to chat answers, as llama-server -v.
 
     Raises:
         ValueError: a value out of range; the message names it.
@@ -119,6 +121,8 @@ class ServerConfig:
     prefill_assistant: bool = True
     tags: tuple[str, ...] = field(default_factory=tuple)
     n_ctx_slot: int = 0
+    enable_ui: bool = True
+    verbose: bool = False
 
     def __post_init__(self) -> None:
         if not self.model_name:

@@ -28,6 +28,7 @@ from pycacheflow.server.config import RequestDefaults
 from pycacheflow.text import encode_utf8
 
 INT32_MAX = 2**31 - 1
+MAX_CHOICES = 128  # n per request; a guard against one request flooding the queue
 SEED_RANDOM_VALUES = (-1, 0xFFFFFFFF)  # llama.cpp's LLAMA_DEFAULT_SEED and its int32 spelling
 
 # llama-server's sampling defaults (common_params_sampling), so unchanged clients get the same.
@@ -42,16 +43,12 @@ _TOP_P_FLOOR = 1e-6  # top_p 0 keeps only the most likely token; SamplingParams 
 # sets another value still runs (as llama-server would without that sampler) and the field is
 # reported in ``ignored_fields``.
 _IGNORED_OPTIONS: Mapping[str, object] = {
-    "repeat_penalty": 1.0,
-    "presence_penalty": 0.0,
-    "frequency_penalty": 0.0,
     "dry_multiplier": 0.0,
     "xtc_probability": 0.0,
     "typical_p": 1.0,
     "mirostat": 0,
     "dynatemp_range": 0.0,
     "top_n_sigma": -1.0,
-    "logit_bias": None,
     "n_keep": None,
     "t_max_predict_ms": None,
     "samplers": None,
@@ -97,6 +94,14 @@ class GenerationRequest:
         include_usage: OpenAI ``stream_options.include_usage``.
         priority: smaller runs first under the "priority" scheduling policy.
         return_tokens: /completion: fill ``tokens`` in non-streamed answers.
+        response_fields: /completion: answer only these fields ("a/b" reaches into objects);
+            () = all.
+        logit_bias: (token id or text, bias) pairs as the request spelled them; the server
+            tokenizes the texts (see ``read_logit_bias``).
+        num_choices: completions per prompt (OpenAI ``n``, llama-server ``n_cmpl``), each an
+            engine request of its own, sampled independently (a seeded request's choice i uses
+            seed + i).
+        verbose: add llama-server's ``__verbose`` object (the rendered prompt) to the answer.
         cache_prompt: the client's ``cache_prompt`` (reported only).
         ignored_fields: known llama.cpp options set to values CacheFlow does not implement.
         tools: chat: OpenAI tool definitions, passed to the chat template.
@@ -115,6 +120,10 @@ class GenerationRequest:
     include_usage: bool = False
     priority: int = 0
     return_tokens: bool = False
+    response_fields: tuple[str, ...] = ()
+    logit_bias: tuple[tuple[int | str, float], ...] = ()
+    num_choices: int = 1
+    verbose: bool = False
     cache_prompt: bool = True
     ignored_fields: tuple[str, ...] = field(default_factory=tuple)
     tools: tuple[dict[str, object], ...] = ()
@@ -466,8 +475,7 @@ def _generation(
     for name in ("grammar", "json_schema"):
         if body.get(name):
             raise ProtocolError(f"Field '{name}': constrained sampling is not supported")
-    if read_int(body, ("n_cmpl", "n"), 1, low=1) != 1:
-        raise ProtocolError("Field 'n': only 1 completion per prompt is supported")
+    num_choices = read_int(body, ("n_cmpl", "n"), 1, low=1, high=MAX_CHOICES)
     n_predict = read_int(
         body, ("n_predict", "max_completion_tokens", "max_tokens"), default_n_predict, low=-1
     )
@@ -483,6 +491,10 @@ def _generation(
         include_usage=read_bool(stream_options or {}, "include_usage", False),
         priority=read_int(body, ("priority",), 0),
         return_tokens=read_bool(body, "return_tokens", False),
+        response_fields=tuple(read_str_list(body, "response_fields")),
+        logit_bias=read_logit_bias(body),
+        num_choices=num_choices,
+        verbose=read_bool(body, "verbose", False),
         cache_prompt=read_bool(body, "cache_prompt", True),
         ignored_fields=_ignored(_with_defaults(body, defaults)),
     )
@@ -509,9 +521,60 @@ def _sampling(body: Mapping[str, object], max_tokens: int) -> SamplingParams:
             seed=None if seed in SEED_RANDOM_VALUES else seed,
             stop=_stop(body),
             ignore_eos=read_bool(body, "ignore_eos", False),
+            repeat_penalty=read_float(body, "repeat_penalty", 1.0, -math.inf, math.inf),
+            repeat_last_n=read_int(body, ("repeat_last_n",), 64, low=-1),
+            presence_penalty=read_float(body, "presence_penalty", 0.0, -math.inf, math.inf),
+            frequency_penalty=read_float(body, "frequency_penalty", 0.0, -math.inf, math.inf),
         )
     except (TypeError, ValueError) as exc:  # SamplingParams names the field
         raise ProtocolError(str(exc)) from None
+
+
+def read_logit_bias(body: Mapping[str, object]) -> tuple[tuple[int | str, float], ...]:
+    """``logit_bias`` as llama-server reads it: [[token id or text, bias], ...] or OpenAI's
+    {"token id or text": bias}; a bias of ``false`` bans the token (-inf). Entries of another
+    shape are skipped, as llama-server does; texts are tokenized later (each of their tokens
+    gets the bias).
+
+    Raises:
+        ProtocolError: the field is neither an array nor an object.
+    """
+    if not _present(body, "logit_bias"):
+        return ()
+    value = body["logit_bias"]
+    if isinstance(value, dict):
+        entries = [(_token_or_text(k), v) for k, v in value.items()]
+    elif isinstance(value, list):
+        entries = [tuple(e) for e in value if isinstance(e, list) and len(e) == 2]
+    else:
+        raise _bad_type("logit_bias", "an array of [token, bias] pairs or an object", value)
+    out = []
+    for key, bias in entries:
+        if bias is False:
+            bias = -math.inf
+        elif isinstance(bias, bool) or not isinstance(bias, (int, float)):
+            continue
+        is_id = isinstance(key, int) and not isinstance(key, bool)
+        if is_id or isinstance(key, str):
+            out.append((key, float(bias)))
+    return tuple(out)
+
+
+def _token_or_text(key: str) -> int | str:
+    try:
+        return int(key)
+    except ValueError:
+        return key
+
+
+def read_str_list(body: Mapping[str, object], name: str) -> list[str]:
+    """Field ``name`` as a list of strings ([] when absent)."""
+    if not _present(body, name):
+        return []
+    value = body[name]
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise _bad_type(name, "an array of strings", value)
+    return value
 
 
 def _stop(body: Mapping[str, object]) -> tuple[str, ...]:

@@ -7,6 +7,7 @@ Everything here runs on the event loop thread.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
@@ -73,6 +74,7 @@ class ServerState:
         self.slots = SlotTable(self.info.max_num_seqs, self.n_ctx_slot)
         self.groups: set[RequestGroup] = set()  # of HTTP requests in flight
         self.shutting_down = False
+        self.start_time_unix = int(time.time())  # llama-server's Process-Start-Time-Unix
         self._warned_fields: set[str] = set()
 
     @property
@@ -156,14 +158,23 @@ class ServerState:
                 token_ids.append(piece)
         return token_ids
 
-    def submit(self, group: RequestGroup, request: GenerationRequest, prompt: PromptInput) -> Job:
-        """Submit one prompt of ``request`` to the engine through ``group``.
+    def submit(
+        self, group: RequestGroup, request: GenerationRequest, prompt: PromptInput, choice: int = 0
+    ) -> Job:
+        """Submit one prompt of ``request`` to the engine through ``group`` (its ``choice``-th
+        completion: a seeded request's choices use seed + choice, so they differ).
 
         Raises:
             ProtocolError: the prompt is empty, too long or has a bad token id (400).
         """
         self._warn_ignored(request)
         prompt = self.resolve_prompt(prompt)
+        if request.logit_bias:
+            request = replace(request, params=replace(
+                request.params, logit_bias=self._logit_bias(request.logit_bias)))  # fmt: skip
+        if choice and request.params.seed is not None:
+            seed = (request.params.seed + choice) % 2**32
+            request = replace(request, params=replace(request.params, seed=seed))
         n_predict = request.n_predict
         room = self.n_ctx_slot - len(prompt)  # tokens the slot's context has left for output
         if prompt and room <= 0:
@@ -181,6 +192,17 @@ class ServerState:
         self.slots.add(request_id, settings)
         return Job(index, request_id, prompt, settings, discard_output=n_predict == 0,
                    max_tokens=max_tokens, limited_by_context=room < wanted)  # fmt: skip
+
+    def _logit_bias(self, entries: tuple[tuple[int | str, float], ...]) -> tuple:
+        """(token id, bias) pairs: texts become their tokens; ids outside the vocabulary are
+        dropped (llama-server's rules)."""
+        n_vocab, pairs = self.info.n_vocab, []
+        for key, bias in entries:
+            if isinstance(key, str):
+                pairs += [(t, bias) for t in self.llm.tokenize(key, False, False)]
+            elif 0 <= key < n_vocab:
+                pairs.append((key, bias))
+        return tuple(pairs)
 
     def slot_id(self, job: Job) -> int:
         """The slot the job runs in, in [0, max_num_seqs) (for ``id_slot``)."""
