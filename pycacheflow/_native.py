@@ -140,6 +140,10 @@ def _sampling_params(params: SamplingParams, keep: list) -> object:
         keep += [token_ids, values]
         c.logit_bias_token_ids, c.logit_bias_values = token_ids, values
         c.num_logit_bias = len(params.logit_bias)
+    if params.grammar:
+        grammar = ffi.new("char[]", encode_utf8(params.grammar, "grammar"))
+        keep.append(grammar)
+        c.grammar = grammar
     return c
 
 

@@ -145,6 +145,11 @@ class LLM:
         """Tokenize text as prompts are tokenized (BOS added if the model wants it)."""
         return self._engine.tokenize(text, add_special, parse_special)
 
+    def token_piece(self, token_id: int) -> bytes:
+        """The raw bytes of one token (special tokens as their text); a piece of a multi-byte
+        character is not valid UTF-8 on its own."""
+        return self._engine.detokenize_bytes([token_id], unparse_special=True)
+
     def detokenize(self, token_ids: Sequence[int], skip_special: bool = True) -> str:
         """Detokenize; ``skip_special`` renders special tokens (e.g. "<|im_end|>") as nothing."""
         return self._engine.detokenize(token_ids, unparse_special=not skip_special)

@@ -50,8 +50,10 @@ class SamplingParams:
         frequency_penalty: subtracted once per occurrence in the window; 0 = disabled.
         logit_bias: (token id, bias) pairs added to those tokens' logits (``-inf`` bans the
             token); a dict {token_id: bias} is accepted. Stored as a tuple of pairs.
-        The penalties and the logit bias are llama.cpp's samplers, applied before top-k etc.; a
-        greedy request with them picks the argmax of the changed logits.
+        grammar: a GBNF grammar (llama.cpp's format, start rule "root") the output must follow;
+            "" = none. The engine rejects one it cannot parse (InvalidArgumentError).
+        The penalties, the logit bias and the grammar are llama.cpp's samplers, applied before
+        top-k etc.; a greedy request with them picks the argmax of the changed logits.
 
     Raises:
         ValueError: on construction, for a value out of range; the message names it.
@@ -72,6 +74,7 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logit_bias: tuple[tuple[int, float], ...] = field(default_factory=tuple)
+    grammar: str = ""
 
     def __post_init__(self) -> None:
         # Normalise containers first (frozen: assign through object.__setattr__).
@@ -113,6 +116,9 @@ class SamplingParams:
                 value = min(max(float(value), -FLOAT32_MAX), FLOAT32_MAX)
             checked.append((token_id, float(value)))
         object.__setattr__(self, "logit_bias", tuple(checked))
+        if not isinstance(self.grammar, str):
+            raise TypeError(f"grammar must be a str, got {self.grammar!r}")
+        encode_utf8(self.grammar, "grammar")
 
     def _validate_numbers(self) -> None:
         _require_int("max_tokens", self.max_tokens)

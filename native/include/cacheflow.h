@@ -216,12 +216,15 @@ typedef struct cf_sampling_params {
     const int32_t * logit_bias_token_ids; /* [num_logit_bias], each in [0, n_vocab)          */
     const float * logit_bias_values;      /* [num_logit_bias], finite or -INFINITY           */
     int32_t num_logit_bias;
+    /* A GBNF grammar (rule "root") the output must follow (llama.cpp's grammar sampler), or
+     * NULL / "" for none; UTF-8, copied. An invalid grammar is CF_STATUS_INVALID_ARGUMENT. */
+    const char * grammar;
 } cf_sampling_params;
 
 /* Defaults: max_tokens 16, temperature 0 (greedy), top_k 0, top_p 1, min_p 0, seed random,
- * no penalties (repeat 1, last_n 64, presence 0, frequency 0), no logit bias. A greedy request
- * with a penalty or a logit bias is sampled on the CPU (argmax after those samplers); plain
- * greedy rows keep the in-graph argmax. */
+ * no penalties (repeat 1, last_n 64, presence 0, frequency 0), no logit bias, no grammar. A
+ * request with a penalty, a logit bias or a grammar is sampled on the CPU (greedy: the argmax
+ * after those samplers); other rows keep the in-graph samplers. */
 CF_API cf_sampling_params cf_sampling_params_default(void);
 
 typedef enum cf_finish_reason {

@@ -265,9 +265,17 @@ async def tokenize(request: Request, state: ServerState) -> Response:
     pieces = protocol.read_mixed(body, "content")
     token_ids = state.tokenize_mixed(pieces, add_special, parse_special)
     if with_pieces:
-        pieces = [state.llm.detokenize([t], skip_special=False) for t in token_ids]
+        pieces = [_piece(state.llm.token_piece(t)) for t in token_ids]
         return JSONResponse({"tokens": [{"id": t, "piece": p} for t, p in zip(token_ids, pieces)]})
     return JSONResponse({"tokens": token_ids})
+
+
+def _piece(data: bytes) -> str | list[int]:
+    """A token's piece as llama-server shows it: text when valid UTF-8, else its byte values."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return list(data)
 
 
 async def detokenize(request: Request, state: ServerState) -> Response:

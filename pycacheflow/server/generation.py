@@ -186,6 +186,7 @@ async def _stream_oai_completion(
     state: ServerState, group: RequestGroup, req: GenerationRequest, jobs: list[Job]
 ) -> AsyncIterator[bytes]:
     ids = responses.ResponseIds("cmpl", state.model_name)
+    finished = []
     async for index, delta in group.deltas(state.config.sse_ping_s):
         if delta is None:
             yield sse.PING
@@ -197,6 +198,9 @@ async def _stream_oai_completion(
         if delta.output is not None:
             done = state.finish(job, delta.output)
             yield sse.event(responses.oai_completion_last_chunk(ids, index, done))
+            finished.append(done.output)
+    if req.include_usage:  # OpenAI's usage chunk: empty choices, the usage of every choice
+        yield sse.event(responses.oai_completion_usage_chunk(ids, finished))
     yield sse.DONE
 
 

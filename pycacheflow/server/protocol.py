@@ -55,6 +55,21 @@ _IGNORED_OPTIONS: Mapping[str, object] = {
     "lora": None,
 }
 
+_NO_SCHEMAS = (
+    "JSON schemas are not supported yet (no schema-to-grammar converter); use 'grammar' (GBNF) "
+    "or response_format {'type': 'json_object'}"
+)
+
+# Any JSON object (RFC 8259), in llama.cpp's GBNF: what response_format json_object asks for.
+JSON_OBJECT_GRAMMAR = r"""root   ::= object
+value  ::= object | array | string | number | ("true" | "false" | "null") ws
+object ::= "{" ws ( string ":" ws value ( "," ws string ":" ws value )* )? "}" ws
+array  ::= "[" ws ( value ( "," ws value )* )? "]" ws
+string ::= "\"" ( [^"\\\x7F\x00-\x1F] | "\\" ( ["\\/bfnrt] | "u" [0-9a-fA-F]{4} ) )* "\"" ws
+number ::= "-"? ( "0" | [1-9] [0-9]{0,15} ) ( "." [0-9]+ )? ( [eE] [-+]? [0-9]{1,15} )? ws
+ws     ::= | " " | "\n" [ \t]{0,20}
+"""
+
 PromptInput = Union[str, list]  # text, or a list of token ids and text pieces
 
 
@@ -413,14 +428,34 @@ def parse_chat(
     """
     body = require_object(body)
     _reject_logprobs(body)
-    response_format = body.get("response_format")
-    if response_format is not None:
-        if not isinstance(response_format, dict):
-            raise _bad_type("response_format", "an object", response_format)
-        if response_format.get("type", "text") != "text":
-            raise ProtocolError("Field 'response_format': only type 'text' is supported")
+    grammar = _response_format_grammar(body.get("response_format"))
+    if grammar:
+        if body.get("grammar"):
+            raise ProtocolError("set 'grammar' or a JSON 'response_format', not both")
+        body = {**body, "grammar": grammar}
     request = _generation(body, (), read_messages(body), default_n_predict, defaults)
     return replace(request, **read_chat_options(body))
+
+
+def _response_format_grammar(response_format: object) -> str:
+    """The grammar of an OpenAI ``response_format``: "" for text, JSON_OBJECT_GRAMMAR for a
+    json_object without a schema.
+
+    Raises:
+        ProtocolError: not an object, an unknown type, or a JSON schema (not converted yet).
+    """
+    if response_format is None:
+        return ""
+    if not isinstance(response_format, dict):
+        raise _bad_type("response_format", "an object", response_format)
+    kind = response_format.get("type", "text")
+    if kind == "text":
+        return ""
+    if kind == "json_object" and response_format.get("schema") is None:
+        return JSON_OBJECT_GRAMMAR
+    if kind in ("json_object", "json_schema"):
+        raise ProtocolError(_NO_SCHEMAS)
+    raise ProtocolError(f"Field 'response_format': unknown type {kind!r} (text, json_object)")
 
 
 def read_chat_options(body: Mapping[str, object]) -> dict[str, object]:
@@ -472,9 +507,8 @@ def _generation(
     default_n_predict: int,
     defaults: RequestDefaults,
 ) -> GenerationRequest:
-    for name in ("grammar", "json_schema"):
-        if body.get(name):
-            raise ProtocolError(f"Field '{name}': constrained sampling is not supported")
+    if body.get("json_schema"):
+        raise ProtocolError(_NO_SCHEMAS)
     num_choices = read_int(body, ("n_cmpl", "n"), 1, low=1, high=MAX_CHOICES)
     n_predict = read_int(
         body, ("n_predict", "max_completion_tokens", "max_tokens"), default_n_predict, low=-1
@@ -525,6 +559,7 @@ def _sampling(body: Mapping[str, object], max_tokens: int) -> SamplingParams:
             repeat_last_n=read_int(body, ("repeat_last_n",), 64, low=-1),
             presence_penalty=read_float(body, "presence_penalty", 0.0, -math.inf, math.inf),
             frequency_penalty=read_float(body, "frequency_penalty", 0.0, -math.inf, math.inf),
+            grammar=read_str(body, "grammar", None) or "",
         )
     except (TypeError, ValueError) as exc:  # SamplingParams names the field
         raise ProtocolError(str(exc)) from None

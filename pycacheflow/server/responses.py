@@ -258,11 +258,19 @@ def oai_completion_chunk(
 
 
 def oai_completion_last_chunk(ids: ResponseIds, index: int, done: Completion) -> dict[str, object]:
-    """The final streamed ``text_completion`` chunk: finish_reason, usage and timings."""
+    """The final streamed ``text_completion`` chunk of a choice: finish_reason, usage and
+    timings. The usage here is llama-server's (it always sends it on this chunk); with
+    ``stream_options.include_usage`` OpenAI's usage chunk follows too
+    (``oai_completion_usage_chunk``), so clients of either find it where they expect it."""
     body = oai_completion_chunk(ids, index, "", done.oai_finish_reason)
     body["usage"] = usage([done.output])
     body["timings"] = timings(done.output.metrics)
     return body
+
+
+def oai_completion_usage_chunk(ids: ResponseIds, outputs: list) -> dict[str, object]:
+    """OpenAI's last streamed chunk with ``include_usage``: empty choices, the total usage."""
+    return {"choices": [], **ids.envelope("text_completion"), "usage": usage(outputs)}
 
 
 def chat_completion(ids: ResponseIds, done: list[Completion]) -> dict[str, object]:

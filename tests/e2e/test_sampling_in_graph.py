@@ -61,3 +61,19 @@ def test_logit_bias_and_penalties_leave_the_graph_only_for_their_rows(real_llm):
     assert outs[3].token_ids != expected
     # each alone gives the same tokens: the CPU route does not depend on the batch
     assert real_llm.generate([prompt], penalized)[0].token_ids == outs[3].token_ids
+
+
+def test_grammar_constrains_the_output(real_llm):
+    from pycacheflow.errors import InvalidArgumentError
+    from pycacheflow.server.protocol import JSON_OBJECT_GRAMMAR
+
+    five_a = SamplingParams(max_tokens=8, grammar='root ::= "a"{5,5}')
+    as_json = SamplingParams(max_tokens=24, grammar=JSON_OBJECT_GRAMMAR, temperature=0.8, seed=3)
+    plain = SamplingParams(max_tokens=8)
+    outs = real_llm.generate(["Say something", "Describe a cat in JSON:", "Say something"],
+                             [five_a, as_json, plain])  # fmt: skip
+    assert outs[0].text == "aaaaa" and outs[0].finish_reason == "stop"  # EOS once complete
+    assert outs[1].text.startswith("{")
+    assert outs[2].text != "aaaaa"
+    with pytest.raises(InvalidArgumentError, match="grammar"):
+        real_llm.generate(["x"], SamplingParams(max_tokens=2, grammar="root ::= (unclosed"))

@@ -275,3 +275,12 @@ def test_sigterm_aborts_streams_after_the_grace_time(real_model_path):
         assert "Traceback" not in proc.log()
     finally:
         proc.close()
+
+
+def test_tokenize_pieces_that_are_not_utf8_are_bytes(client):
+    text = "unicode 媽 and emoji 🤗"
+    tokens = client.post("/tokenize", json={"content": text, "with_pieces": True}).json()["tokens"]
+    pieces = [t["piece"] for t in tokens]
+    raw = b"".join(p.encode() if isinstance(p, str) else bytes(p) for p in pieces)
+    assert raw.decode() == text
+    assert any(isinstance(p, list) for p in pieces)  # the emoji spans several byte tokens

@@ -129,6 +129,10 @@ def test_oai_completion_stream_ends_with_done(client):
     assert chunks[-1]["choices"][0]["finish_reason"] == "length"
     assert chunks[-1]["usage"]["completion_tokens"] == 5
     assert {c["object"] for c in chunks} == {"text_completion"}
+    # OpenAI's include_usage adds a last chunk with empty choices and the total usage
+    events = stream_events(client, "/v1/completions", {"prompt": ["ab", "x"], "max_tokens": 3,
+                           "stream": True, "stream_options": {"include_usage": True}})  # fmt: skip
+    assert events[-2]["choices"] == [] and events[-2]["usage"]["completion_tokens"] == 6
 
 
 def test_chat_json_and_stream_with_usage(client):

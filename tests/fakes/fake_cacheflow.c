@@ -95,6 +95,7 @@ cf_sampling_params cf_sampling_params_default(void) {
     p.seed = CF_SEED_RANDOM;
     p.repeat_penalty = 1.0f;
     p.repeat_last_n = 64;
+    p.grammar = NULL;
     return p;
 }
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pycacheflow.server.protocol import (
+    JSON_OBJECT_GRAMMAR,
     DEFAULT_TEMPERATURE,
     ProtocolError,
     parse_chat,
@@ -48,7 +49,8 @@ def test_n_predict_aliases_and_server_default():
         ({"stop": [1]}, "Field 'stop'"),
         ({"n": 129}, "Field 'n': value must be between 1 and 128"),
         ({"logprobs": 3}, "token probabilities"),
-        ({"grammar": "root ::= x"}, "constrained sampling"),
+        ({"json_schema": {"const": "42"}}, "JSON schemas are not supported yet"),
+        ({"grammar": 5}, "Field 'grammar'"),
         ({"echo": True}, "no echo"),
         ({"suffix": "x"}, "Unsupported param: suffix"),
         ({"stream_options": 1}, "stream_options"),
@@ -106,9 +108,14 @@ def test_chat_messages():
     for bad in ([], [{"content": "x"}], [{"role": "user", "content": [{"type": "image_url"}]}]):
         with pytest.raises(ProtocolError, match="messages"):
             parse_chat({"messages": bad}, -1)
-    with pytest.raises(ProtocolError, match="response_format"):
-        parse_chat({"messages": [{"role": "user", "content": "x"}],
-                    "response_format": {"type": "json_object"}}, -1)  # fmt: skip
+    user = [{"role": "user", "content": "x"}]
+    json_object = parse_chat({"messages": user, "response_format": {"type": "json_object"}})
+    assert json_object.params.grammar == JSON_OBJECT_GRAMMAR
+    assert parse_completion({"prompt": "x", "grammar": 'root ::= "a"'}).params.grammar
+    for bad, message in (({"type": "sound"}, "unknown type"), ("json", "response_format"),
+                         ({"type": "json_schema", "json_schema": {}}, "JSON schemas")):
+        with pytest.raises(ProtocolError, match=message):
+            parse_chat({"messages": user, "response_format": bad})
 
 
 def test_read_mixed():

@@ -100,6 +100,7 @@ void copy_penalties_and_bias(const cf_sampling_params & p, int32_t n_vocab, Samp
         }
         out.logit_bias.emplace_back(token, bias);
     }
+    out.grammar = p.grammar != nullptr ? p.grammar : "";
 }
 
 }  // namespace

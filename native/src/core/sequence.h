@@ -43,13 +43,15 @@ struct SamplingParams {
     float presence_penalty = 0.0f;   // 0 = disabled
     float frequency_penalty = 0.0f;  // 0 = disabled
     std::vector<std::pair<int32_t, float>> logit_bias;  // (token id, added to its logit)
+    std::string grammar;             // GBNF, rule "root"; "" = none
 
     bool is_greedy() const { return temperature == 0.0f; }
     bool has_penalties() const {
         return repeat_last_n != 0 && (repeat_penalty != 1.0f || presence_penalty != 0.0f || frequency_penalty != 0.0f);
     }
-    // Needs llama.cpp samplers before the token choice (penalties, logit bias): never in-graph.
-    bool needs_cpu_samplers() const { return has_penalties() || !logit_bias.empty(); }
+    // Needs llama.cpp samplers before the token choice (penalties, logit bias, grammar): never
+    // in-graph.
+    bool needs_cpu_samplers() const { return has_penalties() || !logit_bias.empty() || !grammar.empty(); }
 
     // Copy and validate; throws cf::Error(INVALID_ARGUMENT) naming the bad field.
     // n_vocab bounds stop_token_ids; pass 0 to skip that check.

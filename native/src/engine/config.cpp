@@ -125,6 +125,7 @@ cf_sampling_params default_sampling_params() {
     p.logit_bias_token_ids = nullptr;
     p.logit_bias_values = nullptr;
     p.num_logit_bias = 0;
+    p.grammar = nullptr;
     return p;
 }
 

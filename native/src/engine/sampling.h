@@ -22,16 +22,18 @@ namespace cf {
 // Index of the largest of logits[0..n_vocab); the lowest index among equal maxima.
 int32_t argmax_token(const float * logits, int32_t n_vocab);
 
-// Sampler chain for a sequence, or an empty handle for plain greedy ones (no penalty or bias).
-// n_vocab sizes the logit-bias sampler. prompt: [num_prompt_tokens] token ids, fed to the
-// penalties (llama-server's rule: prompt tokens count as seen).
-OpaqueHandle make_sampler(const SamplingParams & params, int32_t n_vocab, const int32_t * prompt = nullptr,
+// Sampler chain for a sequence, or an empty handle for plain greedy ones (no penalty, bias or
+// grammar). prompt: [num_prompt_tokens] token ids, fed to the penalties only (llama-server's
+// rule: prompt tokens count as seen). Throws Error(INVALID_ARGUMENT) for a grammar llama.cpp
+// cannot parse.
+OpaqueHandle make_sampler(const SamplingParams & params, const llama_vocab * vocab, const int32_t * prompt = nullptr,
                           int32_t num_prompt_tokens = 0);
 
-// New llama.cpp chain [logit_bias ->] [penalties ->] then top_k -> top_p -> min_p -> temp ->
-// dist(seed) (greedy params: greedy); samplers disabled by their value are left out. A logit
-// bias or penalties need n_vocab > 0. The caller frees it.
-llama_sampler * make_sampler_chain(const SamplingParams & params, int32_t n_vocab = 0);
+// New llama.cpp chain [logit_bias ->] [penalties ->] [grammar ->] then top_k -> top_p -> min_p
+// -> temp -> dist(seed) (greedy params: greedy); samplers disabled by their value are left out.
+// A logit bias, penalties or a grammar need the vocab. The caller frees it.
+llama_sampler * make_sampler_chain(const SamplingParams & params, const llama_vocab * vocab = nullptr,
+                                   const int32_t * prompt = nullptr, int32_t num_prompt_tokens = 0);
 
 class TokenSampler {
   public:
