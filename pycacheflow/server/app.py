@@ -250,8 +250,10 @@ async def metrics(request: Request, state: ServerState) -> Response:
         return error_response("This server does not support metrics endpoint.", 501,
                               "not_supported_error")  # fmt: skip
     text = state.metrics.render(state.llm.stats())
-    headers = {"Process-Start-Time-Unix": str(state.start_time_unix)}
-    return Response(text, media_type=METRICS_CONTENT_TYPE, headers=headers)
+    response = Response(text, media_type=METRICS_CONTENT_TYPE)
+    # raw, so that the name keeps llama-server's capitals (starlette lowercases header names)
+    response.raw_headers.append((b"Process-Start-Time-Unix", str(state.start_time_unix).encode()))
+    return response
 
 
 # ---------------------------------------------------------------------------- text routes

@@ -8,6 +8,8 @@ Every response gets ``Access-Control-Allow-Origin``:
   - a list of origins: the request's Origin when it is in the list, else no header.
 Every OPTIONS request (a browser's preflight carries no API key) is answered at once with 200,
 an empty body, and Allow-Credentials / Allow-Methods / Allow-Headers from the --cors-* flags.
+Header names are sent capitalized as llama-server sends them (HTTP does not care; some clients'
+dict lookups do).
 """
 
 from __future__ import annotations
@@ -45,9 +47,9 @@ class CorsMiddleware:
         self.app = app
         self._origins = config.cors_origins
         self._preflight = [
-            (b"access-control-allow-credentials", b"true" if config.cors_credentials else b"false"),
-            (b"access-control-allow-methods", ", ".join(config.cors_methods).encode()),
-            (b"access-control-allow-headers", ", ".join(config.cors_headers).encode()),
+            (b"Access-Control-Allow-Credentials", b"true" if config.cors_credentials else b"false"),
+            (b"Access-Control-Allow-Methods", ", ".join(config.cors_methods).encode()),
+            (b"Access-Control-Allow-Headers", ", ".join(config.cors_headers).encode()),
         ]
         self._echo_any = config.cors_origins == (CORS_ANY,) and config.cors_credentials
 
@@ -67,7 +69,7 @@ class CorsMiddleware:
             return
         origin = dict(scope["headers"]).get(b"origin")
         allowed = self.allow_origin(origin.decode("latin-1") if origin is not None else None)
-        cors = [(b"access-control-allow-origin", allowed.encode("latin-1"))] if allowed else []
+        cors = [(b"Access-Control-Allow-Origin", allowed.encode("latin-1"))] if allowed else []
         if scope["method"] == "OPTIONS":
             headers = [*cors, *self._preflight, (b"content-type", b"text/html"),
                        (b"content-length", b"0")]  # fmt: skip

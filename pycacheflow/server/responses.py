@@ -161,7 +161,9 @@ def generation_settings(request: GenerationRequest, n_ctx: int, model: str) -> d
         "repeat_last_n": p.repeat_last_n,
         "presence_penalty": p.presence_penalty,
         "frequency_penalty": p.frequency_penalty,
-        "logit_bias": [[t, b if b != float("-inf") else False] for t, b in p.logit_bias],
+        # llama-server's shape; a ban (-inf) is null
+        "logit_bias": [{"bias": b if b != float("-inf") else None, "token": t}
+                       for t, b in p.logit_bias],  # fmt: skip
         "stream": request.stream,
         "cache_prompt": request.cache_prompt,
         "priority": request.priority,
