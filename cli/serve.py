@@ -28,6 +28,12 @@ from cli.common import (
     load_llm,
 )
 from cli.serve_compat import ServeCommand
+from cli.serve_flags import (
+    chat_template_kwargs,
+    chat_template_option,
+    request_defaults,
+    serve_flag_options,
+)
 from pycacheflow.config import KV_MODES, POLICIES
 from pycacheflow.errors import CacheFlowError
 
@@ -322,6 +328,7 @@ def _env(name: str) -> str:
 @click.option(
     "-v", "--verbose", "--log-verbose", is_flag=True, help="Access log, llama.cpp and engine logs."
 )
+@serve_flag_options
 def serve(**options: object) -> None:
     """Serve a model over HTTP, compatible with llama.cpp's llama-server.
 
@@ -336,18 +343,55 @@ def serve(**options: object) -> None:
       cacheflow serve --alias smollm2 --api-key secret --policy priority
     """
     config_kwargs = _engine_kwargs(options)
+    defaults = request_defaults(options)
+    chat_template = chat_template_option(options)
+    template_kwargs = chat_template_kwargs(options)
     # Bound before the model loads: a taken port fails at once, with one line instead of
     # uvicorn's log and exit status 3 after the load.
-    sock = _listen(str(options["host"]), int(options["port"]))
+    socks = _listen_all(_hosts(str(options["host"])), int(options["port"]))
     try:
-        llm = load_llm(options["model"], config_kwargs, "-c/--ctx-size, --kv-cache-memory or -np")
+        model = options["model"]
+        if model is None and options["offline"]:
+            model = _cached_default_model()
+        llm = load_llm(model, config_kwargs, "-c/--ctx-size, --kv-cache-memory or -np")
         try:
-            app = _make_app(llm, options)
-            _run(app, sock, options)
+            app = _make_app(llm, options, defaults, chat_template, template_kwargs)
+            _run(app, socks, options)
         finally:
             llm.close()
     finally:
-        sock.close()
+        for sock in socks:
+            sock.close()
+
+
+def _hosts(value: str) -> list[str]:
+    """--host: one address or several, comma-separated (as llama-server)."""
+    hosts = _split(value)
+    if not hosts:
+        raise click.BadParameter("expected an address", param_hint="--host")
+    return list(hosts)
+
+
+def _cached_default_model() -> Path:
+    """--offline without -m: the default model, which must be in the cache already."""
+    from pycacheflow.model_hub import default_model_path
+
+    path = default_model_path()
+    if not path.is_file():
+        raise click.ClickException(
+            f"--offline: the default model is not in the cache ({path}); run `cacheflow model "
+            "pull` once, or pass -m"
+        )
+    return path
+
+
+def _n_ctx_slot(options: dict[str, object]) -> int:
+    """llama-server's context per slot: -c split over -np slots (the whole -c with -kvu, or
+    when -np is automatic); 0 when -c is 0 (the engine's context per sequence)."""
+    ctx_size, parallel = int(options["ctx_size"]), int(options["parallel"])
+    if ctx_size == 0 or parallel <= 0 or options["kv_unified"]:
+        return ctx_size
+    return max(1, ctx_size // parallel)
 
 
 def _engine_kwargs(options: dict[str, object]) -> dict[str, object]:
@@ -389,33 +433,50 @@ def _gpu_layers(value: str) -> int:
     return layers
 
 
-def _make_app(llm: LLM, options: dict[str, object]) -> object:
+def _make_app(
+    llm: LLM,
+    options: dict[str, object],
+    defaults: object,
+    chat_template: str | None,
+    template_kwargs: dict[str, object],
+) -> object:
     try:
         from pycacheflow.server import ServerConfig, create_app
     except ImportError as exc:
         raise click.ClickException(
             f"{exc}; cacheflow serve needs starlette and uvicorn (pip install starlette uvicorn)"
         ) from None
-    chat_template = options["chat_template"] or None
-    if chat_template is not None:
-        try:  # fail at start-up rather than on every chat request
-            llm.apply_chat_template([{"role": "user", "content": "x"}], True, chat_template)
-        except CacheFlowError as exc:
+    jinja = bool(options["jinja"])
+    try:  # fail at start-up rather than on every chat request
+        llm.apply_chat_template([{"role": "user", "content": "x"}], True, chat_template,
+                                jinja=jinja, chat_template_kwargs=template_kwargs)  # fmt: skip
+    except CacheFlowError as exc:
+        if chat_template is not None:
             raise click.BadParameter(str(exc), param_hint="--chat-template") from None
+        # the model has no usable template: chat requests will say so
     try:
-        config = _server_config(ServerConfig, llm, options, chat_template)
+        config = ServerConfig(
+            **_server_fields(llm, options, chat_template),
+            defaults=defaults,
+            jinja=jinja,
+            chat_template_kwargs=template_kwargs,
+            prefill_assistant=bool(options["prefill_assistant"]),
+            tags=_split(options["tags"]),
+            enable_ui=bool(options["enable_ui"]),
+            verbose=bool(options["verbose"]),
+            n_ctx_slot=_n_ctx_slot(options),
+        )
     except ValueError as exc:  # e.g. an empty --cors-methods
         raise click.UsageError(str(exc)) from None
     return create_app(llm, config)
 
 
-def _server_config(
-    config_cls: type, llm: LLM, options: dict[str, object], chat_template: str | None
-) -> object:
+def _server_fields(llm: LLM, options: dict[str, object], chat_template: str | None) -> dict:
     aliases = _split(options["alias"])
     model_path = str(llm.config.model_path)
-    return config_cls(
-        model_name=aliases[0] if aliases else str(options["model"] or model_path),
+    return dict(
+        # llama-server keeps its aliases in a std::set: the model id is the smallest
+        model_name=min(aliases) if aliases else str(options["model"] or model_path),
         model_path=model_path,
         aliases=aliases,
         api_keys=_split(options["api_key"]),
@@ -439,6 +500,19 @@ def _split(value: object) -> tuple[str, ...]:
     return tuple(part.strip() for part in str(value or "").split(",") if part.strip())
 
 
+def _listen_all(hosts: list[str], port: int) -> list[socket.socket]:
+    """One listening socket per address (all closed again if one cannot be bound)."""
+    socks: list[socket.socket] = []
+    try:
+        for host in hosts:
+            socks.append(_listen(host, port))
+    except click.ClickException:
+        for sock in socks:
+            sock.close()
+        raise
+    return socks
+
+
 def _listen(host: str, port: int) -> socket.socket:
     """A TCP socket bound to host:port (uvicorn listens on it).
 
@@ -449,6 +523,8 @@ def _listen(host: str, port: int) -> socket.socket:
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does
+        if family == socket.AF_INET6:  # "::" is IPv6 only, so "0.0.0.0,::" can both bind
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
         sock.bind((host, port))
     except OSError as exc:
         sock.close()
@@ -460,7 +536,7 @@ def _listen(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _run(app: object, sock: socket.socket, options: dict[str, object]) -> None:
+def _run(app: object, socks: list[socket.socket], options: dict[str, object]) -> None:
     import uvicorn
 
     verbose = bool(options["verbose"])
@@ -471,7 +547,7 @@ def _run(app: object, sock: socket.socket, options: dict[str, object]) -> None:
     grace_s = float(options["shutdown_timeout"])
     config = uvicorn.Config(
         app,
-        host=str(options["host"]),
+        host=_hosts(str(options["host"]))[0],
         port=int(options["port"]),
         timeout_keep_alive=int(options["timeout"]),
         # Backstop only: _abort_after_grace ends in-flight requests cleanly at grace_s.
@@ -486,9 +562,12 @@ def _run(app: object, sock: socket.socket, options: dict[str, object]) -> None:
     # With these no-op handlers in place that re-raise is harmless: a signalled shutdown exits 0.
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: None)
-    host, port = sock.getsockname()[:2]  # the real port when --port 0
-    click.echo(f"cacheflow serve: http://{_url_host(host)}:{port} (Ctrl-C to stop)", err=True)
-    asyncio.run(_serve(server, sock, app, grace_s))
+    urls = []
+    for sock in socks:
+        host, port = sock.getsockname()[:2]  # the real port when --port 0
+        urls.append(f"http://{_url_host(host)}:{port}")
+    click.echo(f"cacheflow serve: {' '.join(urls)} (Ctrl-C to stop)", err=True)
+    asyncio.run(_serve(server, socks, app, grace_s))
     if not server.started:
         sys.exit(1)  # uvicorn logged why
 
@@ -497,10 +576,12 @@ def _url_host(host: str) -> str:
     return f"[{host}]" if ":" in host else host
 
 
-async def _serve(server: uvicorn.Server, sock: socket.socket, app: object, grace_s: float) -> None:
+async def _serve(
+    server: uvicorn.Server, socks: list[socket.socket], app: object, grace_s: float
+) -> None:
     watcher = asyncio.create_task(_abort_after_grace(server, app, grace_s))
     try:
-        await server.serve(sockets=[sock])
+        await server.serve(sockets=socks)
     finally:
         watcher.cancel()
 

@@ -23,10 +23,6 @@ _DEVICES = (
     "GPU backend)"
 )
 _DOWNLOAD = "CacheFlow does not download models; fetch the GGUF file and pass it with -m"
-_PER_REQUEST = (
-    "sampling is set per request (fields temperature, top_k, top_p, min_p, seed, ignore_eos; "
-    "llama-server's defaults apply when a request sets none)"
-)
 _TEXT_ONLY = "CacheFlow serves text generation only"
 
 # Why a flag is missing, where more can be said than "not implemented"; keyed by any of its names.
@@ -39,9 +35,8 @@ _WHY: dict[str, str] = {
     **dict.fromkeys(
         ("--hf-repo", "--hf-file", "--hf-token", "--model-url", "--docker-repo"), _DOWNLOAD
     ),
-    **dict.fromkeys(
-        ("--seed", "--temp", "--top-k", "--top-p", "--min-p", "--ignore-eos"), _PER_REQUEST
-    ),
+    "--context-shift": "CacheFlow does not shift the context: a request stops (truncated) "
+    "when its slot's context is full, as llama-server's default --no-context-shift",
     **dict.fromkeys(("--embedding", "--rerank", "--pooling", "--mmproj"), _TEXT_ONLY),
 }
 # Flags of earlier llama-server releases, still common in scripts (the pinned one replaced them

@@ -130,6 +130,20 @@ def _sampling_params(params: SamplingParams, keep: list) -> object:
         array = ffi.new("const char *[]", strings)
         keep += [strings, array]
         c.stop_strings, c.num_stop_strings = array, len(strings)
+    c.repeat_penalty = params.repeat_penalty
+    c.repeat_last_n = params.repeat_last_n
+    c.presence_penalty = params.presence_penalty
+    c.frequency_penalty = params.frequency_penalty
+    if params.logit_bias:
+        token_ids = ffi.new("int32_t[]", [t for t, _ in params.logit_bias])
+        values = ffi.new("float[]", [b for _, b in params.logit_bias])
+        keep += [token_ids, values]
+        c.logit_bias_token_ids, c.logit_bias_values = token_ids, values
+        c.num_logit_bias = len(params.logit_bias)
+    if params.grammar:
+        grammar = ffi.new("char[]", encode_utf8(params.grammar, "grammar"))
+        keep.append(grammar)
+        c.grammar = grammar
     return c
 
 

@@ -11,6 +11,7 @@ from typing import Union
 
 from pycacheflow import errors
 from pycacheflow._native import Engine
+from pycacheflow.chat_template import ChatFormatter
 from pycacheflow.config import EngineConfig
 from pycacheflow.engine import EngineRunner, RequestStream
 from pycacheflow.outputs import EngineStats, ModelInfo, RequestOutput, StreamDelta
@@ -80,6 +81,7 @@ class LLM:
         self._lock = threading.Lock()  # guards _pending
         self._pending: dict[int, _Pending] = {}  # add_request'ed, not yet fully consumed
         # Stops native threads before interpreter teardown even without close().
+        self._chat_formatter: ChatFormatter | None = None  # built on first use
         self._finalizer = weakref.finalize(self, _close, self._profiler, self._runner)
 
     # ------------------------------------------------------------------ lifetime
@@ -143,30 +145,60 @@ class LLM:
         """Tokenize text as prompts are tokenized (BOS added if the model wants it)."""
         return self._engine.tokenize(text, add_special, parse_special)
 
+    def token_piece(self, token_id: int) -> bytes:
+        """The raw bytes of one token (special tokens as their text); a piece of a multi-byte
+        character is not valid UTF-8 on its own."""
+        return self._engine.detokenize_bytes([token_id], unparse_special=True)
+
     def detokenize(self, token_ids: Sequence[int], skip_special: bool = True) -> str:
         """Detokenize; ``skip_special`` renders special tokens (e.g. "<|im_end|>") as nothing."""
         return self._engine.detokenize(token_ids, unparse_special=not skip_special)
 
     def apply_chat_template(
         self,
-        messages: Sequence[Mapping[str, str]],
+        messages: Sequence[Mapping[str, object]],
         add_generation_prompt: bool = True,
         template: str | None = None,
+        *,
+        jinja: bool = True,
+        continue_final_message: bool = False,
+        tools: Sequence[Mapping[str, object]] | None = None,
+        chat_template_kwargs: Mapping[str, object] | None = None,
     ) -> str:
         """Render chat messages with the model's template (or another one).
 
+        With ``jinja`` (the default) the model's Jinja template (or ``template`` when it is
+        template text) is rendered by jinja2 as transformers does (pycacheflow.chat_template);
+        a built-in name, or ``jinja=False``, uses llama.cpp's built-in template matcher.
+
         Args:
-            messages: [{"role": "system"|"user"|"assistant", "content": str}, ...].
+            messages: [{"role": "system"|"user"|"assistant"|..., "content": str, ...}, ...].
             add_generation_prompt: end with the assistant turn opener.
             template: a llama.cpp built-in template name ("chatml", "llama3", ...) or template
                 text; None = the model's own.
+            jinja: render Jinja templates with jinja2 (False: llama.cpp's matcher).
+            continue_final_message: the model continues the last (assistant) message; needs
+                ``add_generation_prompt=False``.
+            tools: OpenAI tool definitions for the template (Jinja only).
+            chat_template_kwargs: more template variables (Jinja only).
 
         Raises:
             UnsupportedError: the model has no chat template, or ``template`` is unknown.
+            InvalidArgumentError: conflicting arguments, or the template raised.
         """
-        roles = [m["role"] for m in messages]
-        contents = [m["content"] for m in messages]
-        return self._engine.apply_chat_template(roles, contents, add_generation_prompt, template)
+        return self._chat.apply(messages, add_generation_prompt, template, jinja=jinja,
+                                continue_final_message=continue_final_message, tools=tools,
+                                kwargs=chat_template_kwargs)  # fmt: skip
+
+    @property
+    def _chat(self) -> ChatFormatter:
+        if self._chat_formatter is None:
+            bos, eos = (self.detokenize([t], skip_special=False) if t >= 0 else ""
+                        for t in (self._info.token_bos, self._info.token_eos))  # fmt: skip
+            self._chat_formatter = ChatFormatter(
+                str(self.config.model_path), self._engine.apply_chat_template, bos, eos
+            )
+        return self._chat_formatter
 
     # ------------------------------------------------------------------ batch generation
 
@@ -385,6 +417,10 @@ class LLM:
             token_ids, original = [int(t) for t in prompt], None
         self._validate_tokens(token_ids, index)
         return _Prepared(original, token_ids, params)
+
+    def tokenize_prompt(self, text: str) -> list[int]:
+        """The token ids a text prompt is submitted as (BOS added if the model wants it, once)."""
+        return self._tokenize_prompt(text)
 
     def _tokenize_prompt(self, text: str) -> list[int]:
         token_ids = self._engine.tokenize(text, add_special=True, parse_special=True)

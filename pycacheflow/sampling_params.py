@@ -43,6 +43,17 @@ class SamplingParams:
         stop_token_ids: token ids, each in [0, 2**31), that finish the request (the token is kept in
             ``token_ids``; special tokens render as no text). Stored as a tuple.
         ignore_eos: do not stop at the model's end-of-generation tokens.
+        repeat_penalty: > 0; divides the logits of tokens seen in the last ``repeat_last_n``
+            (prompt and output; positive logits, multiplies negative ones); 1 = disabled.
+        repeat_last_n: the penalties' window in tokens, >= -1; 0 = disabled, -1 = the context.
+        presence_penalty: subtracted from the logit of every token in the window; 0 = disabled.
+        frequency_penalty: subtracted once per occurrence in the window; 0 = disabled.
+        logit_bias: (token id, bias) pairs added to those tokens' logits (``-inf`` bans the
+            token); a dict {token_id: bias} is accepted. Stored as a tuple of pairs.
+        grammar: a GBNF grammar (llama.cpp's format, start rule "root") the output must follow;
+            "" = none. The engine rejects one it cannot parse (InvalidArgumentError).
+        The penalties, the logit bias and the grammar are llama.cpp's samplers, applied before
+        top-k etc.; a greedy request with them picks the argmax of the changed logits.
 
     Raises:
         ValueError: on construction, for a value out of range; the message names it.
@@ -58,6 +69,12 @@ class SamplingParams:
     stop: tuple[str, ...] = field(default_factory=tuple)
     stop_token_ids: tuple[int, ...] = field(default_factory=tuple)
     ignore_eos: bool = False
+    repeat_penalty: float = 1.0
+    repeat_last_n: int = 64
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = field(default_factory=tuple)
+    grammar: str = ""
 
     def __post_init__(self) -> None:
         # Normalise containers first (frozen: assign through object.__setattr__).
@@ -68,6 +85,40 @@ class SamplingParams:
         self._validate_stops()
         if not isinstance(self.ignore_eos, bool):
             raise TypeError(f"ignore_eos must be a bool, got {self.ignore_eos!r}")
+        self._validate_penalties_and_bias()
+
+    def _validate_penalties_and_bias(self) -> None:
+        for name in ("repeat_penalty", "presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not _is_number(value):
+                raise TypeError(f"{name} must be a number, got {value!r}")
+            if not math.isfinite(value) or abs(value) > FLOAT32_MAX:
+                raise ValueError(f"{name} must be finite, got {value}")
+        if not self.repeat_penalty > 0:
+            raise ValueError(f"repeat_penalty must be > 0 (1 = disabled), got {self.repeat_penalty}")
+        _require_int("repeat_last_n", self.repeat_last_n)
+        if not -1 <= self.repeat_last_n <= INT32_MAX:
+            raise ValueError(f"repeat_last_n must be in [-1, 2**31) (-1 = the context), got "
+                             f"{self.repeat_last_n}")  # fmt: skip
+        bias = self.logit_bias
+        pairs = tuple(bias.items()) if isinstance(bias, dict) else _as_tuple("logit_bias", bias)
+        checked = []
+        for pair in pairs:
+            if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+                raise TypeError(f"logit_bias entries must be (token_id, bias) pairs, got {pair!r}")
+            token_id, value = pair
+            _require_int("logit_bias token id", token_id)
+            if not 0 <= token_id <= INT32_MAX:
+                raise ValueError(f"logit_bias token ids must be in [0, 2**31), got {token_id}")
+            if not _is_number(value) or math.isnan(value) or value == math.inf:
+                raise ValueError(f"logit_bias values must be finite or -inf, got {value!r}")
+            if value != -math.inf:  # a C float: clamp huge finite biases
+                value = min(max(float(value), -FLOAT32_MAX), FLOAT32_MAX)
+            checked.append((token_id, float(value)))
+        object.__setattr__(self, "logit_bias", tuple(checked))
+        if not isinstance(self.grammar, str):
+            raise TypeError(f"grammar must be a str, got {self.grammar!r}")
+        encode_utf8(self.grammar, "grammar")
 
     def _validate_numbers(self) -> None:
         _require_int("max_tokens", self.max_tokens)

@@ -210,9 +210,25 @@ typedef struct cf_sampling_params {
     const char * const * stop_strings;  /* [num_stop_strings] UTF-8, may be NULL if 0        */
     int32_t num_stop_strings;
     int32_t ignore_eos;                 /* 1 = do not stop at end-of-generation tokens       */
+    /* llama.cpp's penalties sampler over the last repeat_last_n tokens (prompt and output): */
+    float repeat_penalty;               /* > 0; 1 = disabled                                 */
+    int32_t repeat_last_n;              /* >= -1; 0 = disabled, -1 = the sequence's context  */
+    float presence_penalty;             /* finite; 0 = disabled                              */
+    float frequency_penalty;            /* finite; 0 = disabled                              */
+    /* llama.cpp's logit-bias sampler: logit_bias_values[i] is added to the logit of token
+     * logit_bias_token_ids[i] (-INFINITY bans it). Copied. */
+    const int32_t * logit_bias_token_ids; /* [num_logit_bias], each in [0, n_vocab)          */
+    const float * logit_bias_values;      /* [num_logit_bias], finite or -INFINITY           */
+    int32_t num_logit_bias;
+    /* A GBNF grammar (rule "root") the output must follow (llama.cpp's grammar sampler), or
+     * NULL / "" for none; UTF-8, copied. An invalid grammar is CF_STATUS_INVALID_ARGUMENT. */
+    const char * grammar;
 } cf_sampling_params;
 
-/* Defaults: max_tokens 16, temperature 0 (greedy), top_k 0, top_p 1, min_p 0, seed random. */
+/* Defaults: max_tokens 16, temperature 0 (greedy), top_k 0, top_p 1, min_p 0, seed random,
+ * no penalties (repeat 1, last_n 64, presence 0, frequency 0), no logit bias, no grammar. A
+ * request with a penalty, a logit bias or a grammar is sampled on the CPU (greedy: the argmax
+ * after those samplers); other rows keep the in-graph samplers. */
 CF_API cf_sampling_params cf_sampling_params_default(void);
 
 typedef enum cf_finish_reason {

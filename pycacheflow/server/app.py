@@ -1,36 +1,39 @@
 """The ASGI app of ``cacheflow serve``: llama-server's routes, API-key check and error format.
 
+    GET  /                             a chat page (webui.html; no API key needed; --no-ui: 404)
     GET  /health /v1/health            {"status": "ok"} (no API key needed)
     GET  /props /models /v1/models /slots /metrics
     POST /completion /completions      llama-server's native completion (JSON or SSE)
     POST /v1/completions               OpenAI text completions
     POST /chat/completions /v1/chat/completions
     POST /tokenize /detokenize /apply-template
+    POST /chat/completions/input_tokens /v1/chat/completions/input_tokens
 
 Errors are ``{"error": {"code", "message", "type"}}`` with the HTTP status in ``code``. Every
 route answers CORS preflights (OPTIONS) and sets Access-Control-Allow-Origin as llama-server's
---cors-* flags say (starlette's CORSMiddleware; by default any Origin is echoed, credentials on).
+--cors-* flags say (server/cors.py; by default any Origin is echoed, credentials on).
 """
 
 from __future__ import annotations
 
+import functools
 import hmac
 import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
 from pycacheflow import errors
 from pycacheflow.server import generation, protocol, responses
-from pycacheflow.server.config import CORS_LOCALHOST
+from pycacheflow.server.cors import CorsMiddleware
 from pycacheflow.server.generation import Api, ClientDisconnected
 from pycacheflow.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from pycacheflow.server.protocol import ProtocolError
@@ -45,7 +48,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger("cacheflow.server")
 
 PUBLIC_PATHS = frozenset({"/health", "/v1/health"})
-_LOCALHOST_ORIGIN = r"https?://(localhost|127\.0\.0\.1|\[::1\])(:[0-9]+)?"
 _CLIENT_CLOSED_REQUEST = 499  # nginx's status for "client went away"; never reaches a client
 
 Handler = Callable[[Request, ServerState], Awaitable[Response]]
@@ -67,24 +69,12 @@ def create_app(llm: LLM, config: ServerConfig) -> Starlette:
     )
     app.state.cacheflow = state
     if config.api_keys:
-        app.add_middleware(ApiKeyMiddleware, api_keys=config.api_keys)
+        public = PUBLIC_PATHS | ({"/"} if config.enable_ui else set())
+        app.add_middleware(ApiKeyMiddleware, api_keys=config.api_keys, public_paths=public)
     # Added last, so outermost: preflights are answered before the API-key check (browsers send
     # no key with them) and every answer, 401 included, carries the CORS headers.
-    app.add_middleware(CORSMiddleware, **cors_options(config))
+    app.add_middleware(CorsMiddleware, config=config)
     return app
-
-
-def cors_options(config: ServerConfig) -> dict[str, object]:
-    """CORSMiddleware arguments for llama-server's --cors-* settings."""
-    origins: dict[str, object] = {"allow_origins": config.cors_origins}
-    if config.cors_origins == (CORS_LOCALHOST,):
-        origins = {"allow_origin_regex": _LOCALHOST_ORIGIN}
-    return {
-        **origins,
-        "allow_methods": config.cors_methods,
-        "allow_headers": config.cors_headers,
-        "allow_credentials": config.cors_credentials,
-    }
 
 
 def abort_in_flight(app: Starlette) -> int:
@@ -148,12 +138,15 @@ class ApiKeyMiddleware:
     """Rejects requests without a valid key (``Authorization: Bearer KEY`` or ``X-Api-Key``)
     with 401, except the public health endpoints."""
 
-    def __init__(self, app: ASGIApp, api_keys: tuple[str, ...]) -> None:
+    def __init__(
+        self, app: ASGIApp, api_keys: tuple[str, ...], public_paths: frozenset[str] = PUBLIC_PATHS
+    ) -> None:
         self.app = app
         self._keys = [key.encode() for key in api_keys]
+        self._public = frozenset(public_paths)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in PUBLIC_PATHS or self._authorized(scope):
+        if scope["type"] != "http" or scope["path"] in self._public or self._authorized(scope):
             await self.app(scope, receive, send)
             return
         await error_response("Invalid API Key", 401, "authentication_error")(scope, receive, send)
@@ -170,13 +163,24 @@ class ApiKeyMiddleware:
 # ---------------------------------------------------------------------------- info routes
 
 
+async def web_page(request: Request, state: ServerState) -> Response:
+    if not state.config.enable_ui:
+        return error_response("File Not Found", 404, "not_found_error")
+    return HTMLResponse(_web_page_html())
+
+
+@functools.lru_cache(maxsize=1)
+def _web_page_html() -> str:
+    return (Path(__file__).parent / "webui.html").read_text(encoding="utf-8")
+
+
 async def health(request: Request, state: ServerState) -> Response:
     return JSONResponse({"status": "ok"})
 
 
 async def props(request: Request, state: ServerState) -> Response:
     info, config = state.info, state.config
-    default = state.slots.slot_json(0, state.default_settings())
+    default = state.slots.slot_json(0, state.default_settings(), idle_params=True)
     default.update(is_processing=False, id_task=-1, prompt="")
     return JSONResponse(
         {
@@ -215,13 +219,13 @@ async def models(request: Request, state: ServerState) -> Response:
     model = {
         "id": name,
         "aliases": list(state.config.aliases),
-        "tags": [],
+        "tags": list(state.config.tags),
         "object": "model",
         "created": int(time.time()),
         "owned_by": "cacheflow",
         "meta": {
             "n_vocab": info.n_vocab,
-            "n_ctx": info.n_ctx_per_seq,
+            "n_ctx": state.n_ctx_slot,
             "n_ctx_train": info.n_ctx_train,
             "n_embd": info.n_embd,
             "n_params": info.n_params,
@@ -246,7 +250,10 @@ async def metrics(request: Request, state: ServerState) -> Response:
         return error_response("This server does not support metrics endpoint.", 501,
                               "not_supported_error")  # fmt: skip
     text = state.metrics.render(state.llm.stats())
-    return Response(text, media_type=METRICS_CONTENT_TYPE)
+    response = Response(text, media_type=METRICS_CONTENT_TYPE)
+    # raw, so that the name keeps llama-server's capitals (starlette lowercases header names)
+    response.raw_headers.append((b"Process-Start-Time-Unix", str(state.start_time_unix).encode()))
+    return response
 
 
 # ---------------------------------------------------------------------------- text routes
@@ -260,9 +267,17 @@ async def tokenize(request: Request, state: ServerState) -> Response:
     pieces = protocol.read_mixed(body, "content")
     token_ids = state.tokenize_mixed(pieces, add_special, parse_special)
     if with_pieces:
-        pieces = [state.llm.detokenize([t], skip_special=False) for t in token_ids]
+        pieces = [_piece(state.llm.token_piece(t)) for t in token_ids]
         return JSONResponse({"tokens": [{"id": t, "piece": p} for t, p in zip(token_ids, pieces)]})
     return JSONResponse({"tokens": token_ids})
+
+
+def _piece(data: bytes) -> str | list[int]:
+    """A token's piece as llama-server shows it: text when valid UTF-8, else its byte values."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return list(data)
 
 
 async def detokenize(request: Request, state: ServerState) -> Response:
@@ -271,11 +286,18 @@ async def detokenize(request: Request, state: ServerState) -> Response:
     return JSONResponse({"content": state.llm.detokenize(token_ids, skip_special=False)})
 
 
+async def chat_input_tokens(request: Request, state: ServerState) -> Response:
+    """llama-server's token count of a chat request's prompt, without generating."""
+    body = protocol.require_object(await _json(request))
+    prompt = state.render_chat(protocol.read_messages(body), **protocol.read_chat_options(body))
+    return JSONResponse({"input_tokens": len(state.resolve_prompt(prompt))})
+
+
 async def apply_template(request: Request, state: ServerState) -> Response:
     body = protocol.require_object(await _json(request))
-    messages = list(protocol.read_messages(body))
-    prompt = state.llm.apply_chat_template(messages, True, state.config.chat_template)
-    return JSONResponse({"prompt": prompt})
+    messages = protocol.read_messages(body)
+    options = protocol.read_chat_options(body)
+    return JSONResponse({"prompt": state.render_chat(messages, **options)})
 
 
 # ---------------------------------------------------------------------------- generation
@@ -289,6 +311,7 @@ def _generating(api: Api) -> Handler:
 
 
 _ROUTES: tuple[tuple[str, str, Handler], ...] = (
+    ("GET", "/", web_page),
     ("GET", "/health", health),
     ("GET", "/v1/health", health),
     ("GET", "/props", props),
@@ -301,6 +324,8 @@ _ROUTES: tuple[tuple[str, str, Handler], ...] = (
     ("POST", "/v1/completions", _generating(Api.OAI_COMPLETION)),
     ("POST", "/chat/completions", _generating(Api.OAI_CHAT)),
     ("POST", "/v1/chat/completions", _generating(Api.OAI_CHAT)),
+    ("POST", "/chat/completions/input_tokens", chat_input_tokens),
+    ("POST", "/v1/chat/completions/input_tokens", chat_input_tokens),
     ("POST", "/tokenize", tokenize),
     ("POST", "/detokenize", detokenize),
     ("POST", "/apply-template", apply_template),

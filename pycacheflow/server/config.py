@@ -2,11 +2,60 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+from dataclasses import asdict, dataclass, field
 
 N_PREDICT_UNLIMITED = -1  # llama-server's "-n -1": generate until EOS or the context is full
 CORS_ANY = "*"
 CORS_LOCALHOST = "localhost"  # llama-server's special value: localhost origins only
+
+
+@dataclass(frozen=True)
+class RequestDefaults:
+    """Server-wide sampling defaults (llama-server's --temp, --top-k, ... flags): a request
+    that does not set a field gets the value here, then the field's usual checks and clamps.
+
+    Attributes:
+        temperature: 0 = greedy.
+        top_k: 0 = disabled.
+        top_p: 1.0 = disabled.
+        min_p: 0.0 = disabled.
+        seed: -1 = a random seed per request.
+        repeat_penalty: 1.0 = disabled.
+        repeat_last_n: tokens the penalties look back over; 0 = disabled, -1 = the context.
+        presence_penalty: 0.0 = disabled.
+        frequency_penalty: 0.0 = disabled.
+        ignore_eos: keep generating past end-of-generation tokens.
+
+    The values are llama-server's defaults (common_params_sampling).
+
+    Raises:
+        ValueError: a value that is not finite, or a count below -1.
+    """
+
+    temperature: float = 0.8
+    top_k: int = 40
+    top_p: float = 0.95
+    min_p: float = 0.05
+    seed: int = -1
+    repeat_penalty: float = 1.0
+    repeat_last_n: int = 64
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        for name, value in asdict(self).items():
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ValueError(f"{name} must be finite, got {value}")
+        if self.repeat_last_n < -1:
+            raise ValueError(f"repeat_last_n must be >= -1, got {self.repeat_last_n}")
+        if self.seed < -1:
+            raise ValueError(f"seed must be >= -1 (-1 = random), got {self.seed}")
+
+    def as_fields(self) -> dict[str, object]:
+        """The defaults as request fields (names as in a /completion body)."""
+        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -15,7 +64,7 @@ class ServerConfig:
 
     Attributes:
         model_name: the model id shown by /v1/models and in responses (llama-server: the
-            first --alias, else the -m path).
+            alphabetically first --alias, else the -m path).
         model_path: path of the GGUF file, for /props.
         aliases: all --alias names (the first is ``model_name``).
         api_keys: accepted keys; empty = no authentication.
@@ -37,6 +86,15 @@ class ServerConfig:
         cors_headers: request headers a CORS preflight allows; ("*",) = any.
         cors_credentials: allow credentials (with origins "*", each request's Origin is
             echoed, as llama-server does).
+        defaults: sampling defaults of requests that set none.
+        jinja: render chat templates with Jinja (False: llama.cpp's built-in templates).
+        chat_template_kwargs: extra chat-template variables (requests may add more).
+        prefill_assistant: continue a final assistant message instead of closing it.
+        tags: model tags shown by /models.
+        n_ctx_slot: tokens per slot (prompt + output), as llama-server's -c / -np; 0 = the
+            engine's context per sequence.
+        enable_ui: serve the chat page at GET / (public, as llama-server's web UI).
+        verbose: add ``__verbose`` (the rendered prompt) to chat answers, as llama-server -v.
 
     Raises:
         ValueError: a value out of range; the message names it.
@@ -57,6 +115,14 @@ class ServerConfig:
     cors_methods: tuple[str, ...] = ("GET", "POST", "DELETE", "OPTIONS")
     cors_headers: tuple[str, ...] = (CORS_ANY,)
     cors_credentials: bool = True
+    defaults: RequestDefaults = field(default_factory=RequestDefaults)
+    jinja: bool = True
+    chat_template_kwargs: dict[str, object] = field(default_factory=dict)
+    prefill_assistant: bool = True
+    tags: tuple[str, ...] = field(default_factory=tuple)
+    n_ctx_slot: int = 0
+    enable_ui: bool = True
+    verbose: bool = False
 
     def __post_init__(self) -> None:
         if not self.model_name:
@@ -67,6 +133,8 @@ class ServerConfig:
             raise ValueError(f"shutdown_timeout_s must be >= 0, got {self.shutdown_timeout_s}")
         if self.sse_ping_s is not None and self.sse_ping_s <= 0:
             raise ValueError(f"sse_ping_s must be > 0 or None, got {self.sse_ping_s}")
+        if self.n_ctx_slot < 0:
+            raise ValueError(f"n_ctx_slot must be >= 0 (0 = the engine's), got {self.n_ctx_slot}")
         if any(not key for key in self.api_keys):
             raise ValueError("api_keys must not contain an empty key")
         for name in ("cors_origins", "cors_methods", "cors_headers"):

@@ -46,18 +46,21 @@ class ClientDisconnected(Exception):
 async def handle(request: Request, api: Api, state: ServerState, body: object) -> Response:
     """Run one generating request; errors propagate to the app's error handlers."""
     parse = parse_chat if api is Api.OAI_CHAT else parse_completion
-    req = parse(body, state.config.n_predict)
+    req = parse(body, state.config.n_predict, state.config.defaults)
     prompts = req.prompts
     if api is Api.OAI_CHAT:
-        template = state.config.chat_template
-        prompts = (state.llm.apply_chat_template(list(req.messages), True, template),)
+        prompts = (
+            state.render_chat(req.messages, req.tools, req.template_kwargs,
+                              req.add_generation_prompt, req.continue_final_message),
+        )  # fmt: skip
     group = RequestGroup(state.llm)
     state.groups.add(group)
     jobs: list[Job] = []
     streaming = False  # once True, the response's body iterator owns the group
     try:
         for prompt in prompts:
-            jobs.append(state.submit(group, req, prompt))
+            for choice in range(req.num_choices):
+                jobs.append(state.submit(group, req, prompt, choice))
         if req.stream:
             body_iterator = _closing(_STREAMERS[api](state, group, req, jobs), state, group, jobs)
             streaming = True
@@ -104,13 +107,19 @@ def _json_body(
 ) -> object:
     if api is Api.LLAMA:
         bodies = [
-            responses.completion_final(d, j.index, req, j.settings, state.prompt_text(d.output))
+            responses.select_fields(
+                responses.completion_final(d, j.index, req, j.settings, state.prompt_text(d.output)),
+                req.response_fields,
+            )
             for j, d in zip(jobs, done)
         ]
         return bodies[0] if len(bodies) == 1 else bodies
     if api is Api.OAI_COMPLETION:
         return responses.oai_completion(responses.ResponseIds("cmpl", state.model_name), done)
-    return responses.chat_completion(responses.ResponseIds("chatcmpl", state.model_name), done[0])
+    body = responses.chat_completion(responses.ResponseIds("chatcmpl", state.model_name), done)
+    if req.verbose or state.config.verbose:
+        body["__verbose"] = {"prompt": state.prompt_text(done[0].output)}
+    return body
 
 
 # ---------------------------------------------------------------------------- streaming
@@ -177,6 +186,7 @@ async def _stream_oai_completion(
     state: ServerState, group: RequestGroup, req: GenerationRequest, jobs: list[Job]
 ) -> AsyncIterator[bytes]:
     ids = responses.ResponseIds("cmpl", state.model_name)
+    finished = []
     async for index, delta in group.deltas(state.config.sse_ping_s):
         if delta is None:
             yield sse.PING
@@ -188,6 +198,9 @@ async def _stream_oai_completion(
         if delta.output is not None:
             done = state.finish(job, delta.output)
             yield sse.event(responses.oai_completion_last_chunk(ids, index, done))
+            finished.append(done.output)
+    if req.include_usage:  # OpenAI's usage chunk: empty choices, the usage of every choice
+        yield sse.event(responses.oai_completion_usage_chunk(ids, finished))
     yield sse.DONE
 
 
@@ -195,22 +208,23 @@ async def _stream_chat(
     state: ServerState, group: RequestGroup, req: GenerationRequest, jobs: list[Job]
 ) -> AsyncIterator[bytes]:
     ids = responses.ResponseIds("chatcmpl", state.model_name)
-    job = jobs[0]
-    sent_role = False
-    async for _, delta in group.deltas(state.config.sse_ping_s):
+    sent_role: set[int] = set()
+    async for index, delta in group.deltas(state.config.sse_ping_s):
         if delta is None:
             yield sse.PING
             continue
+        job = jobs[index]
         chunks = []
-        if not sent_role and (delta.text or delta.output is not None):
-            chunks.append(responses.chat_chunk(ids, {"role": "assistant", "content": None}))
-            sent_role = True
+        if index not in sent_role and (delta.text or delta.output is not None):
+            chunks.append(responses.chat_chunk(ids, {"role": "assistant", "content": None}, None,
+                                               index))  # fmt: skip
+            sent_role.add(index)
         if delta.text and not job.discard_output:
             state.progress(job, delta)
-            chunks.append(responses.chat_chunk(ids, {"content": delta.text}))
+            chunks.append(responses.chat_chunk(ids, {"content": delta.text}, None, index))
         if delta.output is not None:
             done = state.finish(job, delta.output)
-            chunks += responses.chat_last_chunks(ids, done, req.include_usage)
+            chunks += responses.chat_last_chunks(ids, done, req.include_usage, index)
         if chunks:
             yield sse.events(chunks)
     yield sse.DONE

@@ -3,10 +3,11 @@
 ``ServerMetrics`` accumulates per-request facts when a request finishes (on the event loop
 thread) and reads the engine's counters at scrape time; ``prometheus_client`` writes the text.
 
-llama-server names kept (``llamacpp:`` prefix): prompt_tokens_total, prompt_tokens_cached_total,
-prompt_seconds_total, tokens_predicted_total, tokens_predicted_seconds_total, n_decode_total,
-n_tokens_max, prompt_tokens_seconds, predicted_tokens_seconds, requests_processing,
-requests_deferred, n_busy_slots_per_decode. CacheFlow adds (``cacheflow:`` prefix) TTFT,
+llama-server's metrics (``llamacpp:`` prefix) are written as llama-server writes them: each name
+as is in its HELP, TYPE and sample lines (counters keep their ``_total``; ``n_tokens_max`` is a
+counter), the speculative-decoding counters at 0, and the throughput gauges
+(prompt_tokens_seconds, predicted_tokens_seconds) over the window since the previous scrape,
+which a scrape resets, as llama-server's do. CacheFlow adds (``cacheflow:`` prefix) TTFT,
 TPOT and end-to-end latency histograms, KV block and token use, the prefix-cache hit rate,
 preemptions, swap bytes and finished requests by reason.
 """
@@ -78,6 +79,8 @@ class ServerMetrics:
         self.predicted_s = 0.0
         self.n_tokens_max = 0
         self.finished_by_reason: Counter[str] = Counter()
+        # the scrape window of the throughput gauges: [prompt tokens, prompt s, output, output s]
+        self._window = [0, 0.0, 0, 0.0]
 
     def observe(self, output: RequestOutput) -> None:
         """Account one finished request."""
@@ -88,19 +91,27 @@ class ServerMetrics:
         self.num_output_tokens += m.num_output_tokens
         self.n_tokens_max = max(self.n_tokens_max, m.num_prompt_tokens + m.num_output_tokens)
         self.e2e.observe(m.e2e_s)
+        self._window[0] += m.num_prompt_tokens - m.num_cached_tokens
+        self._window[2] += m.num_output_tokens
         if m.ttft_s is not None:
             self.ttft.observe(m.ttft_s)
             start = m.first_scheduled_time_s or m.arrival_time_s
-            self.prompt_s += max(0.0, m.first_token_time_s - start)
-            self.predicted_s += max(0.0, m.finish_time_s - m.first_token_time_s)
+            prompt_s = max(0.0, m.first_token_time_s - start)
+            predicted_s = max(0.0, m.finish_time_s - m.first_token_time_s)
+            self.prompt_s += prompt_s
+            self.predicted_s += predicted_s
+            self._window[1] += prompt_s
+            self._window[3] += predicted_s
         if m.tpot_s is not None:
             self.tpot.observe(m.tpot_s)
 
     def render(self, stats: EngineStats) -> bytes:
-        """Prometheus text exposition (format 0.0.4) of everything, engine ``stats`` included."""
+        """Prometheus text exposition (format 0.0.4) of everything, engine ``stats`` included;
+        starts a new window for the throughput gauges."""
+        window, self._window = self._window, [0, 0.0, 0, 0.0]
         registry = CollectorRegistry(auto_describe=False)
         registry.register(_Collector(self, stats))
-        return generate_latest(registry)
+        return _llamacpp_text(self, stats, window).encode() + generate_latest(registry)
 
 
 class _Collector:
@@ -111,40 +122,7 @@ class _Collector:
         self._s = stats
 
     def collect(self) -> Iterator[Metric]:
-        yield from self._llamacpp()
         yield from self._cacheflow()
-
-    def _llamacpp(self) -> Iterator[Metric]:
-        m, s = self._m, self._s
-        for name, doc, value in (
-            ("prompt_tokens_total", "Number of prompt tokens processed, excluding cached tokens",
-             m.num_prompt_tokens),
-            ("prompt_tokens_cached_total", "Number of prompt tokens reused from the cache",
-             m.num_cached_tokens),
-            ("prompt_seconds_total", "Total time spent processing prompts", m.prompt_s),
-            ("tokens_predicted_total", "Number of generation tokens processed",
-             m.num_output_tokens),
-            ("tokens_predicted_seconds_total", "Total time spent generating tokens",
-             m.predicted_s),
-            ("n_decode_total", "Total number of engine steps (one batched decode each)",
-             s.num_steps),
-        ):  # fmt: skip
-            yield CounterMetricFamily(f"llamacpp:{name}", doc, value=value)
-        for name, doc, value in (
-            # llama-server types this one a counter without _total; a gauge keeps its name.
-            ("n_tokens_max", "Largest observed sequence length (prompt + generation)",
-             m.n_tokens_max),
-            ("prompt_tokens_seconds", "Average prompt throughput in tokens/s",
-             _rate(m.num_prompt_tokens, m.prompt_s)),
-            ("predicted_tokens_seconds", "Average generation throughput in tokens/s",
-             _rate(m.num_output_tokens, m.predicted_s)),
-            ("requests_processing", "Number of requests processing", s.num_running),
-            ("requests_deferred", "Number of requests deferred", s.num_waiting),
-            ("n_busy_slots_per_decode",
-             "Average number of sequences sampled per engine step",
-             _rate(s.num_generated_tokens, s.num_steps)),
-        ):  # fmt: skip
-            yield GaugeMetricFamily(f"llamacpp:{name}", doc, value=value)
 
     def _cacheflow(self) -> Iterator[Metric]:
         m, s = self._m, self._s
@@ -180,6 +158,45 @@ class _Collector:
         for reason in ("stop", "length", "abort", "error"):
             finished.add_metric([reason], m.finished_by_reason[reason])
         yield finished
+
+
+def _llamacpp_text(m: ServerMetrics, s: EngineStats, window: list) -> str:
+    """llama-server's metrics, named, typed and documented as llama-server writes them."""
+    rows = (
+        ("counter", "prompt_tokens_total", "Number of prompt tokens processed.",
+         m.num_prompt_tokens),
+        ("counter", "prompt_tokens_cached_total", "Number of prompt tokens reused from the cache.",
+         m.num_cached_tokens),
+        ("counter", "prompt_seconds_total", "Prompt process time", float(m.prompt_s)),
+        ("counter", "tokens_predicted_total", "Number of generation tokens processed.",
+         m.num_output_tokens),
+        ("counter", "tokens_predicted_seconds_total", "Predict process time",
+         float(m.predicted_s)),
+        ("counter", "n_decode_total", "Total number of llama_decode() calls (engine steps).",
+         s.num_steps),
+        ("counter", "n_tokens_max", "Largest observed n_tokens.", m.n_tokens_max),
+        ("counter", "spec_decode_num_draft_tokens_total",
+         "Total number of drafted tokens (no speculative decoding in CacheFlow).", 0),
+        ("counter", "spec_decode_num_accepted_tokens_total",
+         "Total number of accepted draft tokens (no speculative decoding in CacheFlow).", 0),
+        ("counter", "spec_decode_num_drafts_total",
+         "Total number of drafts (no speculative decoding in CacheFlow).", 0),
+        ("gauge", "prompt_tokens_seconds",
+         "Average prompt throughput in tokens/s since the previous scrape.",
+         _rate(window[0], window[1])),
+        ("gauge", "predicted_tokens_seconds",
+         "Average generation throughput in tokens/s since the previous scrape.",
+         _rate(window[2], window[3])),
+        ("gauge", "requests_processing", "Number of requests processing.", s.num_running),
+        ("gauge", "requests_deferred", "Number of requests deferred.", s.num_waiting),
+        ("gauge", "n_busy_slots_per_decode", "Average number of busy slots per llama_decode() call",
+         _rate(s.num_generated_tokens, s.num_steps)),
+    )  # fmt: skip
+    lines = []
+    for kind, name, doc, value in rows:
+        lines += [f"# HELP llamacpp:{name} {doc}", f"# TYPE llamacpp:{name} {kind}",
+                  f"llamacpp:{name} {value!r}"]  # fmt: skip
+    return "\n".join(lines) + "\n"
 
 
 def _rate(numerator: float, denominator: float) -> float:

@@ -24,38 +24,51 @@ from typing import Union
 
 from pycacheflow.errors import InvalidArgumentError
 from pycacheflow.sampling_params import SamplingParams
+from pycacheflow.server.config import RequestDefaults
 from pycacheflow.text import encode_utf8
 
 INT32_MAX = 2**31 - 1
+MAX_CHOICES = 128  # n per request; a guard against one request flooding the queue
 SEED_RANDOM_VALUES = (-1, 0xFFFFFFFF)  # llama.cpp's LLAMA_DEFAULT_SEED and its int32 spelling
 
 # llama-server's sampling defaults (common_params_sampling), so unchanged clients get the same.
-DEFAULT_TEMPERATURE = 0.8
-DEFAULT_TOP_K = 40
-DEFAULT_TOP_P = 0.95
-DEFAULT_MIN_P = 0.05
+LLAMA_SERVER_DEFAULTS = RequestDefaults()
+DEFAULT_TEMPERATURE = LLAMA_SERVER_DEFAULTS.temperature
+DEFAULT_TOP_K = LLAMA_SERVER_DEFAULTS.top_k
+DEFAULT_TOP_P = LLAMA_SERVER_DEFAULTS.top_p
+DEFAULT_MIN_P = LLAMA_SERVER_DEFAULTS.min_p
 _TOP_P_FLOOR = 1e-6  # top_p 0 keeps only the most likely token; SamplingParams needs > 0
 
 # Known llama.cpp options CacheFlow does not implement, with their no-op value. A request that
 # sets another value still runs (as llama-server would without that sampler) and the field is
 # reported in ``ignored_fields``.
 _IGNORED_OPTIONS: Mapping[str, object] = {
-    "repeat_penalty": 1.0,
-    "repeat_last_n": None,
-    "presence_penalty": 0.0,
-    "frequency_penalty": 0.0,
     "dry_multiplier": 0.0,
     "xtc_probability": 0.0,
     "typical_p": 1.0,
     "mirostat": 0,
     "dynatemp_range": 0.0,
     "top_n_sigma": -1.0,
-    "logit_bias": None,
     "n_keep": None,
     "t_max_predict_ms": None,
     "samplers": None,
     "lora": None,
 }
+
+_NO_SCHEMAS = (
+    "JSON schemas are not supported yet (no schema-to-grammar converter); use 'grammar' (GBNF) "
+    "or response_format {'type': 'json_object'}"
+)
+
+# Any JSON object (RFC 8259), in llama.cpp's GBNF: what response_format json_object asks for.
+JSON_OBJECT_GRAMMAR = r"""root   ::= object
+value  ::= object | array | string | number | ("true" | "false" | "null") ws
+object ::= "{" ws ( string ":" ws value ( "," ws string ":" ws value )* )? "}" ws
+array  ::= "[" ws ( value ( "," ws value )* )? "]" ws
+string ::= "\"" ( [^"\\\x7F\x00-\x1F] | "\\" ( ["\\/bfnrt] | "u" [0-9a-fA-F]{4} ) )* "\"" ws
+number ::= "-"? ( "0" | [1-9] [0-9]{0,15} ) ( "." [0-9]+ )? ( [eE] [-+]? [0-9]{1,15} )? ws
+ws     ::= | " " | "\n" [ \t]{0,20}
+"""
 
 PromptInput = Union[str, list]  # text, or a list of token ids and text pieces
 
@@ -96,20 +109,42 @@ class GenerationRequest:
         include_usage: OpenAI ``stream_options.include_usage``.
         priority: smaller runs first under the "priority" scheduling policy.
         return_tokens: /completion: fill ``tokens`` in non-streamed answers.
+        response_fields: /completion: answer only these fields ("a/b" reaches into objects);
+            () = all.
+        logit_bias: (token id or text, bias) pairs as the request spelled them; the server
+            tokenizes the texts (see ``read_logit_bias``).
+        num_choices: completions per prompt (OpenAI ``n``, llama-server ``n_cmpl``), each an
+            engine request of its own, sampled independently (a seeded request's choice i uses
+            seed + i).
+        verbose: add llama-server's ``__verbose`` object (the rendered prompt) to the answer.
         cache_prompt: the client's ``cache_prompt`` (reported only).
         ignored_fields: known llama.cpp options set to values CacheFlow does not implement.
+        tools: chat: OpenAI tool definitions, passed to the chat template.
+        template_kwargs: chat: the request's ``chat_template_kwargs``.
+        add_generation_prompt: chat: end the prompt with the assistant turn opener.
+        continue_final_message: chat: continue the last (assistant) message; None = when the
+            last message is an assistant message and the server prefills (llama-server's
+            --prefill-assistant).
     """
 
     prompts: tuple[PromptInput, ...]
     n_predict: int
     params: SamplingParams
-    messages: tuple[dict[str, str], ...] = ()
+    messages: tuple[dict[str, object], ...] = ()
     stream: bool = False
     include_usage: bool = False
     priority: int = 0
     return_tokens: bool = False
+    response_fields: tuple[str, ...] = ()
+    logit_bias: tuple[tuple[int | str, float], ...] = ()
+    num_choices: int = 1
+    verbose: bool = False
     cache_prompt: bool = True
     ignored_fields: tuple[str, ...] = field(default_factory=tuple)
+    tools: tuple[dict[str, object], ...] = ()
+    template_kwargs: Mapping[str, object] = field(default_factory=dict)
+    add_generation_prompt: bool = True
+    continue_final_message: bool | None = None
 
     def with_max_tokens(self, max_tokens: int) -> SamplingParams:
         """The sampling parameters with ``max_tokens`` set (>= 1)."""
@@ -312,11 +347,12 @@ def read_token_ids(body: Mapping[str, object], name: str) -> list[int]:
     return [_token_id(f"{name}[{i}]", _as_int(f"{name}[{i}]", v)) for i, v in enumerate(value)]
 
 
-def read_messages(body: Mapping[str, object]) -> tuple[dict[str, str], ...]:
-    """Chat ``messages`` as [{"role", "content"}] with text content.
+def read_messages(body: Mapping[str, object]) -> tuple[dict[str, object], ...]:
+    """Chat ``messages`` as [{"role", "content", ...}] with text content.
 
     Content may be a string, null (empty) or a list of {"type": "text", "text": ...} parts,
-    which are joined.
+    which are joined. Other keys of a message (tool_calls, name, tool_call_id, ...) are kept
+    for the chat template.
 
     Raises:
         ProtocolError: missing, empty, or a message of the wrong shape.
@@ -329,7 +365,7 @@ def read_messages(body: Mapping[str, object]) -> tuple[dict[str, str], ...]:
     return tuple(_message(m, i) for i, m in enumerate(value))
 
 
-def _message(message: object, index: int) -> dict[str, str]:
+def _message(message: object, index: int) -> dict[str, object]:
     where = f"Field 'messages[{index}]'"
     if not isinstance(message, dict):
         raise ProtocolError(f"{where}: expected an object, got {_type_name(message)}")
@@ -346,7 +382,7 @@ def _message(message: object, index: int) -> dict[str, str]:
         text = "".join(_text_part(p, f"{where}.content[{j}]") for j, p in enumerate(content))
     else:
         raise ProtocolError(f"{where}: 'content' must be a string or an array of text parts")
-    return {"role": role, "content": _utf8(text, f"{where}.content")}
+    return {**message, "role": role, "content": _utf8(text, f"{where}.content")}
 
 
 def _text_part(part: object, where: str) -> str:
@@ -358,12 +394,15 @@ def _text_part(part: object, where: str) -> str:
 # ---------------------------------------------------------------------------- generation
 
 
-def parse_completion(body: object, default_n_predict: int) -> GenerationRequest:
+def parse_completion(
+    body: object, default_n_predict: int = -1, defaults: RequestDefaults = LLAMA_SERVER_DEFAULTS
+) -> GenerationRequest:
     """A /completion, /completions or /v1/completions body.
 
     Args:
         body: the decoded JSON body.
         default_n_predict: the server's -n value, used when the request sets no limit.
+        defaults: the server's sampling defaults, for the fields the request does not set.
 
     Raises:
         ProtocolError: invalid field (the message names it).
@@ -375,26 +414,82 @@ def parse_completion(body: object, default_n_predict: int) -> GenerationRequest:
     if read_bool(body, "echo", False):
         raise ProtocolError("Only no echo is supported")
     _reject_logprobs(body)
-    return _generation(body, read_prompts(body), (), default_n_predict)
+    return _generation(body, read_prompts(body), (), default_n_predict, defaults)
 
 
-def parse_chat(body: object, default_n_predict: int) -> GenerationRequest:
-    """A /v1/chat/completions body (messages are rendered by the server's chat template).
+def parse_chat(
+    body: object, default_n_predict: int = -1, defaults: RequestDefaults = LLAMA_SERVER_DEFAULTS
+) -> GenerationRequest:
+    """A /v1/chat/completions body (messages are rendered by the server's chat template);
+    arguments as ``parse_completion``.
 
     Raises:
         ProtocolError: invalid field (the message names it).
     """
     body = require_object(body)
-    if body.get("tools"):
-        raise ProtocolError("Field 'tools': tool calls are not supported")
     _reject_logprobs(body)
-    response_format = body.get("response_format")
-    if response_format is not None:
-        if not isinstance(response_format, dict):
-            raise _bad_type("response_format", "an object", response_format)
-        if response_format.get("type", "text") != "text":
-            raise ProtocolError("Field 'response_format': only type 'text' is supported")
-    return _generation(body, (), read_messages(body), default_n_predict)
+    grammar = _response_format_grammar(body.get("response_format"))
+    if grammar:
+        if body.get("grammar"):
+            raise ProtocolError("set 'grammar' or a JSON 'response_format', not both")
+        body = {**body, "grammar": grammar}
+    request = _generation(body, (), read_messages(body), default_n_predict, defaults)
+    return replace(request, **read_chat_options(body))
+
+
+def _response_format_grammar(response_format: object) -> str:
+    """The grammar of an OpenAI ``response_format``: "" for text, JSON_OBJECT_GRAMMAR for a
+    json_object without a schema.
+
+    Raises:
+        ProtocolError: not an object, an unknown type, or a JSON schema (not converted yet).
+    """
+    if response_format is None:
+        return ""
+    if not isinstance(response_format, dict):
+        raise _bad_type("response_format", "an object", response_format)
+    kind = response_format.get("type", "text")
+    if kind == "text":
+        return ""
+    if kind == "json_object" and response_format.get("schema") is None:
+        return JSON_OBJECT_GRAMMAR
+    if kind in ("json_object", "json_schema"):
+        raise ProtocolError(_NO_SCHEMAS)
+    raise ProtocolError(f"Field 'response_format': unknown type {kind!r} (text, json_object)")
+
+
+def read_chat_options(body: Mapping[str, object]) -> dict[str, object]:
+    """The chat-template fields of a chat or /apply-template body, as GenerationRequest
+    fields (tools, template_kwargs, add_generation_prompt, continue_final_message).
+
+    Raises:
+        ProtocolError: a field of the wrong type, or both add_generation_prompt and
+            continue_final_message true.
+    """
+    tools = body.get("tools")
+    if tools is not None and not (
+        isinstance(tools, list) and all(isinstance(t, dict) for t in tools)
+    ):
+        raise _bad_type("tools", "an array of objects", tools)
+    kwargs = body.get("chat_template_kwargs")
+    if kwargs is not None and not isinstance(kwargs, dict):
+        raise _bad_type("chat_template_kwargs", "an object", kwargs)
+    add_generation_prompt = read_bool(body, "add_generation_prompt", True)
+    continue_final = (
+        read_bool(body, "continue_final_message", False)
+        if _present(body, "continue_final_message")
+        else None
+    )
+    if continue_final and add_generation_prompt:
+        raise ProtocolError(
+            "Cannot set both add_generation_prompt and continue_final_message to true."
+        )
+    return {
+        "tools": tuple(tools or ()),
+        "template_kwargs": dict(kwargs or {}),
+        "add_generation_prompt": add_generation_prompt,
+        "continue_final_message": continue_final,
+    }
 
 
 def _reject_logprobs(body: Mapping[str, object]) -> None:
@@ -410,12 +505,11 @@ def _generation(
     prompts: tuple[PromptInput, ...],
     messages: tuple[dict[str, str], ...],
     default_n_predict: int,
+    defaults: RequestDefaults,
 ) -> GenerationRequest:
-    for name in ("grammar", "json_schema"):
-        if body.get(name):
-            raise ProtocolError(f"Field '{name}': constrained sampling is not supported")
-    if read_int(body, ("n_cmpl", "n"), 1, low=1) != 1:
-        raise ProtocolError("Field 'n': only 1 completion per prompt is supported")
+    if body.get("json_schema"):
+        raise ProtocolError(_NO_SCHEMAS)
+    num_choices = read_int(body, ("n_cmpl", "n"), 1, low=1, high=MAX_CHOICES)
     n_predict = read_int(
         body, ("n_predict", "max_completion_tokens", "max_tokens"), default_n_predict, low=-1
     )
@@ -426,14 +520,26 @@ def _generation(
         prompts=prompts,
         messages=messages,
         n_predict=n_predict,
-        params=_sampling(body, max(1, n_predict)),
+        params=_sampling(_with_defaults(body, defaults), max(1, n_predict)),
         stream=read_bool(body, "stream", False),
         include_usage=read_bool(stream_options or {}, "include_usage", False),
         priority=read_int(body, ("priority",), 0),
         return_tokens=read_bool(body, "return_tokens", False),
+        response_fields=tuple(read_str_list(body, "response_fields")),
+        logit_bias=read_logit_bias(body),
+        num_choices=num_choices,
+        verbose=read_bool(body, "verbose", False),
         cache_prompt=read_bool(body, "cache_prompt", True),
-        ignored_fields=_ignored(body),
+        ignored_fields=_ignored(_with_defaults(body, defaults)),
     )
+
+
+def _with_defaults(body: Mapping[str, object], defaults: RequestDefaults) -> dict[str, object]:
+    """``body`` with the server's defaults for the sampling fields it does not set (a JSON
+    null counts as not set)."""
+    merged = defaults.as_fields()
+    merged.update((name, value) for name, value in body.items() if value is not None)
+    return merged
 
 
 def _sampling(body: Mapping[str, object], max_tokens: int) -> SamplingParams:
@@ -442,16 +548,68 @@ def _sampling(body: Mapping[str, object], max_tokens: int) -> SamplingParams:
     try:
         return SamplingParams(
             max_tokens=max_tokens,
-            temperature=read_float(body, "temperature", DEFAULT_TEMPERATURE, 0.0, math.inf),
-            top_k=max(0, read_int(body, ("top_k",), DEFAULT_TOP_K)),
-            top_p=max(_TOP_P_FLOOR, read_float(body, "top_p", DEFAULT_TOP_P, 0.0, 1.0)),
-            min_p=read_float(body, "min_p", DEFAULT_MIN_P, 0.0, 1.0),
+            temperature=read_float(body, "temperature", 0.0, 0.0, math.inf),
+            top_k=max(0, read_int(body, ("top_k",), 0)),
+            top_p=max(_TOP_P_FLOOR, read_float(body, "top_p", 1.0, 0.0, 1.0)),
+            min_p=read_float(body, "min_p", 0.0, 0.0, 1.0),
             seed=None if seed in SEED_RANDOM_VALUES else seed,
             stop=_stop(body),
             ignore_eos=read_bool(body, "ignore_eos", False),
+            repeat_penalty=read_float(body, "repeat_penalty", 1.0, -math.inf, math.inf),
+            repeat_last_n=read_int(body, ("repeat_last_n",), 64, low=-1),
+            presence_penalty=read_float(body, "presence_penalty", 0.0, -math.inf, math.inf),
+            frequency_penalty=read_float(body, "frequency_penalty", 0.0, -math.inf, math.inf),
+            grammar=read_str(body, "grammar", None) or "",
         )
     except (TypeError, ValueError) as exc:  # SamplingParams names the field
         raise ProtocolError(str(exc)) from None
+
+
+def read_logit_bias(body: Mapping[str, object]) -> tuple[tuple[int | str, float], ...]:
+    """``logit_bias`` as llama-server reads it: [[token id or text, bias], ...] or OpenAI's
+    {"token id or text": bias}; a bias of ``false`` bans the token (-inf). Entries of another
+    shape are skipped, as llama-server does; texts are tokenized later (each of their tokens
+    gets the bias).
+
+    Raises:
+        ProtocolError: the field is neither an array nor an object.
+    """
+    if not _present(body, "logit_bias"):
+        return ()
+    value = body["logit_bias"]
+    if isinstance(value, dict):
+        entries = [(_token_or_text(k), v) for k, v in value.items()]
+    elif isinstance(value, list):
+        entries = [tuple(e) for e in value if isinstance(e, list) and len(e) == 2]
+    else:
+        raise _bad_type("logit_bias", "an array of [token, bias] pairs or an object", value)
+    out = []
+    for key, bias in entries:
+        if bias is False:
+            bias = -math.inf
+        elif isinstance(bias, bool) or not isinstance(bias, (int, float)):
+            continue
+        is_id = isinstance(key, int) and not isinstance(key, bool)
+        if is_id or isinstance(key, str):
+            out.append((key, float(bias)))
+    return tuple(out)
+
+
+def _token_or_text(key: str) -> int | str:
+    try:
+        return int(key)
+    except ValueError:
+        return key
+
+
+def read_str_list(body: Mapping[str, object], name: str) -> list[str]:
+    """Field ``name`` as a list of strings ([] when absent)."""
+    if not _present(body, name):
+        return []
+    value = body[name]
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise _bad_type(name, "an array of strings", value)
+    return value
 
 
 def _stop(body: Mapping[str, object]) -> tuple[str, ...]:

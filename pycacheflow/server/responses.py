@@ -18,7 +18,21 @@ if TYPE_CHECKING:
     from pycacheflow.outputs import RequestMetrics, RequestOutput
     from pycacheflow.server.protocol import GenerationRequest
 
-SYSTEM_FINGERPRINT = f"cacheflow-{pycacheflow.__version__}"
+def _system_fingerprint() -> str:
+    """llama-server's build_info format, "b<build>-<commit>", with CacheFlow's version and the
+    git commit its library was built from, e.g. "b0.1.0-1a2b3c4" ("b0.1.0" outside git)."""
+    from pycacheflow.errors import CacheFlowError
+
+    try:
+        from pycacheflow._native import version
+
+        release = version().split(" ", 1)[0]  # "0.1.0+1a2b3c4"
+    except (ImportError, OSError, CacheFlowError):  # no loadable library: the package version
+        release = pycacheflow.__version__
+    return "b" + release.replace("+", "-")
+
+
+SYSTEM_FINGERPRINT = _system_fingerprint()
 _MS_PER_S = 1000.0
 
 
@@ -40,12 +54,15 @@ class Completion:
         stop_type: llama-server's "eos", "word" or "limit".
         stopping_word: the stop string that ended it, or "".
         slot_id: the slot it ran in, in [0, max_num_seqs).
+        truncated: it stopped because its slot's context was full (llama-server's
+            ``truncated``), not at its own n_predict.
     """
 
     output: RequestOutput
     stop_type: str
     stopping_word: str
     slot_id: int
+    truncated: bool = False
 
     @property
     def oai_finish_reason(self) -> str:
@@ -86,7 +103,9 @@ def timings(metrics: RequestMetrics) -> dict[str, float]:
     """llama-server's ``timings``: prompt (prefill) and predicted (decode) counts and speeds.
 
     Prompt time runs from the first step that computed the request to its first token;
-    predicted time from the first token to the last.
+    predicted time from the first token to the last. The generation rate counts the tokens
+    after the first (the first comes from the prompt's last batch, costing no decode step), as
+    llama-server's does: 0 for a single token.
     """
     start = metrics.first_scheduled_time_s or metrics.arrival_time_s
     first = metrics.first_token_time_s
@@ -94,6 +113,7 @@ def timings(metrics: RequestMetrics) -> dict[str, float]:
     predicted_ms = (metrics.finish_time_s - first) * _MS_PER_S if first is not None else 0.0
     prompt_n = metrics.num_prompt_tokens - metrics.num_cached_tokens
     predicted_n = metrics.num_output_tokens
+    decoded = predicted_n - 1  # tokens that took a decode step
     return {
         "cache_n": metrics.num_cached_tokens,
         "prompt_n": prompt_n,
@@ -102,9 +122,9 @@ def timings(metrics: RequestMetrics) -> dict[str, float]:
         "prompt_per_second": _MS_PER_S * prompt_n / prompt_ms if prompt_ms > 0 else 0.0,
         "predicted_n": predicted_n,
         "predicted_ms": predicted_ms,
-        "predicted_per_token_ms": predicted_ms / predicted_n if predicted_n else 0.0,
+        "predicted_per_token_ms": predicted_ms / decoded if decoded > 0 else 0.0,
         "predicted_per_second": (
-            _MS_PER_S * predicted_n / predicted_ms if predicted_ms > 0 else 0.0
+            _MS_PER_S * decoded / predicted_ms if decoded > 0 and predicted_ms > 0 else 0.0
         ),
     }
 
@@ -137,10 +157,17 @@ def generation_settings(request: GenerationRequest, n_ctx: int, model: str) -> d
         "min_p": p.min_p,
         "stop": list(p.stop),
         "ignore_eos": p.ignore_eos,
+        "repeat_penalty": p.repeat_penalty,
+        "repeat_last_n": p.repeat_last_n,
+        "presence_penalty": p.presence_penalty,
+        "frequency_penalty": p.frequency_penalty,
+        # llama-server's shape; a ban (-inf) is null
+        "logit_bias": [{"bias": b if b != float("-inf") else None, "token": t}
+                       for t, b in p.logit_bias],  # fmt: skip
         "stream": request.stream,
         "cache_prompt": request.cache_prompt,
         "priority": request.priority,
-        "samplers": ["top_k", "top_p", "min_p", "temperature"],
+        "samplers": ["penalties", "top_k", "top_p", "min_p", "temperature"],
     }
 
 
@@ -183,12 +210,29 @@ def completion_final(
         "generation_settings": settings,
         "prompt": prompt_text,
         "has_new_line": "\n" in out.text,
-        "truncated": False,
+        "truncated": done.truncated,
         "stop_type": done.stop_type,
         "stopping_word": done.stopping_word,
         "tokens_cached": m.num_prompt_tokens + m.num_output_tokens,
         "timings": timings(m),
     }
+
+
+def select_fields(body: dict[str, object], fields: tuple[str, ...]) -> dict[str, object]:
+    """llama-server's ``response_fields``: only the named fields, a path "a/b" reaching into
+    nested objects (the key stays "a/b"); missing ones are left out. () = the whole body."""
+    if not fields:
+        return body
+    selected: dict[str, object] = {}
+    for path in fields:
+        value: object = body
+        for part in path.split("/"):
+            if not isinstance(value, dict) or part not in value:
+                break
+            value = value[part]
+        else:
+            selected[path] = value
+    return selected
 
 
 # ---------------------------------------------------------------------------- OpenAI
@@ -216,42 +260,54 @@ def oai_completion_chunk(
 
 
 def oai_completion_last_chunk(ids: ResponseIds, index: int, done: Completion) -> dict[str, object]:
-    """The final streamed ``text_completion`` chunk: finish_reason, usage and timings."""
+    """The final streamed ``text_completion`` chunk of a choice: finish_reason, usage and
+    timings. The usage here is llama-server's (it always sends it on this chunk); with
+    ``stream_options.include_usage`` OpenAI's usage chunk follows too
+    (``oai_completion_usage_chunk``), so clients of either find it where they expect it."""
     body = oai_completion_chunk(ids, index, "", done.oai_finish_reason)
     body["usage"] = usage([done.output])
     body["timings"] = timings(done.output.metrics)
     return body
 
 
-def chat_completion(ids: ResponseIds, done: Completion) -> dict[str, object]:
-    """A non-streamed ``chat.completion``."""
-    choice = {
-        "finish_reason": done.oai_finish_reason,
-        "index": 0,
-        "message": {"role": "assistant", "content": done.output.text},
-    }
-    body = {"choices": [choice], **ids.envelope("chat.completion")}
-    body["usage"] = usage([done.output])
-    body["timings"] = timings(done.output.metrics)
+def oai_completion_usage_chunk(ids: ResponseIds, outputs: list) -> dict[str, object]:
+    """OpenAI's last streamed chunk with ``include_usage``: empty choices, the total usage."""
+    return {"choices": [], **ids.envelope("text_completion"), "usage": usage(outputs)}
+
+
+def chat_completion(ids: ResponseIds, done: list[Completion]) -> dict[str, object]:
+    """A non-streamed ``chat.completion``: one choice per completion (``n``)."""
+    choices = [
+        {
+            "finish_reason": d.oai_finish_reason,
+            "index": i,
+            "message": {"role": "assistant", "content": d.output.text},
+        }
+        for i, d in enumerate(done)
+    ]
+    body = {"choices": choices, **ids.envelope("chat.completion")}
+    body["usage"] = usage([d.output for d in done])
+    body["timings"] = timings(done[0].output.metrics)
     return body
 
 
 def chat_chunk(
-    ids: ResponseIds, delta: dict[str, object], finish_reason: str | None = None
+    ids: ResponseIds, delta: dict[str, object], finish_reason: str | None = None, index: int = 0
 ) -> dict[str, object]:
-    """A streamed ``chat.completion.chunk``; the first carries ``{"role": "assistant"}``."""
-    choice = {"finish_reason": finish_reason, "index": 0, "delta": delta}
+    """A streamed ``chat.completion.chunk`` of choice ``index``; the first of each choice
+    carries ``{"role": "assistant"}``."""
+    choice = {"finish_reason": finish_reason, "index": index, "delta": delta}
     return {"choices": [choice], **ids.envelope("chat.completion.chunk")}
 
 
 def chat_last_chunks(
-    ids: ResponseIds, done: Completion, include_usage: bool
+    ids: ResponseIds, done: Completion, include_usage: bool, index: int = 0
 ) -> list[dict[str, object]]:
     """The closing chat chunks: finish_reason, then (if asked) usage with empty choices.
 
     The last one carries ``timings``, as in llama-server.
     """
-    chunks = [chat_chunk(ids, {}, done.oai_finish_reason)]
+    chunks = [chat_chunk(ids, {}, done.oai_finish_reason, index)]
     if include_usage:
         chunks.append(
             {"choices": [], **ids.envelope("chat.completion.chunk"), "usage": usage([done.output])}

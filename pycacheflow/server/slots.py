@@ -97,24 +97,30 @@ class SlotTable:
         """GET /slots: one object per slot, as llama-server."""
         return [self.slot_json(i, default_settings) for i in range(self.num_slots)]
 
-    def slot_json(self, slot_id: int, default_settings: dict[str, object]) -> dict[str, object]:
-        """One slot's state (idle slots show the default settings)."""
+    def slot_json(
+        self, slot_id: int, default_settings: dict[str, object], idle_params: bool = False
+    ) -> dict[str, object]:
+        """One slot's state, as llama-server's: a busy slot shows its request's settings
+        (``params``) and progress (``next_token``, a one-element list); an idle slot only its
+        id, context and state, unless ``idle_params`` (for /props: the default settings)."""
         holders = self._holders[slot_id]
         busy = self._requests[holders[0]] if holders else None
-        return {
+        slot: dict[str, object] = {
             "id": slot_id,
             "id_task": holders[0] if holders else -1,
             "n_ctx": self.n_ctx,
             "speculative": False,
             "is_processing": busy is not None,
-            "params": busy.settings if busy else default_settings,
-            "next_token": {
+        }
+        if busy is not None or idle_params:
+            slot["params"] = busy.settings if busy else default_settings
+            slot["next_token"] = [{
                 "has_next_token": busy is not None,
                 "has_new_line": busy.has_new_line if busy else False,
                 "n_remain": -1,
                 "n_decoded": busy.num_decoded if busy else 0,
-            },
-        }
+            }]  # fmt: skip
+        return slot
 
     # ------------------------------------------------------------------ internals
 

@@ -7,6 +7,8 @@ Everything here runs on the event loop thread.
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -38,6 +40,9 @@ class Job:
         num_decoded: tokens streamed so far.
         discard_output: n_predict was 0: the prompt is evaluated (one token is generated
             because the engine needs max_tokens >= 1) but no output is reported.
+        max_tokens: the engine's limit of output tokens for it.
+        limited_by_context: ``max_tokens`` is the room left in the slot's context, smaller
+            than the request's n_predict: reaching it means the output was truncated.
     """
 
     index: int
@@ -45,6 +50,8 @@ class Job:
     prompt: PromptInput
     settings: dict[str, object]
     discard_output: bool = False
+    max_tokens: int = 0
+    limited_by_context: bool = False
     num_decoded: int = 0
     slot_released: bool = False
 
@@ -62,9 +69,12 @@ class ServerState:
         self.config = config
         self.info = llm.info
         self.metrics = ServerMetrics()
-        self.slots = SlotTable(self.info.max_num_seqs, self.info.n_ctx_per_seq)
+        # llama-server's context per slot (-c / -np), within the engine's per sequence
+        self.n_ctx_slot = min(config.n_ctx_slot or self.info.n_ctx_per_seq, self.info.n_ctx_per_seq)
+        self.slots = SlotTable(self.info.max_num_seqs, self.n_ctx_slot)
         self.groups: set[RequestGroup] = set()  # of HTTP requests in flight
         self.shutting_down = False
+        self.start_time_unix = int(time.time())  # llama-server's Process-Start-Time-Unix
         self._warned_fields: set[str] = set()
 
     @property
@@ -76,20 +86,65 @@ class ServerState:
         """Generation settings of a request that sets nothing (for /props and idle slots)."""
         from pycacheflow.server.protocol import parse_completion
 
-        request = parse_completion({"prompt": ""}, self.config.n_predict)
-        return generation_settings(request, self.info.n_ctx_per_seq, self.model_name)
+        request = parse_completion({"prompt": ""}, self.config.n_predict, self.config.defaults)
+        return generation_settings(request, self.n_ctx_slot, self.model_name)
+
+    def render_chat(
+        self,
+        messages: Sequence[Mapping[str, object]],
+        tools: Sequence[Mapping[str, object]] = (),
+        template_kwargs: Mapping[str, object] | None = None,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool | None = None,
+    ) -> str:
+        """The prompt text of a chat request, rendered with the server's template settings.
+
+        ``continue_final_message`` None: continue a final assistant message when the server
+        prefills (--prefill-assistant), as llama-server does.
+
+        Raises:
+            ProtocolError: the messages or options do not fit together, or the template failed.
+        """
+        config = self.config
+        if continue_final_message is None:
+            continue_final_message = bool(
+                config.prefill_assistant and messages and messages[-1]["role"] == "assistant"
+            )
+            if continue_final_message:
+                if len(messages) >= 2 and messages[-2]["role"] == "assistant":
+                    raise ProtocolError(
+                        "Cannot have 2 or more assistant messages at the end of the list."
+                    )
+                add_generation_prompt = False
+        try:
+            return self.llm.apply_chat_template(
+                messages,
+                add_generation_prompt,
+                config.chat_template,
+                jinja=config.jinja,
+                continue_final_message=continue_final_message,
+                tools=list(tools) or None,
+                chat_template_kwargs={**config.chat_template_kwargs, **(template_kwargs or {})},
+            )
+        except errors.InvalidArgumentError as exc:
+            raise ProtocolError(str(exc)) from None
 
     # ------------------------------------------------------------------ submission
 
-    def resolve_prompt(self, prompt: PromptInput) -> PromptInput:
-        """Text stays text (the LLM tokenizes it); a mixed list becomes token ids.
+    def resolve_prompt(self, prompt: PromptInput) -> list[int]:
+        """The token ids of a prompt: text is tokenized as the LLM would (BOS once); in a mixed
+        list each text piece is tokenized without BOS, except a text piece at the start, which
+        gets the model's BOS as a text prompt would (llama-server's rule).
 
-        In a mixed list each text piece is tokenized without BOS, except a text piece at the
-        start, which gets the model's BOS as a text prompt would (llama-server's rule).
+        Raises:
+            ProtocolError: text without a UTF-8 form.
         """
-        if isinstance(prompt, str):
-            return prompt
-        return self.tokenize_mixed(prompt, add_special=True, parse_special=True)
+        try:
+            if isinstance(prompt, str):
+                return self.llm.tokenize_prompt(prompt)
+            return self.tokenize_mixed(prompt, add_special=True, parse_special=True)
+        except errors.InvalidArgumentError as exc:
+            raise ProtocolError(str(exc)) from None
 
     def tokenize_mixed(
         self, pieces: list[str | int], add_special: bool, parse_special: bool
@@ -103,40 +158,63 @@ class ServerState:
                 token_ids.append(piece)
         return token_ids
 
-    def submit(self, group: RequestGroup, request: GenerationRequest, prompt: PromptInput) -> Job:
-        """Submit one prompt of ``request`` to the engine through ``group``.
+    def submit(
+        self, group: RequestGroup, request: GenerationRequest, prompt: PromptInput, choice: int = 0
+    ) -> Job:
+        """Submit one prompt of ``request`` to the engine through ``group`` (its ``choice``-th
+        completion: a seeded request's choices use seed + choice, so they differ).
 
         Raises:
             ProtocolError: the prompt is empty, too long or has a bad token id (400).
         """
         self._warn_ignored(request)
         prompt = self.resolve_prompt(prompt)
+        if request.logit_bias:
+            request = replace(request, params=replace(
+                request.params, logit_bias=self._logit_bias(request.logit_bias)))  # fmt: skip
+        if choice and request.params.seed is not None:
+            seed = (request.params.seed + choice) % 2**32
+            request = replace(request, params=replace(request.params, seed=seed))
         n_predict = request.n_predict
-        max_tokens = self.info.n_ctx_per_seq if n_predict < 0 else max(1, n_predict)
+        room = self.n_ctx_slot - len(prompt)  # tokens the slot's context has left for output
+        if prompt and room <= 0:
+            raise self._too_long(len(prompt))
+        wanted = self.info.n_ctx_per_seq if n_predict < 0 else max(1, n_predict)
+        max_tokens = max(1, min(wanted, room))
         try:
             index = group.submit(prompt, request.with_max_tokens(max_tokens), request.priority)
-        except errors.PromptTooLongError as exc:
-            raise self._too_long(prompt, exc) from None
+        except errors.PromptTooLongError:
+            raise self._too_long(len(prompt)) from None
         except errors.InvalidArgumentError as exc:
             raise ProtocolError(str(exc)) from None
-        settings = generation_settings(request, self.info.n_ctx_per_seq, self.model_name)
+        settings = generation_settings(request, self.n_ctx_slot, self.model_name)
         request_id = group.request_ids[index]
         self.slots.add(request_id, settings)
-        return Job(index, request_id, prompt, settings, discard_output=n_predict == 0)
+        return Job(index, request_id, prompt, settings, discard_output=n_predict == 0,
+                   max_tokens=max_tokens, limited_by_context=room < wanted)  # fmt: skip
+
+    def _logit_bias(self, entries: tuple[tuple[int | str, float], ...]) -> tuple:
+        """(token id, bias) pairs: texts become their tokens; ids outside the vocabulary are
+        dropped (llama-server's rules)."""
+        n_vocab, pairs = self.info.n_vocab, []
+        for key, bias in entries:
+            if isinstance(key, str):
+                pairs += [(t, bias) for t in self.llm.tokenize(key, False, False)]
+            elif 0 <= key < n_vocab:
+                pairs.append((key, bias))
+        return tuple(pairs)
 
     def slot_id(self, job: Job) -> int:
         """The slot the job runs in, in [0, max_num_seqs) (for ``id_slot``)."""
         return self.slots.slot_of(job.request_id)
 
-    def _too_long(self, prompt: PromptInput, exc: Exception) -> ProtocolError:
-        if isinstance(prompt, str):
-            num_tokens = len(self.llm.tokenize(prompt))
-        else:
-            num_tokens = len(prompt)
+    def _too_long(self, num_prompt_tokens: int) -> ProtocolError:
+        """llama-server's exceed_context_size_error (400)."""
         return ProtocolError(
-            f"the request exceeds the available context size: {exc}",
+            f"request ({num_prompt_tokens} tokens) exceeds the available context size "
+            f"({self.n_ctx_slot} tokens), try increasing it",
             error_type="exceed_context_size_error",
-            extra={"n_prompt_tokens": num_tokens, "n_ctx": self.info.n_ctx_per_seq},
+            extra={"n_prompt_tokens": num_prompt_tokens, "n_ctx": self.n_ctx_slot},
         )
 
     def _warn_ignored(self, request: GenerationRequest) -> None:
@@ -166,7 +244,14 @@ class ServerState:
         if job.discard_output:
             output = _without_output(output)
         stopping_word = self._stopping_word(output, job)
-        return Completion(output, stop_type_of(output, stopping_word), stopping_word, slot_id)
+        truncated = (
+            job.limited_by_context
+            and output.finish_reason == "length"
+            and len(output.token_ids) >= job.max_tokens
+        )
+        return Completion(
+            output, stop_type_of(output, stopping_word), stopping_word, slot_id, truncated
+        )
 
     def progress(self, job: Job, delta: StreamDelta) -> None:
         """Account streamed output of a job (for /slots and ``tokens_predicted``)."""

@@ -41,3 +41,39 @@ def test_random_seed_sampling_varies(tiny_model_path, make_llm):
     outs = llm.generate(["Once upon a time"] * 8, params)
     assert all(len(o.token_ids) == 16 for o in outs)
     assert len({tuple(o.token_ids) for o in outs}) > 1  # 8 draws at temperature 2 differ
+
+
+def test_logit_bias_and_penalties_leave_the_graph_only_for_their_rows(real_llm):
+    """A logit bias or a penalty (llama.cpp's samplers) changes a greedy row's tokens, which
+    are then the argmax of the changed logits on the CPU; plain greedy rows in the same batch
+    keep their in-graph tokens."""
+    prompt = "List the numbers: one, two, three, one, two, three, one, two,"
+    plain = SamplingParams(max_tokens=16, ignore_eos=True)
+    expected = real_llm.generate([prompt], plain)[0].token_ids
+    banned = SamplingParams(max_tokens=16, ignore_eos=True, logit_bias={expected[0]: float("-inf")})
+    boosted = SamplingParams(max_tokens=16, ignore_eos=True, logit_bias={expected[3]: 100.0})
+    penalized = SamplingParams(max_tokens=16, ignore_eos=True, repeat_penalty=1.5,
+                               presence_penalty=1.0, repeat_last_n=-1)  # fmt: skip
+    outs = real_llm.generate([prompt] * 4, [plain, banned, boosted, penalized])
+    assert outs[0].token_ids == expected  # the greedy row beside them is unchanged
+    assert outs[1].token_ids[0] != expected[0] and expected[0] not in outs[1].token_ids
+    assert set(outs[2].token_ids) == {expected[3]}  # +100 wins every step
+    assert outs[3].token_ids != expected
+    # each alone gives the same tokens: the CPU route does not depend on the batch
+    assert real_llm.generate([prompt], penalized)[0].token_ids == outs[3].token_ids
+
+
+def test_grammar_constrains_the_output(real_llm):
+    from pycacheflow.errors import InvalidArgumentError
+    from pycacheflow.server.protocol import JSON_OBJECT_GRAMMAR
+
+    five_a = SamplingParams(max_tokens=8, grammar='root ::= "a"{5,5}')
+    as_json = SamplingParams(max_tokens=24, grammar=JSON_OBJECT_GRAMMAR, temperature=0.8, seed=3)
+    plain = SamplingParams(max_tokens=8)
+    outs = real_llm.generate(["Say something", "Describe a cat in JSON:", "Say something"],
+                             [five_a, as_json, plain])  # fmt: skip
+    assert outs[0].text == "aaaaa" and outs[0].finish_reason == "stop"  # EOS once complete
+    assert outs[1].text.startswith("{")
+    assert outs[2].text != "aaaaa"
+    with pytest.raises(InvalidArgumentError, match="grammar"):
+        real_llm.generate(["x"], SamplingParams(max_tokens=2, grammar="root ::= (unclosed"))

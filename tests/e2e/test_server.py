@@ -64,7 +64,8 @@ def test_health_props_models(client):
     # paged KV (the default for this model): one pool of -c tokens that any one sequence may fill
     cacheflow = props["cacheflow"]
     assert cacheflow["kv_mode"] == "paged" and cacheflow["n_ctx"] == NUM_SLOTS * CTX_PER_SEQ
-    assert props["default_generation_settings"]["n_ctx"] == cacheflow["n_ctx_per_seq"]
+    # llama-server's context per slot: -c split over the -np slots (the pool is shared anyway)
+    assert props["default_generation_settings"]["n_ctx"] == CTX_PER_SEQ
     assert props["eos_token"] == "<|im_end|>"
     for path in ("/models", "/v1/models"):
         assert client.get(path).json()["data"][0]["id"] == "smollm2"
@@ -274,3 +275,12 @@ def test_sigterm_aborts_streams_after_the_grace_time(real_model_path):
         assert "Traceback" not in proc.log()
     finally:
         proc.close()
+
+
+def test_tokenize_pieces_that_are_not_utf8_are_bytes(client):
+    text = "unicode 媽 and emoji 🤗"
+    tokens = client.post("/tokenize", json={"content": text, "with_pieces": True}).json()["tokens"]
+    pieces = [t["piece"] for t in tokens]
+    raw = b"".join(p.encode() if isinstance(p, str) else bytes(p) for p in pieces)
+    assert raw.decode() == text
+    assert any(isinstance(p, list) for p in pieces)  # the emoji spans several byte tokens

@@ -129,6 +129,10 @@ def test_oai_completion_stream_ends_with_done(client):
     assert chunks[-1]["choices"][0]["finish_reason"] == "length"
     assert chunks[-1]["usage"]["completion_tokens"] == 5
     assert {c["object"] for c in chunks} == {"text_completion"}
+    # OpenAI's include_usage adds a last chunk with empty choices and the total usage
+    events = stream_events(client, "/v1/completions", {"prompt": ["ab", "x"], "max_tokens": 3,
+                           "stream": True, "stream_options": {"include_usage": True}})  # fmt: skip
+    assert events[-2]["choices"] == [] and events[-2]["usage"]["completion_tokens"] == 6
 
 
 def test_chat_json_and_stream_with_usage(client):
@@ -314,7 +318,8 @@ def test_cors_preflight_and_origin_by_default(client):
     assert preflight.headers["access-control-allow-origin"] == ORIGIN
     assert preflight.headers["access-control-allow-credentials"] == "true"
     assert "POST" in preflight.headers["access-control-allow-methods"]
-    assert preflight.headers["access-control-allow-headers"] == "authorization, content-type"
+    assert preflight.headers["access-control-allow-methods"] == "GET, POST, DELETE, OPTIONS"
+    assert preflight.headers["access-control-allow-headers"] == "*"  # --cors-headers, as is
     answer = client.post("/completion", json={"prompt": "ab", "n_predict": 2},
                          headers={"Origin": ORIGIN})  # fmt: skip
     assert answer.status_code == 200 and answer.json()["content"] == "ab"
@@ -329,9 +334,10 @@ def test_cors_origins_localhost(fake_env, fake_model):
             local = c.options("/completion", headers=preflight_headers("http://localhost:5173"))
             assert local.status_code == 200
             assert local.headers["access-control-allow-origin"] == "http://localhost:5173"
-            assert "access-control-allow-credentials" not in local.headers
+            assert local.headers["access-control-allow-credentials"] == "false"
+            # llama-server answers any preflight; a foreign origin just gets no Allow-Origin
             other = c.options("/completion", headers=preflight_headers(ORIGIN))
-            assert other.status_code == 400
+            assert other.status_code == 200
             assert "access-control-allow-origin" not in other.headers
             health = c.get("/health", headers={"Origin": ORIGIN})
             assert "access-control-allow-origin" not in health.headers
@@ -374,3 +380,58 @@ def test_unsupported_llama_server_flag_is_named():
     assert "unsupported llama-server flag --mlock: " in result.output
     result = CliRunner().invoke(cacheflow, ["serve", "--no-such-thing"])
     assert result.exit_code == 2 and "--no-such-thing" in result.output
+
+
+def test_n_choices_input_tokens_and_verbose(client):
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "n": 3,
+            "verbose": True}  # fmt: skip
+    chat = client.post("/v1/chat/completions", json=body).json()
+    assert [c["index"] for c in chat["choices"]] == [0, 1, 2]
+    assert all(c["message"]["content"] == "<use" for c in chat["choices"])
+    assert chat["usage"]["completion_tokens"] == 12 and chat["__verbose"]["prompt"] == "<user>hi|A:"
+    events = stream_events(client, "/v1/chat/completions", {**body, "stream": True})
+    ends = [c["choices"][0]["index"] for c in events[:-1] if c["choices"][0]["finish_reason"]]
+    assert sorted(ends) == [0, 1, 2]
+    texts = client.post("/v1/completions", json={"prompt": "ab", "max_tokens": 2, "n": 2}).json()
+    assert [c["text"] for c in texts["choices"]] == ["ab", "ab"]
+    count = client.post("/chat/completions/input_tokens", json={"messages": body["messages"]})
+    assert count.json() == {"input_tokens": len("<user>hi|A:")}
+
+
+def test_llama_server_shapes_of_slots_metrics_and_models(client):
+    idle = client.get("/slots").json()[0]
+    assert set(idle) == {"id", "id_task", "n_ctx", "speculative", "is_processing"}
+    props = client.get("/props").json()["default_generation_settings"]
+    assert props["next_token"][0]["n_decoded"] == 0 and props["params"]["seed"] == -1
+    client.post("/completion", json={"prompt": "ab", "n_predict": 3})
+    response = client.get("/metrics")
+    assert int(response.headers["Process-Start-Time-Unix"]) > 0
+    text = response.text
+    assert "# TYPE llamacpp:prompt_tokens_total counter\nllamacpp:prompt_tokens_total " in text
+    assert "# TYPE llamacpp:n_tokens_max counter\n" in text
+    assert "llamacpp:spec_decode_num_drafts_total 0" in text
+    # the throughput gauges cover the window since the previous scrape
+    assert "llamacpp:predicted_tokens_seconds 0.0\n" in client.get("/metrics").text
+
+
+def test_web_page_flags_and_aliases(fake_env, fake_model):
+    proc = start(fake_env, fake_model, "--api-key", "k", "--alias", "zeta,alpha", "--tags", "a,b",
+                 "--temp", "0", "-s", "42", "--repeat-penalty", "1.1")  # fmt: skip
+    try:
+        with httpx.Client(base_url=proc.base_url, timeout=30) as c:
+            page = c.get("/")  # public, as llama-server's web UI
+            assert page.status_code == 200 and page.text.startswith("<!doctype html>")
+            assert "/v1/chat/completions" in page.text and "http" not in page.text.split("<script>")[1]
+            model = c.get("/v1/models", headers={"X-Api-Key": "k"}).json()["data"][0]
+            assert model["id"] == "alpha" and model["tags"] == ["a", "b"]  # ids sorted, as std::set
+            params = c.get("/props", headers={"X-Api-Key": "k"}).json()["default_generation_settings"]["params"]
+            assert (params["temperature"], params["seed"], params["repeat_penalty"]) == (0.0, 42, 1.1)
+    finally:
+        assert proc.stop() == 0
+        proc.close()
+    proc = start(fake_env, fake_model, "--no-ui")
+    try:
+        assert httpx.get(proc.base_url + "/").status_code == 404
+    finally:
+        assert proc.stop() == 0
+        proc.close()

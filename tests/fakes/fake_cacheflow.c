@@ -93,6 +93,9 @@ cf_sampling_params cf_sampling_params_default(void) {
     p.max_tokens = 16;
     p.top_p = 1.0f;
     p.seed = CF_SEED_RANDOM;
+    p.repeat_penalty = 1.0f;
+    p.repeat_last_n = 64;
+    p.grammar = NULL;
     return p;
 }
 

@@ -92,3 +92,25 @@ def test_boundaries_accepted():
     assert not p.greedy and p.seed == 2**63 - 1
     assert SamplingParams(seed=0, min_p=0.0, top_p=1e-6).seed == 0
     assert SamplingParams(max_tokens=2**31 - 1, top_k=2**31 - 1, temperature=3.4e38).top_k > 0
+
+
+def test_penalties_and_logit_bias():
+    p = SamplingParams(repeat_penalty=1.3, repeat_last_n=-1, presence_penalty=-0.5,
+                       frequency_penalty=2.0, logit_bias={5: -100, 7: float("-inf"), 9: 1e300})  # fmt: skip
+    assert p.logit_bias == ((5, -100.0), (7, float("-inf")), (9, 3.4028234663852886e38))
+    assert SamplingParams(logit_bias=[(1, 2)]).logit_bias == ((1, 2.0),)
+    assert SamplingParams().repeat_last_n == 64 and SamplingParams().logit_bias == ()
+
+
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [({"repeat_penalty": 0.0}, "repeat_penalty must be > 0"),
+     ({"presence_penalty": float("nan")}, "presence_penalty must be finite"),
+     ({"repeat_last_n": -2}, "repeat_last_n must be in"),
+     ({"logit_bias": {-1: 1.0}}, "logit_bias token ids"),
+     ({"logit_bias": {1: float("inf")}}, "finite or -inf"),
+     ({"logit_bias": [(1, 2, 3)]}, "pairs")],
+)  # fmt: skip
+def test_bad_penalties_and_logit_bias(kwargs, message):
+    with pytest.raises((ValueError, TypeError), match=message):
+        SamplingParams(**kwargs)

@@ -103,7 +103,8 @@ def test_bad_flags_are_usage_errors(engine_kwargs, args, message):
         (["-no-kvu"], "unsupported llama-server flag -no-kvu (--no-kv-unified): "),
         (["-hf", "user/model"], "unsupported llama-server flag -hf (-hfr, --hf-repo): "),
         (["-hf"], "unsupported llama-server flag -hf (-hfr, --hf-repo): "),  # value missing
-        (["-np", "2", "--temp", "0.7"], "unsupported llama-server flag --temp (--temperature)"),
+        (["-np", "2", "--mirostat", "2"], "unsupported llama-server flag --mirostat: "),
+        (["--context-shift"], "unsupported llama-server flag --context-shift: CacheFlow does"),
         (["-ctv", "q4_0"], "CacheFlow's KV cache is f16 (llama.cpp's other cache types"),
     ],
 )
@@ -173,3 +174,76 @@ def test_port_in_use_is_one_line_before_loading(engine_kwargs):
         proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO_ROOT, check=False)
     assert proc.returncode == 1
     assert proc.stderr == f"Error: port {port} on 127.0.0.1 is already in use\n"
+
+
+class _StubLLM:
+    """Enough of an LLM for serve's start-up checks."""
+
+    config = type("Config", (), {"model_path": "stub.gguf"})()
+
+    def apply_chat_template(self, messages, add_generation_prompt=True, template=None, **kw):
+        return "prompt"
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.fixture
+def server_configs(monkeypatch) -> list[object]:
+    """serve runs up to building the app; the ServerConfigs it built are collected."""
+    import pycacheflow.server
+
+    seen: list[object] = []
+
+    def fake_create_app(llm, config):
+        seen.append(config)
+        raise Loaded
+
+    monkeypatch.setattr(cli.serve, "load_llm", lambda model, kwargs, memory_options="": _StubLLM())
+    monkeypatch.setattr(pycacheflow.server, "create_app", fake_create_app)
+    return seen
+
+
+def test_server_wide_sampling_defaults_and_chat_flags(server_configs, tmp_path):
+    template = tmp_path / "t.jinja"
+    template.write_text("{% for m in messages %}{{ m.content }}{% endfor %}")
+    result = invoke("--temp", "0", "--top-k", "5", "--top-p", "0.5", "--min-p", "0.1", "-s", "42",
+                    "--repeat-penalty", "1.1", "--repeat-last-n", "32", "--presence-penalty",
+                    "0.5", "--frequency-penalty", "0.25", "--ignore-eos", "--no-jinja",
+                    "--chat-template-file", str(template), "--chat-template-kwargs", '{"x": 1}',
+                    "--no-prefill-assistant", "--tags", "chat,small", "--offline",
+                    "--no-context-shift", "--no-warmup", "-c", "512", "-np", "2")  # fmt: skip
+    assert isinstance(result.exception, Loaded), result.output
+    (config,) = server_configs
+    d = config.defaults
+    assert (d.temperature, d.top_k, d.top_p, d.min_p, d.seed) == (0.0, 5, 0.5, 0.1, 42)
+    assert (d.repeat_penalty, d.repeat_last_n, d.presence_penalty, d.frequency_penalty) == (
+        1.1, 32, 0.5, 0.25)  # fmt: skip
+    assert d.ignore_eos and not config.jinja and not config.prefill_assistant
+    assert config.chat_template == template.read_text()
+    assert config.chat_template_kwargs == {"x": 1} and config.tags == ("chat", "small")
+    assert config.n_ctx_slot == 256  # llama-server's -c split over -np slots
+
+
+@pytest.mark.parametrize(
+    "args,n_ctx_slot",
+    [(["-c", "512", "-np", "2", "-kvu"], 512), (["-c", "512"], 512), ([], 0)],
+)
+def test_context_per_slot(server_configs, args, n_ctx_slot):
+    result = invoke(*args)
+    assert isinstance(result.exception, Loaded), result.output
+    assert server_configs[0].n_ctx_slot == n_ctx_slot
+    assert server_configs[0].defaults.temperature == 0.8  # llama-server's default
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [(["--chat-template-kwargs", "[1]"], "must be a JSON object"),
+     (["--chat-template-kwargs", "{"], "not JSON"),
+     (["--chat-template", "chatml", "--chat-template-file", __file__], "not both"),
+     (["--repeat-last-n", "-2"], "repeat_last_n must be >= -1")],
+)  # fmt: skip
+def test_bad_chat_and_sampling_flags(server_configs, args, message):
+    result = invoke(*args)
+    assert result.exit_code == 2, result.output
+    assert message in result.output

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pycacheflow.server.protocol import (
+    JSON_OBJECT_GRAMMAR,
     DEFAULT_TEMPERATURE,
     ProtocolError,
     parse_chat,
@@ -46,9 +47,10 @@ def test_n_predict_aliases_and_server_default():
         ({"stream": "yes"}, "Field 'stream': expected a boolean"),
         ({"seed": -7}, "Field 'seed'"),
         ({"stop": [1]}, "Field 'stop'"),
-        ({"n": 2}, "only 1 completion"),
+        ({"n": 129}, "Field 'n': value must be between 1 and 128"),
         ({"logprobs": 3}, "token probabilities"),
-        ({"grammar": "root ::= x"}, "constrained sampling"),
+        ({"json_schema": {"const": "42"}}, "JSON schemas are not supported yet"),
+        ({"grammar": 5}, "Field 'grammar'"),
         ({"echo": True}, "no echo"),
         ({"suffix": "x"}, "Unsupported param: suffix"),
         ({"stream_options": 1}, "stream_options"),
@@ -80,9 +82,11 @@ def test_prompt_shapes():
 
 
 def test_stop_seed_priority_and_ignored_options():
-    req = completion(stop="END", seed=4294967295, priority=-3, repeat_penalty=1.3, mirostat=0)
+    req = completion(stop="END", seed=4294967295, priority=-3, dry_multiplier=0.8, mirostat=0,
+                     repeat_penalty=1.3)  # fmt: skip
     assert req.params.stop == ("END",) and req.params.seed is None and req.priority == -3
-    assert req.ignored_fields == ("repeat_penalty",)  # mirostat 0 is the no-op value
+    assert req.ignored_fields == ("dry_multiplier",)  # mirostat 0 is the no-op value
+    assert req.params.repeat_penalty == 1.3  # implemented: llama.cpp's penalties sampler
     assert completion(seed=42).params.seed == 42
 
 
@@ -104,9 +108,14 @@ def test_chat_messages():
     for bad in ([], [{"content": "x"}], [{"role": "user", "content": [{"type": "image_url"}]}]):
         with pytest.raises(ProtocolError, match="messages"):
             parse_chat({"messages": bad}, -1)
-    with pytest.raises(ProtocolError, match="response_format"):
-        parse_chat({"messages": [{"role": "user", "content": "x"}],
-                    "response_format": {"type": "json_object"}}, -1)  # fmt: skip
+    user = [{"role": "user", "content": "x"}]
+    json_object = parse_chat({"messages": user, "response_format": {"type": "json_object"}})
+    assert json_object.params.grammar == JSON_OBJECT_GRAMMAR
+    assert parse_completion({"prompt": "x", "grammar": 'root ::= "a"'}).params.grammar
+    for bad, message in (({"type": "sound"}, "unknown type"), ("json", "response_format"),
+                         ({"type": "json_schema", "json_schema": {}}, "JSON schemas")):
+        with pytest.raises(ProtocolError, match=message):
+            parse_chat({"messages": user, "response_format": bad})
 
 
 def test_read_mixed():
@@ -138,3 +147,32 @@ def test_text_without_a_utf8_form_is_a_400(parse, body, message):
     assert info.value.status == 400 and message in str(info.value)
     with pytest.raises(ProtocolError, match="Field 'content' is not valid UTF-8"):
         read_mixed({"content": ["a", "\ud800"]}, "content")
+
+
+def test_server_defaults_apply_under_the_request():
+    from pycacheflow.server.config import RequestDefaults
+
+    defaults = RequestDefaults(temperature=0.0, seed=42, top_k=5, repeat_penalty=1.2)
+    p = parse_completion({"prompt": "x"}, -1, defaults).params
+    assert (p.temperature, p.seed, p.top_k, p.repeat_penalty) == (0.0, 42, 5, 1.2)
+    p = parse_completion({"prompt": "x", "seed": 7, "temperature": None}, -1, defaults).params
+    assert (p.seed, p.temperature) == (7, 0.0)  # null = not set: the server's default
+
+
+def test_logit_bias_shapes():
+    read = lambda value: parse_completion({"prompt": "x", "logit_bias": value}).logit_bias  # noqa: E731
+    assert read([[5, -1], [" a", False], ["bad"], [3, "x"]]) == ((5, -1.0), (" a", float("-inf")))
+    assert read({"12": 2, "hi": False}) == ((12, 2.0), ("hi", float("-inf")))
+    with pytest.raises(ProtocolError, match="logit_bias"):
+        read("nope")
+
+
+def test_chat_options():
+    request = parse_chat({"messages": [{"role": "user", "content": "x"}],
+                          "tools": [{"type": "function"}], "chat_template_kwargs": {"a": 1},
+                          "add_generation_prompt": False, "continue_final_message": True})  # fmt: skip
+    assert request.tools == ({"type": "function"},) and request.template_kwargs == {"a": 1}
+    assert request.continue_final_message is True and not request.add_generation_prompt
+    with pytest.raises(ProtocolError, match="Cannot set both"):
+        parse_chat({"messages": [{"role": "user", "content": "x"}],
+                    "continue_final_message": True})  # fmt: skip

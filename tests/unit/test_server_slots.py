@@ -59,8 +59,8 @@ def test_more_running_requests_than_slots_share_one():
     table.progress(11, 1, "y")  # ran while 10 was preempted
     assert table.slot_of(11) == 0 and table.slot_of(10) == 0
     slot = table.to_json({})[0]
-    assert slot["id_task"] == 10 and slot["next_token"]["n_decoded"] == 2
-    assert slot["next_token"]["has_new_line"] is True
+    assert slot["id_task"] == 10 and slot["next_token"][0]["n_decoded"] == 2
+    assert slot["next_token"][0]["has_new_line"] is True
     table.remove(10)
     assert busy(table) == [11] and table.slot_of(11) == 0
 

@@ -4,6 +4,7 @@
 #include "core/error.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 
 namespace cf {
@@ -69,6 +70,39 @@ std::vector<std::string> copy_stop_strings(const cf_sampling_params & p) {
     return strings;
 }
 
+void copy_penalties_and_bias(const cf_sampling_params & p, int32_t n_vocab, SamplingParams & out) {
+    if (!(p.repeat_penalty > 0.0f && std::isfinite(p.repeat_penalty))) {
+        fail_invalid("repeat_penalty must be > 0, got " + format_float(p.repeat_penalty));
+    }
+    if (p.repeat_last_n < -1) {
+        fail_invalid("repeat_last_n must be >= -1, got " + std::to_string(p.repeat_last_n));
+    }
+    if (!std::isfinite(p.presence_penalty) || !std::isfinite(p.frequency_penalty)) {
+        fail_invalid("presence_penalty and frequency_penalty must be finite");
+    }
+    if (p.num_logit_bias < 0 ||
+        (p.num_logit_bias > 0 && (p.logit_bias_token_ids == nullptr || p.logit_bias_values == nullptr))) {
+        fail_invalid("num_logit_bias must be >= 0 with non-NULL arrays, got " + std::to_string(p.num_logit_bias));
+    }
+    out.repeat_penalty = p.repeat_penalty;
+    out.repeat_last_n = p.repeat_last_n;
+    out.presence_penalty = p.presence_penalty;
+    out.frequency_penalty = p.frequency_penalty;
+    for (int32_t i = 0; i < p.num_logit_bias; ++i) {
+        const int32_t token = p.logit_bias_token_ids[i];
+        const float bias = p.logit_bias_values[i];
+        if (token < 0 || (n_vocab > 0 && token >= n_vocab)) {
+            fail_invalid("logit_bias_token_ids[" + std::to_string(i) + "] = " + std::to_string(token) +
+                         " is out of range [0, " + std::to_string(n_vocab) + ")");
+        }
+        if (std::isnan(bias) || bias == INFINITY) {
+            fail_invalid("logit_bias_values[" + std::to_string(i) + "] must be finite or -INFINITY");
+        }
+        out.logit_bias.emplace_back(token, bias);
+    }
+    out.grammar = p.grammar != nullptr ? p.grammar : "";
+}
+
 }  // namespace
 
 SamplingParams SamplingParams::from_c(const cf_sampling_params & p, int32_t n_vocab) {
@@ -83,6 +117,7 @@ SamplingParams SamplingParams::from_c(const cf_sampling_params & p, int32_t n_vo
     out.stop_token_ids = copy_stop_token_ids(p, n_vocab);
     out.stop_strings = copy_stop_strings(p);
     out.ignore_eos = p.ignore_eos != 0;
+    copy_penalties_and_bias(p, n_vocab, out);
     return out;
 }
 

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace cf {
@@ -34,8 +35,20 @@ struct SamplingParams {
     std::vector<int32_t> stop_token_ids;
     std::vector<std::string> stop_strings;
     bool ignore_eos = false;
+    float repeat_penalty = 1.0f;     // 1 = disabled
+    int32_t repeat_last_n = 64;      // 0 = disabled; -1 (the context) is resolved by the engine
+    float presence_penalty = 0.0f;   // 0 = disabled
+    float frequency_penalty = 0.0f;  // 0 = disabled
+    std::vector<std::pair<int32_t, float>> logit_bias;  // (token id, added to its logit)
+    std::string grammar;             // GBNF, rule "root"; "" = none
 
     bool is_greedy() const { return temperature == 0.0f; }
+    bool has_penalties() const {
+        return repeat_last_n != 0 && (repeat_penalty != 1.0f || presence_penalty != 0.0f || frequency_penalty != 0.0f);
+    }
+    // Needs llama.cpp samplers before the token choice (penalties, logit bias, grammar): never
+    // in-graph.
+    bool needs_cpu_samplers() const { return has_penalties() || !logit_bias.empty() || !grammar.empty(); }
 
     // Copy and validate; throws cf::Error(INVALID_ARGUMENT) naming the bad field.
     // n_vocab bounds stop_token_ids; pass 0 to skip that check.

@@ -121,6 +121,14 @@ cf_sampling_params default_sampling_params() {
     p.stop_strings = nullptr;
     p.num_stop_strings = 0;
     p.ignore_eos = 0;
+    p.repeat_penalty = 1.0f;
+    p.repeat_last_n = 64;
+    p.presence_penalty = 0.0f;
+    p.frequency_penalty = 0.0f;
+    p.logit_bias_token_ids = nullptr;
+    p.logit_bias_values = nullptr;
+    p.num_logit_bias = 0;
+    p.grammar = nullptr;
     return p;
 }
 

@@ -71,7 +71,10 @@ std::unique_ptr<Sequence> Engine::make_sequence(const int32_t * prompt, int32_t 
     SamplingParams sp = SamplingParams::from_c(params, session_->n_vocab());
     const int32_t capacity = (int32_t) std::min<int64_t>((int64_t) num_prompt_tokens + sp.max_tokens,
                                                          session_->n_ctx_per_seq());
-    OpaqueHandle sampler = make_sampler(sp);
+    if (sp.repeat_last_n < 0) {
+        sp.repeat_last_n = session_->n_ctx_per_seq();  // -1: the penalties see the whole context
+    }
+    OpaqueHandle sampler = make_sampler(sp, session_->vocab(), prompt, num_prompt_tokens);
     auto seq = std::make_unique<Sequence>(0, prompt, num_prompt_tokens, std::move(sp), priority, arrival_ns, capacity);
     seq->sampler = std::move(sampler);
     return seq;

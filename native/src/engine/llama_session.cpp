@@ -437,7 +437,8 @@ void LlamaSession::set_seq_sampling(int32_t seq_id, const SamplingParams * param
         return;
     }
     SlotChain & slot = slot_chains_[(size_t) seq_id];  // seq_id: a llama.cpp slot (batch_builder.h)
-    const bool in_graph = params != nullptr && (params->is_greedy() || params->seed == CF_SEED_RANDOM);
+    const bool in_graph = params != nullptr && !params->needs_cpu_samplers() &&
+                          (params->is_greedy() || params->seed == CF_SEED_RANDOM);
     if (in_graph ? slot.serves(*params) : slot.chain == nullptr) {
         return;
     }

@@ -30,17 +30,53 @@ int32_t argmax_token(const float * logits, int32_t n_vocab) {
     return best;
 }
 
-OpaqueHandle make_sampler(const SamplingParams & params) {
-    if (params.is_greedy()) {
+OpaqueHandle make_sampler(const SamplingParams & params, const llama_vocab * vocab, const int32_t * prompt,
+                          int32_t num_prompt_tokens) {
+    if (params.is_greedy() && !params.needs_cpu_samplers()) {
         return OpaqueHandle(nullptr, opaque_handle_no_free);
     }
-    return OpaqueHandle(make_sampler_chain(params), free_sampler);
+    return OpaqueHandle(make_sampler_chain(params, vocab, prompt, num_prompt_tokens), free_sampler);
 }
 
-llama_sampler * make_sampler_chain(const SamplingParams & params) {
+llama_sampler * make_sampler_chain(const SamplingParams & params, const llama_vocab * vocab, const int32_t * prompt,
+                                   int32_t num_prompt_tokens) {
+    if (params.needs_cpu_samplers() && vocab == nullptr) {
+        throw Error(CF_STATUS_INTERNAL, "logit bias, penalties and grammars need the vocab");
+    }
     llama_sampler_chain_params cp = llama_sampler_chain_default_params();
     cp.no_perf = true;
     llama_sampler * chain = llama_sampler_chain_init(cp);
+    const int32_t n_vocab = vocab != nullptr ? llama_vocab_n_tokens(vocab) : 0;
+    if (!params.logit_bias.empty()) {
+        std::vector<llama_logit_bias> biases;
+        for (const auto & [token, bias] : params.logit_bias) {
+            biases.push_back(llama_logit_bias{token, bias});
+        }
+        llama_sampler_chain_add(chain, llama_sampler_init_logit_bias(n_vocab, (int32_t) biases.size(), biases.data()));
+    }
+    if (params.has_penalties()) {
+        llama_sampler * penalties = llama_sampler_init_penalties(n_vocab, params.repeat_last_n, params.repeat_penalty,
+                                                                 params.frequency_penalty, params.presence_penalty);
+        // only the last repeat_last_n prompt tokens matter to the penalties' window
+        const int32_t window = params.repeat_last_n;
+        const int32_t first = window > 0 && window < num_prompt_tokens ? num_prompt_tokens - window : 0;
+        for (int32_t i = first; prompt != nullptr && i < num_prompt_tokens; ++i) {
+            llama_sampler_accept(penalties, prompt[i]);
+        }
+        llama_sampler_chain_add(chain, penalties);
+    }
+    if (!params.grammar.empty()) {
+        llama_sampler * grammar = llama_sampler_init_grammar(vocab, params.grammar.c_str(), "root");
+        if (grammar == nullptr) {
+            llama_sampler_free(chain);
+            throw Error(CF_STATUS_INVALID_ARGUMENT, "grammar: not a valid GBNF grammar with a 'root' rule");
+        }
+        llama_sampler_chain_add(chain, grammar);
+    }
+    if (params.is_greedy()) {
+        llama_sampler_chain_add(chain, llama_sampler_init_greedy());
+        return chain;
+    }
     if (params.top_k > 0) {
         llama_sampler_chain_add(chain, llama_sampler_init_top_k(params.top_k));
     }

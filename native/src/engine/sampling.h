@@ -6,7 +6,9 @@
 // same route, so a sequence gets the same tokens batched or alone whenever its logits agree.
 // Otherwise: the sequence's own llama.cpp sampler chain top_k -> top_p -> min_p -> temp ->
 // dist(seed), applied to a candidate buffer shared by all sequences (filled per call, never
-// reallocated).
+// reallocated). Penalties and a logit bias (llama.cpp's penalties and logit_bias samplers) come
+// first in the chain; a greedy sequence that has them gets a chain ending in greedy (argmax on
+// the CPU), and only such rows leave the in-graph argmax.
 #pragma once
 
 #include "core/sequence.h"
@@ -20,12 +22,18 @@ namespace cf {
 // Index of the largest of logits[0..n_vocab); the lowest index among equal maxima.
 int32_t argmax_token(const float * logits, int32_t n_vocab);
 
-// Sampler chain for a non-greedy sequence, or an empty handle for greedy ones.
-OpaqueHandle make_sampler(const SamplingParams & params);
+// Sampler chain for a sequence, or an empty handle for plain greedy ones (no penalty, bias or
+// grammar). prompt: [num_prompt_tokens] token ids, fed to the penalties only (llama-server's
+// rule: prompt tokens count as seen). Throws Error(INVALID_ARGUMENT) for a grammar llama.cpp
+// cannot parse.
+OpaqueHandle make_sampler(const SamplingParams & params, const llama_vocab * vocab, const int32_t * prompt = nullptr,
+                          int32_t num_prompt_tokens = 0);
 
-// New llama.cpp chain top_k -> top_p -> min_p -> temp -> dist(seed) of non-greedy params (the
-// samplers that are disabled by their value are left out); the caller frees it.
-llama_sampler * make_sampler_chain(const SamplingParams & params);
+// New llama.cpp chain [logit_bias ->] [penalties ->] [grammar ->] then top_k -> top_p -> min_p
+// -> temp -> dist(seed) (greedy params: greedy); samplers disabled by their value are left out.
+// A logit bias, penalties or a grammar need the vocab. The caller frees it.
+llama_sampler * make_sampler_chain(const SamplingParams & params, const llama_vocab * vocab = nullptr,
+                                   const int32_t * prompt = nullptr, int32_t num_prompt_tokens = 0);
 
 class TokenSampler {
   public:

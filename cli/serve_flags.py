@@ -1,0 +1,139 @@
+"""llama-server flags of ``cacheflow serve`` beyond the engine's: server-wide sampling defaults,
+chat-template choice, model tags and switches that have nothing to change in CacheFlow.
+
+Each flag keeps llama-server's names, LLAMA_ARG_* variable and meaning; ``serve_flag_options``
+adds them to the command and ``request_defaults``/``chat_options`` turn the parsed values into
+the server's settings.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import click
+
+from pycacheflow.server.config import RequestDefaults
+
+_DEFAULTS = RequestDefaults()
+
+
+def _env(name: str) -> str:
+    return f"LLAMA_ARG_{name}"
+
+
+def _option(*names: str, **kwargs: object) -> Callable:
+    return click.option(*names, **kwargs)
+
+
+# (names, destination, type, default, env, help) of the sampling defaults, llama-server's values.
+_SAMPLING: tuple[tuple[tuple[str, ...], str, object, object, str, str], ...] = (
+    (("--temp", "--temperature"), "temp", float, _DEFAULTS.temperature, "TEMP",
+     "Default temperature of requests that set none (0 = greedy)."),
+    (("--top-k",), "top_k", int, _DEFAULTS.top_k, "TOP_K",
+     "Default top-k (0 = disabled)."),
+    (("--top-p",), "top_p", float, _DEFAULTS.top_p, "TOP_P",
+     "Default top-p (1.0 = disabled)."),
+    (("--min-p",), "min_p", float, _DEFAULTS.min_p, "MIN_P",
+     "Default min-p (0.0 = disabled)."),
+    (("-s", "--seed"), "seed", int, _DEFAULTS.seed, "SEED",
+     "Default RNG seed of requests (-1 = random per request)."),
+    (("--repeat-penalty",), "repeat_penalty", float, _DEFAULTS.repeat_penalty, "REPEAT_PENALTY",
+     "Default penalty of repeated tokens (1.0 = disabled)."),
+    (("--repeat-last-n",), "repeat_last_n", int, _DEFAULTS.repeat_last_n, "REPEAT_LAST_N",
+     "Default number of last tokens the penalties look at (0 = disabled, -1 = context size)."),
+    (("--presence-penalty",), "presence_penalty", float, _DEFAULTS.presence_penalty,
+     "PRESENCE_PENALTY", "Default presence penalty (0.0 = disabled)."),
+    (("--frequency-penalty",), "frequency_penalty", float, _DEFAULTS.frequency_penalty,
+     "FREQUENCY_PENALTY", "Default frequency penalty (0.0 = disabled)."),
+)
+
+
+def serve_flag_options(command: Callable) -> Callable:
+    """Decorate ``serve`` with the flags of this module."""
+    options = [
+        _option(*names, dest, type=kind, default=default, show_default=True, envvar=_env(env),
+                help=text)  # fmt: skip
+        for names, dest, kind, default, env, text in _SAMPLING
+    ]
+    options += [
+        _option("--ignore-eos", is_flag=True, envvar=_env("IGNORE_EOS"),
+                help="Requests that set no ignore_eos generate past the end-of-generation token."),
+        _option("--jinja/--no-jinja", "jinja", default=True, show_default=True,
+                envvar=_env("JINJA"),
+                help="Render chat templates with Jinja (jinja2, as transformers does); "
+                "--no-jinja uses llama.cpp's built-in templates."),
+        _option("--chat-template-file", type=click.Path(exists=True, dir_okay=False,
+                                                         path_type=Path),
+                envvar=_env("CHAT_TEMPLATE_FILE"),
+                help="Chat template from a file (Jinja text or a built-in name)."),
+        _option("--chat-template-kwargs", envvar=_env("CHAT_TEMPLATE_KWARGS"),
+                help="JSON object of extra chat-template variables, e.g. '{\"key\": 1}'."),
+        _option("--prefill-assistant/--no-prefill-assistant", "prefill_assistant",
+                default=True, show_default=True, envvar=_env("PREFILL_ASSISTANT"),
+                help="A final assistant message is continued (prefilled), not closed."),
+        _option("--tags", envvar=_env("TAGS"),
+                help="Model tags, comma-separated (informational, shown by /models)."),
+        _option("--offline", is_flag=True, envvar=_env("OFFLINE"),
+                help="Never download: without -m the default model must be in the cache."),
+        _option("--ui/--no-ui", "--webui/--no-webui", "enable_ui", default=True,
+                show_default=True, envvar=_env("WEBUI"), help="Serve the chat page at /."),
+        # Switches whose effect CacheFlow has already (no context shift, no warm-up run),
+        # accepted so that llama-server command lines run unchanged.
+        _option("--no-context-shift", is_flag=True, hidden=True, expose_value=False),
+        _option("--warmup/--no-warmup", default=True, hidden=True, expose_value=False),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def request_defaults(options: dict[str, object]) -> RequestDefaults:
+    """The server-wide sampling defaults from the parsed flags.
+
+    Raises:
+        click.BadParameter: a value out of llama-server's range.
+    """
+    try:
+        return RequestDefaults(
+            temperature=float(options["temp"]),
+            top_k=int(options["top_k"]),
+            top_p=float(options["top_p"]),
+            min_p=float(options["min_p"]),
+            seed=int(options["seed"]),
+            repeat_penalty=float(options["repeat_penalty"]),
+            repeat_last_n=int(options["repeat_last_n"]),
+            presence_penalty=float(options["presence_penalty"]),
+            frequency_penalty=float(options["frequency_penalty"]),
+            ignore_eos=bool(options["ignore_eos"]),
+        )
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+
+
+def chat_template_option(options: dict[str, object]) -> str | None:
+    """--chat-template, or the text of --chat-template-file (not both)."""
+    template, path = options["chat_template"], options["chat_template_file"]
+    if template and path:
+        raise click.UsageError("set --chat-template or --chat-template-file, not both")
+    if path is not None:
+        try:
+            return Path(path).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise click.BadParameter(str(exc), param_hint="--chat-template-file") from None
+    return str(template) if template else None
+
+
+def chat_template_kwargs(options: dict[str, object]) -> dict[str, object]:
+    """--chat-template-kwargs as a dict ({} when not set)."""
+    text = options["chat_template_kwargs"]
+    if not text:
+        return {}
+    try:
+        value = json.loads(str(text))
+    except json.JSONDecodeError as exc:
+        raise click.BadParameter(f"not JSON: {exc}", param_hint="--chat-template-kwargs") from None
+    if not isinstance(value, dict):
+        raise click.BadParameter("must be a JSON object", param_hint="--chat-template-kwargs")
+    return value

@@ -1,0 +1,245 @@
+"""Jinja chat templates, rendered the way Hugging Face transformers renders them.
+
+A model's GGUF carries its chat template as Jinja text (``tokenizer.chat_template``). It is
+rendered with jinja2 in a sandbox (templates come with downloaded models), with transformers'
+environment: ``trim_blocks`` and ``lstrip_blocks``, the loop-controls extension, the globals
+``raise_exception`` and ``strftime_now``, and a ``tojson`` filter that keeps non-ASCII text.
+The context holds ``messages``, ``add_generation_prompt``, ``bos_token``, ``eos_token``,
+``tools`` (when given) and any extra keyword arguments (``chat_template_kwargs``).
+
+Continuing a final assistant message (``continue_final_message``, llama-server's "assistant
+prefill") renders every message but the last one with the generation prompt, then appends the
+last message's content, so the model continues that text (llama-server's own rule; it does not
+depend on how a template closes a turn).
+
+llama.cpp's built-in template matcher (``llama_chat_apply_template``) remains available through
+``LLM.apply_chat_template(..., jinja=False)`` for ``--no-jinja`` and the built-in names.
+"""
+
+from __future__ import annotations
+
+import datetime
+import functools
+import json
+from collections.abc import Callable, Mapping, Sequence
+
+from pycacheflow.errors import InvalidArgumentError, UnsupportedError
+from pycacheflow.gguf_metadata import chat_template_of
+from pycacheflow.text import encode_utf8
+
+Message = Mapping[str, object]
+
+
+class TemplateRenderError(InvalidArgumentError):
+    """The template could not be rendered for these messages (it raised, or is malformed)."""
+
+
+def looks_like_jinja(text: str) -> bool:
+    """True for template text (as opposed to a built-in template name such as "chatml")."""
+    return "{%" in text or "{{" in text
+
+
+class ChatTemplate:
+    """One compiled Jinja chat template.
+
+    Args:
+        source: the template text.
+        bos_token: the model's BOS token text ("" if none), exposed as ``bos_token``.
+        eos_token: the model's EOS token text ("" if none), exposed as ``eos_token``.
+
+    Raises:
+        UnsupportedError: jinja2 is not installed.
+        TemplateRenderError: the template does not compile (the message has jinja2's reason).
+    """
+
+    def __init__(self, source: str, bos_token: str = "", eos_token: str = "") -> None:
+        self.source = source
+        self.bos_token = bos_token
+        self.eos_token = eos_token
+        try:
+            self._template = _environment().from_string(source)
+        except _jinja_errors() as exc:
+            raise TemplateRenderError(f"chat template does not compile: {exc}") from None
+
+    def render(
+        self,
+        messages: Sequence[Message],
+        add_generation_prompt: bool = True,
+        *,
+        continue_final_message: bool = False,
+        tools: Sequence[Mapping[str, object]] | None = None,
+        kwargs: Mapping[str, object] | None = None,
+    ) -> str:
+        """The prompt text for ``messages``.
+
+        Args:
+            messages: [{"role": str, "content": str | None, ...}, ...]; other keys (tool_calls,
+                name, ...) are passed to the template as they are.
+            add_generation_prompt: end with the assistant turn opener.
+            continue_final_message: the last message is an assistant message whose content the
+                model continues (mutually exclusive with ``add_generation_prompt``).
+            tools: OpenAI tool definitions, passed to the template as ``tools``.
+            kwargs: more template variables (``chat_template_kwargs``); they cannot replace
+                ``messages``.
+
+        Raises:
+            InvalidArgumentError: both ``add_generation_prompt`` and ``continue_final_message``,
+                or nothing to continue.
+            TemplateRenderError: the template raised (e.g. its ``raise_exception``).
+        """
+        if continue_final_message:
+            if add_generation_prompt:
+                raise InvalidArgumentError(
+                    "Cannot set both add_generation_prompt and continue_final_message to true."
+                )
+            if not messages or messages[-1].get("role") != "assistant":
+                raise InvalidArgumentError(
+                    "continue_final_message needs an assistant message at the end of the list"
+                )
+            head = self.render(messages[:-1], True, tools=tools, kwargs=kwargs)
+            return head + str(messages[-1].get("content") or "")
+        context: dict[str, object] = dict(kwargs or {})
+        context.update(
+            messages=[dict(m) for m in messages],
+            add_generation_prompt=add_generation_prompt,
+            bos_token=context.get("bos_token", self.bos_token),
+            eos_token=context.get("eos_token", self.eos_token),
+        )
+        if tools:
+            context["tools"] = [dict(t) for t in tools]
+        try:
+            return self._template.render(**context)
+        except _jinja_errors() as exc:
+            raise TemplateRenderError(f"chat template failed: {exc}") from None
+
+
+@functools.lru_cache(maxsize=1)
+def _environment() -> object:
+    try:
+        import jinja2
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+    except ImportError:
+        raise UnsupportedError(
+            "Jinja chat templates need jinja2 (pip install jinja2); --no-jinja uses llama.cpp's "
+            "built-in templates instead"
+        ) from None
+
+    def raise_exception(message: str) -> None:
+        raise jinja2.exceptions.TemplateError(message)
+
+    def tojson(value: object, indent: int | None = None, ensure_ascii: bool = False,
+               separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
+        return json.dumps(value, indent=indent, ensure_ascii=ensure_ascii,
+                          separators=separators, sort_keys=sort_keys)  # fmt: skip
+
+    def strftime_now(fmt: str) -> str:
+        return datetime.datetime.now().strftime(fmt)
+
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+    )
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = strftime_now
+    return env
+
+
+def _jinja_errors() -> tuple[type[Exception], ...]:
+    import jinja2
+
+    return (jinja2.exceptions.TemplateError,)
+
+
+NativeApply = Callable[[Sequence[str], Sequence[str], bool, "str | None"], str]
+
+
+class ChatFormatter:
+    """Renders chat messages for one model: with Jinja (the GGUF's template, or template text
+    given by the caller) or with llama.cpp's built-in matcher (``jinja=False``, or a built-in
+    template name such as "chatml").
+
+    Args:
+        model_path: the GGUF file, read once for its template when first needed.
+        native_apply: llama.cpp's renderer, ``(roles, contents, add_generation_prompt,
+            template_or_None) -> str``.
+        bos_token: the model's BOS token text, for Jinja templates.
+        eos_token: the model's EOS token text, for Jinja templates.
+    """
+
+    def __init__(
+        self, model_path: str, native_apply: NativeApply, bos_token: str, eos_token: str
+    ) -> None:
+        self._model_path = model_path
+        self._native_apply = native_apply
+        self._tokens = (bos_token, eos_token)
+        self._compiled: dict[str, ChatTemplate] = {}
+        self._model_template: str | None = None
+        self._model_template_read = False
+
+    @property
+    def model_template(self) -> str | None:
+        """The GGUF's own Jinja template, or None when it has none (or its metadata cannot be
+        read here: llama.cpp, which loaded the model, then decides)."""
+        if not self._model_template_read:
+            try:
+                self._model_template = chat_template_of(self._model_path)
+            except (InvalidArgumentError, OSError):
+                self._model_template = None
+            self._model_template_read = True
+        return self._model_template
+
+    def template_source(self, template: str | None, jinja: bool = True) -> str | None:
+        """The Jinja text ``apply`` renders with for ``template``, or None when llama.cpp's
+        built-in matcher renders it."""
+        if not jinja:
+            return None
+        if template is not None:
+            return template if looks_like_jinja(template) else None
+        return self.model_template
+
+    def apply(
+        self,
+        messages: Sequence[Message],
+        add_generation_prompt: bool = True,
+        template: str | None = None,
+        *,
+        jinja: bool = True,
+        continue_final_message: bool = False,
+        tools: Sequence[Mapping[str, object]] | None = None,
+        kwargs: Mapping[str, object] | None = None,
+    ) -> str:
+        """Render ``messages`` (arguments as ``ChatTemplate.render``; ``template`` as
+        ``LLM.apply_chat_template``).
+
+        Raises:
+            InvalidArgumentError: bad arguments, or tools without a Jinja template.
+            TemplateRenderError: the Jinja template failed.
+            UnsupportedError: llama.cpp does not know the template (built-in matcher).
+        """
+        for message in messages:
+            for key, what in (("role", "chat role"), ("content", "chat message")):
+                if isinstance(message.get(key), str):
+                    encode_utf8(message[key], what)  # InvalidArgumentError naming the value
+        source = self.template_source(template, jinja)
+        if source is not None:
+            compiled = self._compiled.get(source)
+            if compiled is None:
+                compiled = self._compiled[source] = ChatTemplate(source, *self._tokens)
+            return compiled.render(messages, add_generation_prompt, tools=tools, kwargs=kwargs,
+                                   continue_final_message=continue_final_message)  # fmt: skip
+        if tools:
+            raise InvalidArgumentError("tools need a Jinja chat template (--jinja)")
+        if continue_final_message:
+            if add_generation_prompt:
+                raise InvalidArgumentError(
+                    "Cannot set both add_generation_prompt and continue_final_message to true."
+                )
+            head = self.apply(messages[:-1], True, template, jinja=False) if messages[:-1] else ""
+            return head + _text(messages[-1].get("content")) if messages else head
+        roles = [_text(m.get("role")) for m in messages]
+        contents = [_text(m.get("content")) for m in messages]
+        return self._native_apply(roles, contents, add_generation_prompt, template)
+
+
+def _text(value: object) -> str:
+    return "" if value is None else str(value)
