@@ -56,9 +56,9 @@ if want decode; then
   for npl in $NPL; do
     for mode in paged stock; do
       log "decode: cacheflow ($mode KV) vs llama-batched-bench, npl $npl"
-      mkdir -p "$OUT/decode_${mode}_b$npl"
-      timeout 300 python scripts/bench_decode.py -m "$MODEL" --npp 128 --ntg 128 --npl "$npl" -i ${ITER:-2} -t 8 \
-          -ngl 99 --kv-mode "$mode" --out "$OUT/decode_${mode}_b$npl" 2>&1 | tail -6 | tee -a "$OUT/run.log" \
+      mkdir -p "$OUT/decode_${mode}_b${npl}_p${NPP:-128}"
+      timeout 300 python scripts/bench_decode.py -m "$MODEL" --npp "${NPP:-128}" --ntg 128 --npl "$npl" -i ${ITER:-2} -t 8 \
+          -ngl 99 --kv-mode "$mode" --out "$OUT/decode_${mode}_b${npl}_p${NPP:-128}" 2>&1 | tail -6 | tee -a "$OUT/run.log" \
           || log "decode bench ($mode, $npl) failed"
     done
   done
