@@ -118,6 +118,38 @@ Layout make_layout(const Model & m, unsigned seed) {
     return lay;
 }
 
+// Arguments over contiguous device buffers: q/out [n_tokens][n_head][head_dim], pools with rows of
+// n_head_kv * head_dim halves, block tables [*][table_stride].
+struct Shape {
+    int head_dim, n_head, n_head_kv, block_size;
+};
+
+PagedAttentionCudaArgs make_args(const Shape & s, const float * q, const half * k, const half * v, int64_t kv_size,
+                                 const int32_t * tables, int64_t table_stride, const int32_t * seq_idx,
+                                 const int32_t * ctx, float * out, int n_tokens) {
+    PagedAttentionCudaArgs a{};
+    a.q = q;
+    a.q_stride_head = s.head_dim;
+    a.q_stride_token = (int64_t) s.n_head * s.head_dim;
+    a.k_pool = k;
+    a.v_pool = v;
+    a.k_stride_row = a.v_stride_row = (int64_t) s.n_head_kv * s.head_dim;
+    a.kv_size = kv_size;
+    a.block_tables = tables;
+    a.block_table_stride = table_stride;
+    a.token_seq_idx = seq_idx;
+    a.token_ctx_len = ctx;
+    a.out = out;
+    a.n_tokens = n_tokens;
+    a.n_head = s.n_head;
+    a.n_head_kv = s.n_head_kv;
+    a.head_dim = s.head_dim;
+    a.block_size = s.block_size;
+    a.scale = 1.0f / std::sqrt((float) s.head_dim);
+    a.softcap = 0.0f;
+    return a;
+}
+
 struct Query {
     int seq;
     int ctx;  // attends to positions [0, ctx)
@@ -143,26 +175,9 @@ std::vector<float> run(const Model & m, const Layout & lay, const std::vector<Qu
     DeviceBuffer<half> d_k(lay.k_pool), d_v(lay.v_pool);
     DeviceBuffer<int32_t> d_tables(tables), d_seq(seq_idx), d_ctx(ctx);
     DeviceBuffer<float> d_out((size_t) n * m.n_head * m.head_dim);
-    PagedAttentionCudaArgs a{};
-    a.q = d_q.ptr;
-    a.q_stride_head = m.head_dim;
-    a.q_stride_token = (int64_t) m.n_head * m.head_dim;
-    a.k_pool = d_k.ptr;
-    a.v_pool = d_v.ptr;
-    a.k_stride_row = a.v_stride_row = (int64_t) m.n_head_kv * m.head_dim;
-    a.kv_size = (int64_t) m.num_blocks * m.block_size;
-    a.block_tables = d_tables.ptr;
-    a.block_table_stride = stride;
-    a.token_seq_idx = d_seq.ptr;
-    a.token_ctx_len = d_ctx.ptr;
-    a.out = d_out.ptr;
-    a.n_tokens = n;
-    a.n_head = m.n_head;
-    a.n_head_kv = m.n_head_kv;
-    a.head_dim = m.head_dim;
-    a.block_size = m.block_size;
-    a.scale = 1.0f / std::sqrt((float) m.head_dim);
-    a.softcap = 0.0f;
+    const PagedAttentionCudaArgs a =
+        make_args({m.head_dim, m.n_head, m.n_head_kv, m.block_size}, d_q.ptr, d_k.ptr, d_v.ptr,
+                  (int64_t) m.num_blocks * m.block_size, d_tables.ptr, stride, d_seq.ptr, d_ctx.ptr, d_out.ptr, n);
     DeviceBuffer<char> ws(cf::cuda::paged_attention_cuda_workspace_bytes(a));
     if (const char * err = cf::cuda::paged_attention_cuda(a, ws.ptr, nullptr)) {
         std::fprintf(stderr, "%s\n", err);
@@ -266,25 +281,9 @@ void bench_decode(int batch, int ctx, int D, int n_head, int n_head_kv) {
     DeviceBuffer<half> d_k(pool), d_v(pool);
     DeviceBuffer<int32_t> d_tables(tables), d_seq(seq_idx), d_ctx(ctxs);
     DeviceBuffer<float> d_out((size_t) batch * n_head * D);
-    PagedAttentionCudaArgs a{};
-    a.q = d_q.ptr;
-    a.q_stride_head = D;
-    a.q_stride_token = (int64_t) n_head * D;
-    a.k_pool = d_k.ptr;
-    a.v_pool = d_v.ptr;
-    a.k_stride_row = a.v_stride_row = row;
-    a.kv_size = (int64_t) num_blocks * bs;
-    a.block_tables = d_tables.ptr;
-    a.block_table_stride = stride;
-    a.token_seq_idx = d_seq.ptr;
-    a.token_ctx_len = d_ctx.ptr;
-    a.out = d_out.ptr;
-    a.n_tokens = batch;
-    a.n_head = n_head;
-    a.n_head_kv = n_head_kv;
-    a.head_dim = D;
-    a.block_size = bs;
-    a.scale = 0.125f;
+    const PagedAttentionCudaArgs a = make_args({D, n_head, n_head_kv, bs}, d_q.ptr, d_k.ptr, d_v.ptr,
+                                               (int64_t) num_blocks * bs, d_tables.ptr, stride, d_seq.ptr,
+                                               d_ctx.ptr, d_out.ptr, batch);
     DeviceBuffer<char> ws(cf::cuda::paged_attention_cuda_workspace_bytes(a));
     cudaEvent_t e0, e1;
     CHECK_CUDA(cudaEventCreate(&e0));

@@ -30,6 +30,17 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
+// 16 bytes of f16 (8 halves, in order) as f32.
+__device__ __forceinline__ void halves_to_float(const uint4 & raw, float out[8]) {
+    const half2 * h2 = reinterpret_cast<const half2 *>(&raw);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        const float2 f = __half22float2(h2[j]);
+        out[2 * j] = f.x;
+        out[2 * j + 1] = f.y;
+    }
+}
+
 // Block-wide reduction of one value per thread; every thread gets the result. The order (lane
 // butterfly, then warps 0..kWarps-1) is fixed, so the result depends only on the inputs.
 template <bool kMax>
@@ -117,14 +128,8 @@ paged_attention_split_kernel(const PagedAttentionCudaArgs a, float * part_o /* [
 #pragma unroll
             for (int u = 0; u < kKeysInFlight; ++u) {
                 const int i = base + u * NG + g;
-                const half2 * k2 = reinterpret_cast<const half2 *>(&raw[u]);
                 float kf[8];
-#pragma unroll
-                for (int j = 0; j < 4; ++j) {
-                    const float2 f = __half22float2(k2[j]);
-                    kf[2 * j] = f.x;
-                    kf[2 * j + 1] = f.y;
-                }
+                halves_to_float(raw[u], kf);
 #pragma unroll
                 for (int h = 0; h < G; ++h) {
                     float s = 0.0f;
@@ -201,14 +206,8 @@ paged_attention_split_kernel(const PagedAttentionCudaArgs a, float * part_o /* [
                 if (i >= nkeys) {
                     break;
                 }
-                const half2 * v2 = reinterpret_cast<const half2 *>(&raw[u]);
                 float vf[8];
-#pragma unroll
-                for (int j = 0; j < 4; ++j) {
-                    const float2 f = __half22float2(v2[j]);
-                    vf[2 * j] = f.x;
-                    vf[2 * j + 1] = f.y;
-                }
+                halves_to_float(raw[u], vf);
 #pragma unroll
                 for (int h = 0; h < G; ++h) {
                     const float p = p_s[h][i];
