@@ -36,7 +36,10 @@ def engine_kwargs(monkeypatch) -> list[dict[str, object]]:
 
 
 def invoke(*args: str):
-    return CliRunner().invoke(cacheflow, ["serve", *args])
+    """Run `cacheflow serve ARGS` in-process; port 0 (any free port) unless ARGS choose one, so that
+    a server already on 8080 (llama-server's default) does not fail the test."""
+    port = [] if "--port" in args else ["--port", "0"]
+    return CliRunner().invoke(cacheflow, ["serve", *port, *args])
 
 
 def test_llama_server_flags_map_to_engine_config(engine_kwargs):
