@@ -62,7 +62,8 @@ class ByteSize(click.ParamType):
 
 KV_CACHE_MEMORY_HELP = (
     "KV memory budget (e.g. 256MiB, 1GiB; bytes without a unit) instead of --ctx-size: "
-    "the cache gets as many tokens as fit, the same memory in every KV mode."
+    "the cache gets as many tokens as fit, the same memory in every KV mode; 0 (the default) = "
+    "size the cache from --ctx-size instead."
 )
 
 BLOCK_SIZE_OPTION = click.option(

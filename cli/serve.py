@@ -385,11 +385,18 @@ def _cached_default_model() -> Path:
     return path
 
 
+_DEFAULT_N_CTX_SLOT = 2048  # llama-server's per-slot context with -c 0 (capped at the trained one)
+
+
 def _n_ctx_slot(options: dict[str, object]) -> int:
     """llama-server's context per slot: -c split over -np slots (the whole -c with -kvu, or
-    when -np is automatic); 0 when -c is 0 (the engine's context per sequence)."""
+    when -np is automatic). With -c 0 the total is -np x min(trained context, 2048), so a slot
+    holds 2048 tokens (less where the engine's context per sequence is smaller); 0 = the engine's
+    context per sequence (-np automatic, or -kvu)."""
     ctx_size, parallel = int(options["ctx_size"]), int(options["parallel"])
-    if ctx_size == 0 or parallel <= 0 or options["kv_unified"]:
+    if ctx_size == 0:
+        return 0 if parallel <= 0 or options["kv_unified"] else _DEFAULT_N_CTX_SLOT
+    if parallel <= 0 or options["kv_unified"]:
         return ctx_size
     return max(1, ctx_size // parallel)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import threading
 import weakref
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Union
 
@@ -473,6 +473,11 @@ def _make_config(
 def _normalize_prompts(prompts: PromptInput | Sequence[PromptInput]) -> list[PromptInput]:
     if isinstance(prompts, str):
         return [prompts]
+    if isinstance(prompts, (bytes, bytearray)) or not isinstance(prompts, Iterable):
+        raise TypeError(
+            "prompts must be a str, a list of str or a list of token-id lists, "
+            f"got {type(prompts).__name__}"
+        )
     prompts = list(prompts)
     for i, p in enumerate(prompts):
         if isinstance(p, int):
@@ -491,7 +496,15 @@ def _normalize_params(
         return [SamplingParams()] * num_prompts
     if isinstance(params, SamplingParams):
         return [params] * num_prompts
+    if isinstance(params, (dict, str, bytes)) or not isinstance(params, Iterable):
+        raise TypeError(
+            "params must be a SamplingParams, a list of them (one per prompt) or None, "
+            f"got {type(params).__name__}; e.g. SamplingParams(max_tokens=4)"
+        )
     params = list(params)
+    for i, p in enumerate(params):
+        if not isinstance(p, SamplingParams):
+            raise TypeError(f"params[{i}] must be a SamplingParams, got {type(p).__name__}")
     if len(params) != num_prompts:
         raise ValueError(f"got {len(params)} SamplingParams for {num_prompts} prompts")
     return params

@@ -2,6 +2,7 @@
 #include "engine/config.h"
 
 #include "core/error.h"
+#include "ggml.h"
 
 #include <algorithm>
 #include <thread>
@@ -43,7 +44,7 @@ EngineConfig EngineConfig::from_c(const cf_engine_config & c) {
                      "; kv_mode=paged has no such limit");
     }
     check_at_least("max_num_batched_tokens", c.max_num_batched_tokens, 1);
-    check_at_least("n_threads", c.n_threads, 0);
+    check_range("n_threads", c.n_threads, 0, GGML_MAX_N_THREADS);  // ggml's thread pool limit (512)
     check_at_least("n_gpu_layers", c.n_gpu_layers, -1);
     check_at_least("block_size", c.block_size, 1);
     check_range("policy", c.policy, CF_SCHED_POLICY_FCFS, CF_SCHED_POLICY_PRIORITY);
