@@ -2,6 +2,7 @@
 // implementations (stock split, stock unified, paged), then what differs between them.
 #undef NDEBUG  // the checks must run in Release builds too
 #include "kv/kv_cache_manager.h"
+#include "seq_builders.h"
 
 #include <cassert>
 #include <cstdio>
@@ -12,16 +13,10 @@
 #include <vector>
 
 using namespace cf;
+using cf::test::make_seq;
 
 namespace {
 
-std::unique_ptr<Sequence> make_seq(int64_t request_id, int32_t prompt_len, int32_t max_tokens) {
-    SamplingParams p;
-    p.max_tokens = max_tokens;
-    std::vector<int32_t> prompt((size_t) prompt_len);
-    std::iota(prompt.begin(), prompt.end(), 0);
-    return std::make_unique<Sequence>(request_id, prompt.data(), prompt_len, p, 0, 0, prompt_len + max_tokens);
-}
 
 void check(const KvCacheManager & kv, const std::vector<std::unique_ptr<Sequence>> & running) {
     const std::string error = kv.check_invariants(running);

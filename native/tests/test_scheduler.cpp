@@ -3,6 +3,7 @@
 // policies, aborts.
 #undef NDEBUG  // the checks must run in Release builds too
 #include "core/scheduler.h"
+#include "seq_builders.h"
 
 #include <cassert>
 #include <cstdlib>
@@ -12,24 +13,14 @@
 #include <vector>
 
 using namespace cf;
+using cf::test::make_seq;
+using cf::test::tokens;
 
 namespace {
 
 constexpr int32_t kToken = 7;  // token appended by the fake sampler
 
-std::vector<int32_t> tokens(int32_t n, int32_t start = 0) {
-    std::vector<int32_t> v((size_t) n);
-    std::iota(v.begin(), v.end(), start);
-    return v;
-}
 
-std::unique_ptr<Sequence> make_seq(int64_t request_id, int32_t prompt_len, int32_t max_tokens = 4,
-                                   int32_t priority = 0) {
-    SamplingParams p;
-    p.max_tokens = max_tokens;
-    const std::vector<int32_t> prompt = tokens(prompt_len);
-    return std::make_unique<Sequence>(request_id, prompt.data(), prompt_len, p, priority, 0, prompt_len + max_tokens);
-}
 
 SchedulerConfig make_config(int32_t max_num_seqs, int32_t budget, int32_t n_ctx_per_seq = 64, int32_t n_ctx = 0,
                             cf_sched_policy policy = CF_SCHED_POLICY_FCFS) {
