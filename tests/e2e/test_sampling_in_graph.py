@@ -35,6 +35,18 @@ def test_top_k_1_equals_greedy_in_a_mixed_batch(tiny_model_path, make_llm):
     assert [o.token_ids for o in outs[8:]] == alone
 
 
+def test_batched_argmax_equals_host_greedy(real_model_path, make_llm, monkeypatch):
+    """Greedy rows are sampled by one argmax over all output rows (patch 0005); with in-graph
+    sampling off (CACHEFLOW_HOST_SAMPLING=1) the engine takes the argmax of each row's copied
+    logits on the CPU. Both give the same tokens for a batch of 16 ragged prompts."""
+    prompts = [f"{PROMPTS[i % 4]} {'and so on ' * i}" for i in range(16)]
+    params = SamplingParams(max_tokens=12, ignore_eos=True)
+    batched = [o.token_ids for o in make_llm(real_model_path, max_num_seqs=16).generate(prompts, params)]
+    monkeypatch.setenv("CACHEFLOW_HOST_SAMPLING", "1")
+    host = [o.token_ids for o in make_llm(real_model_path, max_num_seqs=16).generate(prompts, params)]
+    assert batched == host
+
+
 def test_random_seed_sampling_varies(tiny_model_path, make_llm):
     llm = make_llm(tiny_model_path, max_num_seqs=8)
     params = SamplingParams(max_tokens=16, ignore_eos=True, temperature=2.0, top_k=50)

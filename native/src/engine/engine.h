@@ -85,7 +85,7 @@ class Engine {
     // Give seqs ids (out_ids[i]) and queue them under one inbox lock; throws SHUTDOWN (nothing queued).
     void enqueue(std::vector<std::unique_ptr<Sequence>> & seqs, int64_t * out_ids);
     void run_decoded_step(const StepPlan & out);
-    int32_t sample(Sequence & seq, int32_t batch_index);
+    int32_t sample(Sequence & seq, int32_t batch_index, int32_t slot);
     void handle_block_shortage(const StepPlan & out);
     void execute_block_ops(const StepPlan & plan);
     int32_t decode_groups(const StepPlan & plan);

@@ -142,8 +142,8 @@ void Engine::run_decoded_step(const StepPlan & out) {
 // Rows whose slot has an in-graph chain (greedy, or stochastic with a random seed) come back
 // sampled; the others (seeded, or a slot whose chain could not be offloaded) are sampled on the
 // CPU from their logits row.
-int32_t Engine::sample(Sequence & seq, int32_t batch_index) {
-    const int32_t token_id = session_->sampled_token(batch_index);  // in-graph, where its slot has a chain
+int32_t Engine::sample(Sequence & seq, int32_t batch_index, int32_t slot) {
+    const int32_t token_id = session_->sampled_token(batch_index, slot);  // in-graph: batched argmax or a chain
     if (token_id != CF_TOKEN_NONE) {
         return token_id;
     }
@@ -185,7 +185,7 @@ int32_t Engine::decode_groups(const StepPlan & plan) {
         }
         for (size_t i = begin; i < end; ++i) {
             if (plan.seqs[i].needs_sample) {
-                sampled_[i] = sample(*plan.seqs[i].seq, batch_.sample_index(i));
+                sampled_[i] = sample(*plan.seqs[i].seq, batch_.sample_index(i), batch_.slot(i));
             }
         }
         first_token += batch.n_tokens;

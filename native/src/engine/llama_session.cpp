@@ -124,15 +124,6 @@ llama_flash_attn_type flash_attn_type(int32_t flash_attn) {
     return flash_attn ? LLAMA_FLASH_ATTN_TYPE_ENABLED : LLAMA_FLASH_ATTN_TYPE_DISABLED;
 }
 
-// A chain holding only greedy: llama.cpp runs backend samplers only when they are chains.
-llama_sampler * make_greedy_chain() {
-    llama_sampler_chain_params cp = llama_sampler_chain_default_params();
-    cp.no_perf = true;
-    llama_sampler * chain = llama_sampler_chain_init(cp);
-    llama_sampler_chain_add(chain, llama_sampler_init_greedy());
-    return chain;
-}
-
 bool host_sampling_forced() {
     const char * value = std::getenv("CACHEFLOW_HOST_SAMPLING");
     return value != nullptr && value[0] != '\0' && std::strcmp(value, "0") != 0;
@@ -324,12 +315,7 @@ void LlamaSession::create_context() {
     cp.flash_attn_type = flash_attn_type(config_.flash_attn);
     cp.kv_unified = config_.kv_unified();
     cp.no_perf = true;
-    std::vector<llama_sampler_seq_config> samplers;
-    for (size_t seq_id = 0; seq_id < slot_chains_.size(); ++seq_id) {
-        samplers.push_back({(llama_seq_id) seq_id, slot_chains_[seq_id].chain});
-    }
-    cp.samplers = samplers.data();
-    cp.n_samplers = samplers.size();
+    cp.greedy_argmax = backend_sampling_;  // chains are attached per slot later (set_seq_sampling)
     if (config_.paged()) {
         cp.kv_block_size = (uint32_t) config_.block_size;
         cp.paged_attn_kernel = paged_attn_kernel(config_.paged_attention);
@@ -363,17 +349,15 @@ void LlamaSession::create_context() {
     }
 }
 
-// One greedy chain per sequence slot, handed to the context at creation (attaching them later
-// would cost one graph re-reserve each).
+// Greedy slots use the batched argmax of the context (greedy_argmax, patch 0005): no chain per
+// slot, and the argmax node is part of every graph from the start (no re-reserve when sequences
+// come and go).
 void LlamaSession::init_greedy_samplers() {
     backend_sampling_ = !host_sampling_forced();
     if (!backend_sampling_) {
         return;
     }
     slot_chains_.resize((size_t) n_seq_max_);
-    for (SlotChain & slot : slot_chains_) {
-        slot.chain = make_greedy_chain();
-    }
 }
 
 void LlamaSession::free_samplers() {
@@ -418,18 +402,22 @@ int32_t LlamaSession::decode(const llama_batch & batch) {
     return rc;
 }
 
-int32_t LlamaSession::sampled_token(int32_t batch_index) {
-    if (!backend_sampling_) {
+int32_t LlamaSession::sampled_token(int32_t batch_index, int32_t seq_id) {
+    if (!backend_sampling_ || seq_id < 0 || (size_t) seq_id >= slot_chains_.size()) {
         return CF_TOKEN_NONE;
     }
-    return llama_get_sampled_token_ith(ctx_, batch_index);  // LLAMA_TOKEN_NULL == CF_TOKEN_NONE
+    const SlotChain & slot = slot_chains_[(size_t) seq_id];
+    if (slot.argmax) {
+        return llama_get_argmax_ith(ctx_, batch_index);  // LLAMA_TOKEN_NULL == CF_TOKEN_NONE
+    }
+    if (slot.chain != nullptr) {
+        return llama_get_sampled_token_ith(ctx_, batch_index);
+    }
+    return CF_TOKEN_NONE;
 }
 
 bool LlamaSession::SlotChain::serves(const SamplingParams & p) const {
-    if (chain == nullptr || greedy != p.is_greedy()) {
-        return false;
-    }
-    return greedy || (top_k == p.top_k && top_p == p.top_p && min_p == p.min_p && temperature == p.temperature);
+    return chain != nullptr && top_k == p.top_k && top_p == p.top_p && min_p == p.min_p && temperature == p.temperature;
 }
 
 void LlamaSession::set_seq_sampling(int32_t seq_id, const SamplingParams * params) {
@@ -437,9 +425,14 @@ void LlamaSession::set_seq_sampling(int32_t seq_id, const SamplingParams * param
         return;
     }
     SlotChain & slot = slot_chains_[(size_t) seq_id];  // seq_id: a llama.cpp slot (batch_builder.h)
-    const bool in_graph = params != nullptr && !params->needs_cpu_samplers() &&
-                          (params->is_greedy() || params->seed == CF_SEED_RANDOM);
-    if (in_graph ? slot.serves(*params) : slot.chain == nullptr) {
+    const bool argmax = params != nullptr && !params->needs_cpu_samplers() && params->is_greedy();
+    const bool chained = params != nullptr && !params->needs_cpu_samplers() && !params->is_greedy() &&
+                         params->seed == CF_SEED_RANDOM;
+    if (argmax != slot.argmax) {
+        llama_set_seq_greedy(ctx_, seq_id, argmax);  // the rows of a greedy slot need no raw logits
+        slot.argmax = argmax;
+    }
+    if (chained ? slot.serves(*params) : slot.chain == nullptr) {
         return;
     }
     if (slot.chain != nullptr) {
@@ -447,7 +440,7 @@ void LlamaSession::set_seq_sampling(int32_t seq_id, const SamplingParams * param
         retired_chains_.push_back(slot.chain);  // llama.cpp may still read it until the next decode
         slot.chain = nullptr;
     }
-    if (in_graph) {
+    if (chained) {
         attach(seq_id, params);
     }
 }
@@ -455,13 +448,12 @@ void LlamaSession::set_seq_sampling(int32_t seq_id, const SamplingParams * param
 // A chain is initialised for the backend once, so every attach gets a new one.
 void LlamaSession::attach(int32_t seq_id, const SamplingParams * params) {
     SlotChain & slot = slot_chains_[(size_t) seq_id];
-    llama_sampler * chain = params->is_greedy() ? make_greedy_chain() : make_sampler_chain(*params);
+    llama_sampler * chain = make_sampler_chain(*params);
     if (!llama_set_sampler(ctx_, seq_id, chain)) {
         llama_sampler_free(chain);  // not offloadable here: this slot samples on the CPU
         return;
     }
     slot.chain = chain;
-    slot.greedy = params->is_greedy();
     slot.top_k = params->top_k;
     slot.top_p = params->top_p;
     slot.min_p = params->min_p;

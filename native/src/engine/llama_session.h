@@ -3,11 +3,13 @@
 // kv_mode AUTO resolves here, once the model is loaded: PAGED where the paged KV path covers the
 // model (plain full-attention layers, CPU), else STOCK with a one-line notice on stderr.
 //
-// Sampling runs in-graph where it can (llama.cpp's backend sampling): every sequence slot starts
-// with a backend sampler chain holding only `greedy` (argmax), and a slot whose sequence samples
-// with temperature > 0 and a random seed gets the chain top_k -> top_p -> min_p -> temp -> dist
-// of its parameters. A step whose sampled rows all come from chains copies back one token id per
-// row instead of [n_vocab] logits, and no sequence is sampled on the CPU one after the other.
+// Sampling runs in-graph where it can: greedy rows are sampled by one batched argmax over all
+// output rows of a decode (patch 0005: one ggml_argmax node, one copy of [n_outputs] token ids,
+// instead of one single-row argmax node and one 4-byte copy per sequence), and a slot whose
+// sequence samples with temperature > 0 and a random seed gets llama.cpp's backend sampler chain
+// top_k -> top_p -> min_p -> temp -> dist of its parameters. A step whose sampled rows are all
+// greedy or chained copies back token ids instead of [n_vocab] logits per row, and no sequence is
+// sampled on the CPU one after the other.
 // Seeded sequences sample on the CPU with their own chain (the same tokens for a seed whatever
 // the slot's history), so their slot's chain is detached and llama.cpp copies the logits of the
 // ubatch as before. Attaching or detaching a chain makes llama.cpp re-reserve its graph on the
@@ -63,10 +65,11 @@ class LlamaSession {
     // Logits row [n_vocab] float of batch token `batch_index` (which must have requested logits
     // and belong to a slot without an in-graph sampler, else the row holds stale data).
     const float * logits(int32_t batch_index);
-    // Token chosen in-graph for batch token `batch_index`, or CF_TOKEN_NONE when that row was not
-    // sampled in-graph (its slot has no chain, or in-graph sampling is off). Greedy ties between
+    // Token chosen in-graph for batch token `batch_index` of llama.cpp slot seq_id, or CF_TOKEN_NONE
+    // when that row was not sampled in-graph (its slot is neither greedy nor chained, or in-graph
+    // sampling is off). Greedy ties between
     // equal maxima are broken by the backend's argmax kernel.
-    int32_t sampled_token(int32_t batch_index);
+    int32_t sampled_token(int32_t batch_index, int32_t seq_id);
     // Call before decode for each scheduled sequence: give llama.cpp slot seq_id the in-graph chain for
     // `params` (greedy, or stochastic with a random seed), or none (params == nullptr, or seeded:
     // the engine samples on the CPU). No-op when the slot already has what it needs.
@@ -120,8 +123,9 @@ class LlamaSession {
     int64_t kv_bytes_per_token_ = 0;
     // What an in-graph chain samples with; a slot keeps its chain while this stays the same.
     struct SlotChain {
-        llama_sampler * chain = nullptr;  // nullptr = the slot samples on the CPU
-        bool greedy = true;
+        llama_sampler * chain = nullptr;  // stochastic in-graph chain, or nullptr
+        bool argmax = false;              // greedy: the batched argmax (patch 0005); no chain then
+        // neither chain nor argmax: the slot samples on the CPU from its logits row
         int32_t top_k = 0;
         float top_p = 1.0f;
         float min_p = 0.0f;
