@@ -5,7 +5,8 @@
 #
 # Prepare here first: bash scripts/prepare_gpu_carry.sh (fills the git-ignored _carry/ folder).
 # On the machine: bash scripts/h200_gpu_tests.sh   (OUT=results/h200_gpu, BUILD_DIR=/tmp/cf-cuda-build,
-# STAGES="build tests kernel decode" to run a subset; NPL="1 64 256" batches for the decode stage).
+# STAGES="build tests kernel decode profile" to run a subset; NPL="1 64 256" batches for the decode stage,
+# PROFILE_NPL for the profile stage: the engine's decode step under nsys, kernel + CUDA API summaries).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-results/h200_gpu}
@@ -61,6 +62,20 @@ if want decode; then
           -ngl 99 --kv-mode "$mode" --out "$OUT/decode_${mode}_b${npl}_p${NPP:-128}" 2>&1 | tail -6 | tee -a "$OUT/run.log" \
           || log "decode bench ($mode, $npl) failed"
     done
+  done
+fi
+if want profile; then
+  for npl in ${PROFILE_NPL:-"64 256"}; do
+    log "profile: engine decode step at B=$npl (paged)"
+    if command -v nsys > /dev/null; then
+      nsys profile -t cuda -f true -o "/tmp/cf_prof_b$npl" python scripts/profile_gpu_step.py -m "$MODEL" --npl "$npl" \
+          2>&1 | grep -E "warm-up|measured" | tee -a "$OUT/run.log"
+      nsys stats -q -r cuda_gpu_kern_sum,cuda_api_sum "/tmp/cf_prof_b$npl.nsys-rep" > "$OUT/nsys_b$npl.txt" 2>&1 \
+          || log "nsys stats failed"
+    else
+      log "nsys not found: step times only"
+      python scripts/profile_gpu_step.py -m "$MODEL" --npl "$npl" 2>&1 | tee -a "$OUT/run.log"
+    fi
   done
 fi
 log "done"

@@ -1,0 +1,50 @@
+#!/usr/bin/env python3
+"""Where a GPU decode step's time goes: the engine alone on one decode workload, for nsys.
+
+Runs `--npl` requests of `--npp` random prompt tokens and `--ntg` output tokens (EOS ignored) once as
+a warm-up and once measured, and prints the decode step time (ms) and tokens/s of the measured run.
+Run it under `nsys profile -t cuda` and read `nsys stats` (kernel and CUDA API summaries): the API
+summary counts cudaGraphLaunch (replayed steps) against cudaStreamBeginCapture / cudaGraphInstantiate
+(captures), and the kernel summary shows which kernels fill the step. `scripts/h200_gpu_tests.sh`
+(stage `profile`) does both.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import time
+
+from pycacheflow import LLM, SamplingParams
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("-m", "--model", required=True, help="GGUF path")
+    ap.add_argument("--npp", type=int, default=128, help="prompt tokens per request")
+    ap.add_argument("--ntg", type=int, default=128, help="output tokens per request")
+    ap.add_argument("--npl", type=int, default=256, help="concurrent requests")
+    ap.add_argument("--kv-mode", default="paged")
+    ap.add_argument("-ngl", "--n-gpu-layers", dest="ngl", type=int, default=99)
+    args = ap.parse_args()
+
+    llm = LLM(args.model, max_num_seqs=args.npl, max_num_batched_tokens=512, kv_mode=args.kv_mode,
+              n_gpu_layers=args.ngl, n_ctx=args.npl * (args.npp + args.ntg + 16))
+    rng = random.Random(0)
+    n_vocab = llm.info.n_vocab
+    params = SamplingParams(max_tokens=args.ntg, ignore_eos=True)
+    for label in ("warm-up", "measured"):
+        prompts = [[rng.randrange(100, n_vocab) for _ in range(args.npp)] for _ in range(args.npl)]
+        start = time.monotonic()
+        outs = llm.generate(prompts, params)
+        wall = time.monotonic() - start
+        tg_start = max(o.metrics.first_token_time_s for o in outs)
+        tg_end = max(o.metrics.finish_time_s for o in outs)
+        steps = args.ntg - 1
+        print(f"{label}: B={args.npl} {args.kv_mode}: decode {(tg_end - tg_start) / steps * 1e3:.3f} ms/step, "
+              f"{args.npl * steps / (tg_end - tg_start):.0f} tok/s (wall {wall:.2f} s)", flush=True)
+    llm.close()
+
+
+if __name__ == "__main__":
+    main()
