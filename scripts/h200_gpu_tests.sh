@@ -65,16 +65,19 @@ if want decode; then
   done
 fi
 if want profile; then
-  for npl in ${PROFILE_NPL:-"64 256"}; do
+  NSYS=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1 || true)
+  for npl in ${PROFILE_NPL:-64 256}; do
     log "profile: engine decode step at B=$npl (paged)"
-    if command -v nsys > /dev/null; then
-      nsys profile -t cuda -f true -o "/tmp/cf_prof_b$npl" python scripts/profile_gpu_step.py -m "$MODEL" --npl "$npl" \
+    if [ -n "$NSYS" ]; then
+      "$NSYS" profile -t cuda -f true -o "/tmp/cf_prof_b$npl" python scripts/profile_gpu_step.py -m "$MODEL" --npl "$npl" \
           2>&1 | grep -E "warm-up|measured" | tee -a "$OUT/run.log"
-      nsys stats -q -r cuda_gpu_kern_sum,cuda_api_sum "/tmp/cf_prof_b$npl.nsys-rep" > "$OUT/nsys_b$npl.txt" 2>&1 \
+      "$NSYS" stats -q -r cuda_gpu_kern_sum,cuda_api_sum "/tmp/cf_prof_b$npl.nsys-rep" > "$OUT/nsys_b$npl.txt" 2>&1 \
           || log "nsys stats failed"
     else
-      log "nsys not found: step times only"
-      python scripts/profile_gpu_step.py -m "$MODEL" --npl "$npl" 2>&1 | tee -a "$OUT/run.log"
+      log "nsys not found: step times with CUDA graphs on, then off (GGML_CUDA_DISABLE_GRAPHS=1)"
+      python scripts/profile_gpu_step.py -m "$MODEL" --npl "$npl" 2>&1 | grep measured | tee -a "$OUT/run.log"
+      GGML_CUDA_DISABLE_GRAPHS=1 python scripts/profile_gpu_step.py -m "$MODEL" --npl "$npl" 2>&1 | grep measured \
+          | sed 's/^/graphs off: /' | tee -a "$OUT/run.log"
     fi
   done
 fi

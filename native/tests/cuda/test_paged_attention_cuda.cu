@@ -256,6 +256,34 @@ void test_shape(int D, int n_head, int n_head_kv, int block_size, unsigned seed)
     }
 }
 
+// Device-to-device copy bandwidth (GB/s, bytes read + bytes written, 1 GiB cudaMemcpy, median of 7):
+// the ceiling the decode kernel's K/V read rate is compared with.
+double copy_bandwidth_gbs() {
+    const size_t n = (size_t) 1 << 30;
+    DeviceBuffer<char> src(n), dst(n);
+    CHECK_CUDA(cudaMemset(src.ptr, 1, n));
+    cudaEvent_t e0, e1;
+    CHECK_CUDA(cudaEventCreate(&e0));
+    CHECK_CUDA(cudaEventCreate(&e1));
+    CHECK_CUDA(cudaMemcpy(dst.ptr, src.ptr, n, cudaMemcpyDeviceToDevice));
+    std::vector<float> ms;
+    for (int r = 0; r < 7; ++r) {
+        CHECK_CUDA(cudaEventRecord(e0));
+        for (int i = 0; i < 5; ++i) CHECK_CUDA(cudaMemcpyAsync(dst.ptr, src.ptr, n, cudaMemcpyDeviceToDevice));
+        CHECK_CUDA(cudaEventRecord(e1));
+        CHECK_CUDA(cudaEventSynchronize(e1));
+        float t = 0;
+        CHECK_CUDA(cudaEventElapsedTime(&t, e0, e1));
+        ms.push_back(t / 5);
+    }
+    std::sort(ms.begin(), ms.end());
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    return 2.0 * n / (ms[ms.size() / 2] * 1e6);
+}
+
+double g_copy_gbs = 0.0;
+
 void bench_decode(int batch, int ctx, int D, int n_head, int n_head_kv) {
     std::mt19937 rng(7);
     const int bs = 16;
@@ -303,8 +331,9 @@ void bench_decode(int batch, int ctx, int D, int n_head, int n_head_kv) {
     std::sort(ms.begin(), ms.end());
     const double us = ms[ms.size() / 2] * 1000.0;
     const double bytes = 2.0 * batch * (double) ctx * row * sizeof(half);
-    std::printf("bench decode B=%-4d ctx=%-5d D=%d heads %d/%d: %8.1f us/layer, %7.1f GB/s of K+V\n", batch, ctx, D,
-                n_head, n_head_kv, us, bytes / (us * 1e3));
+    const double gbs = bytes / (us * 1e3);
+    std::printf("bench decode B=%-4d ctx=%-5d D=%d heads %d/%d: %8.1f us/layer, %7.1f GB/s of K+V (%3.0f%% of copy)\n",
+                batch, ctx, D, n_head, n_head_kv, us, gbs, 100.0 * gbs / g_copy_gbs);
     cudaEventDestroy(e0);
     cudaEventDestroy(e1);
 }
@@ -319,9 +348,14 @@ int main(int argc, char ** argv) {
     test_shape(128, 16, 2, 32, 4);
     test_shape(64, 8, 8, 8, 5);
     if (bench) {
-        for (int b : {1, 64, 256}) bench_decode(b, 200, 64, 32, 8);
+        g_copy_gbs = copy_bandwidth_gbs();
+        std::printf("bench device-to-device copy: %.1f GB/s (read + write)\n", g_copy_gbs);
+        for (int b : {1, 64, 256}) bench_decode(b, 200, 64, 32, 8);     // Llama-3.2-1B shape
+        for (int b : {1, 16, 64}) bench_decode(b, 2048, 64, 32, 8);
         for (int b : {1, 8, 32}) bench_decode(b, 8192, 64, 32, 8);
-        for (int b : {1, 32, 128}) bench_decode(b, 256, 128, 32, 8);
+        for (int b : {1, 4}) bench_decode(b, 32768, 64, 32, 8);
+        for (int b : {1, 32, 128}) bench_decode(b, 256, 128, 32, 8);   // Llama-3.1-8B shape
+        for (int b : {8, 32}) bench_decode(b, 8192, 128, 32, 8);
     }
     if (g_failures) {
         std::printf("%d check(s) failed\n", g_failures);

@@ -8,9 +8,13 @@ namespace cuda {
 
 namespace {
 
-constexpr int kThreads = 128;
-constexpr int kWarps = kThreads / 32;
 constexpr int kMaxGqa = 8;
+// Threads per CTA: 256 for head sizes up to 128 (twice the K/V rows in flight of 128 threads: the
+// decode of one short row is a chain of dependent memory round trips), 128 for head size 256 (shared
+// memory of the per-warp partial outputs).
+__host__ __device__ constexpr int threads_for(int D) { return D <= 128 ? 256 : 128; }
+// K/V rows each thread group loads before using any of them.
+constexpr int kRowsInFlight = 8;
 
 #define CF_CUDA_STR2(x) #x
 #define CF_CUDA_STR(x) CF_CUDA_STR2(x)
@@ -41,30 +45,39 @@ __device__ __forceinline__ void halves_to_float(const uint4 & raw, float out[8])
     }
 }
 
-// Block-wide reduction of one value per thread; every thread gets the result. The order (lane
-// butterfly, then warps 0..kWarps-1) is fixed, so the result depends only on the inputs.
-template <bool kMax>
-__device__ float block_reduce(float v, float * scratch /* [kWarps] */) {
-    v = kMax ? warp_max(v) : warp_sum(v);
+// Block-wide reduction of G values per thread (one per query head) in one pass; every thread gets
+// the G results in v. The order (lane butterfly, then warps 0..kWarps-1) is fixed, so the results
+// depend only on the inputs.
+template <bool kMax, int G, int kWarps>
+__device__ void block_reduce(float (&v)[G], float (*scratch)[G] /* [kWarps][G] */) {
     const int warp = threadIdx.x / 32;
-    if (threadIdx.x % 32 == 0) {
-        scratch[warp] = v;
+#pragma unroll
+    for (int h = 0; h < G; ++h) {
+        v[h] = kMax ? warp_max(v[h]) : warp_sum(v[h]);
+        if (threadIdx.x % 32 == 0) {
+            scratch[warp][h] = v[h];
+        }
     }
     __syncthreads();
-    float r = scratch[0];
-    for (int w = 1; w < kWarps; ++w) {
-        r = kMax ? fmaxf(r, scratch[w]) : r + scratch[w];
+#pragma unroll
+    for (int h = 0; h < G; ++h) {
+        float r = scratch[0][h];
+        for (int w = 1; w < kWarps; ++w) {
+            r = kMax ? fmaxf(r, scratch[w][h]) : r + scratch[w][h];
+        }
+        v[h] = r;
     }
     __syncthreads();  // scratch is reused by the next call
-    return r;
 }
 
 // One CTA: KV head blockIdx.y, token blockIdx.z, keys [split * kPagedSplitKeys, +kPagedSplitKeys).
 // D: head size; G: query heads per KV head.
 template <int D, int G>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(threads_for(D))
 paged_attention_split_kernel(const PagedAttentionCudaArgs a, float * part_o /* [n_tokens][n_head][n_splits][D] */,
                              float * part_ml /* [n_tokens][n_head][n_splits][2] */, int n_splits) {
+    constexpr int kThreads = threads_for(D);
+    constexpr int kWarps = kThreads / 32;
     constexpr int TG = D / 8;            // threads per key in Q.K (16 bytes of the K row each)
     constexpr int NG = kThreads / TG;    // keys in flight in Q.K
     // P.V uses the same split of a row: group g of TG threads per key, lane li holds dims [8 li, 8 li + 8).
@@ -76,7 +89,7 @@ paged_attention_split_kernel(const PagedAttentionCudaArgs a, float * part_o /* [
     // [kWarps][G][D] reuse the space.
     __shared__ float big_s[kScoreFloats > kReduceFloats ? kScoreFloats : kReduceFloats];
     __shared__ int32_t row_s[kPagedSplitKeys];
-    __shared__ float scratch[kWarps];
+    __shared__ float scratch[kWarps][G];
     float (*p_s)[kPagedSplitKeys] = reinterpret_cast<float (*)[kPagedSplitKeys]>(big_s);
 
     const int split = blockIdx.x;
@@ -115,18 +128,17 @@ paged_attention_split_kernel(const PagedAttentionCudaArgs a, float * part_o /* [
             }
         }
         // Every thread runs the same number of iterations (the lane shuffles below need whole warps),
-        // and issues the loads of kKeysInFlight keys before using any of them.
-        constexpr int kKeysInFlight = 4;
-        for (int base = 0; base < nkeys; base += kKeysInFlight * NG) {
-            uint4 raw[kKeysInFlight];
+        // and issues the loads of kRowsInFlight keys before using any of them.
+        for (int base = 0; base < nkeys; base += kRowsInFlight * NG) {
+            uint4 raw[kRowsInFlight];
 #pragma unroll
-            for (int u = 0; u < kKeysInFlight; ++u) {
+            for (int u = 0; u < kRowsInFlight; ++u) {
                 const int i = base + u * NG + g;
-                const int row = row_s[i < nkeys ? i : 0];
-                raw[u] = *reinterpret_cast<const uint4 *>(a.k_pool + (int64_t) row * a.k_stride_row + kvh * D + li * 8);
+                raw[u] = i < nkeys ? *reinterpret_cast<const uint4 *>(a.k_pool + (int64_t) row_s[i] * a.k_stride_row + kvh * D + li * 8)
+                                   : make_uint4(0u, 0u, 0u, 0u);
             }
 #pragma unroll
-            for (int u = 0; u < kKeysInFlight; ++u) {
+            for (int u = 0; u < kRowsInFlight; ++u) {
                 const int i = base + u * NG + g;
                 float kf[8];
                 halves_to_float(raw[u], kf);
@@ -154,29 +166,43 @@ paged_attention_split_kernel(const PagedAttentionCudaArgs a, float * part_o /* [
     }
     __syncthreads();
 
-    // Softmax over the split, per head: max, exp, sum (fixed orders, see block_reduce).
+    // Softmax over the split, all heads at once: max, exp, sum (fixed orders, see block_reduce).
     __shared__ float m_s[G];
     __shared__ float l_s[G];
+    {
+        float m[G];
+        float l[G];
 #pragma unroll
-    for (int h = 0; h < G; ++h) {
-        float v = -INFINITY;
-        for (int i = tid; i < nkeys; i += kThreads) {
-            v = fmaxf(v, p_s[h][i]);
+        for (int h = 0; h < G; ++h) {
+            m[h] = -INFINITY;
+            l[h] = 0.0f;
         }
-        const float m = block_reduce<true>(v, scratch);
-        float sum = 0.0f;
         for (int i = tid; i < nkeys; i += kThreads) {
-            const float e = expf(p_s[h][i] - m);
-            p_s[h][i] = e;
-            sum += e;
+#pragma unroll
+            for (int h = 0; h < G; ++h) {
+                m[h] = fmaxf(m[h], p_s[h][i]);
+            }
         }
-        const float l = block_reduce<false>(sum, scratch);
+        block_reduce<true, G, kWarps>(m, scratch);
+        for (int i = tid; i < nkeys; i += kThreads) {
+#pragma unroll
+            for (int h = 0; h < G; ++h) {
+                const float e = expf(p_s[h][i] - m[h]);
+                p_s[h][i] = e;
+                l[h] += e;
+            }
+        }
+        block_reduce<false, G, kWarps>(l, scratch);
         if (tid == 0) {
-            m_s[h] = m;
-            l_s[h] = l;
+#pragma unroll
+            for (int h = 0; h < G; ++h) {
+                m_s[h] = m[h];
+                l_s[h] = l[h];
+            }
         }
     }
-    // (block_reduce ended with __syncthreads: every p_s write is visible)
+    // (block_reduce ended with __syncthreads: every p_s write is visible; m_s/l_s are read after the
+    // __syncthreads that follows P.V)
 
     // P.V: NG keys in flight, TG threads per key, each thread 8 dims (16 bytes of V) of every head.
     // Partial sums meet across the groups of a warp (lane butterfly), then across warps in order.
@@ -191,14 +217,13 @@ paged_attention_split_kernel(const PagedAttentionCudaArgs a, float * part_o /* [
                 acc[h][j] = 0.0f;
             }
         }
-        constexpr int kRowsInFlight = 4;
         for (int base = g; base < nkeys; base += kRowsInFlight * NG) {
             uint4 raw[kRowsInFlight];
 #pragma unroll
             for (int u = 0; u < kRowsInFlight; ++u) {
                 const int i = base + u * NG;
-                const int row = row_s[i < nkeys ? i : 0];
-                raw[u] = *reinterpret_cast<const uint4 *>(a.v_pool + (int64_t) row * a.v_stride_row + kvh * D + li * 8);
+                raw[u] = i < nkeys ? *reinterpret_cast<const uint4 *>(a.v_pool + (int64_t) row_s[i] * a.v_stride_row + kvh * D + li * 8)
+                                   : make_uint4(0u, 0u, 0u, 0u);
             }
 #pragma unroll
             for (int u = 0; u < kRowsInFlight; ++u) {
@@ -307,7 +332,7 @@ cudaError_t launch(const PagedAttentionCudaArgs & a, void * workspace, cudaStrea
         part_ml = part_o + (size_t) a.n_tokens * a.n_head * n_splits * D;
     }
     const dim3 grid((unsigned) n_splits, (unsigned) a.n_head_kv, (unsigned) a.n_tokens);
-    paged_attention_split_kernel<D, G><<<grid, kThreads, 0, stream>>>(a, part_o, part_ml, n_splits);
+    paged_attention_split_kernel<D, G><<<grid, threads_for(D), 0, stream>>>(a, part_o, part_ml, n_splits);
     if (n_splits > 1) {
         const dim3 cgrid((unsigned) a.n_head, (unsigned) a.n_tokens);
         paged_attention_combine_kernel<D><<<cgrid, D, 0, stream>>>(a, part_o, part_ml, n_splits);
