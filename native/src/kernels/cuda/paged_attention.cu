@@ -12,9 +12,16 @@ constexpr int kMaxGqa = 8;
 // Threads per CTA: 256 for head sizes up to 128 (twice the K/V rows in flight of 128 threads: the
 // decode of one short row is a chain of dependent memory round trips), 128 for head size 256 (shared
 // memory of the per-warp partial outputs).
-__host__ __device__ constexpr int threads_for(int D) { return D <= 128 ? 256 : 128; }
+// CF_PA_THREADS / CF_PA_ROWS_IN_FLIGHT: tuning knobs for the standalone benchmark (-D at compile time).
+#ifndef CF_PA_THREADS
+#define CF_PA_THREADS 256
+#endif
+#ifndef CF_PA_ROWS_IN_FLIGHT
+#define CF_PA_ROWS_IN_FLIGHT 8
+#endif
+__host__ __device__ constexpr int threads_for(int D) { return D <= 128 ? CF_PA_THREADS : 128; }
 // K/V rows each thread group loads before using any of them.
-constexpr int kRowsInFlight = 8;
+constexpr int kRowsInFlight = CF_PA_ROWS_IN_FLIGHT;
 
 #define CF_CUDA_STR2(x) #x
 #define CF_CUDA_STR(x) CF_CUDA_STR2(x)

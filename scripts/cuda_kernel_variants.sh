@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# The CUDA paged attention kernel's tuning knobs side by side on the GPU machine: threads per CTA
+# (head sizes <= 128) and K/V rows in flight per thread group (paged_attention.cu, CF_PA_THREADS and
+# CF_PA_ROWS_IN_FLIGHT), each variant checked against the float64 reference and benchmarked on the
+# decode shapes of native/tests/cuda/test_paged_attention_cuda.cu. Needs only nvcc (no full build).
+# Usage: bash scripts/cuda_kernel_variants.sh ["THREADS ROWS" ...]   (default: 128/256 x 4/8)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VARIANTS=("$@")
+[ ${#VARIANTS[@]} -eq 0 ] && VARIANTS=("128 4" "128 8" "256 4" "256 8")
+for v in "${VARIANTS[@]}"; do
+  set -- $v
+  nvcc -std=c++17 -O3 --use_fast_math -arch=native -DCF_PA_THREADS="$1" -DCF_PA_ROWS_IN_FLIGHT="$2" \
+      -I native/src/kernels/cuda native/src/kernels/cuda/paged_attention.cu \
+      native/tests/cuda/test_paged_attention_cuda.cu -o "/tmp/cf_pa_$1_$2" &
+done
+wait
+for v in "${VARIANTS[@]}"; do
+  set -- $v
+  echo "== threads $1, rows in flight $2"
+  "/tmp/cf_pa_$1_$2" --bench | grep -E "bench|PASS|FAIL"
+done
