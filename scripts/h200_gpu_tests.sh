@@ -6,7 +6,8 @@
 # Prepare here first: bash scripts/prepare_gpu_carry.sh (fills the git-ignored _carry/ folder).
 # On the machine: bash scripts/h200_gpu_tests.sh   (OUT=results/h200_gpu, BUILD_DIR=/tmp/cf-cuda-build,
 # STAGES="build tests kernel decode profile" to run a subset; NPL="1 64 256" batches for the decode stage,
-# PROFILE_NPL for the profile stage: the engine's decode step under nsys, kernel + CUDA API summaries).
+# PROFILE_NPL for the profile stage: the engine's decode step under nsys, kernel + CUDA API summaries;
+# stage ncu: kernel time by kernel name of a few decode steps, NCU_NPL batches).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-results/h200_gpu}
@@ -79,6 +80,17 @@ if want profile; then
       GGML_CUDA_DISABLE_GRAPHS=1 python scripts/profile_gpu_step.py -m "$MODEL" --npl "$npl" 2>&1 | grep measured \
           | sed 's/^/graphs off: /' | tee -a "$OUT/run.log"
     fi
+  done
+fi
+if want ncu; then
+  # kernel time of a few decode steps (ncu serializes kernels: for the breakdown, not the speed)
+  NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null | head -1 || true)
+  for npl in ${NCU_NPL:-64 256}; do
+    log "ncu: kernel time by kernel, decode steps at B=$npl (paged; launches ${NCU_SKIP:-6000}.. of the warm-up run)"
+    "$NCU" --csv --metrics gpu__time_duration.sum -s "${NCU_SKIP:-6000}" -c "${NCU_COUNT:-1500}" \
+        python scripts/profile_gpu_step.py -m "$MODEL" --npl "$npl" --npp 16 --ntg 32 > "/tmp/ncu_b$npl.csv" 2> /dev/null || true
+    python scripts/ncu_summary.py "/tmp/ncu_b$npl.csv" > "$OUT/ncu_b$npl.txt" 2>&1 || true
+    head -22 "$OUT/ncu_b$npl.txt" | tee -a "$OUT/run.log"; tail -2 "$OUT/ncu_b$npl.txt" | tee -a "$OUT/run.log"
   done
 fi
 log "done"

@@ -9,15 +9,18 @@ namespace cuda {
 namespace {
 
 constexpr int kMaxGqa = 8;
-// Threads per CTA: 256 for head sizes up to 128 (twice the K/V rows in flight of 128 threads: the
-// decode of one short row is a chain of dependent memory round trips), 128 for head size 256 (shared
-// memory of the per-warp partial outputs).
+// Threads per CTA and K/V rows in flight per thread group, measured on the H200 with
+// scripts/cuda_kernel_variants.sh (results/h200_gpu/stop19_kernel_variants.txt): 256 threads halve a
+// lone short row's latency (B=1, 200 keys: 8.2 vs 12.3 us/layer) but lose 8-15% at large batches and
+// long contexts (B=256: 61.8 vs 56.9 us; B=32 at 8K: 240 vs 208 us), where attention fills the step;
+// 128 threads and 4 rows in flight are the default. The count fixes the order of the sums, so it may
+// not depend on the batch (batch invariance); head size 256 always uses 128 (shared memory).
 // CF_PA_THREADS / CF_PA_ROWS_IN_FLIGHT: tuning knobs for the standalone benchmark (-D at compile time).
 #ifndef CF_PA_THREADS
-#define CF_PA_THREADS 256
+#define CF_PA_THREADS 128
 #endif
 #ifndef CF_PA_ROWS_IN_FLIGHT
-#define CF_PA_ROWS_IN_FLIGHT 8
+#define CF_PA_ROWS_IN_FLIGHT 4
 #endif
 __host__ __device__ constexpr int threads_for(int D) { return D <= 128 ? CF_PA_THREADS : 128; }
 // K/V rows each thread group loads before using any of them.

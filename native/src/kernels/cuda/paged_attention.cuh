@@ -6,7 +6,7 @@
 // block_tables[row][p / block_size] * block_size + p % block_size. Causality comes from the context
 // lengths, so no KQ mask exists. Query head h reads KV head h / (n_head / n_head_kv).
 //
-// Work decomposition (grid = splits x KV heads x tokens; 256 threads per CTA, 128 for head size 256):
+// Work decomposition (grid = splits x KV heads x tokens, 128 threads per CTA):
 //   - one CTA computes all n_head / n_head_kv query heads of one KV head for one token, so each
 //     K/V row is loaded once per GQA group (FlashInfer's GQA decode; vLLM's legacy kernel loads it
 //     once per query head instead);
