@@ -28,7 +28,9 @@ def main() -> None:
     ap.add_argument("-ngl", "--n-gpu-layers", dest="ngl", type=int, default=99)
     args = ap.parse_args()
 
-    llm = LLM(args.model, max_num_seqs=args.npl, max_num_batched_tokens=512, kv_mode=args.kv_mode,
+    # all prompts in the first step: every decode step then holds npl sequences
+    llm = LLM(args.model, max_num_seqs=args.npl, max_num_batched_tokens=min(32768, max(512, args.npl * args.npp)),
+              kv_mode=args.kv_mode,
               n_gpu_layers=args.ngl, n_ctx=args.npl * (args.npp + args.ntg + 16))
     rng = random.Random(0)
     n_vocab = llm.info.n_vocab
