@@ -15,6 +15,8 @@
 #include <cstring>
 #include <mutex>
 #include <sys/stat.h>
+#include <exception>
+#include <thread>
 
 static_assert(LLAMA_TOKEN_NULL == CF_TOKEN_NONE, "token sentinels must agree");
 
@@ -205,7 +207,7 @@ std::unique_ptr<LlamaSession> LlamaSession::open(const EngineConfig & config) {
     session->resolve_kv_mode();
     session->init_greedy_samplers();
     session->create_context();
-    session->warm_up();
+    session->warm_up_on_own_thread();
     return session;
 }
 
@@ -391,6 +393,27 @@ void LlamaSession::free_samplers() {
 
 // One throwaway single-token decode, like llama-server and llama-bench do: the first real step
 // then does not pay for first-touch of the weights and backend set-up (fairer TTFT).
+// Runs warm_up() on a short-lived thread. With an OpenMP ggml, every thread that computes a graph
+// keeps a pool of OpenMP workers until it exits, and libgomp counts all of them: once more
+// workers exist than cores, every `omp barrier` (one per graph node) spins 100 iterations instead
+// of 300,000 before it sleeps on a futex, so a decode step pays hundreds of futex sleeps and
+// wake-ups. Warming up on the opening thread (Python's main thread) left its pool alive beside the
+// step thread's: on a 2-core VM that cost a c=1 decode about a third of its speed.
+void LlamaSession::warm_up_on_own_thread() {
+    std::exception_ptr failure;
+    std::thread warm([this, &failure] {
+        try {
+            warm_up();
+        } catch (...) {
+            failure = std::current_exception();
+        }
+    });
+    warm.join();  // the thread's exit frees its OpenMP pool
+    if (failure) {
+        std::rethrow_exception(failure);
+    }
+}
+
 void LlamaSession::warm_up() {
     llama_token token = llama_vocab_bos(vocab_);
     if (token == LLAMA_TOKEN_NULL) {
