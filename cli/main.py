@@ -22,6 +22,7 @@ from cli.common import (
     KV_CACHE_MEMORY_HELP,
     PAGED_ATTENTION_OPTION,
     ByteSize,
+    explicit_fields,
     load_llm,
     to_click_error,
 )
@@ -219,7 +220,7 @@ def generate(
 
         config_kwargs["profile_capacity"] = DEFAULT_PROFILE_CAPACITY
     llm = load_llm(model, config_kwargs, "--ctx-size, --kv-cache-memory or -c/--concurrency",
-                   ENGINE_OPTION_NAMES)
+                   ENGINE_OPTION_NAMES, explicit_fields(ENGINE_PARAMS), ENGINE_OPTION_HINTS)
     try:
         t0 = time.perf_counter()
         outputs = _run(llm, prompt_list, params, chat, stream, as_json)
@@ -297,6 +298,23 @@ ENGINE_OPTION_NAMES = {
     "max_num_batched_tokens": "--batch-tokens",
     "n_threads": "--threads",
     "n_gpu_layers": "--gpu-layers",
+}
+
+
+# EngineConfig field -> the click parameter of that option (to know which ones the user gave).
+ENGINE_PARAMS = {
+    "max_num_seqs": "concurrency",
+    "n_ctx": "ctx_size",
+    "kv_cache_bytes": "kv_cache_memory",
+    "block_size": "block_size",
+    "max_num_batched_tokens": "batch_tokens",
+    "n_threads": "threads",
+    "n_gpu_layers": "gpu_layers",
+}
+
+# llama.cpp's tools read -c as the context size; here it is the concurrency.
+ENGINE_OPTION_HINTS = {
+    "-c/--concurrency": "-c is the number of sequences run at once; the KV context size is --ctx-size",
 }
 
 

@@ -172,7 +172,8 @@ void test_request_errors() {
     c.log_level = CF_LOG_LEVEL_NONE;
     assert(cf_engine_init(&c, &engine) == CF_STATUS_MODEL_LOAD_FAILED && engine == nullptr);
     assert(std::string(cf_last_error()) ==
-           "failed to load model from /tmp/cacheflow_test_corrupt.gguf (corrupt or unsupported GGUF?)");
+           "failed to load model from /tmp/cacheflow_test_corrupt.gguf (corrupt or unsupported GGUF?): llama.cpp: "
+           "gguf_init_from_reader: invalid magic characters: 'this', expected 'GGUF'");
     std::remove(path);
 
     // A KV cache beyond the host's memory (2**31 - 1 rows, 512 GiB on the tiny model): OUT_OF_MEMORY
