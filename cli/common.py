@@ -162,7 +162,7 @@ def _under_option(
     the option the user gave, so that ``-c 100000`` is not blamed on --batch-tokens.
     """
     option_names = option_names or {}
-    words = [w.strip("(),:;=") for w in message.split()]
+    words = [w.split("[", 1)[0].strip("(),:;=") for w in message.split()]
     fields = [w for w in words if w in option_names]
     if not fields:
         return message

@@ -22,6 +22,7 @@ from cli.common import (
     KV_CACHE_MEMORY_HELP,
     PAGED_ATTENTION_OPTION,
     ByteSize,
+    _under_option,
     explicit_fields,
     load_llm,
     to_click_error,
@@ -31,7 +32,6 @@ from cli.serve import serve
 from pycacheflow import SamplingParams
 from pycacheflow.config import KV_MODES
 from pycacheflow.errors import CacheFlowError, InvalidArgumentError
-from pycacheflow.sampling_params import FLOAT32_MAX, INT32_MAX, MAX_SEED
 from pycacheflow.text import encode_utf8
 
 if TYPE_CHECKING:
@@ -78,42 +78,42 @@ def cacheflow() -> None:
 @click.option(
     "-n",
     "--max-tokens",
-    type=click.IntRange(1, INT32_MAX),
+    type=int,
     default=128,
     show_default=True,
     help="Tokens to generate at most per prompt.",
 )
 @click.option(
     "--temperature",
-    type=click.FloatRange(0, FLOAT32_MAX),
+    type=float,
     default=0.0,
     show_default=True,
     help="Sampling temperature; 0 = greedy (deterministic).",
 )
 @click.option(
     "--top-k",
-    type=click.IntRange(0, INT32_MAX),
+    type=int,
     default=0,
     show_default=True,
     help="Keep the k most likely tokens; 0 = off.",
 )
 @click.option(
     "--top-p",
-    type=click.FloatRange(min=0, max=1, min_open=True),
+    type=float,
     default=1.0,
     show_default=True,
     help="Nucleus sampling mass; 1 = off.",
 )
 @click.option(
     "--min-p",
-    type=click.FloatRange(min=0, max=1),
+    type=float,
     default=0.0,
     show_default=True,
     help="Drop tokens below min-p times the top probability; 0 = off.",
 )
 @click.option(
     "--seed",
-    type=click.IntRange(0, MAX_SEED),
+    type=int,
     default=None,
     help="Seed for reproducible sampling (default: random).",
 )
@@ -285,8 +285,22 @@ def _sampling_params(options: dict[str, object]) -> SamplingParams:
             stop=list(options["stop"]),
             ignore_eos=options["ignore_eos"],
         )
-    except (ValueError, TypeError) as exc:
-        raise click.UsageError(str(exc)) from None
+    except (ValueError, TypeError) as exc:  # the engine's message (ranges), under the option
+        raise click.UsageError(_under_option(str(exc), SAMPLING_OPTION_NAMES)) from None
+
+
+# SamplingParams field -> the generate option that sets it (the engine validates the values;
+# click only parses them).
+SAMPLING_OPTION_NAMES = {
+    "max_tokens": "-n/--max-tokens",
+    "temperature": "--temperature",
+    "top_k": "--top-k",
+    "top_p": "--top-p",
+    "min_p": "--min-p",
+    "seed": "--seed",
+    "stop_strings": "--stop",
+    "stop": "--stop",
+}
 
 
 # EngineConfig field -> the generate option that sets it (the engine validates the values).

@@ -138,7 +138,7 @@ void test_request_errors() {
     assert(std::strstr(cf_last_error(), "prompt has 600 tokens but the context holds at most 512 per sequence"));
     p.temperature = -1.0f;
     assert(cf_engine_add_request(engine, &one, 1, &p, 0, &id) == CF_STATUS_INVALID_ARGUMENT);
-    assert(std::strcmp(cf_last_error(), "temperature must be >= 0, got -1") == 0);
+    assert(std::strcmp(cf_last_error(), "temperature must be finite and >= 0, got -1") == 0);
     assert(cf_engine_abort_request(engine, 12345) == CF_STATUS_NOT_FOUND);
     assert(!cf_engine_has_work(engine));
 
