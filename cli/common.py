@@ -96,6 +96,8 @@ def load_llm(
     config_kwargs: dict[str, object],
     memory_options: str = "",
     option_names: dict[str, str] | None = None,
+    explicit: set[str] | frozenset[str] = frozenset(),
+    hints: dict[str, str] | None = None,
 ) -> LLM:
     """Build the engine for a command (model None = the default model, fetched if needed).
 
@@ -106,6 +108,9 @@ def load_llm(
             --kv-cache-memory"), named when the cache does not fit in memory.
         option_names: EngineConfig field -> the command's option (e.g. "max_num_seqs" ->
             "-c/--concurrency"): a value the engine refuses is reported under its option.
+        explicit: the fields whose options the user gave (``explicit_fields``): a message about
+            two fields is reported under the one the user set.
+        hints: option -> a sentence appended when a value is reported under that option.
 
     Raises:
         click.UsageError: a bad config value (exit 2), refused by EngineConfig (types) or by the
@@ -120,7 +125,7 @@ def load_llm(
             model = ensure_default_model(progress=True)
         config = EngineConfig(model=model, **config_kwargs)
     except (ValueError, TypeError) as exc:
-        raise click.UsageError(str(exc)) from None
+        raise click.UsageError(_under_option(str(exc), option_names, explicit, hints)) from None
     except CacheFlowError as exc:
         raise click.ClickException(str(exc)) from None
     try:
@@ -135,7 +140,7 @@ def load_llm(
     except InvalidArgumentError as exc:
         # A value the engine refused: it owns the ranges of its settings; its message (which
         # starts with the field's name) is kept as is, under the option that set the field.
-        raise click.UsageError(_under_option(str(exc), option_names or {})) from None
+        raise click.UsageError(_under_option(str(exc), option_names, explicit, hints)) from None
     except CacheFlowError as exc:
         raise to_click_error(exc) from None
     notice = ctx_size_notice(config.n_ctx, llm.info)
@@ -144,11 +149,41 @@ def load_llm(
     return llm
 
 
-def _under_option(message: str, option_names: dict[str, str]) -> str:
-    """``Invalid value for OPTION: message`` when the message is about a field an option sets."""
-    field = message.split(" ", 1)[0].strip("(")
-    option = option_names.get(field)
-    return f"Invalid value for {option}: {message}" if option else message
+def _under_option(
+    message: str,
+    option_names: dict[str, str] | None,
+    explicit: set[str] | frozenset[str] = frozenset(),
+    hints: dict[str, str] | None = None,
+) -> str:
+    """``Invalid value for OPTION: message`` when the message is about a field an option sets.
+
+    The engine's messages start with the field they are about; one that relates two fields
+    ("max_num_batched_tokens (512) must be at least max_num_seqs (100000)") is reported under
+    the option the user gave, so that ``-c 100000`` is not blamed on --batch-tokens.
+    """
+    option_names = option_names or {}
+    words = [w.split("[", 1)[0].strip("(),:;=") for w in message.split()]
+    fields = [w for w in words if w in option_names]
+    if not fields:
+        return message
+    chosen = next((f for f in fields if f in explicit), fields[0])
+    option = option_names[chosen]
+    hint = (hints or {}).get(option)
+    return f"Invalid value for {option}: {message}" + (f" ({hint})" if hint else "")
+
+
+def explicit_fields(param_of_field: dict[str, str]) -> set[str]:
+    """The EngineConfig fields whose click parameters the user gave (command line or environment).
+
+    Args:
+        param_of_field: EngineConfig field -> the click parameter's name (e.g. "max_num_seqs" ->
+            "concurrency").
+    """
+    ctx = click.get_current_context(silent=True)
+    if ctx is None:
+        return set()
+    given = (click.core.ParameterSource.COMMANDLINE, click.core.ParameterSource.ENVIRONMENT)
+    return {f for f, name in param_of_field.items() if ctx.get_parameter_source(name) in given}
 
 
 def ctx_size_notice(n_ctx: int, info: ModelInfo) -> str | None:

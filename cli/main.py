@@ -22,6 +22,8 @@ from cli.common import (
     KV_CACHE_MEMORY_HELP,
     PAGED_ATTENTION_OPTION,
     ByteSize,
+    _under_option,
+    explicit_fields,
     load_llm,
     to_click_error,
 )
@@ -30,7 +32,6 @@ from cli.serve import serve
 from pycacheflow import SamplingParams
 from pycacheflow.config import KV_MODES
 from pycacheflow.errors import CacheFlowError, InvalidArgumentError
-from pycacheflow.sampling_params import FLOAT32_MAX, INT32_MAX, MAX_SEED
 from pycacheflow.text import encode_utf8
 
 if TYPE_CHECKING:
@@ -77,42 +78,42 @@ def cacheflow() -> None:
 @click.option(
     "-n",
     "--max-tokens",
-    type=click.IntRange(1, INT32_MAX),
+    type=int,
     default=128,
     show_default=True,
     help="Tokens to generate at most per prompt.",
 )
 @click.option(
     "--temperature",
-    type=click.FloatRange(0, FLOAT32_MAX),
+    type=float,
     default=0.0,
     show_default=True,
     help="Sampling temperature; 0 = greedy (deterministic).",
 )
 @click.option(
     "--top-k",
-    type=click.IntRange(0, INT32_MAX),
+    type=int,
     default=0,
     show_default=True,
     help="Keep the k most likely tokens; 0 = off.",
 )
 @click.option(
     "--top-p",
-    type=click.FloatRange(min=0, max=1, min_open=True),
+    type=float,
     default=1.0,
     show_default=True,
     help="Nucleus sampling mass; 1 = off.",
 )
 @click.option(
     "--min-p",
-    type=click.FloatRange(min=0, max=1),
+    type=float,
     default=0.0,
     show_default=True,
     help="Drop tokens below min-p times the top probability; 0 = off.",
 )
 @click.option(
     "--seed",
-    type=click.IntRange(0, MAX_SEED),
+    type=int,
     default=None,
     help="Seed for reproducible sampling (default: random).",
 )
@@ -219,7 +220,7 @@ def generate(
 
         config_kwargs["profile_capacity"] = DEFAULT_PROFILE_CAPACITY
     llm = load_llm(model, config_kwargs, "--ctx-size, --kv-cache-memory or -c/--concurrency",
-                   ENGINE_OPTION_NAMES)
+                   ENGINE_OPTION_NAMES, explicit_fields(ENGINE_PARAMS), ENGINE_OPTION_HINTS)
     try:
         t0 = time.perf_counter()
         outputs = _run(llm, prompt_list, params, chat, stream, as_json)
@@ -284,8 +285,22 @@ def _sampling_params(options: dict[str, object]) -> SamplingParams:
             stop=list(options["stop"]),
             ignore_eos=options["ignore_eos"],
         )
-    except (ValueError, TypeError) as exc:
-        raise click.UsageError(str(exc)) from None
+    except (ValueError, TypeError) as exc:  # the engine's message (ranges), under the option
+        raise click.UsageError(_under_option(str(exc), SAMPLING_OPTION_NAMES)) from None
+
+
+# SamplingParams field -> the generate option that sets it (the engine validates the values;
+# click only parses them).
+SAMPLING_OPTION_NAMES = {
+    "max_tokens": "-n/--max-tokens",
+    "temperature": "--temperature",
+    "top_k": "--top-k",
+    "top_p": "--top-p",
+    "min_p": "--min-p",
+    "seed": "--seed",
+    "stop_strings": "--stop",
+    "stop": "--stop",
+}
 
 
 # EngineConfig field -> the generate option that sets it (the engine validates the values).
@@ -297,6 +312,23 @@ ENGINE_OPTION_NAMES = {
     "max_num_batched_tokens": "--batch-tokens",
     "n_threads": "--threads",
     "n_gpu_layers": "--gpu-layers",
+}
+
+
+# EngineConfig field -> the click parameter of that option (to know which ones the user gave).
+ENGINE_PARAMS = {
+    "max_num_seqs": "concurrency",
+    "n_ctx": "ctx_size",
+    "kv_cache_bytes": "kv_cache_memory",
+    "block_size": "block_size",
+    "max_num_batched_tokens": "batch_tokens",
+    "n_threads": "threads",
+    "n_gpu_layers": "gpu_layers",
+}
+
+# llama.cpp's tools read -c as the context size; here it is the concurrency.
+ENGINE_OPTION_HINTS = {
+    "-c/--concurrency": "-c is the number of sequences run at once; the KV context size is --ctx-size",
 }
 
 

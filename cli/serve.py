@@ -25,6 +25,7 @@ from cli.common import (
     KV_CACHE_MEMORY_HELP,
     PAGED_ATTENTION_OPTION,
     ByteSize,
+    explicit_fields,
     load_llm,
 )
 from cli.serve_compat import ServeCommand
@@ -353,7 +354,8 @@ def serve(**options: object) -> None:
         model = options["model"]
         if model is None and options["offline"]:
             model = _cached_default_model()
-        llm = load_llm(model, config_kwargs, "-c/--ctx-size, --kv-cache-memory or -np")
+        llm = load_llm(model, config_kwargs, "-c/--ctx-size, --kv-cache-memory or -np",
+                       SERVE_OPTION_NAMES, explicit_fields(SERVE_PARAMS))
         try:
             app = _make_app(llm, options, defaults, chat_template, template_kwargs)
             _run(app, socks, options)
@@ -362,6 +364,29 @@ def serve(**options: object) -> None:
     finally:
         for sock in socks:
             sock.close()
+
+
+# EngineConfig field -> the serve option that sets it (the engine validates the values).
+SERVE_OPTION_NAMES = {
+    "n_ctx": "-c/--ctx-size",
+    "max_num_seqs": "-np/--parallel",
+    "kv_cache_bytes": "--kv-cache-memory",
+    "block_size": "--block-size",
+    "max_num_batched_tokens": "-b/--batch-size or -ub/--ubatch-size",
+    "n_threads": "-t/--threads",
+    "n_gpu_layers": "-ngl/--gpu-layers",
+}
+
+# EngineConfig field -> the click parameter of that option.
+SERVE_PARAMS = {
+    "n_ctx": "ctx_size",
+    "max_num_seqs": "parallel",
+    "kv_cache_bytes": "kv_cache_memory",
+    "block_size": "block_size",
+    "max_num_batched_tokens": "batch_size",
+    "n_threads": "threads",
+    "n_gpu_layers": "gpu_layers",
+}
 
 
 def _hosts(value: str) -> list[str]:

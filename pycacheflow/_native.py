@@ -147,6 +147,17 @@ def _sampling_params(params: SamplingParams, keep: list) -> object:
     return c
 
 
+def check_sampling_params(params: SamplingParams) -> None:
+    """Check ``params`` against the engine's rules (cf_sampling_params_check).
+
+    Raises:
+        InvalidArgumentError: a value out of range, with the engine's message (the one
+            add_request would give); token ids are checked against a vocabulary on add.
+    """
+    keep: list = []
+    _check(lib.cf_sampling_params_check(_sampling_params(params, keep)))
+
+
 class _HandleGuard:
     """Hands out the engine handle to native calls and counts them, so that ``close`` never
     frees the engine under a call still running on another thread."""

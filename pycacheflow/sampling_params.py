@@ -15,6 +15,10 @@ MAX_SEED = 2**63 - 1
 FLOAT32_MAX = 3.4028234663852886e38
 
 
+_FLOAT_FIELDS = ("temperature", "top_p", "min_p", "repeat_penalty", "presence_penalty",
+                 "frequency_penalty")
+
+
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -55,8 +59,13 @@ class SamplingParams:
         The penalties, the logit bias and the grammar are llama.cpp's samplers, applied before
         top-k etc.; a greedy request with them picks the argmax of the changed logits.
 
+    Each value is validated once, by the layer that owns it: here only what Python owns (types,
+    that a value has a C form: int32_t, int64_t seed, float, UTF-8 text); the ranges by the
+    native engine (cf_sampling_params_check, on construction), whose message is raised as is.
+
     Raises:
-        ValueError: on construction, for a value out of range; the message names it.
+        ValueError: on construction, for a value out of range (InvalidArgumentError with the
+            engine's message) or without a C form; the message names the field.
         TypeError: for a value of the wrong type.
     """
 
@@ -81,25 +90,35 @@ class SamplingParams:
         stop = (self.stop,) if isinstance(self.stop, str) else self.stop
         object.__setattr__(self, "stop", _as_tuple("stop", stop))
         object.__setattr__(self, "stop_token_ids", _as_tuple("stop_token_ids", self.stop_token_ids))
-        self._validate_numbers()
-        self._validate_stops()
+        self._check_c_types()
+        self._normalise_logit_bias()
+        from pycacheflow._native import check_sampling_params
+
+        check_sampling_params(self)  # the ranges: the native engine's rules and messages
+
+    def _check_c_types(self) -> None:
+        """What Python owns: types, and that each value has a C form (cf_sampling_params)."""
+        for name in ("max_tokens", "top_k", "repeat_last_n"):
+            _require_c_int(name, getattr(self, name))
+        for name in _FLOAT_FIELDS:
+            _require_c_float(name, getattr(self, name))
+        if self.seed is not None:  # None is spelled CF_SEED_RANDOM (-1) in C
+            _require_int("seed", self.seed)
+            if not 0 <= self.seed <= MAX_SEED:
+                raise ValueError(f"seed must be in [0, 2**63) or None, got {self.seed}")
+        for s in self.stop:
+            if not isinstance(s, str):
+                raise TypeError(f"stop strings must be str, got {s!r}")
+            encode_utf8(s, "stop string")  # ValueError (InvalidArgumentError) if it cannot be
+        for token_id in self.stop_token_ids:
+            _require_c_int("stop_token_ids entry", token_id)
         if not isinstance(self.ignore_eos, bool):
             raise TypeError(f"ignore_eos must be a bool, got {self.ignore_eos!r}")
-        self._validate_penalties_and_bias()
+        if not isinstance(self.grammar, str):
+            raise TypeError(f"grammar must be a str, got {self.grammar!r}")
+        encode_utf8(self.grammar, "grammar")
 
-    def _validate_penalties_and_bias(self) -> None:
-        for name in ("repeat_penalty", "presence_penalty", "frequency_penalty"):
-            value = getattr(self, name)
-            if not _is_number(value):
-                raise TypeError(f"{name} must be a number, got {value!r}")
-            if not math.isfinite(value) or abs(value) > FLOAT32_MAX:
-                raise ValueError(f"{name} must be finite, got {value}")
-        if not self.repeat_penalty > 0:
-            raise ValueError(f"repeat_penalty must be > 0 (1 = disabled), got {self.repeat_penalty}")
-        _require_int("repeat_last_n", self.repeat_last_n)
-        if not -1 <= self.repeat_last_n <= INT32_MAX:
-            raise ValueError(f"repeat_last_n must be in [-1, 2**31) (-1 = the context), got "
-                             f"{self.repeat_last_n}")  # fmt: skip
+    def _normalise_logit_bias(self) -> None:
         bias = self.logit_bias
         pairs = tuple(bias.items()) if isinstance(bias, dict) else _as_tuple("logit_bias", bias)
         checked = []
@@ -107,56 +126,13 @@ class SamplingParams:
             if not isinstance(pair, (tuple, list)) or len(pair) != 2:
                 raise TypeError(f"logit_bias entries must be (token_id, bias) pairs, got {pair!r}")
             token_id, value = pair
-            _require_int("logit_bias token id", token_id)
-            if not 0 <= token_id <= INT32_MAX:
-                raise ValueError(f"logit_bias token ids must be in [0, 2**31), got {token_id}")
-            if not _is_number(value) or math.isnan(value) or value == math.inf:
-                raise ValueError(f"logit_bias values must be finite or -inf, got {value!r}")
-            if value != -math.inf:  # a C float: clamp huge finite biases
+            _require_c_int("logit_bias token id", token_id)
+            if not _is_number(value):
+                raise TypeError(f"logit_bias values must be numbers, got {value!r}")
+            if math.isfinite(value):  # a C float: clamp huge finite biases
                 value = min(max(float(value), -FLOAT32_MAX), FLOAT32_MAX)
             checked.append((token_id, float(value)))
         object.__setattr__(self, "logit_bias", tuple(checked))
-        if not isinstance(self.grammar, str):
-            raise TypeError(f"grammar must be a str, got {self.grammar!r}")
-        encode_utf8(self.grammar, "grammar")
-
-    def _validate_numbers(self) -> None:
-        _require_int("max_tokens", self.max_tokens)
-        if not 1 <= self.max_tokens <= INT32_MAX:
-            raise ValueError(f"max_tokens must be in [1, 2**31), got {self.max_tokens}")
-        for name in ("temperature", "top_p", "min_p"):
-            value = getattr(self, name)
-            if not _is_number(value):
-                raise TypeError(f"{name} must be a number, got {value!r}")
-            if not math.isfinite(value):
-                raise ValueError(f"{name} must be finite, got {value}")
-        if not 0 <= self.temperature <= FLOAT32_MAX:
-            raise ValueError(
-                f"temperature must be in [0, {FLOAT32_MAX:.4g}] (a C float), got {self.temperature}"
-            )
-        _require_int("top_k", self.top_k)
-        if not 0 <= self.top_k <= INT32_MAX:
-            raise ValueError(f"top_k must be in [0, 2**31) (0 = disabled), got {self.top_k}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if not 0 <= self.min_p <= 1:
-            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
-        if self.seed is not None:
-            _require_int("seed", self.seed)
-            if not 0 <= self.seed <= MAX_SEED:
-                raise ValueError(f"seed must be in [0, 2**63) or None, got {self.seed}")
-
-    def _validate_stops(self) -> None:
-        for s in self.stop:
-            if not isinstance(s, str):
-                raise TypeError(f"stop strings must be str, got {s!r}")
-            if not s:
-                raise ValueError("stop strings must be non-empty, got ''")
-            encode_utf8(s, "stop string")  # ValueError (InvalidArgumentError) if it cannot be
-        for token_id in self.stop_token_ids:
-            _require_int("stop_token_ids entry", token_id)
-            if not 0 <= token_id <= INT32_MAX:
-                raise ValueError(f"stop_token_ids entries must be in [0, 2**31), got {token_id}")
 
     @property
     def greedy(self) -> bool:
@@ -167,6 +143,23 @@ class SamplingParams:
 def _require_int(name: str, value: object) -> None:
     if not _is_int(value):
         raise TypeError(f"{name} must be an int, got {value!r}")
+
+
+def _require_c_int(name: str, value: object) -> None:
+    """An int that fits the C ABI's int32_t (the engine checks the range)."""
+    _require_int(name, value)
+    if not -INT32_MAX - 1 <= value <= INT32_MAX:
+        raise ValueError(f"{name} must fit a C int32_t ([-2**31, 2**31)), got {value}")
+
+
+def _require_c_float(name: str, value: object) -> None:
+    """A number a C float can hold: NaN and infinities pass (the engine says where they are
+    allowed); finite values beyond FLOAT32_MAX would turn into infinities."""
+    if not _is_number(value):
+        raise TypeError(f"{name} must be a number, got {value!r}")
+    if math.isfinite(value) and abs(value) > FLOAT32_MAX:
+        raise ValueError(f"{name} must fit a C float (magnitude at most {FLOAT32_MAX:.4g}), "
+                         f"got {value}")  # fmt: skip
 
 
 def _as_tuple(name: str, value: object) -> tuple:

@@ -231,6 +231,12 @@ typedef struct cf_sampling_params {
  * after those samplers); other rows keep the in-graph samplers. */
 CF_API cf_sampling_params cf_sampling_params_default(void);
 
+/* Checks every rule of cf_sampling_params that does not need a model, with the messages
+ * cf_engine_add_request gives (token ids are checked against the vocabulary when a request is
+ * added). Returns CF_STATUS_OK or CF_STATUS_INVALID_ARGUMENT (message: cf_last_error). The
+ * Python SamplingParams calls it on construction, so bad values fail where they are written. */
+CF_API cf_status cf_sampling_params_check(const cf_sampling_params * params);
+
 typedef enum cf_finish_reason {
     CF_FINISH_REASON_NONE = 0,    /* still running                                          */
     CF_FINISH_REASON_STOP = 1,    /* end-of-generation token, stop token or stop string     */

@@ -60,6 +60,13 @@ cf_sampling_params cf_sampling_params_default(void) {
     return cf::default_sampling_params();
 }
 
+cf_status cf_sampling_params_check(const cf_sampling_params * params) {
+    return guarded("cf_sampling_params_check", [&] {
+        require(params != nullptr, "params is NULL");
+        (void) cf::SamplingParams::from_c(*params, 0);  // 0: token ids are checked against a vocabulary on add
+    });
+}
+
 cf_status cf_engine_init(const cf_engine_config * config, cf_engine_t * out_engine) {
     if (out_engine != nullptr) {
         *out_engine = nullptr;

@@ -138,7 +138,7 @@ void test_request_errors() {
     assert(std::strstr(cf_last_error(), "prompt has 600 tokens but the context holds at most 512 per sequence"));
     p.temperature = -1.0f;
     assert(cf_engine_add_request(engine, &one, 1, &p, 0, &id) == CF_STATUS_INVALID_ARGUMENT);
-    assert(std::strcmp(cf_last_error(), "temperature must be >= 0, got -1") == 0);
+    assert(std::strcmp(cf_last_error(), "temperature must be finite and >= 0, got -1") == 0);
     assert(cf_engine_abort_request(engine, 12345) == CF_STATUS_NOT_FOUND);
     assert(!cf_engine_has_work(engine));
 
@@ -172,7 +172,8 @@ void test_request_errors() {
     c.log_level = CF_LOG_LEVEL_NONE;
     assert(cf_engine_init(&c, &engine) == CF_STATUS_MODEL_LOAD_FAILED && engine == nullptr);
     assert(std::string(cf_last_error()) ==
-           "failed to load model from /tmp/cacheflow_test_corrupt.gguf (corrupt or unsupported GGUF?)");
+           "failed to load model from /tmp/cacheflow_test_corrupt.gguf (corrupt or unsupported GGUF?): llama.cpp: "
+           "gguf_init_from_reader: invalid magic characters: 'this', expected 'GGUF'");
     std::remove(path);
 
     // A KV cache beyond the host's memory (2**31 - 1 rows, 512 GiB on the tiny model): OUT_OF_MEMORY

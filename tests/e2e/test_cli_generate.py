@@ -174,3 +174,43 @@ def test_subprocess_unknown_flag_exit_code():
     result = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=REPO_ROOT)
     assert result.returncode == 2
     assert "No such option" in result.stderr and "--bogus" in result.stderr
+
+
+# Fresh-user findings: each message names the option to change and the real cause.
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        # was UnsupportedError "... kv_mode=stock may work" after llama.cpp's raw log lines
+        (["--block-size", "100000", "--ctx-size", "512"],
+         "Invalid value for --block-size: block_size (100000) is larger than the KV cache (512 "
+         "tokens), which must hold at least one block"),
+        # -c is the concurrency here (llama.cpp's -c is the context size): it was blamed on
+        # --batch-tokens, which the user never gave
+        (["-c", "100000"], "Invalid value for -c/--concurrency: max_num_batched_tokens (512) must "
+                           "be at least max_num_seqs (100000) (-c is the number of sequences run "
+                           "at once; the KV context size is --ctx-size)"),
+        # a C ABI width refused by EngineConfig: was "n_ctx must be ..." without the option
+        (["--ctx-size", "10000000000"],
+         "Invalid value for --ctx-size: n_ctx must be < 2**31 in magnitude, got 10000000000"),
+    ],
+)
+def test_engine_value_messages_name_the_option_and_cause(args, message, tiny_model_path):
+    result = run_cli("generate", "-m", str(tiny_model_path), "-n", "2", *args, "hi")
+    assert result.exit_code == 2, result.output
+    assert message in result.output and "Traceback" not in result.output
+    assert "kv_mode=stock may work" not in result.output
+
+
+def test_corrupt_model_is_one_error_without_llama_cpp_log_lines(tmp_path, capfd):
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"garbage, not a GGUF file")
+    result = run_cli("generate", "-m", str(bad), "hi")
+    assert result.exit_code == 1, result.output
+    assert (f"Error: ModelLoadError: failed to load model from {bad} (corrupt or unsupported "
+            "GGUF?): llama.cpp: gguf_init_from_reader: invalid magic characters: 'garb', "
+            "expected 'GGUF'") in result.output
+    native_stderr = capfd.readouterr().err  # what llama.cpp wrote to fd 2 itself
+    assert "llama_model_load" not in native_stderr and "gguf_init" not in native_stderr
+    result = run_cli("generate", "-v", "-m", str(bad), "hi")  # -v shows llama.cpp's own lines
+    assert result.exit_code == 1
+    assert "llama_model_load" in capfd.readouterr().err

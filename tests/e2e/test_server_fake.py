@@ -169,7 +169,7 @@ BAD_REQUESTS = [
     ("/v1/completions", b'{"prompt": "a", "max_tokens": 1099511627776}', "Field 'max_tokens'"),
     ("/completion", b'{"prompt": "a", "top_k": 1099511627776}', "Field 'top_k'"),
     ("/completion", b'{"prompt": "a", "seed": 1180591620717411303424}', "Field 'seed'"),
-    ("/completion", b'{"prompt": "a", "temperature": 1e300}', "temperature must be in [0, 3.403e+38]"),
+    ("/completion", b'{"prompt": "a", "temperature": 1e300}', "temperature must fit a C float (magnitude at most 3.403e+38)"),
     # Text with no UTF-8 form: raw bytes that are not UTF-8, or JSON escapes of lone surrogates.
     ("/completion", b'{"prompt": "caf\xe9"}', "Invalid JSON in request body"),
     ("/completion", b'{"prompt": "a\\ud800b"}',

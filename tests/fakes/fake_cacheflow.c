@@ -248,6 +248,11 @@ cf_status cf_engine_get_stats(cf_engine_t e, cf_engine_stats * out) {
     return CF_STATUS_OK;
 }
 
+cf_status cf_sampling_params_check(const cf_sampling_params * params) {
+    if (params->max_tokens < 1) return fail(CF_STATUS_INVALID_ARGUMENT, "max_tokens must be >= 1");
+    return CF_STATUS_OK;  /* the real engine checks every range; the fake only this one */
+}
+
 cf_status cf_engine_add_request(cf_engine_t e, const int32_t * prompt_tokens, int32_t num_prompt_tokens,
                                 const cf_sampling_params * params, int32_t priority,
                                 int64_t * out_request_id) {

@@ -48,7 +48,8 @@ def test_model_path(runner, tmp_path, monkeypatch):
         (["generate", "-n", "0", "hi"], "--max-tokens"),
         (["generate", "--kv-mode", "fast", "hi"], "--kv-mode"),
         (["generate", "--stream", "--json", "hi"], "cannot be combined"),
-        (["generate", "--stop", "", "hi"], "stop strings must be non-empty"),
+        (["generate", "--stop", "", "hi"],
+         "Invalid value for --stop: stop_strings[0] must be a non-empty string"),
         (["generate", "--kv-cache-memory", "lots", "hi"], "is not a size"),
         (["generate", "--kv-cache-memory", "-1MiB", "hi"], "is not a size"),
         (["generate", "--kv-cache-memory", "nan", "hi"], "is not a size"),
@@ -177,10 +178,10 @@ def test_trace_into_a_missing_directory_fails_before_the_run(runner, tmp_path):
 @pytest.mark.parametrize(
     "args,option",
     [
-        (["-n", str(2**40)], "'-n' / '--max-tokens': 1099511627776 is not in the range"),
-        (["--top-k", str(2**31)], "'--top-k': 2147483648 is not in the range"),
-        (["--seed", str(2**70)], "'--seed': 1180591620717411303424 is not in the range"),
-        (["--temperature", "1e300"], "'--temperature': 1e+300 is not in the range"),
+        (["-n", str(2**40)], "-n/--max-tokens: max_tokens must fit a C int32_t ([-2**31, 2**31)), got 1099511627776"),
+        (["--top-k", str(2**31)], "--top-k: top_k must fit a C int32_t ([-2**31, 2**31)), got 2147483648"),
+        (["--seed", str(2**70)], "--seed: seed must be in [0, 2**63) or None, got 1180591620717411303424"),
+        (["--temperature", "1e300"], "--temperature: temperature must fit a C float (magnitude at most 3.403e+38), got 1e+300"),
     ],
 )
 def test_sampling_values_beyond_the_c_types_are_usage_errors(runner, tmp_path, args, option):

@@ -17,12 +17,23 @@ std::string format_float(float value) {
     return buf;
 }
 
+// n_vocab 0: the vocabulary is not known yet (cf_sampling_params_check), only the sign is checked.
+void check_token_id(const char * array, size_t index, int32_t token, int32_t n_vocab) {
+    const std::string where = std::string(array) + "[" + std::to_string(index) + "] = " + std::to_string(token);
+    if (token < 0) {
+        fail_invalid(where + " must be >= 0");
+    }
+    if (n_vocab > 0 && token >= n_vocab) {
+        fail_invalid(where + " is out of range [0, " + std::to_string(n_vocab) + ")");
+    }
+}
+
 void validate_numbers(const cf_sampling_params & p) {
     if (p.max_tokens < 1) {
         fail_invalid("max_tokens must be >= 1, got " + std::to_string(p.max_tokens));
     }
-    if (!(p.temperature >= 0.0f)) {  // also rejects NaN
-        fail_invalid("temperature must be >= 0, got " + format_float(p.temperature));
+    if (!(p.temperature >= 0.0f && std::isfinite(p.temperature))) {  // also rejects NaN
+        fail_invalid("temperature must be finite and >= 0, got " + format_float(p.temperature));
     }
     if (p.top_k < 0) {
         fail_invalid("top_k must be >= 0, got " + std::to_string(p.top_k));
@@ -45,10 +56,7 @@ std::vector<int32_t> copy_stop_token_ids(const cf_sampling_params & p, int32_t n
     }
     std::vector<int32_t> ids(p.stop_token_ids, p.stop_token_ids + p.num_stop_token_ids);
     for (size_t i = 0; i < ids.size(); ++i) {
-        if (ids[i] < 0 || (n_vocab > 0 && ids[i] >= n_vocab)) {
-            fail_invalid("stop_token_ids[" + std::to_string(i) + "] = " + std::to_string(ids[i]) +
-                         " is out of range [0, " + std::to_string(n_vocab) + ")");
-        }
+        check_token_id("stop_token_ids", i, ids[i], n_vocab);
     }
     return ids;
 }
@@ -77,8 +85,11 @@ void copy_penalties_and_bias(const cf_sampling_params & p, int32_t n_vocab, Samp
     if (p.repeat_last_n < -1) {
         fail_invalid("repeat_last_n must be >= -1, got " + std::to_string(p.repeat_last_n));
     }
-    if (!std::isfinite(p.presence_penalty) || !std::isfinite(p.frequency_penalty)) {
-        fail_invalid("presence_penalty and frequency_penalty must be finite");
+    if (!std::isfinite(p.presence_penalty)) {
+        fail_invalid("presence_penalty must be finite, got " + format_float(p.presence_penalty));
+    }
+    if (!std::isfinite(p.frequency_penalty)) {
+        fail_invalid("frequency_penalty must be finite, got " + format_float(p.frequency_penalty));
     }
     if (p.num_logit_bias < 0 ||
         (p.num_logit_bias > 0 && (p.logit_bias_token_ids == nullptr || p.logit_bias_values == nullptr))) {
@@ -91,10 +102,7 @@ void copy_penalties_and_bias(const cf_sampling_params & p, int32_t n_vocab, Samp
     for (int32_t i = 0; i < p.num_logit_bias; ++i) {
         const int32_t token = p.logit_bias_token_ids[i];
         const float bias = p.logit_bias_values[i];
-        if (token < 0 || (n_vocab > 0 && token >= n_vocab)) {
-            fail_invalid("logit_bias_token_ids[" + std::to_string(i) + "] = " + std::to_string(token) +
-                         " is out of range [0, " + std::to_string(n_vocab) + ")");
-        }
+        check_token_id("logit_bias_token_ids", (size_t) i, token, n_vocab);
         if (std::isnan(bias) || bias == INFINITY) {
             fail_invalid("logit_bias_values[" + std::to_string(i) + "] must be finite or -INFINITY");
         }

@@ -15,6 +15,8 @@
 #include <cstring>
 #include <mutex>
 #include <sys/stat.h>
+#include <exception>
+#include <thread>
 
 static_assert(LLAMA_TOKEN_NULL == CF_TOKEN_NONE, "token sentinels must agree");
 
@@ -38,8 +40,11 @@ bool shows(ggml_log_level level) {
     }
 }
 
+// While an ErrorCapture is active (model load, context creation) llama.cpp's error lines become
+// part of the CacheFlow error that follows; they are printed as well only at info level or above.
 void log_callback(ggml_log_level level, const char * text, void * /*user_data*/) {
-    const bool show = shows(level);
+    const bool captured = t_error_capture != nullptr && g_log_level.load(std::memory_order_relaxed) < CF_LOG_LEVEL_INFO;
+    const bool show = shows(level) && !(captured && level == GGML_LOG_LEVEL_ERROR);
     if (level != GGML_LOG_LEVEL_CONT) {
         g_log_last_shown.store(show, std::memory_order_relaxed);
     }
@@ -61,6 +66,15 @@ class ErrorCapture {
     ErrorCapture & operator=(const ErrorCapture &) = delete;
 
     bool contains(const char * fragment) const { return text_.find(fragment) != std::string::npos; }
+
+    // The first captured line (where llama.cpp reports the cause), without trailing whitespace.
+    std::string first_line() const {
+        std::string line = text_.substr(0, text_.find('\n'));
+        while (!line.empty() && line.back() == ' ') {
+            line.pop_back();
+        }
+        return line;
+    }
 
     // The last error line without its trailing newline, or "" if none was logged.
     std::string last_line() const {
@@ -196,7 +210,7 @@ std::unique_ptr<LlamaSession> LlamaSession::open(const EngineConfig & config) {
     session->resolve_kv_mode();
     session->init_greedy_samplers();
     session->create_context();
-    session->warm_up();
+    session->warm_up_on_own_thread();
     return session;
 }
 
@@ -215,9 +229,12 @@ void LlamaSession::load_model() {
     check_model_file(path);
     llama_model_params mp = llama_model_default_params();
     mp.n_gpu_layers = config_.n_gpu_layers;
+    ErrorCapture capture;
     model_ = llama_model_load_from_file(path.c_str(), mp);
     if (model_ == nullptr) {
-        throw Error(CF_STATUS_MODEL_LOAD_FAILED, "failed to load model from " + path + " (corrupt or unsupported GGUF?)");
+        const std::string reason = capture.first_line();
+        throw Error(CF_STATUS_MODEL_LOAD_FAILED, "failed to load model from " + path + " (corrupt or unsupported GGUF?)" +
+                                                     (reason.empty() ? "" : ": llama.cpp: " + reason));
     }
     if (!llama_model_has_decoder(model_) || llama_model_has_encoder(model_)) {
         throw Error(CF_STATUS_UNSUPPORTED, "model " + path + " is not a decoder-only model; CacheFlow serves "
@@ -317,6 +334,13 @@ void LlamaSession::create_context() {
     cp.no_perf = true;
     cp.greedy_argmax = backend_sampling_;  // chains are attached per slot later (set_seq_sampling)
     if (config_.paged()) {
+        const int64_t kv_rows = ((int64_t) cp.n_ctx + 255) / 256 * 256;  // llama.cpp pads n_ctx to 256
+        if ((int64_t) config_.block_size > kv_rows) {
+            throw Error(CF_STATUS_INVALID_ARGUMENT,
+                        "block_size (" + std::to_string(config_.block_size) + ") is larger than the KV cache (" +
+                            std::to_string(kv_rows) + " tokens), which must hold at least one block; lower "
+                            "block_size or raise n_ctx or kv_cache_bytes");
+        }
         cp.kv_block_size = (uint32_t) config_.block_size;
         cp.paged_attn_kernel = paged_attn_kernel(config_.paged_attention);
     }
@@ -375,6 +399,27 @@ void LlamaSession::free_samplers() {
 
 // One throwaway single-token decode, like llama-server and llama-bench do: the first real step
 // then does not pay for first-touch of the weights and backend set-up (fairer TTFT).
+// Runs warm_up() on a short-lived thread. With an OpenMP ggml, every thread that computes a graph
+// keeps a pool of OpenMP workers until it exits, and libgomp counts all of them: once more
+// workers exist than cores, every `omp barrier` (one per graph node) spins 100 iterations instead
+// of 300,000 before it sleeps on a futex, so a decode step pays hundreds of futex sleeps and
+// wake-ups. Warming up on the opening thread (Python's main thread) left its pool alive beside the
+// step thread's: on a 2-core VM that cost a c=1 decode about a third of its speed.
+void LlamaSession::warm_up_on_own_thread() {
+    std::exception_ptr failure;
+    std::thread warm([this, &failure] {
+        try {
+            warm_up();
+        } catch (...) {
+            failure = std::current_exception();
+        }
+    });
+    warm.join();  // the thread's exit frees its OpenMP pool
+    if (failure) {
+        std::rethrow_exception(failure);
+    }
+}
+
 void LlamaSession::warm_up() {
     llama_token token = llama_vocab_bos(vocab_);
     if (token == LLAMA_TOKEN_NULL) {

@@ -109,6 +109,7 @@ class LlamaSession {
     int32_t n_ctx_from_budget() const;
     Error context_error(uint32_t n_ctx, uint32_t n_seq_max, bool out_of_memory, const std::string & detail) const;
     void warm_up();
+    void warm_up_on_own_thread();
     void init_greedy_samplers();
     void free_samplers();
 
