@@ -54,6 +54,10 @@ class SamplingParams:
             "" = none. The engine rejects one it cannot parse (InvalidArgumentError).
         The penalties, the logit bias and the grammar are llama.cpp's samplers, applied before
         top-k etc.; a greedy request with them picks the argmax of the changed logits.
+        cache_prompt: reuse cached prompt prefixes and leave this request's KV blocks for later
+            requests (the prefix cache, paged mode); False = it neither reads nor fills the
+            cache. Changes speed only, never the output. ``RequestMetrics.num_cached_tokens``
+            says how many prompt tokens were found.
 
     Raises:
         ValueError: on construction, for a value out of range; the message names it.
@@ -75,6 +79,7 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     logit_bias: tuple[tuple[int, float], ...] = field(default_factory=tuple)
     grammar: str = ""
+    cache_prompt: bool = True
 
     def __post_init__(self) -> None:
         # Normalise containers first (frozen: assign through object.__setattr__).
@@ -83,8 +88,9 @@ class SamplingParams:
         object.__setattr__(self, "stop_token_ids", _as_tuple("stop_token_ids", self.stop_token_ids))
         self._validate_numbers()
         self._validate_stops()
-        if not isinstance(self.ignore_eos, bool):
-            raise TypeError(f"ignore_eos must be a bool, got {self.ignore_eos!r}")
+        for name in ("ignore_eos", "cache_prompt"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
         self._validate_penalties_and_bias()
 
     def _validate_penalties_and_bias(self) -> None:

@@ -131,10 +131,6 @@ void BlockManager::free(int64_t seq_id) {
         pool_.decref(*rit, free_pos(*rit));
     }
     tables_.erase(it);
-    // A copy into a block nobody holds any more would write into whatever the block becomes.
-    copies_.erase(std::remove_if(copies_.begin(), copies_.end(),
-                                 [this](const BlockCopy & c) { return pool_.ref_count(c.dst_block_id) == 0; }),
-                  copies_.end());
 }
 
 void BlockManager::write_block_table(int64_t seq_id, int32_t * row, int32_t max_blocks) const {

@@ -132,8 +132,9 @@ class BlockManager {
 
     // Drop the sequence's table; blocks whose ref count reaches 0 return to the free list, last
     // block first (so the blocks nearest the prompt start, the most shareable ones, are reused
-    // last; with the prefix cache, uncached blocks go to the front). Pending copies into a block
-    // that became free are dropped. Call only when seq_id exists.
+    // last; with the prefix cache, uncached blocks go to the front). Pending copies stay pending:
+    // one into a block that became free only writes rows its next holder overwrites or never
+    // reads (copies run before the step's writes). Call only when seq_id exists.
     void free(int64_t seq_id);
 
     // ---- prefix cache (call only when prefix_caching())

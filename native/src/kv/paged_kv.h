@@ -15,7 +15,7 @@ namespace cf {
 class PagedKv final : public KvCacheManager {
   public:
     // num_blocks >= 1 blocks of block_size >= 1 rows (see BlockPool).
-    PagedKv(int32_t num_blocks, int32_t block_size, bool prefix_caching);
+    PagedKv(int32_t num_blocks, int32_t block_size, bool prefix_caching = false);
 
     const char * name() const override { return "paged"; }
     // Free blocks for the rest of the prompt plus a watermark: 1% of the pool and at least one

@@ -1,0 +1,544 @@
+/*
+ * cacheflow.h - the one public C ABI of CacheFlow (cf_*).
+ *
+ * CacheFlow is a multi-request inference engine on top of a pinned, patched llama.cpp.
+ * This header must compile as plain C (C99). pycacheflow derives its cffi cdef from it by
+ * stripping CF_API and the include guards; tests/unit/test_cdef.py fails on drift.
+ *
+ * Conventions (see shared STYLE.md section 3):
+ *   - every fallible call returns cf_status (0 = ok, negative = error) and writes results
+ *     through out-pointers; the message of the last error on the calling thread is
+ *     cf_last_error();
+ *   - only sized integers, float and size_t cross the ABI; booleans are int32_t (0/1);
+ *   - times are nanoseconds of a monotonic clock (std::chrono::steady_clock), see cf_clock_ns();
+ *   - ranges are half-open [start, end).
+ *
+ * Threading: a cf_engine_t may be used from several threads at once for add_request,
+ * abort_request, drain, tokenize, detokenize, apply_chat_template, get_info and get_stats.
+ * cf_engine_step must not be called while the engine's own step thread runs (cf_engine_start).
+ */
+#ifndef CACHEFLOW_H
+#define CACHEFLOW_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(_WIN32)
+#define CF_API __declspec(dllexport)
+#else
+#define CF_API __attribute__((visibility("default")))
+#endif
+
+/* ---------------------------------------------------------------- status and errors */
+
+typedef enum cf_status {
+    CF_STATUS_OK = 0,
+    CF_STATUS_INVALID_ARGUMENT = -1,  /* a bad value; the message names the argument       */
+    CF_STATUS_MODEL_LOAD_FAILED = -2, /* missing, unreadable or corrupt model file          */
+    CF_STATUS_PROMPT_TOO_LONG = -3,   /* prompt (+1 generated token) does not fit a sequence */
+    CF_STATUS_OUT_OF_MEMORY = -4,     /* KV cache / pool cannot be allocated                */
+    CF_STATUS_NOT_FOUND = -5,         /* unknown request id                                 */
+    CF_STATUS_UNSUPPORTED = -6,       /* e.g. kv_mode not available for this model          */
+    CF_STATUS_BUFFER_TOO_SMALL = -7,  /* out buffer too small; the out count holds the need */
+    CF_STATUS_DECODE_FAILED = -8,     /* llama_decode returned an error                     */
+    CF_STATUS_SHUTDOWN = -9,          /* the engine is stopping; no new requests            */
+    CF_STATUS_INTERNAL = -10          /* a bug; the message says where                      */
+} cf_status;
+
+/* Message of the last failed cf_* call on this thread; "" if none. The pointer is owned by
+ * the library and valid until the next cf_* call on the same thread. Thread-safe. */
+CF_API const char * cf_last_error(void);
+
+/* Library version string, e.g. "0.1.0+1a2b3c4 (llama.cpp 0c1e570)": the package version, the
+ * CacheFlow git commit it was built from ("-dirty" with uncommitted changes; no "+..." outside
+ * a git checkout) and the llama.cpp commit. Static storage. */
+CF_API const char * cf_version(void);
+
+/* Current time of the monotonic clock the engine stamps events with, in nanoseconds. */
+CF_API int64_t cf_clock_ns(void);
+
+/* ---------------------------------------------------------------- engine configuration */
+
+typedef enum cf_kv_mode {
+    CF_KV_MODE_AUTO = 0,          /* paged where supported, else stock (resolved at init)     */
+    CF_KV_MODE_STOCK = 1,         /* llama.cpp's KV cache, one stream per sequence (split)    */
+    CF_KV_MODE_STOCK_UNIFIED = 2, /* llama.cpp's KV cache, one stream shared by all sequences */
+    CF_KV_MODE_PAGED = 3          /* CacheFlow's block-table KV cache (paged attention)       */
+} cf_kv_mode;
+
+typedef enum cf_sched_policy {
+    CF_SCHED_POLICY_FCFS = 0,     /* first come, first served                                 */
+    CF_SCHED_POLICY_SJF = 1,      /* shortest predicted remaining work first                  */
+    CF_SCHED_POLICY_PRIORITY = 2  /* lower priority value first, ties by arrival              */
+} cf_sched_policy;
+
+typedef enum cf_paged_attention {
+    CF_PAGED_ATTENTION_INVARIANT = 0,  /* f32, one reduction order per (sequence, position): a
+                                          sequence's outputs do not depend on how its prompt
+                                          is chunked, on the other sequences of its steps or
+                                          on where its blocks sit (the default)              */
+    CF_PAGED_ATTENTION_GGML = 1        /* the arithmetic of llama.cpp's CPU flash attention, in
+                                          its order and precision: the same logits as stock
+                                          mode given the same batches, but like stock they
+                                          change with chunking and batching                  */
+} cf_paged_attention;
+
+typedef enum cf_log_level {
+    CF_LOG_LEVEL_NONE = 0,  /* silence llama.cpp and CacheFlow logs */
+    CF_LOG_LEVEL_ERROR = 1,
+    CF_LOG_LEVEL_WARN = 2,
+    CF_LOG_LEVEL_INFO = 3,
+    CF_LOG_LEVEL_DEBUG = 4
+} cf_log_level;
+
+/* Engine configuration. Get defaults from cf_engine_default_config() and change fields.
+ * The engine copies what it needs during cf_engine_init; the caller keeps ownership of
+ * model_path. */
+typedef struct cf_engine_config {
+    const char * model_path;         /* GGUF file; required                                    */
+    int32_t n_ctx;                   /* total KV capacity in tokens over all sequences;
+                                        0 = max_num_seqs * min(n_ctx_train, 2048)             */
+    int32_t max_num_seqs;            /* max sequences running at once (>= 1), default 16;
+                                        <= 256 with the stock KV cache (llama.cpp's limit)    */
+    int32_t max_num_batched_tokens;  /* per-step token budget = llama n_batch = n_ubatch,
+                                        default 512; chunked prefill splits prompts under it  */
+    int32_t n_threads;               /* CPU threads for decode; 0 = number of cores            */
+    int32_t n_gpu_layers;            /* layers offloaded to a GPU backend; 0 = CPU only        */
+    int32_t kv_mode;                 /* cf_kv_mode, default CF_KV_MODE_AUTO                    */
+    int32_t block_size;              /* paged mode: tokens per KV block, default 16            */
+    int32_t policy;                  /* cf_sched_policy, default CF_SCHED_POLICY_FCFS          */
+    int32_t flash_attn;              /* -1 auto, 0 off, 1 on (stock modes)                     */
+    int32_t log_level;               /* cf_log_level, default CF_LOG_LEVEL_ERROR               */
+    int32_t profile_capacity;        /* events the profiler ring holds (>= 0); 0 = profiling
+                                        off (the default); see cf_engine_profile_drain         */
+    int64_t kv_cache_bytes;          /* KV memory budget in bytes (K and V rows of every layer,
+                                        f16); 0 = size the cache from n_ctx (the default).
+                                        When > 0, n_ctx must be 0: the cache gets the most
+                                        tokens that fit, rounded down to llama.cpp's 256-token
+                                        granularity (per sequence in stock split mode).
+                                        CF_STATUS_INVALID_ARGUMENT if that is too small.       */
+    int32_t paged_attention;         /* cf_paged_attention: the paged mode CPU attention kernel,
+                                        default CF_PAGED_ATTENTION_INVARIANT                   */
+    int32_t enable_prefix_caching;   /* paged mode: 1 = share the KV blocks of prompt prefixes
+                                        across requests (automatic prefix caching: a hash
+                                        chain over full blocks, cached blocks evicted least
+                                        recently used when the pool needs them), 0 = off.
+                                        Default 1. Ignored in the stock modes.                 */
+} cf_engine_config;
+
+typedef struct cf_engine * cf_engine_t;
+
+/* Defaults for every field; model_path is NULL. Never fails. */
+CF_API cf_engine_config cf_engine_default_config(void);
+
+/* Load the model, create the llama.cpp context and the scheduler.
+ * Ownership: on success *out_engine is a new engine the caller frees with cf_engine_free.
+ * Returns CF_STATUS_INVALID_ARGUMENT (a field out of range; message names it),
+ * CF_STATUS_MODEL_LOAD_FAILED (missing/corrupt file; message has the path),
+ * CF_STATUS_UNSUPPORTED (kv_mode impossible for this model, or llama.cpp refused the context
+ * settings; message has llama.cpp's reason), CF_STATUS_OUT_OF_MEMORY (the llama.cpp context, whose
+ * largest buffer is the KV cache, cannot be allocated; message has the KV size and what to lower).
+ * On failure *out_engine is set to NULL and nothing leaks. Thread-safe. */
+CF_API cf_status cf_engine_init(const cf_engine_config * config, cf_engine_t * out_engine);
+
+/* Stop the step thread if running, abort all requests, free everything. NULL is a no-op. */
+CF_API void cf_engine_free(cf_engine_t engine);
+
+/* ---------------------------------------------------------------- model info and stats */
+
+typedef struct cf_model_info {
+    int32_t n_vocab;          /* vocabulary size                                            */
+    int32_t n_ctx_train;      /* context length the model was trained with                  */
+    int32_t n_ctx;            /* total KV capacity of this engine, tokens                   */
+    int32_t n_ctx_per_seq;    /* max tokens (prompt + output) one sequence can hold         */
+    int32_t max_num_seqs;
+    int32_t max_num_batched_tokens;
+    int32_t n_layer;
+    int32_t n_embd;
+    int32_t n_head;
+    int32_t n_head_kv;
+    int32_t kv_mode;          /* resolved cf_kv_mode (never AUTO)                           */
+    int32_t block_size;       /* paged mode only; 0 otherwise                               */
+    int32_t token_bos;        /* CF_TOKEN_NONE if the model has none                        */
+    int32_t token_eos;
+    int32_t add_bos;          /* 1 if tokenizing a prompt should add BOS                    */
+    int32_t n_threads;
+    int64_t model_size_bytes;
+    int64_t n_params;
+    char description[128];    /* e.g. "llama ?B Q4_1", NUL-terminated                      */
+    char arch[32];            /* general.architecture, e.g. "llama"                         */
+    int64_t kv_bytes_per_token; /* f16 K and V bytes of one token over all layers: 2 * n_layer
+                                   * n_head_kv * (key_length + value_length) / 2 * 2; what
+                                   cf_engine_config.kv_cache_bytes is divided by           */
+} cf_model_info;
+
+CF_API cf_status cf_engine_get_info(cf_engine_t engine, cf_model_info * out_info);
+
+typedef struct cf_engine_stats {
+    int64_t num_steps;              /* steps run since init                                 */
+    int32_t num_running;            /* sequences holding KV                                 */
+    int32_t num_waiting;            /* requests not yet admitted                            */
+    int64_t num_finished;           /* requests finished (any reason) since init            */
+    int64_t num_prompt_tokens;      /* prompt tokens computed since init                    */
+    int64_t num_generated_tokens;   /* tokens sampled since init                            */
+    int32_t kv_tokens_used;         /* KV rows holding live tokens now                      */
+    int32_t kv_tokens_capacity;     /* KV rows in the cache                                 */
+    int32_t kv_blocks_total;        /* paged mode; 0 otherwise                              */
+    int32_t kv_blocks_used;
+    int64_t kv_bytes_reserved;      /* KV bytes set aside for running sequences             */
+    int64_t kv_bytes_used;          /* KV bytes holding live tokens                         */
+    int64_t num_preemptions;        /* paged mode: sequences preempted (recompute) since init */
+    /* Prefix cache (paged mode with enable_prefix_caching; 0 otherwise), since init:          */
+    int64_t prefix_cache_queried_tokens; /* tokens looked up at admission (the prompt; prompt
+                                            and output again after a preemption)             */
+    int64_t prefix_cache_hit_tokens;     /* of those, found in the cache (hit rate in tokens =
+                                            hit / queried)                                   */
+    int64_t prefix_cache_evictions;      /* cached blocks reused for other tokens             */
+    int32_t prefix_cache_blocks;         /* blocks holding cached tokens now (in use or free) */
+} cf_engine_stats;
+
+CF_API cf_status cf_engine_get_stats(cf_engine_t engine, cf_engine_stats * out_stats);
+
+/* ---------------------------------------------------------------- requests */
+
+#define CF_TOKEN_NONE (-1)
+#define CF_SEED_RANDOM (-1)
+
+/* Sampling parameters of one request. Pointers are read during cf_engine_add_request only
+ * (the engine copies them). Validation errors name the field. */
+typedef struct cf_sampling_params {
+    int32_t max_tokens;                 /* >= 1: tokens to generate at most                  */
+    float temperature;                  /* >= 0; 0 = greedy (argmax)                         */
+    int32_t top_k;                      /* >= 0; 0 = disabled                                */
+    float top_p;                        /* (0, 1]; 1 = disabled                              */
+    float min_p;                        /* [0, 1]; 0 = disabled                              */
+    int64_t seed;                       /* >= 0, or CF_SEED_RANDOM                           */
+    const int32_t * stop_token_ids;     /* [num_stop_token_ids] int32, may be NULL if 0      */
+    int32_t num_stop_token_ids;
+    const char * const * stop_strings;  /* [num_stop_strings] UTF-8, may be NULL if 0        */
+    int32_t num_stop_strings;
+    int32_t ignore_eos;                 /* 1 = do not stop at end-of-generation tokens       */
+    /* llama.cpp's penalties sampler over the last repeat_last_n tokens (prompt and output): */
+    float repeat_penalty;               /* > 0; 1 = disabled                                 */
+    int32_t repeat_last_n;              /* >= -1; 0 = disabled, -1 = the sequence's context  */
+    float presence_penalty;             /* finite; 0 = disabled                              */
+    float frequency_penalty;            /* finite; 0 = disabled                              */
+    /* llama.cpp's logit-bias sampler: logit_bias_values[i] is added to the logit of token
+     * logit_bias_token_ids[i] (-INFINITY bans it). Copied. */
+    const int32_t * logit_bias_token_ids; /* [num_logit_bias], each in [0, n_vocab)          */
+    const float * logit_bias_values;      /* [num_logit_bias], finite or -INFINITY           */
+    int32_t num_logit_bias;
+    /* A GBNF grammar (rule "root") the output must follow (llama.cpp's grammar sampler), or
+     * NULL / "" for none; UTF-8, copied. An invalid grammar is CF_STATUS_INVALID_ARGUMENT. */
+    const char * grammar;
+    /* 1 = the request reuses cached prompt prefixes and leaves its blocks for others (the
+     * default; needs enable_prefix_caching), 0 = it neither reads nor fills the prefix cache.
+     * Not a sampling setting: it changes no output (the attention is invariant), only speed. */
+    int32_t cache_prompt;
+} cf_sampling_params;
+
+/* Defaults: max_tokens 16, temperature 0 (greedy), top_k 0, top_p 1, min_p 0, seed random,
+ * no penalties (repeat 1, last_n 64, presence 0, frequency 0), no logit bias, no grammar,
+ * cache_prompt 1. A
+ * request with a penalty, a logit bias or a grammar is sampled on the CPU (greedy: the argmax
+ * after those samplers); other rows keep the in-graph samplers. */
+CF_API cf_sampling_params cf_sampling_params_default(void);
+
+typedef enum cf_finish_reason {
+    CF_FINISH_REASON_NONE = 0,    /* still running                                          */
+    CF_FINISH_REASON_STOP = 1,    /* end-of-generation token, stop token or stop string     */
+    CF_FINISH_REASON_LENGTH = 2,  /* max_tokens reached or the sequence's context is full   */
+    CF_FINISH_REASON_ABORT = 3,   /* cf_engine_abort_request                                */
+    CF_FINISH_REASON_ERROR = 4    /* the engine could not continue this request             */
+} cf_finish_reason;
+
+/* Queue a request. prompt_tokens: [num_prompt_tokens] int32 token ids (copied), each in
+ * [0, n_vocab). priority: smaller runs first under CF_SCHED_POLICY_PRIORITY (ignored otherwise).
+ * On success *out_request_id is a new id (> 0, never reused by this engine).
+ * Returns CF_STATUS_INVALID_ARGUMENT (empty prompt, token out of range, bad sampling field),
+ * CF_STATUS_PROMPT_TOO_LONG (num_prompt_tokens >= n_ctx_per_seq), CF_STATUS_SHUTDOWN.
+ * A failed call queues nothing and does not affect other requests. Thread-safe. */
+CF_API cf_status cf_engine_add_request(cf_engine_t engine, const int32_t * prompt_tokens,
+                                       int32_t num_prompt_tokens, const cf_sampling_params * params,
+                                       int32_t priority, int64_t * out_request_id);
+
+/* One request of cf_engine_add_requests; fields as the arguments of cf_engine_add_request. */
+typedef struct cf_request {
+    const int32_t * prompt_tokens;       /* [num_prompt_tokens] int32 (copied)                */
+    int32_t num_prompt_tokens;
+    const cf_sampling_params * params;   /* read during the call only                         */
+    int32_t priority;
+} cf_request;
+
+/* Queue num_requests requests at once: all are validated first, then all are queued together,
+ * so the step that admits the first sees every one of them (an offline batch is scheduled as a
+ * whole, independent of thread timing). out_request_ids: [num_requests], filled on success with
+ * new ids in request order. Errors as cf_engine_add_request, the message prefixed with
+ * "request i: "; a failed call queues none of them. num_requests 0 is a no-op. Thread-safe. */
+CF_API cf_status cf_engine_add_requests(cf_engine_t engine, const cf_request * requests, int32_t num_requests,
+                                        int64_t * out_request_ids);
+
+/* Abort a waiting or running request: its KV is freed before the next step and a final event
+ * with CF_FINISH_REASON_ABORT is queued. Returns CF_STATUS_NOT_FOUND if the id is unknown or
+ * already finished (nothing changes). Thread-safe. */
+CF_API cf_status cf_engine_abort_request(cf_engine_t engine, int64_t request_id);
+
+/* ---------------------------------------------------------------- stepping and outputs */
+
+/* One output event. A request produces one event per generated token, in order; the last
+ * event of a request has finish_reason != CF_FINISH_REASON_NONE (it may also carry the last
+ * token, or token_id == CF_TOKEN_NONE for abort/error). The timing fields marked "final" are
+ * set on the last event only (0 elsewhere). */
+typedef struct cf_output_event {
+    int64_t request_id;
+    int32_t token_id;             /* CF_TOKEN_NONE if this event carries no token            */
+    int32_t finish_reason;        /* cf_finish_reason                                        */
+    int64_t time_ns;              /* when the token was sampled (cf_clock_ns clock)          */
+    int64_t arrival_ns;           /* final: when cf_engine_add_request accepted it           */
+    int64_t first_scheduled_ns;   /* final: first step that computed any of its tokens       */
+    int32_t num_prompt_tokens;    /* final                                                   */
+    int32_t num_cached_tokens;    /* final: prompt tokens reused from the prefix cache       */
+    int32_t num_output_tokens;    /* final: tokens generated                                 */
+    int32_t num_preemptions;      /* final                                                   */
+} cf_output_event;
+
+/* Run one scheduler step synchronously: schedule (decode tokens of running sequences plus
+ * prefill chunks of waiting ones under max_num_batched_tokens), one llama_decode, sample,
+ * queue output events. *out_num_scheduled_tokens = tokens computed (0 = nothing to do).
+ * Must not be called while the step thread runs (CF_STATUS_INVALID_ARGUMENT then).
+ * Returns CF_STATUS_DECODE_FAILED if llama_decode failed (the affected requests are finished
+ * with CF_FINISH_REASON_ERROR; the engine stays usable). */
+CF_API cf_status cf_engine_step(cf_engine_t engine, int32_t * out_num_scheduled_tokens);
+
+/* Start / stop the engine's own step thread, which steps whenever there is work and sleeps
+ * otherwise. start on a started engine and stop on a stopped one are no-ops. stop waits for the
+ * current step to finish; requests stay queued. */
+CF_API cf_status cf_engine_start(cf_engine_t engine);
+CF_API cf_status cf_engine_stop(cf_engine_t engine);
+
+/* Move up to capacity queued events into events[0..*out_num_events), oldest first. If none is
+ * queued, wait up to timeout_ms (0 = do not wait, < 0 = wait until one arrives or the engine
+ * is freed/stopped). events: caller-owned [capacity] array. Thread-safe; the GIL is released
+ * by cffi during the wait. */
+CF_API cf_status cf_engine_drain(cf_engine_t engine, cf_output_event * events, int32_t capacity,
+                                 int32_t timeout_ms, int32_t * out_num_events);
+
+/* 1 if any request is waiting or running (work remains), else 0. */
+CF_API int32_t cf_engine_has_work(cf_engine_t engine);
+
+/* ---------------------------------------------------------------- text */
+
+/* Tokenize UTF-8 text[0..text_len) into tokens[0..capacity).
+ * add_special: add BOS/EOS as the model's tokenizer wants. parse_special: treat special token
+ * text such as "<|im_start|>" as special tokens. *out_num_tokens = tokens produced, or the
+ * needed capacity with CF_STATUS_BUFFER_TOO_SMALL. Thread-safe. */
+CF_API cf_status cf_engine_tokenize(cf_engine_t engine, const char * text, int32_t text_len,
+                                    int32_t add_special, int32_t parse_special, int32_t * tokens,
+                                    int32_t capacity, int32_t * out_num_tokens);
+
+/* Detokenize tokens[0..num_tokens) into buf[0..capacity) (not NUL-terminated).
+ * remove_special: drop BOS/EOS. unparse_special: render special tokens as text.
+ * *out_len = bytes written, or the needed capacity with CF_STATUS_BUFFER_TOO_SMALL.
+ * A token id out of range gives CF_STATUS_INVALID_ARGUMENT. Thread-safe. */
+CF_API cf_status cf_engine_detokenize(cf_engine_t engine, const int32_t * tokens, int32_t num_tokens,
+                                      int32_t remove_special, int32_t unparse_special, char * buf,
+                                      int32_t capacity, int32_t * out_len);
+
+/* Apply a chat template to num_messages messages (roles[i], contents[i], UTF-8) and write the
+ * prompt text to buf[0..capacity) (not NUL-terminated). tmpl: a template name or Jinja text
+ * understood by llama_chat_apply_template, or NULL for the model's own template.
+ * add_assistant: end with the assistant turn opener. *out_len = bytes written, or the needed
+ * capacity with CF_STATUS_BUFFER_TOO_SMALL. CF_STATUS_UNSUPPORTED if the template is unknown or
+ * the model has none. Thread-safe. */
+CF_API cf_status cf_engine_apply_chat_template(cf_engine_t engine, const char * tmpl,
+                                               const char * const * roles,
+                                               const char * const * contents, int32_t num_messages,
+                                               int32_t add_assistant, char * buf, int32_t capacity,
+                                               int32_t * out_len);
+
+/* ---------------------------------------------------------------- profiler */
+
+/* With cf_engine_config.profile_capacity > 0 the engine records timestamped events into a ring
+ * buffer of that many events, allocated once at init: no allocation and no lock per event (the
+ * stepping thread records while it holds the step anyway). When the ring is full new events are
+ * dropped and counted; drain regularly (every few hundred steps at most) to lose none.
+ * All times are cf_clock_ns() nanoseconds, the clock of cf_output_event.time_ns. */
+
+typedef enum cf_profile_event_kind {
+    CF_PROFILE_EVENT_NONE = 0,
+    CF_PROFILE_EVENT_STEP_BEGIN = 1,               /* a step that computes tokens begins         */
+    CF_PROFILE_EVENT_STEP_END = 2,                 /* done; recorded before its outputs are queued */
+    CF_PROFILE_EVENT_REQUEST_ARRIVAL = 3,          /* cf_engine_add_request accepted it          */
+    CF_PROFILE_EVENT_REQUEST_FIRST_SCHEDULED = 4,  /* first step that computes any of its tokens */
+    CF_PROFILE_EVENT_REQUEST_FIRST_TOKEN = 5,      /* its first output token was sampled         */
+    CF_PROFILE_EVENT_REQUEST_FINISH = 6,           /* its final output event was queued          */
+    CF_PROFILE_EVENT_REQUEST_PREEMPT = 7,          /* preempted (paged: KV blocks freed; it waits
+                                                      and recomputes); num_tokens = its tokens   */
+    CF_PROFILE_EVENT_REQUEST_SWAP_OUT = 8,         /* reserved: KV blocks copied to host memory  */
+    CF_PROFILE_EVENT_REQUEST_SWAP_IN = 9,          /* reserved: KV blocks copied back            */
+    CF_PROFILE_EVENT_REQUEST_PREFIX_HIT = 10       /* prompt tokens found in the prefix cache    */
+} cf_profile_event_kind;
+
+/* One profiler event. Fields a kind does not list are 0.
+ *   STEP_BEGIN:  num_seqs, num_decode_tokens, num_prefill_tokens (the batch of this step).
+ *   STEP_END:    num_waiting (requests not admitted after the step), kv_tokens_used (KV rows
+ *                holding computed tokens), kv_tokens_free (KV rows not set aside for any running
+ *                sequence: n_ctx - reserved), kv_blocks_used (paged mode; 0 in stock modes).
+ *   REQUEST_ARRIVAL:          request_id, num_tokens = prompt tokens. Recorded by the first step
+ *                             after the call, stamped with the time the call accepted it, so
+ *                             events are not always in time order: sort by time_ns.
+ *   REQUEST_FIRST_SCHEDULED:  request_id, num_tokens = tokens computed in that step.
+ *   REQUEST_FIRST_TOKEN:      request_id, num_tokens = 1.
+ *   REQUEST_FINISH:           request_id, num_tokens = output tokens, finish_reason.
+ *   REQUEST_PREFIX_HIT:       request_id, num_tokens = prompt tokens found in the prefix cache
+ *                             (recorded with FIRST_SCHEDULED, when there were any).
+ *   REQUEST_PREEMPT / SWAP_* (reserved): request_id, num_tokens (tokens recomputed), num_bytes
+ *                             (bytes copied).
+ * step_id = cf_engine_stats.num_steps when the event was recorded: the 1-based number of the
+ * step it belongs to, or of the previous step for events recorded while a step reads its inbox
+ * (arrivals, aborts), before it begins. */
+typedef struct cf_profile_event {
+    int64_t time_ns;
+    int64_t step_id;
+    int64_t request_id;           /* request events; 0 for step events                      */
+    int64_t num_bytes;
+    int32_t kind;                 /* cf_profile_event_kind                                  */
+    int32_t num_seqs;
+    int32_t num_decode_tokens;
+    int32_t num_prefill_tokens;
+    int32_t num_waiting;
+    int32_t kv_tokens_used;
+    int32_t kv_tokens_free;
+    int32_t kv_blocks_used;
+    int32_t num_tokens;
+    int32_t finish_reason;        /* cf_finish_reason                                       */
+} cf_profile_event;
+
+/* Move up to capacity recorded events, in the order they were recorded, into
+ * events[0..*out_num_events) (caller-owned [capacity] array); does not wait.
+ * *out_num_dropped = events dropped so far because the ring was full (cumulative since init);
+ * out_num_dropped may be NULL.
+ * Returns CF_STATUS_INVALID_ARGUMENT (NULL engine, events or out_num_events, capacity < 1),
+ * CF_STATUS_UNSUPPORTED (the engine was created with profile_capacity 0); on failure
+ * *out_num_events is 0 and nothing is taken. Thread-safe (concurrent drains each get distinct
+ * events); never blocks the step. */
+CF_API cf_status cf_engine_profile_drain(cf_engine_t engine, cf_profile_event * events,
+                                         int32_t capacity, int32_t * out_num_events,
+                                         int64_t * out_num_dropped);
+
+/* ---- block manager (paged KV bookkeeping; used by tests and tools) */
+
+/* A block manager owns a pool of num_blocks KV blocks of block_size tokens each and one block
+ * table per sequence; it only does bookkeeping (no tensors). Token pos of a sequence lives in
+ * block table[pos / block_size] at slot block_id * block_size + pos % block_size. Blocks are
+ * ref-counted: after cf_block_manager_fork parent and child share them. Appending to a shared,
+ * partially filled last block first moves the sequence to a fresh block and records a copy
+ * (src, dst) that the executor performs before writing that step's slots (copy-on-write).
+ * The free list is FIFO: the block freed longest ago is allocated first.
+ *
+ * Sequence ids are chosen by the caller (>= 0, e.g. request ids). A sequence exists from its
+ * first cf_block_manager_append_slots (or cf_block_manager_fork) until cf_block_manager_free_seq.
+ *
+ * Every failed call leaves the manager unchanged. Threading: one manager is not thread-safe;
+ * the caller serializes calls on it. Distinct managers are independent. */
+
+#define CF_BLOCK_ID_NONE (-1) /* pads exported block tables; never a valid block id */
+
+typedef struct cf_block_manager * cf_block_manager_t;
+
+/* Create a manager with num_blocks free blocks (>= 1) of block_size tokens each (>= 1);
+ * num_blocks * block_size must fit int32_t (it bounds the slot ids).
+ * Ownership: on success *out_mgr is a new manager the caller frees with cf_block_manager_free.
+ * Returns CF_STATUS_INVALID_ARGUMENT (a size out of range or out_mgr NULL; the message names
+ * it), CF_STATUS_OUT_OF_MEMORY (host allocation failed). On failure *out_mgr is set to NULL
+ * (when out_mgr is not NULL) and nothing leaks. Thread-safe. */
+CF_API cf_status cf_block_manager_init(int32_t num_blocks, int32_t block_size,
+                                       cf_block_manager_t * out_mgr);
+
+/* Free the manager, its tables and pending copies. NULL is a no-op. */
+CF_API void cf_block_manager_free(cf_block_manager_t mgr);
+
+/* *out_num_free_blocks = blocks in the free list, in [0, num_blocks].
+ * Returns CF_STATUS_INVALID_ARGUMENT for a NULL argument. */
+CF_API cf_status cf_block_manager_num_free_blocks(cf_block_manager_t mgr,
+                                                  int32_t * out_num_free_blocks);
+
+/* *out_can_allocate = 1 if cf_block_manager_append_slots(mgr, seq_id, num_new_tokens, ...)
+ * would succeed now, else 0; counts the copy-on-write block if one is due. An unknown seq_id
+ * counts as an empty sequence. Does not change the manager.
+ * Returns CF_STATUS_INVALID_ARGUMENT (seq_id < 0, num_new_tokens < 0, a NULL pointer). */
+CF_API cf_status cf_block_manager_can_allocate(cf_block_manager_t mgr, int64_t seq_id,
+                                               int32_t num_new_tokens, int32_t * out_can_allocate);
+
+/* Give the next num_new_tokens tokens of seq_id (positions [num_tokens, num_tokens +
+ * num_new_tokens) of the sequence) one KV slot each, allocating blocks as needed; an unknown
+ * seq_id is created (num_new_tokens 0 only creates it). slot_mapping: caller-owned
+ * [capacity] int32 array; on success slot_mapping[0, num_new_tokens) holds the slot ids.
+ * *out_num_cow = copies recorded by this call (0 or 1; collect them with
+ * cf_block_manager_take_copies). out_num_cow may be NULL.
+ * Returns CF_STATUS_INVALID_ARGUMENT (seq_id < 0, num_new_tokens < 0, a NULL pointer),
+ * CF_STATUS_BUFFER_TOO_SMALL (capacity < num_new_tokens), CF_STATUS_OUT_OF_MEMORY (not enough
+ * free blocks; the message says how many are needed and free). All-or-nothing: after any
+ * failure no block is allocated, no copy recorded and seq_id is not created. Not thread-safe. */
+CF_API cf_status cf_block_manager_append_slots(cf_block_manager_t mgr, int64_t seq_id,
+                                               int32_t num_new_tokens, int32_t * slot_mapping,
+                                               int32_t capacity, int32_t * out_num_cow);
+
+/* Move the pending copy-on-write copies, oldest first, into src_block_ids[0, n) and
+ * dst_block_ids[0, n) (caller-owned [capacity] int32 arrays), n = *out_num_copies. The executor
+ * copies every row of each src block into its dst block, in order, before writing the slots of
+ * the step that recorded them. Returns CF_STATUS_INVALID_ARGUMENT (a NULL pointer, capacity < 0),
+ * CF_STATUS_BUFFER_TOO_SMALL (capacity < pending copies; *out_num_copies = the number pending,
+ * none is taken). Not thread-safe. */
+CF_API cf_status cf_block_manager_take_copies(cf_block_manager_t mgr, int32_t * src_block_ids,
+                                              int32_t * dst_block_ids, int32_t capacity,
+                                              int32_t * out_num_copies);
+
+/* Create child_seq_id sharing every block of parent_seq_id (ref counts + 1) and its token
+ * count; allocates nothing, so it cannot run out of blocks.
+ * Returns CF_STATUS_INVALID_ARGUMENT (an id < 0, child == parent, child already exists),
+ * CF_STATUS_NOT_FOUND (unknown parent). Nothing changes on failure. Not thread-safe. */
+CF_API cf_status cf_block_manager_fork(cf_block_manager_t mgr, int64_t parent_seq_id,
+                                       int64_t child_seq_id);
+
+/* Drop seq_id's table; blocks whose ref count reaches 0 return to the free list, last block
+ * first. Pending copies stay pending. Returns CF_STATUS_INVALID_ARGUMENT (NULL mgr),
+ * CF_STATUS_NOT_FOUND (unknown seq_id; nothing changes). Not thread-safe. */
+CF_API cf_status cf_block_manager_free_seq(cf_block_manager_t mgr, int64_t seq_id);
+
+/* Write seq_id's block table into block_ids[0, capacity) (caller-owned int32 array): block ids
+ * in token order, then CF_BLOCK_ID_NONE up to capacity. *out_num_blocks = blocks the sequence
+ * holds (ceil(num_tokens / block_size)). Returns CF_STATUS_INVALID_ARGUMENT (a NULL pointer,
+ * capacity < 0), CF_STATUS_NOT_FOUND (unknown seq_id), CF_STATUS_BUFFER_TOO_SMALL (capacity <
+ * blocks held; *out_num_blocks = blocks held, block_ids untouched). Does not change the manager. */
+CF_API cf_status cf_block_manager_block_table(cf_block_manager_t mgr, int64_t seq_id,
+                                              int32_t * block_ids, int32_t capacity,
+                                              int32_t * out_num_blocks);
+
+/* *out_ref_count = holders of block_id (0 = free). Returns CF_STATUS_INVALID_ARGUMENT (a NULL
+ * pointer, block_id outside [0, num_blocks)). Does not change the manager. */
+CF_API cf_status cf_block_manager_ref_count(cf_block_manager_t mgr, int32_t block_id,
+                                            int32_t * out_ref_count);
+
+/* Check every invariant: free + used == total blocks, free blocks have ref count 0, each ref
+ * count equals the number of tables holding the block, each table holds
+ * ceil(num_tokens / block_size) blocks, holders of a shared block agree on its filled rows.
+ * Returns CF_STATUS_OK, CF_STATUS_INVALID_ARGUMENT (NULL mgr) or CF_STATUS_INTERNAL with a
+ * message describing the first violation found (a bug). O(num_blocks + blocks held). */
+CF_API cf_status cf_block_manager_check_invariants(cf_block_manager_t mgr);
+
+/* Write a human-readable dump (free list, ref counts, tables, pending copies) into
+ * buf[0, capacity) (not NUL-terminated); *out_len = bytes written, or the needed capacity with
+ * CF_STATUS_BUFFER_TOO_SMALL. Returns CF_STATUS_INVALID_ARGUMENT for a NULL pointer. */
+CF_API cf_status cf_block_manager_dump(cf_block_manager_t mgr, char * buf, int32_t capacity,
+                                       int32_t * out_len);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* CACHEFLOW_H */
