@@ -4,6 +4,7 @@
 // simulated KV store that proves every sequence always reads exactly its own tokens' KV.
 #undef NDEBUG  // the checks must run in Release builds too
 #include "core/block_manager.h"
+#include "kv/kv_cache_manager.h"
 #include "seq_builders.h"
 
 #include <cassert>
@@ -14,6 +15,7 @@
 #include <vector>
 
 using namespace cf;
+using cf::test::make_seq;
 using cf::test::tokens;
 
 namespace {
@@ -195,6 +197,22 @@ void test_collisions_are_never_acted_on() {
     check(m);
 }
 
+// Through the KV manager interface: a sequence that needs the whole pool alone is admitted; it
+// does not pin the free source of a partial copy on top (that would need one block too many).
+void test_sequence_filling_the_pool_is_admitted() {
+    std::unique_ptr<KvCacheManager> kv = make_paged_kv(4, kBs, true);
+    std::unique_ptr<Sequence> a = make_seq(1, 15, 1);
+    assert(kv->can_admit(*a, 0) && kv->admit(*a) == 0 && kv->allocate(*a, 15));
+    a->num_computed_tokens = 15;
+    kv->commit(*a);
+    kv->free(*a);
+    std::unique_ptr<Sequence> b = make_seq(2, 16, 1);  // 3 cached blocks + 3 rows of a's tail
+    assert(kv->can_admit(*b, 0));
+    assert(kv->admit(*b) == 3 * kBs && kv->allocate(*b, 4));
+    assert(kv->num_blocks_used() == 4);
+    kv->free(*b);
+}
+
 // ---- randomized run over a simulated KV store
 
 // What a KV row holds: a hash of the token at pos and everything before it (as real K/V do).
@@ -310,6 +328,7 @@ int main() {
     test_copy_on_write_and_pins();
     test_concurrent_identical_prefixes_converge_on_one_copy();
     test_collisions_are_never_acted_on();
+    test_sequence_filling_the_pool_is_admitted();
     for (uint32_t seed = 1; seed <= 3; ++seed) {
         test_randomized_against_simulated_kv(hash_block, seed);
         test_randomized_against_simulated_kv(colliding_hash, seed);

@@ -44,6 +44,9 @@ class PagedKv final : public KvCacheManager {
 
   private:
     bool uses_cache(const Sequence & seq) const { return blocks_.prefix_caching() && seq.params.cache_prompt; }
+    // The cached prefix seq starts on: the longest match, without its partial copy when pinning
+    // the copy's free source would need more blocks than the pool has.
+    PrefixMatch match(const Sequence & seq) const;
     // Blocks admitting seq takes from the free list (its cached prefix not counted).
     int64_t num_blocks_to_admit(const Sequence & seq) const;
 
