@@ -67,8 +67,14 @@ def _common(fn: Callable) -> Callable:
             multiple=True,
             metavar="NAME|URL",
             help="Repeatable: 'stock' (stock and stock-unified KV modes), 'paged-ggml' (paged "
-            "mode with the ggml-numerics attention kernel), 'llama-batched-bench', or a "
-            "llama-server URL (http://...).",
+            "mode with the ggml-numerics attention kernel), 'no-prefix-cache' (CacheFlow with "
+            "its prefix cache off), 'llama-batched-bench', or a llama-server URL (http://...).",
+        ),
+        click.option(
+            "--cache-prompt/--no-cache-prompt",
+            default=True,
+            show_default=True,
+            help="Prefix caching of the CacheFlow engine under test.",
         ),
         click.option(
             "--endpoint",
@@ -235,6 +241,8 @@ def _offline(
         "stock" in ctx.baselines,
         not opts["no_profile"],
         paged_ggml_baseline="paged-ggml" in ctx.baselines,
+        prefix_caching=bool(opts["cache_prompt"]),
+        no_prefix_cache_baseline="no-prefix-cache" in ctx.baselines,
     )
     if "profile-off" in extra_variants:
         variants.append(offline.Variant("cacheflow-profile-off", str(opts["kv_mode"]), False))
@@ -287,9 +295,8 @@ class _Context:
         self.opts = opts
         self.baselines = list(opts.get("baselines") or ())
         for b in self.baselines:
-            if b not in ("stock", "paged-ggml", "llama-batched-bench") and not b.startswith(
-                ("http://", "https://")
-            ):
+            named = ("stock", "paged-ggml", "no-prefix-cache", "llama-batched-bench")
+            if b not in named and not b.startswith(("http://", "https://")):
                 raise click.BadParameter(f"unknown baseline {b!r}", param_hint="--baseline")
             if b.startswith(("http://", "https://")):
                 from pycacheflow.bench import online

@@ -85,6 +85,15 @@ PAGED_ATTENTION_OPTION = click.option(
 )
 
 
+CACHE_PROMPT_OPTION = click.option(
+    "--cache-prompt/--no-cache-prompt",
+    default=True,
+    show_default=True,
+    help="Prefix caching (paged mode): requests reuse the KV blocks of prompt prefixes computed "
+    "before, by any request; --no-cache-prompt turns it off for the engine (outputs are the same).",
+)
+
+
 def to_click_error(exc: CacheFlowError) -> click.ClickException:
     """A runtime failure as the one-line `Error: <Type>: <message>` click prints (exit 1)."""
     # Native InvalidArgument on init/submit is still a runtime failure from the user's view.

@@ -21,6 +21,7 @@ from cli.common import (
     BLOCK_SIZE_OPTION,
     KV_CACHE_MEMORY_HELP,
     PAGED_ATTENTION_OPTION,
+    CACHE_PROMPT_OPTION,
     ByteSize,
     _under_option,
     explicit_fields,
@@ -145,6 +146,7 @@ def cacheflow() -> None:
 @click.option("--kv-cache-memory", type=ByteSize(), default=0, help=KV_CACHE_MEMORY_HELP)
 @BLOCK_SIZE_OPTION
 @PAGED_ATTENTION_OPTION
+@CACHE_PROMPT_OPTION
 @click.option(
     "--batch-tokens",
     type=int,
@@ -339,6 +341,7 @@ def _config_kwargs(options: dict[str, object]) -> dict[str, object]:
         "kv_cache_bytes": options["kv_cache_memory"],
         "block_size": options["block_size"],
         "paged_attention": options["paged_attention"],
+        "enable_prefix_caching": options["cache_prompt"],
         "max_num_batched_tokens": options["batch_tokens"],
         "n_threads": options["threads"],
         "n_gpu_layers": options["gpu_layers"],

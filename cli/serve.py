@@ -217,8 +217,9 @@ def _env(name: str) -> str:
     default=True,
     show_default=True,
     envvar=_env("CACHE_PROMPT"),
-    help="Default of the request field cache_prompt (reported only: CacheFlow has no prompt "
-    "reuse across requests yet).",
+    help="Prefix caching: requests reuse the KV blocks of prompt prefixes any earlier request "
+    "computed (timings.cache_n, usage.prompt_tokens_details.cached_tokens); "
+    "--no-cache-prompt turns it off for the server, the request field cache_prompt per request.",
 )
 @click.option(
     "--sse-ping-interval",
@@ -438,6 +439,7 @@ def _engine_kwargs(options: dict[str, object]) -> dict[str, object]:
         "kv_mode": _kv_mode(str(options["kv_mode"]), bool(options["kv_unified"])),
         "block_size": options["block_size"],
         "paged_attention": options["paged_attention"],
+        "enable_prefix_caching": bool(options["cache_prompt"]),
         "policy": options["policy"],
         "log_level": "info" if options["verbose"] else "error",
     }

@@ -108,6 +108,7 @@ def _engine_config(config: EngineConfig, keep: list) -> object:
     c.profile_capacity = config.profile_capacity
     c.kv_cache_bytes = config.kv_cache_bytes
     c.paged_attention = _PAGED_ATTENTION_VALUES[config.paged_attention]
+    c.enable_prefix_caching = int(config.enable_prefix_caching)
     return c
 
 
@@ -121,6 +122,7 @@ def _sampling_params(params: SamplingParams, keep: list) -> object:
     c.min_p = params.min_p
     c.seed = SEED_RANDOM if params.seed is None else params.seed
     c.ignore_eos = int(params.ignore_eos)
+    c.cache_prompt = int(params.cache_prompt)
     if params.stop_token_ids:
         ids = ffi.new("int32_t[]", list(params.stop_token_ids))
         keep.append(ids)

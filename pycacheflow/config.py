@@ -58,6 +58,12 @@ class EngineConfig:
             "ggml" does the arithmetic of llama.cpp's CPU flash attention in its order and
             precision, so given the same batches its logits equal stock mode's bit for bit, but
             like stock's they change with chunking and batching.
+        enable_prefix_caching: paged mode: share the KV blocks of prompt prefixes across
+            requests (automatic prefix caching; default on). A request whose prompt starts with
+            cached blocks computes only the rest (``RequestMetrics.num_cached_tokens``); cached
+            blocks nobody holds are evicted least recently used when the pool needs room.
+            Outputs are the same with it off (the invariant kernel). Per request:
+            ``SamplingParams.cache_prompt``.
 
     Raises:
         ValueError: on construction, for a value that cannot cross the C ABI (an int of 2**31 or
@@ -79,6 +85,7 @@ class EngineConfig:
     profile_capacity: int = 0
     kv_cache_bytes: int = 0
     paged_attention: str = "invariant"
+    enable_prefix_caching: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, (str, os.PathLike)) or not os.fspath(self.model):
@@ -91,6 +98,8 @@ class EngineConfig:
         _check_choice("policy", self.policy, POLICIES)
         _check_choice("log_level", self.log_level, LOG_LEVELS)
         _check_choice("paged_attention", self.paged_attention, PAGED_ATTENTIONS)
+        if not isinstance(self.enable_prefix_caching, bool):
+            raise TypeError(f"enable_prefix_caching must be a bool, got {self.enable_prefix_caching!r}")
         if self.flash_attn is not None and not isinstance(self.flash_attn, bool):
             raise TypeError(f"flash_attn must be None, True or False, got {self.flash_attn!r}")
 

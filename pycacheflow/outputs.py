@@ -89,6 +89,16 @@ class EngineStats(NamedTuple):
     kv_bytes_reserved: int
     kv_bytes_used: int
     num_preemptions: int
+    prefix_cache_queried_tokens: int
+    prefix_cache_hit_tokens: int
+    prefix_cache_evictions: int
+    prefix_cache_blocks: int
+
+    @property
+    def prefix_cache_hit_rate(self) -> float:
+        """Prompt tokens found in the prefix cache / tokens looked up, since init (0 if none)."""
+        queried = self.prefix_cache_queried_tokens
+        return self.prefix_cache_hit_tokens / queried if queried else 0.0
 
 
 def finish_reason_name(value: int) -> str | None:

@@ -58,6 +58,10 @@ class SamplingParams:
             "" = none. The engine rejects one it cannot parse (InvalidArgumentError).
         The penalties, the logit bias and the grammar are llama.cpp's samplers, applied before
         top-k etc.; a greedy request with them picks the argmax of the changed logits.
+        cache_prompt: reuse cached prompt prefixes and leave this request's KV blocks for later
+            requests (the prefix cache, paged mode); False = it neither reads nor fills the
+            cache. Changes speed only, never the output. ``RequestMetrics.num_cached_tokens``
+            says how many prompt tokens were found.
 
     Each value is validated once, by the layer that owns it: here only what Python owns (types,
     that a value has a C form: int32_t, int64_t seed, float, UTF-8 text); the ranges by the
@@ -84,6 +88,7 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     logit_bias: tuple[tuple[int, float], ...] = field(default_factory=tuple)
     grammar: str = ""
+    cache_prompt: bool = True
 
     def __post_init__(self) -> None:
         # Normalise containers first (frozen: assign through object.__setattr__).
@@ -112,8 +117,9 @@ class SamplingParams:
             encode_utf8(s, "stop string")  # ValueError (InvalidArgumentError) if it cannot be
         for token_id in self.stop_token_ids:
             _require_c_int("stop_token_ids entry", token_id)
-        if not isinstance(self.ignore_eos, bool):
-            raise TypeError(f"ignore_eos must be a bool, got {self.ignore_eos!r}")
+        for name in ("ignore_eos", "cache_prompt"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
         if not isinstance(self.grammar, str):
             raise TypeError(f"grammar must be a str, got {self.grammar!r}")
         encode_utf8(self.grammar, "grammar")

@@ -123,6 +123,11 @@ typedef struct cf_engine_config {
                                         CF_STATUS_INVALID_ARGUMENT if that is too small.       */
     int32_t paged_attention;         /* cf_paged_attention: the paged mode CPU attention kernel,
                                         default CF_PAGED_ATTENTION_INVARIANT                   */
+    int32_t enable_prefix_caching;   /* paged mode: 1 = share the KV blocks of prompt prefixes
+                                        across requests (automatic prefix caching: a hash
+                                        chain over full blocks, cached blocks evicted least
+                                        recently used when the pool needs them), 0 = off.
+                                        Default 1. Ignored in the stock modes.                 */
 } cf_engine_config;
 
 typedef struct cf_engine * cf_engine_t;
@@ -187,6 +192,13 @@ typedef struct cf_engine_stats {
     int64_t kv_bytes_reserved;      /* KV bytes set aside for running sequences             */
     int64_t kv_bytes_used;          /* KV bytes holding live tokens                         */
     int64_t num_preemptions;        /* paged mode: sequences preempted (recompute) since init */
+    /* Prefix cache (paged mode with enable_prefix_caching; 0 otherwise), since init:          */
+    int64_t prefix_cache_queried_tokens; /* tokens looked up at admission (the prompt; prompt
+                                            and output again after a preemption)             */
+    int64_t prefix_cache_hit_tokens;     /* of those, found in the cache (hit rate in tokens =
+                                            hit / queried)                                   */
+    int64_t prefix_cache_evictions;      /* cached blocks reused for other tokens             */
+    int32_t prefix_cache_blocks;         /* blocks holding cached tokens now (in use or free) */
 } cf_engine_stats;
 
 CF_API cf_status cf_engine_get_stats(cf_engine_t engine, cf_engine_stats * out_stats);
@@ -223,10 +235,15 @@ typedef struct cf_sampling_params {
     /* A GBNF grammar (rule "root") the output must follow (llama.cpp's grammar sampler), or
      * NULL / "" for none; UTF-8, copied. An invalid grammar is CF_STATUS_INVALID_ARGUMENT. */
     const char * grammar;
+    /* 1 = the request reuses cached prompt prefixes and leaves its blocks for others (the
+     * default; needs enable_prefix_caching), 0 = it neither reads nor fills the prefix cache.
+     * Not a sampling setting: it changes no output (the attention is invariant), only speed. */
+    int32_t cache_prompt;
 } cf_sampling_params;
 
 /* Defaults: max_tokens 16, temperature 0 (greedy), top_k 0, top_p 1, min_p 0, seed random,
- * no penalties (repeat 1, last_n 64, presence 0, frequency 0), no logit bias, no grammar. A
+ * no penalties (repeat 1, last_n 64, presence 0, frequency 0), no logit bias, no grammar,
+ * cache_prompt 1. A
  * request with a penalty, a logit bias or a grammar is sampled on the CPU (greedy: the argmax
  * after those samplers); other rows keep the in-graph samplers. */
 CF_API cf_sampling_params cf_sampling_params_default(void);
@@ -369,7 +386,7 @@ typedef enum cf_profile_event_kind {
                                                       and recomputes); num_tokens = its tokens   */
     CF_PROFILE_EVENT_REQUEST_SWAP_OUT = 8,         /* reserved: KV blocks copied to host memory  */
     CF_PROFILE_EVENT_REQUEST_SWAP_IN = 9,          /* reserved: KV blocks copied back            */
-    CF_PROFILE_EVENT_REQUEST_PREFIX_HIT = 10       /* reserved: prompt tokens found in the cache */
+    CF_PROFILE_EVENT_REQUEST_PREFIX_HIT = 10       /* prompt tokens found in the prefix cache    */
 } cf_profile_event_kind;
 
 /* One profiler event. Fields a kind does not list are 0.
@@ -383,8 +400,10 @@ typedef enum cf_profile_event_kind {
  *   REQUEST_FIRST_SCHEDULED:  request_id, num_tokens = tokens computed in that step.
  *   REQUEST_FIRST_TOKEN:      request_id, num_tokens = 1.
  *   REQUEST_FINISH:           request_id, num_tokens = output tokens, finish_reason.
- *   REQUEST_PREEMPT / SWAP_* / PREFIX_HIT (reserved): request_id, num_tokens (tokens recomputed
- *                             or found), num_bytes (bytes copied).
+ *   REQUEST_PREFIX_HIT:       request_id, num_tokens = prompt tokens found in the prefix cache
+ *                             (recorded with FIRST_SCHEDULED, when there were any).
+ *   REQUEST_PREEMPT / SWAP_* (reserved): request_id, num_tokens (tokens recomputed), num_bytes
+ *                             (bytes copied).
  * step_id = cf_engine_stats.num_steps when the event was recorded: the 1-based number of the
  * step it belongs to, or of the previous step for events recorded while a step reads its inbox
  * (arrivals, aborts), before it begins. */

@@ -322,6 +322,27 @@ void test_context_full_is_respected() {
 
 }  // namespace
 
+// The prefix cache through the scheduler: a repeated prompt starts after its cached tokens (all
+// but the last), counts them as num_cached_tokens, and its step computes only the rest.
+void test_prefix_cache_admission() {
+    const SchedulerConfig c = make_config(2, 64, 64, 64);
+    Scheduler sched(c, make_paged_kv(16, 4, /*prefix_caching=*/true));
+    sched.add(make_seq(1, 10, 2));
+    while (sched.has_work()) {
+        run_step(sched);
+    }
+    sched.add(make_seq(2, 10, 2));  // the same prompt tokens (make_seq: 0, 1, ..., 9)
+    const StepPlan * plan = nullptr;
+    run_step(sched, &plan);
+    assert(plan->seqs.size() == 1 && plan->seqs[0].num_new_tokens == 1 && plan->num_prefill_tokens == 1);
+    assert(plan->seqs[0].seq->num_cached_tokens == 9 && plan->seqs[0].needs_sample);
+    assert(sched.kv().prefix_cache_stats().num_hit_tokens == 9);
+    while (sched.has_work()) {
+        run_step(sched);
+    }
+    assert(sched.kv().num_blocks_used() == 0 && sched.kv().prefix_cache_stats().num_cached_blocks > 0);
+}
+
 int main() {
     test_chunked_prefill();
     test_decodes_first_then_prefill_in_request_order();
@@ -332,6 +353,7 @@ int main() {
     test_remove();
     test_budget_smaller_than_decodes();
     test_context_full_is_respected();
+    test_prefix_cache_admission();
     test_paged_kv_admission();
     test_preemption_by_recompute();
     test_preemption_respects_priority();

@@ -35,12 +35,14 @@ class Variant:
         kv_mode: EngineConfig.kv_mode.
         profile: record profiler events (step-level metrics; under 2% overhead).
         paged_attention: EngineConfig.paged_attention (the paged mode attention kernel).
+        prefix_caching: EngineConfig.enable_prefix_caching.
     """
 
     name: str
     kv_mode: str
     profile: bool = True
     paged_attention: str = "invariant"
+    prefix_caching: bool = True
 
 
 def variants(
@@ -48,10 +50,15 @@ def variants(
     stock_baseline: bool,
     profile: bool = True,
     paged_ggml_baseline: bool = False,
+    prefix_caching: bool = True,
+    no_prefix_cache_baseline: bool = False,
 ) -> list[Variant]:
     """CacheFlow as configured, plus both stock KV modes when ``stock_baseline``, plus paged
-    mode with the ggml-numerics attention kernel when ``paged_ggml_baseline``."""
-    result = [Variant("cacheflow", kv_mode, profile)]
+    mode with the ggml-numerics attention kernel when ``paged_ggml_baseline``, plus CacheFlow
+    with its prefix cache off when ``no_prefix_cache_baseline``."""
+    result = [Variant("cacheflow", kv_mode, profile, prefix_caching=prefix_caching)]
+    if no_prefix_cache_baseline:
+        result.append(Variant("no-prefix-cache", kv_mode, profile, prefix_caching=False))
     if stock_baseline:
         result += [
             Variant("stock", "stock", profile),
@@ -134,6 +141,7 @@ def engine_config(
     batch_tokens: int,
     profile: bool,
     paged_attention: str = "invariant",
+    prefix_caching: bool = True,
 ) -> EngineConfig:
     """EngineConfig sized for the workload: ``concurrency`` sequences of up to max_seq_tokens
     (prompt + output), rounded up to llama.cpp's 256-token context alignment."""
@@ -149,6 +157,7 @@ def engine_config(
         kv_mode=kv_mode,
         profile_capacity=DEFAULT_PROFILE_CAPACITY if profile else 0,
         paged_attention=paged_attention,
+        enable_prefix_caching=prefix_caching,
     )
 
 
@@ -250,6 +259,7 @@ def run_variants(
                 batch_tokens,
                 v.profile,
                 v.paged_attention,
+                v.prefix_caching,
             )
             llms[v.name] = LLM(config=config)
             warm_up(llms[v.name], concurrency, llms[v.name].info.n_vocab)

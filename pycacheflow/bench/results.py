@@ -26,6 +26,8 @@ KEY_METRICS = (
     ("request_throughput", True),
     ("decode_tok_s", True),
     ("ttft_ms_median", False),
+    ("ttft_ms_p99", False),
+    ("prefix_cache_hit_rate", True),
     ("tpot_ms_median", False),
     ("itl_ms_median", False),
     ("e2e_ms_median", False),
@@ -49,6 +51,9 @@ def result_row(
     row.update(r.run.to_row())
     row.update(r.decode_phase(hw))
     row["num_preemptions"] = r.stats.num_preemptions
+    prompt_tokens = sum(m.num_prompt_tokens for m in r.metrics)
+    cached = sum(m.num_cached_tokens for m in r.metrics)
+    row["prefix_cache_hit_rate"] = cached / prompt_tokens if prompt_tokens else 0.0  # in tokens
     if r.profile is not None:
         row.update({f"kv_{k}": v for k, v in r.profile.kv_summary().items()})
     return row

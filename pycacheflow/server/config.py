@@ -74,8 +74,8 @@ class ServerConfig:
             None = the model's own.
         enable_metrics: serve GET /metrics.
         enable_slots: serve GET /slots.
-        cache_prompt: default of the per-request ``cache_prompt`` field (reported only: the
-            engine's prefix cache decides reuse).
+        cache_prompt: the server's --cache-prompt (False: the engine's prefix cache is off,
+            so no request reuses a prefix whatever its ``cache_prompt`` field says).
         shutdown_timeout_s: on SIGINT/SIGTERM, seconds that in-flight requests may still run
             before they are aborted.
         sse_ping_s: send an SSE comment ping on a stream silent for this many seconds; None =

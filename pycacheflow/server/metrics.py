@@ -140,13 +140,22 @@ class _Collector:
             ("kv_tokens_capacity", "KV cache capacity in tokens", s.kv_tokens_capacity),
             ("kv_bytes_used", "KV cache bytes in use", s.kv_bytes_used),
             ("prefix_cache_hit_rate",
-             "Share of prompt tokens of finished requests served from the prefix cache",
-             _rate(m.num_cached_tokens, m.num_cached_tokens + m.num_prompt_tokens)),
+             "Share of the tokens looked up at admission that the prefix cache held",
+             s.prefix_cache_hit_rate),
+            ("prefix_cache_blocks", "KV blocks holding cached tokens (in use or free)",
+             s.prefix_cache_blocks),
         ):  # fmt: skip
             yield GaugeMetricFamily(f"cacheflow:{name}", doc, value=value)
-        yield CounterMetricFamily(
-            "cacheflow:preemptions_total", "Sequences preempted", value=s.num_preemptions
-        )
+        for name, doc, value in (
+            ("preemptions_total", "Sequences preempted", s.num_preemptions),
+            ("prefix_cache_queried_tokens_total", "Tokens looked up in the prefix cache",
+             s.prefix_cache_queried_tokens),
+            ("prefix_cache_hit_tokens_total", "Tokens found in the prefix cache",
+             s.prefix_cache_hit_tokens),
+            ("prefix_cache_evictions_total", "Cached KV blocks reused for other tokens",
+             s.prefix_cache_evictions),
+        ):  # fmt: skip
+            yield CounterMetricFamily(f"cacheflow:{name}", doc, value=value)
         yield CounterMetricFamily(
             "cacheflow:swap_bytes_total",
             "KV bytes swapped to host memory (0 until swap-based preemption exists)",

@@ -117,7 +117,8 @@ class GenerationRequest:
             engine request of its own, sampled independently (a seeded request's choice i uses
             seed + i).
         verbose: add llama-server's ``__verbose`` object (the rendered prompt) to the answer.
-        cache_prompt: the client's ``cache_prompt`` (reported only).
+        cache_prompt: the client's ``cache_prompt`` (also in ``params``: False = this request
+            neither reads nor fills the prefix cache).
         ignored_fields: known llama.cpp options set to values CacheFlow does not implement.
         tools: chat: OpenAI tool definitions, passed to the chat template.
         template_kwargs: chat: the request's ``chat_template_kwargs``.
@@ -555,6 +556,7 @@ def _sampling(body: Mapping[str, object], max_tokens: int) -> SamplingParams:
             seed=None if seed in SEED_RANDOM_VALUES else seed,
             stop=_stop(body),
             ignore_eos=read_bool(body, "ignore_eos", False),
+            cache_prompt=read_bool(body, "cache_prompt", True),
             repeat_penalty=read_float(body, "repeat_penalty", 1.0, -math.inf, math.inf),
             repeat_last_n=read_int(body, ("repeat_last_n",), 64, low=-1),
             presence_penalty=read_float(body, "presence_penalty", 0.0, -math.inf, math.inf),

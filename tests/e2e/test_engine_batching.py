@@ -253,7 +253,9 @@ def test_stats_count_finished_requests_when_stepped_synchronously(tiny_model_pat
         stats = engine.stats()
         assert (stats.num_running, stats.num_waiting, stats.num_finished) == (0, 0, 3)
         assert stats.num_generated_tokens == 3 + 5 + 7
-        assert stats.num_prompt_tokens == 3 * len(prompt)
+        # prompt tokens computed: the third request found all but one of its tokens cached
+        assert stats.prefix_cache_hit_tokens == len(prompt) - 1
+        assert stats.num_prompt_tokens == 3 * len(prompt) - stats.prefix_cache_hit_tokens
         assert stats.num_steps == num_steps
         events = engine.drain()
         assert sorted(e.num_output_tokens for e in events if e.finish_reason) == [3, 5, 7]

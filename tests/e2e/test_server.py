@@ -194,6 +194,29 @@ def test_metrics_text_parses(client):
     assert "cacheflow:kv_blocks_free" in samples and "cacheflow:preemptions_total" in samples
 
 
+def test_prompt_cache_is_reported(client):
+    """A repeated prompt reuses the first one's KV blocks: llama-server's timings.cache_n,
+    OpenAI's usage.prompt_tokens_details.cached_tokens and /metrics say how many tokens."""
+    prompt = "Prefix caching test. " + "The quick brown fox jumps over the lazy dog. " * 6
+    first = client.post("/completion", json=greedy_body(prompt, 4)).json()
+    second = client.post("/completion", json=greedy_body(prompt, 4)).json()
+    assert second["content"] == first["content"]
+    n_prompt = first["timings"]["prompt_n"] + first["timings"]["cache_n"]
+    assert first["timings"]["cache_n"] == 0 and n_prompt > 32
+    assert second["timings"]["cache_n"] == n_prompt - 1  # the last token is computed again
+    assert second["timings"]["prompt_n"] == 1
+    off = client.post("/completion", json=greedy_body(prompt, 4, cache_prompt=False)).json()
+    assert off["timings"]["cache_n"] == 0 and off["content"] == first["content"]
+    body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": 2, "temperature": 0}
+    client.post("/v1/chat/completions", json=body)
+    usage = client.post("/v1/chat/completions", json=body).json()["usage"]
+    assert usage["prompt_tokens_details"]["cached_tokens"] == usage["prompt_tokens"] - 1
+    samples = parse_metrics(client.get("/metrics").text)
+    assert samples["llamacpp:prompt_tokens_cached_total"] >= 2 * (n_prompt - 1)
+    assert samples["cacheflow:prefix_cache_hit_tokens_total"] >= 2 * (n_prompt - 1)
+    assert samples["cacheflow:prefix_cache_blocks"] > 0
+
+
 def test_openai_client(server, real_llm):
     openai = pytest.importorskip("openai")
     oai = openai.OpenAI(base_url=server.base_url + "/v1", api_key="sk-none", timeout=120)

@@ -260,6 +260,8 @@ def test_metrics_text_parses(client):
                  "cacheflow:time_per_output_token_seconds_bucket{le=\"+Inf\"}",
                  "cacheflow:kv_blocks_used", "cacheflow:kv_blocks_free",
                  "cacheflow:prefix_cache_hit_rate", "cacheflow:preemptions_total",
+                 "cacheflow:prefix_cache_blocks", "cacheflow:prefix_cache_evictions_total",
+                 "cacheflow:prefix_cache_hit_tokens_total",
                  "cacheflow:swap_bytes_total"):  # fmt: skip
         assert name in samples, name
     assert samples["llamacpp:tokens_predicted_total"] >= 3

@@ -84,6 +84,7 @@ cf_engine_config cf_engine_default_config(void) {
     c.block_size = 16;
     c.flash_attn = -1;
     c.log_level = CF_LOG_LEVEL_ERROR;
+    c.enable_prefix_caching = 1;
     return c;
 }
 
@@ -96,6 +97,7 @@ cf_sampling_params cf_sampling_params_default(void) {
     p.repeat_penalty = 1.0f;
     p.repeat_last_n = 64;
     p.grammar = NULL;
+    p.cache_prompt = 1;
     return p;
 }
 

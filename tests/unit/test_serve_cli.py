@@ -50,7 +50,8 @@ def test_llama_server_flags_map_to_engine_config(engine_kwargs):
     assert engine_kwargs == [{
         "n_ctx": 2048, "kv_cache_bytes": 0, "max_num_seqs": 4, "max_num_batched_tokens": 256, "n_threads": 0,
         "n_gpu_layers": -1, "flash_attn": True, "kv_mode": "paged", "block_size": 32,
-        "paged_attention": "invariant", "policy": "priority", "log_level": "error",
+        "paged_attention": "invariant", "enable_prefix_caching": True, "policy": "priority",
+        "log_level": "error",
     }]  # fmt: skip
 
 

@@ -14,7 +14,33 @@ int64_t ceil_div(int64_t a, int64_t b) {
 
 }  // namespace
 
-BlockManager::BlockManager(int32_t num_blocks, int32_t block_size) : pool_(num_blocks, block_size) {}
+BlockManager::BlockManager(int32_t num_blocks, int32_t block_size, bool prefix_caching, BlockHashFn hash)
+    : pool_(num_blocks, block_size),
+      cache_(prefix_caching ? std::make_unique<PrefixCache>(num_blocks, block_size, hash) : nullptr) {}
+
+void BlockManager::take_blocks(int32_t n, std::vector<int32_t> * out) {
+    const size_t first = out->size();
+    const bool ok = pool_.allocate(n, out);
+    assert(ok);  // call only within a checked budget
+    (void) ok;
+    if (cache_) {
+        for (size_t i = first; i < out->size(); ++i) {
+            stats_.num_evictions += cache_->on_allocate((*out)[i]) ? 1 : 0;
+        }
+    }
+}
+
+FreePos BlockManager::free_pos(int32_t block_id) const {
+    return cache_ == nullptr || cache_->contains(block_id) ? FreePos::BACK : FreePos::FRONT;
+}
+
+void BlockManager::share(int32_t block_id) {
+    if (pool_.ref_count(block_id) == 0) {
+        pool_.revive(block_id);
+    } else {
+        pool_.incref(block_id);
+    }
+}
 
 const BlockTable * BlockManager::find(int64_t seq_id) const {
     auto it = tables_.find(seq_id);
@@ -64,16 +90,14 @@ bool BlockManager::append_slots(int64_t seq_id, int32_t num_new_tokens, std::vec
     if (num_new_tokens > 0 && needs_copy_on_write(table)) {
         // The copy's block is taken before the growth blocks (the reference model relies on it).
         std::vector<int32_t> fresh;
-        pool_.allocate(1, &fresh);
+        take_blocks(1, &fresh);
         const int32_t src_block_id = table.block_ids.back();
         copies_.push_back({ src_block_id, fresh[0] });
         table.block_ids.back() = fresh[0];
         pool_.decref(src_block_id);  // other holders remain: its ref count was > 1
         needed -= 1;
     }
-    const bool ok = pool_.allocate((int32_t) needed, &table.block_ids);
-    assert(ok);
-    (void) ok;
+    take_blocks((int32_t) needed, &table.block_ids);
 
     const int32_t bs = block_size();
     const int32_t end = table.num_tokens + num_new_tokens;
@@ -104,7 +128,7 @@ void BlockManager::free(int64_t seq_id) {
     assert(it != tables_.end());
     const std::vector<int32_t> & block_ids = it->second.block_ids;
     for (auto rit = block_ids.rbegin(); rit != block_ids.rend(); ++rit) {
-        pool_.decref(*rit);
+        pool_.decref(*rit, free_pos(*rit));
     }
     tables_.erase(it);
 }
@@ -120,6 +144,10 @@ void BlockManager::take_copies(std::vector<BlockCopy> * out) {
     assert(out != nullptr);
     out->insert(out->end(), copies_.begin(), copies_.end());
     copies_.clear();
+    for (int32_t block_id : pinned_) {
+        pool_.decref(block_id, free_pos(block_id));
+    }
+    pinned_.clear();
 }
 
 std::string BlockManager::check_invariants() const {
@@ -161,11 +189,17 @@ std::string BlockManager::check_invariants() const {
             fill[(size_t) block_id] = rows;
         }
     }
+    for (int32_t block_id : pinned_) {
+        if (!pool_.is_valid(block_id)) {
+            return "pinned block " + std::to_string(block_id) + " is not a valid block id";
+        }
+        holders[(size_t) block_id] += 1;
+    }
     for (size_t block_id = 0; block_id < num_blocks; ++block_id) {
         if (holders[block_id] != pool_.ref_count((int32_t) block_id)) {
             return "block " + std::to_string(block_id) + " has ref count " +
                    std::to_string(pool_.ref_count((int32_t) block_id)) + " but " + std::to_string(holders[block_id]) +
-                   " tables hold it";
+                   " tables and pins hold it";
         }
     }
     for (const BlockCopy & copy : copies_) {
@@ -175,7 +209,7 @@ std::string BlockManager::check_invariants() const {
                    std::to_string(copy.dst_block_id);
         }
     }
-    return "";
+    return cache_ ? check_cache_invariants(holders, fill) : "";
 }
 
 std::string BlockManager::dump() const {
@@ -198,6 +232,9 @@ std::string BlockManager::dump() const {
     }
     for (const BlockCopy & copy : copies_) {
         os << "  copy " << copy.src_block_id << " -> " << copy.dst_block_id << "\n";
+    }
+    if (cache_) {
+        os << cache_->dump();
     }
     return os.str();
 }

@@ -10,14 +10,26 @@
 // copy (src, dst) that the executor must perform (copy-on-write).
 //
 // Sequence ids are chosen by the caller (>= 0, e.g. request ids); a sequence exists from its
-// first append_slots() (or fork()) until free().
+// first append_slots() (or fork(), or allocate_prefix()) until free().
+//
+// Prefix cache (optional, core/prefix_cache.h). Blocks whose tokens are computed are indexed as
+// the engine commits steps (commit()); a new sequence starts with the longest cached prefix of
+// its tokens (match_prefix(), allocate_prefix()): full blocks shared by ref count, plus the first
+// rows of one more cached block copied into a fresh block. A block whose ref count reaches 0 stays
+// indexed and goes to the back of the pool's free list, which is the LRU eviction queue; blocks
+// nobody can look up go to its front, so they are reused first. The pool evicts (allocate()
+// takes a cached block off the front and its entry is dropped) only when no such block is left;
+// a block in use (ref >= 1) is never in the free list, so never evicted. Cached free blocks count
+// as free everywhere (num_free_blocks, admission).
 //
 // Thread-safety: none; the engine calls it from the stepping thread only.
 #pragma once
 
 #include "core/block_pool.h"
+#include "core/prefix_cache.h"
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -27,8 +39,37 @@ namespace cf {
 struct BlockTable {
     std::vector<int32_t> block_ids;  // [num_blocks] block ids in token order
     int32_t num_tokens = 0;          // tokens with a slot; == ceil-div into block_ids.size()
+    // Prefix cache: leading full blocks already offered to the index by commit() (or shared from
+    // it), and the chain key of the last of them (kPrefixRootHash when none).
+    int32_t num_hashed_blocks = 0;
+    uint64_t last_hash = kPrefixRootHash;
 
     int32_t num_blocks() const { return (int32_t) block_ids.size(); }
+};
+
+// The longest cached prefix of a token sequence (BlockManager::match_prefix):
+//
+//   tokens:  | block_ids[0] | block_ids[1] | copy_src rows [0, num_copy_tokens) | rest ... |
+//            0                             num_full_tokens()              num_tokens()
+struct PrefixMatch {
+    std::vector<int32_t> block_ids;      // full cached blocks, shared
+    int32_t num_revived = 0;             // of those, blocks with ref 0 (taken from the free list)
+    uint64_t last_hash = kPrefixRootHash;  // chain key of the last shared block
+    int32_t copy_src_block_id = CF_BLOCK_ID_NONE;  // a cached block whose first rows are copied
+    int32_t num_copy_tokens = 0;
+    bool copy_src_free = false;          // copy_src has ref 0: pinning it takes a free block
+    int32_t block_size = 0;
+
+    int32_t num_full_tokens() const { return (int32_t) block_ids.size() * block_size; }
+    int32_t num_tokens() const { return num_full_tokens() + num_copy_tokens; }
+};
+
+// Prefix cache counters since construction (zeros when the cache is off).
+struct PrefixCacheStats {
+    int64_t num_queried_tokens = 0;  // tokens looked up at admission (allocate_prefix)
+    int64_t num_hit_tokens = 0;      // of those, found in the cache
+    int64_t num_evictions = 0;       // cached blocks whose entry was dropped to reuse the block
+    int32_t num_cached_blocks = 0;   // blocks indexed now (in use or free)
 };
 
 // One block copy the executor performs before writing the slots of the same step: all
@@ -41,7 +82,10 @@ struct BlockCopy {
 class BlockManager {
   public:
     // See BlockPool: num_blocks >= 1, block_size >= 1, num_blocks * block_size fits int32.
-    BlockManager(int32_t num_blocks, int32_t block_size);
+    // prefix_caching: keep a prefix cache (see above), keyed by `hash` (tests pass a colliding one).
+    BlockManager(int32_t num_blocks, int32_t block_size, bool prefix_caching = false, BlockHashFn hash = hash_block);
+
+    bool prefix_caching() const { return cache_ != nullptr; }
 
     const BlockPool & pool() const { return pool_; }
     int32_t block_size() const { return pool_.block_size(); }
@@ -88,8 +132,40 @@ class BlockManager {
 
     // Drop the sequence's table; blocks whose ref count reaches 0 return to the free list, last
     // block first (so the blocks nearest the prompt start, the most shareable ones, are reused
-    // last). Call only when seq_id exists.
+    // last; with the prefix cache, uncached blocks go to the front). Pending copies stay pending:
+    // one into a block that became free only writes rows its next holder overwrites or never
+    // reads (copies run before the step's writes). Call only when seq_id exists.
     void free(int64_t seq_id);
+
+    // ---- prefix cache (call only when prefix_caching())
+
+    // The longest cached prefix of tokens[0, max_tokens) (see PrefixMatch and prefix_cache.h).
+    // Callers pass max_tokens = num_tokens - 1 so that the last token is always computed (its
+    // logits are needed). Does not mutate.
+    PrefixMatch match_prefix(const int32_t * tokens, int32_t max_tokens) const;
+
+    // Blocks taken from the free list by allocate_prefix(m) and the growth of the sequence to
+    // num_tokens tokens: the blocks past the shared ones, revived shared blocks, a pinned copy
+    // source. int64 so that huge requests cannot overflow.
+    int64_t num_blocks_needed(const PrefixMatch & m, int32_t num_tokens) const;
+
+    // Create seq_id's table from m: share m's full blocks (ref counts + 1, revived from the free
+    // list where free), then copy m's partial rows into a fresh block (recorded in
+    // pending_copies(); the source stays pinned by one ref until take_copies()). The table holds
+    // m.num_tokens() tokens. Counts num_queried_tokens tokens looked up and m's hits.
+    // Call only when seq_id has no table and can_allocate the match's own blocks
+    // (num_blocks_needed(m, m.num_tokens()) <= num_free_blocks()).
+    void allocate_prefix(int64_t seq_id, const PrefixMatch & m, int32_t num_queried_tokens);
+
+    // The step computed tokens[0, num_computed_tokens) of seq_id (tokens: [num_computed_tokens]
+    // int32): index its newly full blocks under the hash chain and its partial last block. A
+    // full block whose prefix and tokens are cached in another block already is replaced by it
+    // (its own block goes back to the pool): concurrent sequences converge on one copy.
+    // Call only when seq_id exists and num_computed_tokens <= its num_tokens.
+    void commit(int64_t seq_id, const int32_t * tokens, int32_t num_computed_tokens);
+
+    PrefixCacheStats prefix_cache_stats() const;
+    const PrefixCache * prefix_cache() const { return cache_.get(); }
 
     // Copy the sequence's block ids into row[0, max_blocks), padding with CF_BLOCK_ID_NONE.
     // Call only when seq_id exists and max_blocks >= its num_blocks().
@@ -98,13 +174,17 @@ class BlockManager {
     // Copies recorded by append_slots and not yet taken, oldest first.
     const std::vector<BlockCopy> & pending_copies() const { return copies_; }
 
-    // Move the pending copies to the end of *out (the executor performs them in order).
+    // Move the pending copies to the end of *out (the executor performs them in order) and
+    // release the copy sources pinned by allocate_prefix().
     void take_copies(std::vector<BlockCopy> * out);
 
     // "" if consistent, else a description of the first violation: pool invariants, each
     // table's block count == ceil(num_tokens / block_size), each block's ref count == the
     // number of tables holding it, no block twice in one table, and all holders of a block
     // agree on how many of its rows are filled (proof that shared blocks are never written).
+    // With the prefix cache also: ref count == table holders + pins, holders of a cached block
+    // see at least its indexed rows, no uncached block behind a cached one in the free list, and
+    // the index's own invariants.
     std::string check_invariants() const;
 
     // Human-readable state (pool, tables by ascending seq id, pending copies).
@@ -116,10 +196,21 @@ class BlockManager {
     int32_t rows_filled(const BlockTable & table, int32_t i) const;
     // True when the next append must first copy the last block: it is shared and partially filled.
     bool needs_copy_on_write(const BlockTable & table) const;
+    // pool_.allocate, dropping the cache entries of the blocks it takes (evictions).
+    void take_blocks(int32_t n, std::vector<int32_t> * out);
+    // Where a block whose ref count reaches 0 goes: the back if the cache can still use it.
+    FreePos free_pos(int32_t block_id) const;
+    void share(int32_t block_id);  // one more holder: incref, or revive a free block
+    void commit_full_block(BlockTable & table, int32_t i, const int32_t * block_tokens);
+    void commit_partial_block(BlockTable & table, const int32_t * block_tokens, int32_t num_rows);
+    std::string check_cache_invariants(const std::vector<int32_t> & holders, const std::vector<int32_t> & fill) const;
 
     BlockPool pool_;
     std::unordered_map<int64_t, BlockTable> tables_;
     std::vector<BlockCopy> copies_;  // pending, oldest first
+    std::unique_ptr<PrefixCache> cache_;  // nullptr when the prefix cache is off
+    std::vector<int32_t> pinned_;         // copy sources held until take_copies()
+    PrefixCacheStats stats_;
 };
 
 }  // namespace cf

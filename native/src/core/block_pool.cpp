@@ -10,14 +10,45 @@ BlockPool::BlockPool(int32_t num_blocks, int32_t block_size) : block_size_(block
     assert(num_blocks >= 1 && block_size >= 1);
     assert((int64_t) num_blocks * block_size <= INT32_MAX);
     ref_counts_.assign((size_t) num_blocks, 0);
+    next_.assign((size_t) num_blocks + 1, num_blocks);
+    prev_.assign((size_t) num_blocks + 1, num_blocks);
     for (int32_t block_id = 0; block_id < num_blocks; ++block_id) {
-        free_.push_back(block_id);
+        link_back(block_id);
     }
 }
 
 int32_t BlockPool::ref_count(int32_t block_id) const {
     assert(is_valid(block_id));
     return ref_counts_[(size_t) block_id];
+}
+
+void BlockPool::link_back(int32_t block_id) {
+    const int32_t sentinel = num_blocks();
+    const int32_t last = prev_[(size_t) sentinel];
+    next_[(size_t) last] = block_id;
+    prev_[(size_t) block_id] = last;
+    next_[(size_t) block_id] = sentinel;
+    prev_[(size_t) sentinel] = block_id;
+    num_free_ += 1;
+}
+
+void BlockPool::link_front(int32_t block_id) {
+    const int32_t sentinel = num_blocks();
+    const int32_t first = next_[(size_t) sentinel];
+    prev_[(size_t) first] = block_id;
+    next_[(size_t) block_id] = first;
+    prev_[(size_t) block_id] = sentinel;
+    next_[(size_t) sentinel] = block_id;
+    num_free_ += 1;
+}
+
+void BlockPool::unlink(int32_t block_id) {
+    const int32_t before = prev_[(size_t) block_id];
+    const int32_t after = next_[(size_t) block_id];
+    next_[(size_t) before] = after;
+    prev_[(size_t) after] = before;
+    next_[(size_t) block_id] = prev_[(size_t) block_id] = num_blocks();
+    num_free_ -= 1;
 }
 
 bool BlockPool::allocate(int32_t n, std::vector<int32_t> * out) {
@@ -27,9 +58,9 @@ bool BlockPool::allocate(int32_t n, std::vector<int32_t> * out) {
         return false;
     }
     for (int32_t i = 0; i < n; ++i) {
-        const int32_t block_id = free_.front();
-        free_.pop_front();
+        const int32_t block_id = next_[(size_t) num_blocks()];
         assert(ref_counts_[(size_t) block_id] == 0);
+        unlink(block_id);
         ref_counts_[(size_t) block_id] = 1;
         out->push_back(block_id);
     }
@@ -37,29 +68,59 @@ bool BlockPool::allocate(int32_t n, std::vector<int32_t> * out) {
 }
 
 void BlockPool::incref(int32_t block_id) {
-    // Call only on a used block: reviving a free block would leave it in the free list too.
+    // Call only on a used block: a free block comes back through revive().
     assert(is_valid(block_id) && ref_counts_[(size_t) block_id] >= 1);
     ref_counts_[(size_t) block_id] += 1;
 }
 
-void BlockPool::decref(int32_t block_id) {
+void BlockPool::revive(int32_t block_id) {
+    // Call only on a free block.
+    assert(is_valid(block_id) && ref_counts_[(size_t) block_id] == 0);
+    unlink(block_id);
+    ref_counts_[(size_t) block_id] = 1;
+}
+
+void BlockPool::decref(int32_t block_id, FreePos pos) {
     // Call only on a used block: a ref count never goes below 0.
     assert(is_valid(block_id) && ref_counts_[(size_t) block_id] >= 1);
     if (--ref_counts_[(size_t) block_id] == 0) {
-        free_.push_back(block_id);
+        if (pos == FreePos::BACK) {
+            link_back(block_id);
+        } else {
+            link_front(block_id);
+        }
     }
 }
 
+std::vector<int32_t> BlockPool::free_list() const {
+    std::vector<int32_t> ids;
+    ids.reserve((size_t) num_free_);
+    const int32_t sentinel = num_blocks();
+    for (int32_t b = next_[(size_t) sentinel]; b != sentinel && (int32_t) ids.size() <= num_blocks(); b = next_[(size_t) b]) {
+        ids.push_back(b);
+    }
+    return ids;
+}
+
 std::string BlockPool::check_invariants() const {
+    const int32_t sentinel = num_blocks();
     std::vector<uint8_t> in_free(ref_counts_.size(), 0);
-    for (int32_t block_id : free_) {
-        if (!is_valid(block_id)) {
-            return "free list holds invalid block id " + std::to_string(block_id);
+    int32_t walked = 0;
+    for (int32_t b = next_[(size_t) sentinel]; b != sentinel; b = next_[(size_t) b]) {
+        if (!is_valid(b)) {
+            return "free list holds invalid block id " + std::to_string(b);
         }
-        if (in_free[(size_t) block_id]) {
-            return "block " + std::to_string(block_id) + " is in the free list twice";
+        if (in_free[(size_t) b]) {
+            return "block " + std::to_string(b) + " is in the free list twice";
         }
-        in_free[(size_t) block_id] = 1;
+        if (next_[(size_t) prev_[(size_t) b]] != b) {
+            return "free list links of block " + std::to_string(b) + " disagree";
+        }
+        in_free[(size_t) b] = 1;
+        walked += 1;
+    }
+    if (walked != num_free_) {
+        return "free list holds " + std::to_string(walked) + " blocks but num_free is " + std::to_string(num_free_);
     }
     int32_t num_used = 0;
     for (int32_t block_id = 0; block_id < num_blocks(); ++block_id) {
@@ -87,7 +148,7 @@ std::string BlockPool::dump() const {
     std::ostringstream os;
     os << "BlockPool(num_blocks=" << num_blocks() << ", block_size=" << block_size_ << ", free=" << num_free()
        << ")\n  free list (next first):";
-    for (int32_t block_id : free_) {
+    for (int32_t block_id : free_list()) {
         os << " " << block_id;
     }
     os << "\n  ref counts:";

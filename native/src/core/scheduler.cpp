@@ -186,7 +186,12 @@ void Scheduler::admit_front() {
     waiting_.pop_front();
     seq->status = SequenceStatus::RUNNING;
     seq->scheduled = false;
-    kv_->admit(*seq);
+    // A prefix-cache hit: computing starts after the cached tokens (never all of them).
+    seq->num_computed_tokens = kv_->admit(*seq);
+    assert(seq->num_uncomputed_tokens() >= 1);
+    if (seq->num_preemptions == 0) {
+        seq->num_cached_tokens = seq->num_computed_tokens;  // a first admission: prompt tokens only
+    }
     seq->holds_kv = true;
     running_.push_back(std::move(seq));
 }
@@ -196,6 +201,7 @@ void Scheduler::commit_step(const StepPlan & out) {
         assert(s.seq->status == SequenceStatus::RUNNING);
         s.seq->num_computed_tokens += s.num_new_tokens;
         assert(s.seq->num_computed_tokens <= s.seq->num_tokens());
+        kv_->commit(*s.seq);
     }
 }
 

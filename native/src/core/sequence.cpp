@@ -126,6 +126,10 @@ SamplingParams SamplingParams::from_c(const cf_sampling_params & p, int32_t n_vo
     out.stop_strings = copy_stop_strings(p);
     out.ignore_eos = p.ignore_eos != 0;
     copy_penalties_and_bias(p, n_vocab, out);
+    if (p.cache_prompt != 0 && p.cache_prompt != 1) {
+        fail_invalid("cache_prompt must be 0 or 1, got " + std::to_string(p.cache_prompt));
+    }
+    out.cache_prompt = p.cache_prompt == 1;
     return out;
 }
 

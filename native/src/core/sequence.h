@@ -41,6 +41,7 @@ struct SamplingParams {
     float frequency_penalty = 0.0f;  // 0 = disabled
     std::vector<std::pair<int32_t, float>> logit_bias;  // (token id, added to its logit)
     std::string grammar;             // GBNF, rule "root"; "" = none
+    bool cache_prompt = true;        // reuse and fill the prefix cache (paged mode)
 
     bool is_greedy() const { return temperature == 0.0f; }
     bool has_penalties() const {
@@ -75,7 +76,7 @@ struct Sequence {
     SequenceStatus status = SequenceStatus::WAITING;
     int32_t num_prompt_tokens;
     int32_t num_computed_tokens = 0;  // the single progress counter, see the diagram above
-    int32_t num_cached_tokens = 0;    // prompt tokens reused from a prefix cache (none yet)
+    int32_t num_cached_tokens = 0;    // prompt tokens found in the prefix cache at first admission
     int32_t num_preemptions = 0;
     bool holds_kv = false;            // the KV cache manager holds rows for it (admitted, not freed)
     bool scheduled = false;           // running and scheduled in the step being planned

@@ -52,6 +52,7 @@ EngineConfig EngineConfig::from_c(const cf_engine_config & c) {
     check_range("log_level", c.log_level, CF_LOG_LEVEL_NONE, CF_LOG_LEVEL_DEBUG);
     check_at_least("profile_capacity", c.profile_capacity, 0);
     check_range("paged_attention", c.paged_attention, CF_PAGED_ATTENTION_INVARIANT, CF_PAGED_ATTENTION_GGML);
+    check_range("enable_prefix_caching", c.enable_prefix_caching, 0, 1);
     if (c.max_num_batched_tokens < c.max_num_seqs) {
         // every running sequence's decode token must fit one step (llama.cpp sizes its output
         // buffer by n_seq_max and aborts on a smaller n_batch)
@@ -87,6 +88,7 @@ EngineConfig EngineConfig::from_c(const cf_engine_config & c) {
     out.profile_capacity = c.profile_capacity;
     out.kv_cache_bytes = c.kv_cache_bytes;
     out.paged_attention = (cf_paged_attention) c.paged_attention;
+    out.enable_prefix_caching = c.enable_prefix_caching == 1;
     return out;
 }
 
@@ -106,6 +108,7 @@ cf_engine_config default_engine_config() {
     c.profile_capacity = 0;
     c.kv_cache_bytes = 0;
     c.paged_attention = CF_PAGED_ATTENTION_INVARIANT;
+    c.enable_prefix_caching = 1;
     return c;
 }
 
@@ -130,6 +133,7 @@ cf_sampling_params default_sampling_params() {
     p.logit_bias_values = nullptr;
     p.num_logit_bias = 0;
     p.grammar = nullptr;
+    p.cache_prompt = 1;
     return p;
 }
 

@@ -27,6 +27,7 @@ struct EngineConfig {
     int32_t profile_capacity = 0;  // profiler ring events; 0 = off
     int64_t kv_cache_bytes = 0;    // KV memory budget; 0 = from n_ctx (LlamaSession resolves it)
     cf_paged_attention paged_attention = CF_PAGED_ATTENTION_INVARIANT;  // paged mode CPU attention kernel
+    bool enable_prefix_caching = true;  // paged mode: share cached prompt prefixes across requests
 
     bool kv_unified() const { return kv_mode == CF_KV_MODE_STOCK_UNIFIED; }
     bool paged() const { return kv_mode == CF_KV_MODE_PAGED; }

@@ -19,7 +19,7 @@ namespace {
 // The KV cache manager of the session's KV mode.
 std::unique_ptr<KvCacheManager> make_kv_manager(const LlamaSession & session) {
     if (session.config().paged()) {
-        return make_paged_kv(session.num_blocks(), session.config().block_size);
+        return make_paged_kv(session.num_blocks(), session.config().block_size, session.config().enable_prefix_caching);
     }
     if (session.config().kv_unified()) {
         return make_stock_unified_kv(session.n_ctx(), session.n_ctx_per_seq());

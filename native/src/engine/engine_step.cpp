@@ -118,6 +118,10 @@ void Engine::run_decoded_step(const StepPlan & out) {
             seq->first_scheduled_ns = step_start_ns_;
             profiler_.request(CF_PROFILE_EVENT_REQUEST_FIRST_SCHEDULED, totals_.num_steps, step_start_ns_,
                               seq->request_id, s.num_new_tokens);
+            if (seq->num_cached_tokens > 0) {
+                profiler_.request(CF_PROFILE_EVENT_REQUEST_PREFIX_HIT, totals_.num_steps, step_start_ns_,
+                                  seq->request_id, seq->num_cached_tokens);
+            }
         }
         if (!s.needs_sample) {
             continue;  // a prompt chunk that does not reach the end of the prompt
@@ -277,6 +281,11 @@ void Engine::publish() {
         stats_.kv_blocks_used = scheduler_.kv().num_blocks_used();
         stats_.kv_bytes_reserved = scheduler_.kv_tokens_reserved() * bytes_per_token;
         stats_.kv_bytes_used = scheduler_.kv_tokens_used() * bytes_per_token;
+        const PrefixCacheStats cache = scheduler_.kv().prefix_cache_stats();
+        stats_.prefix_cache_queried_tokens = cache.num_queried_tokens;
+        stats_.prefix_cache_hit_tokens = cache.num_hit_tokens;
+        stats_.prefix_cache_evictions = cache.num_evictions;
+        stats_.prefix_cache_blocks = cache.num_cached_blocks;
     }
     events_.push(step_events_);
     step_events_.clear();

@@ -15,13 +15,14 @@
 //                   | tables (BlockManager)             | least one block per running seq) | scheduled; false
 //                   |                                   | are free                         | when short
 //
-// The paged implementation owns the BlockManager (block pool and block tables); the prefix cache
-// and the swapper will live inside it. Sequences are keyed by request id.
+// The paged implementation owns the BlockManager (block pool and block tables) and the prefix
+// cache inside it; the swapper will live there too. Sequences are keyed by request id.
 //
 // Lifecycle of one sequence, as the scheduler drives it:
 //
-//   can_admit? -> admit -> allocate (once per step it is scheduled) ... -> free
-//                            |  false: the scheduler preempts (free) or ends the sequence
+//   can_admit? -> admit -> allocate (once per step it is scheduled) -> commit ... -> free
+//                   |         |  false: the scheduler preempts (free) or ends the sequence
+//                   returns the tokens already cached (prefix hit): computing starts after them
 //
 // admit() and free() pair up exactly once per stay in the running set (a preempted sequence is
 // admitted again later). Between them, allocate() may be called any number of times.
@@ -51,15 +52,23 @@ class KvCacheManager {
     // sequences without starving them. Does not mutate. The scheduler checks max_num_seqs itself.
     virtual bool can_admit(const Sequence & seq, int32_t num_running) const = 0;
 
-    // `seq` starts running: take what the mode sets aside at admission (unified: its reservation).
-    // Call only after can_admit(seq) returned true and only once per stay in the running set.
-    virtual void admit(const Sequence & seq) = 0;
+    // `seq` starts running: take what the mode sets aside at admission (unified: its reservation;
+    // paged: the blocks of the longest cached prefix of its tokens). Returns the number of leading
+    // tokens of seq whose KV is in place already (a prefix-cache hit; always < seq.num_tokens(),
+    // so the last token is computed and gives logits); 0 without a prefix cache. The scheduler
+    // sets num_computed_tokens to it. Call only after can_admit(seq) returned true and only once
+    // per stay in the running set.
+    virtual int32_t admit(const Sequence & seq) = 0;
 
     // Give tokens [seq.num_computed_tokens, + num_new_tokens) of `seq` a KV row each; the step
     // computes them. Returns false when KV memory is short, changing nothing (all-or-nothing); the
     // scheduler then preempts someone or ends the sequence. Call only for an admitted sequence, with
     // num_new_tokens >= 1, once per step it is scheduled.
     virtual bool allocate(const Sequence & seq, int32_t num_new_tokens) = 0;
+
+    // The step ran: seq's tokens [0, seq.num_computed_tokens) hold KV now. The prefix cache
+    // indexes the blocks they filled. Call once per step it was scheduled in, after the step.
+    virtual void commit(const Sequence & seq) { (void) seq; }
 
     // `seq` leaves the running set (finished, aborted, failed or preempted): release its KV rows.
     // Call only for an admitted sequence, once.
@@ -77,6 +86,8 @@ class KvCacheManager {
     virtual int64_t kv_tokens_reserved() const = 0;
     virtual int32_t num_blocks_total() const { return 0; }  // 0 in the stock modes
     virtual int32_t num_blocks_used() const { return 0; }
+    // Prefix cache counters (zeros without one).
+    virtual PrefixCacheStats prefix_cache_stats() const { return {}; }
 
     // The block manager of the paged implementation, else nullptr (tests and the C ABI read it).
     virtual const BlockManager * block_manager() const { return nullptr; }
@@ -95,7 +106,8 @@ std::unique_ptr<KvCacheManager> make_stock_split_kv(int32_t n_ctx_per_seq);
 // rows at admission (llama.cpp's unified mode).
 std::unique_ptr<KvCacheManager> make_stock_unified_kv(int32_t n_ctx, int32_t n_ctx_per_seq);
 
-// num_blocks blocks of block_size rows shared through block tables (see BlockManager).
-std::unique_ptr<KvCacheManager> make_paged_kv(int32_t num_blocks, int32_t block_size);
+// num_blocks blocks of block_size rows shared through block tables (see BlockManager), with a
+// prefix cache when prefix_caching is true.
+std::unique_ptr<KvCacheManager> make_paged_kv(int32_t num_blocks, int32_t block_size, bool prefix_caching = false);
 
 }  // namespace cf

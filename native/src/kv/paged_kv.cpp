@@ -6,18 +6,47 @@
 
 namespace cf {
 
-PagedKv::PagedKv(int32_t num_blocks, int32_t block_size)
-    : blocks_(num_blocks, block_size), watermark_blocks_(std::max<int64_t>(1, num_blocks / 100)) {}
+PagedKv::PagedKv(int32_t num_blocks, int32_t block_size, bool prefix_caching)
+    : blocks_(num_blocks, block_size, prefix_caching), watermark_blocks_(std::max<int64_t>(1, num_blocks / 100)) {}
+
+PrefixMatch PagedKv::match(const Sequence & seq) const {
+    PrefixMatch m = blocks_.match_prefix(seq.tokens.data(), seq.num_tokens() - 1);
+    if (m.copy_src_free && blocks_.num_blocks_needed(m, seq.num_tokens()) > num_blocks_total()) {
+        // A sequence that fills the pool alone cannot also pin a free copy source: it would never
+        // be admitted. It computes those few rows itself.
+        m.copy_src_block_id = CF_BLOCK_ID_NONE;
+        m.num_copy_tokens = 0;
+        m.copy_src_free = false;
+    }
+    return m;
+}
+
+int64_t PagedKv::num_blocks_to_admit(const Sequence & seq) const {
+    if (!uses_cache(seq)) {
+        return blocks_.num_blocks_needed(seq.request_id, seq.num_uncomputed_tokens());
+    }
+    return blocks_.num_blocks_needed(match(seq), seq.num_tokens());
+}
 
 bool PagedKv::can_admit(const Sequence & seq, int32_t num_running) const {
     const int64_t watermark = num_running == 0 ? 0 : std::max<int64_t>(watermark_blocks_, num_running);
-    return blocks_.num_blocks_needed(seq.request_id, seq.num_uncomputed_tokens()) + watermark <=
-           blocks_.num_free_blocks();
+    return num_blocks_to_admit(seq) + watermark <= blocks_.num_free_blocks();
 }
 
-void PagedKv::admit(const Sequence & seq) {
-    assert(blocks_.find(seq.request_id) == nullptr);
-    (void) seq;  // blocks come with allocate()
+int32_t PagedKv::admit(const Sequence & seq) {
+    assert(blocks_.find(seq.request_id) == nullptr && seq.num_computed_tokens == 0);
+    if (!uses_cache(seq)) {
+        return 0;  // blocks come with allocate()
+    }
+    const PrefixMatch m = match(seq);
+    blocks_.allocate_prefix(seq.request_id, m, seq.num_tokens());
+    return m.num_tokens();
+}
+
+void PagedKv::commit(const Sequence & seq) {
+    if (uses_cache(seq)) {
+        blocks_.commit(seq.request_id, seq.tokens.data(), seq.num_computed_tokens);
+    }
 }
 
 bool PagedKv::allocate(const Sequence & seq, int32_t num_new_tokens) {
@@ -92,8 +121,8 @@ void PagedKv::fill_plan(StepPlan * plan) {
     blocks_.take_copies(&plan->blocks_to_copy);
 }
 
-std::unique_ptr<KvCacheManager> make_paged_kv(int32_t num_blocks, int32_t block_size) {
-    return std::make_unique<PagedKv>(num_blocks, block_size);
+std::unique_ptr<KvCacheManager> make_paged_kv(int32_t num_blocks, int32_t block_size, bool prefix_caching) {
+    return std::make_unique<PagedKv>(num_blocks, block_size, prefix_caching);
 }
 
 }  // namespace cf

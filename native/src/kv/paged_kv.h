@@ -1,7 +1,9 @@
 // paged_kv.h - the paged KV cache manager: block tables over one block pool (BlockManager),
 // keyed by request id. Nothing is reserved: each scheduled token gets its row when it is
-// scheduled, and a sequence that cannot get one makes the scheduler preempt. The prefix cache and
-// the swapper will plug in here (they share and move blocks; the scheduler does not see them).
+// scheduled, and a sequence that cannot get one makes the scheduler preempt. The prefix cache
+// lives in the BlockManager: admit() starts a sequence on its longest cached prefix, commit()
+// indexes what a step computed. A request with SamplingParams::cache_prompt false neither reads
+// nor fills the cache. The swapper will plug in here too (the scheduler does not see them).
 //
 // Thread-safety: none; the engine calls it from the stepping thread only.
 #pragma once
@@ -13,20 +15,23 @@ namespace cf {
 class PagedKv final : public KvCacheManager {
   public:
     // num_blocks >= 1 blocks of block_size >= 1 rows (see BlockPool).
-    PagedKv(int32_t num_blocks, int32_t block_size);
+    PagedKv(int32_t num_blocks, int32_t block_size, bool prefix_caching = false);
 
     const char * name() const override { return "paged"; }
     // Free blocks for the rest of the prompt plus a watermark: 1% of the pool and at least one
     // block per running sequence, so that admitting a prompt does not force a preemption (and its
-    // recompute) on the very next decode. Alone, a sequence may take the whole pool.
+    // recompute) on the very next decode. Alone, a sequence may take the whole pool. Blocks of a
+    // cached prefix are not needed again; cached free blocks count as free.
     bool can_admit(const Sequence & seq, int32_t num_running) const override;
-    void admit(const Sequence & seq) override;
+    int32_t admit(const Sequence & seq) override;
     bool allocate(const Sequence & seq, int32_t num_new_tokens) override;
+    void commit(const Sequence & seq) override;
     void free(const Sequence & seq) override;
     void fill_plan(StepPlan * plan) override;
     int64_t kv_tokens_reserved() const override;
     int32_t num_blocks_total() const override { return blocks_.pool().num_blocks(); }
     int32_t num_blocks_used() const override { return blocks_.pool().num_used(); }
+    PrefixCacheStats prefix_cache_stats() const override { return blocks_.prefix_cache_stats(); }
     const BlockManager * block_manager() const override { return &blocks_; }
     std::string check_invariants(const std::vector<std::unique_ptr<Sequence>> & running) const override;
     std::string dump() const override;
@@ -38,6 +43,13 @@ class PagedKv final : public KvCacheManager {
     void fork(const Sequence & parent, const Sequence & child);
 
   private:
+    bool uses_cache(const Sequence & seq) const { return blocks_.prefix_caching() && seq.params.cache_prompt; }
+    // The cached prefix seq starts on: the longest match, without its partial copy when pinning
+    // the copy's free source would need more blocks than the pool has.
+    PrefixMatch match(const Sequence & seq) const;
+    // Blocks admitting seq takes from the free list (its cached prefix not counted).
+    int64_t num_blocks_to_admit(const Sequence & seq) const;
+
     BlockManager blocks_;
     int64_t watermark_blocks_;  // free blocks kept for running sequences: 1% of the pool, at least 1
 };

@@ -16,7 +16,10 @@ class StockSplitKv final : public KvCacheManager {
 
     const char * name() const override { return "stock split"; }
     bool can_admit(const Sequence & /*seq*/, int32_t /*num_running*/) const override { return true; }
-    void admit(const Sequence & /*seq*/) override { num_streams_ += 1; }
+    int32_t admit(const Sequence & /*seq*/) override {
+        num_streams_ += 1;
+        return 0;
+    }
     bool allocate(const Sequence & /*seq*/, int32_t num_new_tokens) override {
         assert(num_new_tokens >= 1);
         (void) num_new_tokens;
@@ -60,7 +63,10 @@ class StockUnifiedKv final : public KvCacheManager {
     bool can_admit(const Sequence & seq, int32_t /*num_running*/) const override {
         return reserved_ + seq.max_kv_tokens(n_ctx_per_seq_) <= n_ctx_;
     }
-    void admit(const Sequence & seq) override { reserved_ += seq.max_kv_tokens(n_ctx_per_seq_); }
+    int32_t admit(const Sequence & seq) override {
+        reserved_ += seq.max_kv_tokens(n_ctx_per_seq_);
+        return 0;
+    }
     bool allocate(const Sequence & /*seq*/, int32_t num_new_tokens) override {
         assert(num_new_tokens >= 1);
         (void) num_new_tokens;
