@@ -538,9 +538,19 @@ def _fmt(value: object, suffix: str = "") -> str:
     help="Another server (e.g. llama-server -np N) loaded the same way, same run.",
 )
 @click.option(
-    "--client-check",
-    is_flag=True,
-    help="First run the load against a built-in no-op server: the client's own ceiling.",
+    "--client-check/--no-client-check",
+    default=True,
+    show_default=True,
+    help="First run the same load against a built-in no-op server: the client's own ceiling, "
+    "reported beside each server's throughput (headroom = ceiling / throughput).",
+)
+@click.option(
+    "--client-procs",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="Client processes sending the load; 0 = one per 256 streams in flight, at most one "
+    "per core.",
 )
 @click.option(
     "--out",
@@ -604,6 +614,7 @@ def serve(url: str, baselines: tuple[str, ...], client_check: bool, **opts: obje
         row.update(run_metrics(run.metrics).to_row())
         row["client_busy_s"] = run.client_busy_s
         row["client_busy_frac"] = run.client_busy_s / run.wall_s if run.wall_s else 0.0
+        row["client_procs"] = run.num_procs
         rows.append(row)
         if run.errors:
             click.echo(
@@ -637,6 +648,19 @@ def serve(url: str, baselines: tuple[str, ...], client_check: bool, **opts: obje
         f"client busy (share of wall time in the client's own code): "
         f"{', '.join(f'{b:.1%}' for b in busy)}"
     )
+    _echo_headroom(rows, client_check)
+
+
+def _echo_headroom(rows: list[dict[str, object]], client_check: bool) -> None:
+    """The client's ceiling (its no-op run) over each server's throughput, same load."""
+    if not client_check or not rows:
+        return
+    ceiling = float(rows[0].get("output_throughput") or 0.0)
+    for row in rows[1:]:
+        measured = float(row.get("output_throughput") or 0.0)
+        headroom = f"{ceiling / measured:.1f}x" if measured else "n/a"
+        click.echo(f"client ceiling {ceiling:.0f} tok/s = {headroom} the throughput of "
+                   f"{str(row['variant'])[:40]}")  # fmt: skip
 
 
 def _load(online, url: str, reqs: list, opts: dict[str, object], bar) -> object:
@@ -649,4 +673,5 @@ def _load(online, url: str, reqs: list, opts: dict[str, object], bar) -> object:
         opts["max_concurrency"],
         int(opts["seed"]),
         on_finish=lambda: bar.update(1),
+        num_procs=int(opts["client_procs"]),
     )

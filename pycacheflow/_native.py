@@ -14,6 +14,8 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from pycacheflow import errors
 from pycacheflow._ffi import ffi, load_library
 from pycacheflow.config import KV_MODES, LOG_LEVELS, PAGED_ATTENTIONS, POLICIES, c_enum_name
@@ -51,7 +53,27 @@ _PAGED_ATTENTION_VALUES = {
 }
 
 _DRAIN_CAPACITY = 1024  # events moved per cf_engine_drain call
+_DRAIN_TEXT_BYTES = 1 << 16  # text bytes per cf_engine_drain_outputs call (grown on demand)
 _INITIAL_TEXT_BYTES = 1024
+_NUMPY_TYPES = {"int32_t": np.int32, "int64_t": np.int64}
+
+
+def _struct_dtype(c_type: str) -> np.dtype:
+    """A numpy structured dtype with the C struct's field names, offsets and size, so that an
+    array of the structs is read as columns without copying field by field."""
+    ctype = ffi.typeof(c_type)
+    fields = ctype.fields
+    return np.dtype(
+        {
+            "names": [name for name, _ in fields],
+            "formats": [_NUMPY_TYPES[f.type.cname] for _, f in fields],
+            "offsets": [f.offset for _, f in fields],
+            "itemsize": ffi.sizeof(ctype),
+        }
+    )
+
+
+EVENT_DTYPE = _struct_dtype("cf_output_event")
 
 
 def _check(rc: int, library: object = None) -> None:
@@ -227,6 +249,7 @@ class Engine:
         self._lib = lib
         _check(self._lib.cf_engine_init(c_config, out), self._lib)
         self._guard = _HandleGuard(ffi.gc(out[0], self._lib.cf_engine_free))
+        self._local = threading.local()  # per-thread drain buffers
         self.config = config
 
     # ------------------------------------------------------------------ lifetime
@@ -388,6 +411,41 @@ class Engine:
         self._call(self._lib.cf_engine_drain, events, capacity, timeout_ms, out)
         return [_event(events[i]) for i in range(out[0])]
 
+    def drain_outputs(
+        self, timeout_ms: int = 0, capacity: int = _DRAIN_CAPACITY
+    ) -> tuple[np.ndarray, bytes]:
+        """Move queued output events and their text out of the engine in one call (thread-safe).
+
+        Args:
+            timeout_ms: as ``drain``.
+            capacity: most events returned by this call.
+
+        Returns:
+            (events, text): events is a [num_events] array of EVENT_DTYPE (the fields of
+            cf_output_event), oldest first; event i's UTF-8 text is
+            text[events["text_offset"][i] : + events["text_len"][i]].
+        """
+        buffers = self._drain_buffers(capacity)
+        events, text = buffers.events, buffers.text
+        out_n, out_len = buffers.out_n, buffers.out_len
+        while True:
+            try:
+                self._call(self._lib.cf_engine_drain_outputs, events, capacity, text,
+                           len(text), timeout_ms, out_n, out_len)  # fmt: skip
+                break
+            except errors.BufferTooSmallError:
+                text = buffers.text = ffi.new("char[]", _grown(len(text), out_len[0]))
+        n = out_n[0]
+        array = np.frombuffer(ffi.buffer(events, n * EVENT_DTYPE.itemsize), EVENT_DTYPE).copy()
+        return array, ffi.buffer(text, out_len[0])[:]
+
+    def _drain_buffers(self, capacity: int) -> _DrainBuffers:
+        """This thread's reusable cffi buffers for ``drain_outputs``."""
+        buffers = getattr(self._local, "buffers", None)
+        if buffers is None or buffers.capacity < capacity:
+            buffers = self._local.buffers = _DrainBuffers(capacity)
+        return buffers
+
     def profile_drain(self, capacity: int = _DRAIN_CAPACITY) -> tuple[list[ProfileEvent], int]:
         """Move recorded profiler events out of the engine's ring, in recording order (thread-safe,
         never waits).
@@ -512,6 +570,17 @@ class Engine:
             return ffi.unpack(buf, out[0])
 
 
+class _DrainBuffers:
+    """cffi out-buffers of one thread's ``drain_outputs`` calls (allocated once)."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.events = ffi.new("cf_output_event[]", capacity)
+        self.text = ffi.new("char[]", _DRAIN_TEXT_BYTES)
+        self.out_n = ffi.new("int32_t *")
+        self.out_len = ffi.new("int32_t *")
+
+
 def _grown(capacity: int, needed: int) -> int:
     """Next buffer size after BUFFER_TOO_SMALL; never loops on a bogus "needed" value."""
     return needed if needed > capacity else 2 * capacity
@@ -529,4 +598,8 @@ def _event(e: object) -> OutputEvent:
         e.num_cached_tokens,
         e.num_output_tokens,
         e.num_preemptions,
+        e.slot_id,
+        e.text_len,
+        e.text_offset,
+        e.stop_string_index,
     )

@@ -1,12 +1,15 @@
 """EngineRunner: runs a native Engine in the background and routes its output events.
 
-The native step thread (``cf_engine_start``) does all per-step work. One Python dispatcher
-thread blocks in ``cf_engine_drain`` (GIL released), takes events in batches and hands each
-request's share of a batch to that request's ``RequestStream`` with one queue put. Any number
-of consumer threads (``LLM.generate`` calls, HTTP handlers) wait on their own streams.
+The native step thread (``cf_engine_start``) does all per-step work, text and stop strings
+included. One Python dispatcher thread blocks in ``cf_engine_drain_outputs`` (GIL released),
+takes every queued event as one numpy array plus one text buffer, splits them by request with
+array operations (``split_by_request``) and hands each request its ``RequestChunk`` (its tokens,
+times and text of the drain, merged) with one queue put: Python work per drain grows with the
+requests in it, not with their tokens. Any number of consumer threads (``LLM.generate`` calls,
+HTTP handlers) wait on their own streams.
 
-    add_request ──► native queue ──► step thread ──► event queue
-                                                        │ cf_engine_drain (batches)
+    add_request ──► native queue ──► step thread ──► event queue (+ text)
+                                                        │ cf_engine_drain_outputs (arrays)
                                                dispatcher thread
                                         ┌───────────────┼───────────────┐
                                   RequestStream   RequestStream   RequestStream ──► consumers
@@ -22,18 +25,20 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from pycacheflow import errors
+from pycacheflow.outputs import FINISH_REASON_NONE, TOKEN_NONE, FinalInfo, RequestChunk
 
 if TYPE_CHECKING:
     from pycacheflow._native import Engine
-    from pycacheflow.outputs import OutputEvent
     from pycacheflow.sampling_params import SamplingParams
 
 _DRAIN_TIMEOUT_MS = 100  # bounds how long close() waits for the dispatcher to notice
 
 
 class RequestStream:
-    """The output events of one request, in order, filled by the dispatcher thread.
+    """The output chunks of one request, in order, filled by the dispatcher thread.
 
     Args:
         request_id: the engine's request id.
@@ -44,23 +49,23 @@ class RequestStream:
 
     def __init__(self, request_id: int, notify: Callable[[], None] | None = None) -> None:
         self.request_id = request_id
-        self._queue: queue.SimpleQueue[list[OutputEvent] | BaseException] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[RequestChunk | BaseException] = queue.SimpleQueue()
         self._notify = notify
         self.finished = False  # set by the consumer once the final event was read
 
-    def _put(self, item: list[OutputEvent] | BaseException) -> None:
+    def _put(self, item: RequestChunk | BaseException) -> None:
         self._queue.put(item)
         if self._notify is not None:
             self._notify()
 
-    def get(self, timeout: float | None = None) -> list[OutputEvent]:
-        """Next batch of events (blocks).
+    def get(self, timeout: float | None = None) -> RequestChunk:
+        """Next chunk (blocks).
 
         Args:
             timeout: seconds to wait at most; None = forever.
 
         Returns:
-            One or more events in order; the request's last event has finish_reason != 0.
+            The request's output of one drain; the last chunk has ``final`` set.
 
         Raises:
             queue.Empty: timeout passed.
@@ -71,20 +76,19 @@ class RequestStream:
             raise item
         return item
 
-    def get_nowait(self) -> list[OutputEvent] | None:
-        """Next batch if one is queued, else None (for event-loop consumers woken by notify)."""
+    def get_nowait(self) -> RequestChunk | None:
+        """Next chunk if one is queued, else None (for event-loop consumers woken by notify)."""
         try:
             return self.get(timeout=0)
         except queue.Empty:
             return None
 
-    def events(self) -> Iterator[OutputEvent]:
-        """Iterate over the request's events until its final one (blocks between batches)."""
+    def chunks(self) -> Iterator[RequestChunk]:
+        """Iterate over the request's chunks until its final one (blocks between them)."""
         while not self.finished:
-            for event in self.get():
-                yield event
-                if event.finish_reason != 0:
-                    self.finished = True
+            chunk = self.get()
+            self.finished = chunk.final is not None
+            yield chunk
 
 
 class EngineRunner:
@@ -192,31 +196,85 @@ class EngineRunner:
     def _dispatch(self) -> None:
         while not self._stop.is_set():
             try:
-                events = self.engine.drain(timeout_ms=_DRAIN_TIMEOUT_MS)
+                events, text = self.engine.drain_outputs(timeout_ms=_DRAIN_TIMEOUT_MS)
             except errors.CacheFlowError as exc:  # engine broken: fail every waiter
                 self._fail_all(exc)
                 return
-            if events:
-                self._route(events)
+            if len(events):
+                self._route(split_by_request(events, text))
 
-    def _route(self, events: list[OutputEvent]) -> None:
-        by_request: dict[int, list[OutputEvent]] = {}
-        for event in events:
-            by_request.setdefault(event.request_id, []).append(event)
+    def _route(self, chunks: list[RequestChunk]) -> None:
         with self._lock:
             targets = []
-            for request_id, batch in by_request.items():
-                stream = self._streams.get(request_id)
+            for chunk in chunks:
+                stream = self._streams.get(chunk.request_id)
                 if stream is None:
                     continue  # not submitted through this runner
-                if batch[-1].finish_reason != 0:
-                    del self._streams[request_id]
-                targets.append((stream, batch))
-        for stream, batch in targets:
-            stream._put(batch)
+                if chunk.final is not None:
+                    del self._streams[chunk.request_id]
+                targets.append((stream, chunk))
+        for stream, chunk in targets:
+            stream._put(chunk)
 
     def _fail_all(self, exc: BaseException) -> None:
         with self._lock:
             streams, self._streams = list(self._streams.values()), {}
         for stream in streams:
             stream._put(exc)
+
+
+def split_by_request(events: np.ndarray, text: bytes) -> list[RequestChunk]:
+    """One RequestChunk per request of a drain, in order of each request's first event.
+
+    Args:
+        events: [num_events] EVENT_DTYPE array as ``Engine.drain_outputs`` returns it (a
+            request's events in order; nothing follows a request's final event).
+        text: the drain's text buffer (event i's bytes at text_offset[i], text_len[i] long).
+
+    Returns:
+        The chunks: each request's tokens (events without a token left out), their times, its
+        text pieces concatenated and decoded (the engine releases whole characters only), its
+        latest slot id, and the final fields when its last event is among them.
+    """
+    request_ids = events["request_id"]
+    order = np.argsort(request_ids, kind="stable")  # each request's events together, in order
+    ids_sorted = request_ids[order]
+    starts = np.flatnonzero(np.r_[True, ids_sorted[1:] != ids_sorted[:-1]])
+    bounds = sorted(zip(order[starts].tolist(), starts.tolist(), np.r_[starts[1:], len(order)].tolist()))
+    byte_ends = np.cumsum(events["text_len"][order])
+    text = _gather_text(events, order, text, byte_ends)
+    # Whole columns to Python lists once; per request only list slices remain.
+    token_ids = events["token_id"][order].tolist()
+    times = events["time_ns"][order].tolist()
+    slot_ids = events["slot_id"][order].tolist()
+    finish = events["finish_reason"][order].tolist()
+    byte_end = [0] + byte_ends.tolist()
+    all_tokens = TOKEN_NONE not in token_ids
+    chunks = []
+    for _, start, end in bounds:
+        ids, stamps = token_ids[start:end], times[start:end]
+        if not all_tokens:
+            kept = [i for i, t in enumerate(ids) if t != TOKEN_NONE]
+            ids, stamps = [ids[i] for i in kept], [stamps[i] for i in kept]
+        final = None
+        if finish[end - 1] != FINISH_REASON_NONE:
+            last = events[order[end - 1]]
+            final = FinalInfo(*(int(last[f]) for f in _FINAL_FIELDS))
+        piece = text[byte_end[start]:byte_end[end]].decode("utf-8", errors="replace")
+        chunks.append(RequestChunk(int(ids_sorted[start]), ids, stamps, piece, slot_ids[end - 1],
+                                   final))  # fmt: skip
+    return chunks
+
+
+_FINAL_FIELDS = tuple(FinalInfo.__dataclass_fields__)
+
+
+def _gather_text(events: np.ndarray, order: np.ndarray, text: bytes, byte_ends: np.ndarray) -> bytes:
+    """The events' text bytes in ``order`` (so each request's bytes are contiguous)."""
+    if not text or np.array_equal(order, np.arange(len(order))):
+        return text  # already in that order (one request, or requests not interleaved)
+    lens = events["text_len"][order].astype(np.int64)
+    offsets = events["text_offset"][order]
+    # byte k of the result comes from offsets[i] + (k - start of event i in the result)
+    index = np.repeat(offsets - (byte_ends - lens), lens) + np.arange(int(byte_ends[-1]))
+    return np.frombuffer(text, dtype=np.uint8)[index].tobytes()

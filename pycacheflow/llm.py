@@ -29,7 +29,6 @@ class _Pending:
 
     state: RequestState
     stream: RequestStream
-    abort_sent: bool = False
 
 
 @dataclass(frozen=True)
@@ -236,13 +235,7 @@ class LLM:
             # one submission: the engine schedules the batch as a whole, whatever the timing
             streams = self._runner.add_requests([(p.token_ids, p.params) for p in prepared])
             for p, stream in zip(prepared, streams):
-                state = RequestState(
-                    stream.request_id,
-                    p.prompt,
-                    p.token_ids,
-                    p.params,
-                    self._engine.detokenize_bytes,
-                )
+                state = RequestState(stream.request_id, p.prompt, p.token_ids, p.params.stop)
                 submitted.append((state, stream))
             for state, stream in submitted:
                 while not state.finished:
@@ -307,23 +300,14 @@ class LLM:
         p = self._prepare_all([prompt], params, use_chat_template)[0]
         with self._lock:
             stream = self._runner.add_request(p.token_ids, p.params, priority, notify)
-            state = RequestState(
-                stream.request_id,
-                p.prompt,
-                p.token_ids,
-                p.params,
-                self._engine.detokenize_bytes,
-                streaming=True,
-            )
+            state = RequestState(stream.request_id, p.prompt, p.token_ids, p.params.stop)
             self._pending[stream.request_id] = _Pending(state, stream)
         return stream.request_id
 
     def iter_outputs(self, request_id: int, timeout: float | None = None) -> Iterator[StreamDelta]:
         """Yield a request's output as StreamDeltas until its last one (which has ``output``).
 
-        One consumer per request. If a stop string shows up in the text before the engine
-        stops by itself, the request is aborted and finishes with "stop". Closing the iterator
-        early, or a timeout, aborts the request.
+        One consumer per request. Closing the iterator early, or a timeout, aborts the request.
 
         Args:
             request_id: an id returned by ``add_request``.
@@ -339,15 +323,16 @@ class LLM:
             raise errors.NotFoundError(f"no pending request with id {request_id}")
         try:
             while not pending.state.finished:
-                delta = self._consume(pending, pending.stream.get(timeout))
+                delta = pending.state.add(pending.stream.get(timeout))
                 if delta.text or delta.token_ids or delta.finished:
                     yield delta
         finally:
-            if not pending.state.finished and not pending.abort_sent:
+            if not pending.state.finished:
                 self._runner.abort(request_id)
 
     def take_outputs(self, request_id: int) -> list[StreamDelta]:
-        """Deltas queued for a request right now, without blocking ([] if none).
+        """Everything queued for a request right now, without blocking, as one delta (output
+        that arrived in several drains is coalesced); [] if nothing is queued.
 
         For event-loop servers: pass ``notify`` to ``add_request`` to learn when to call this.
         After the delta with ``output`` the id is forgotten. One consumer per request; do not
@@ -360,25 +345,14 @@ class LLM:
             pending = self._pending.get(request_id)
         if pending is None:
             raise errors.NotFoundError(f"no pending request with id {request_id}")
-        deltas = []
-        while not pending.state.finished:
-            batch = pending.stream.get_nowait()
-            if batch is None:
+        chunks = []
+        while not pending.state.finished and (chunk := pending.stream.get_nowait()) is not None:
+            chunks.append(chunk)
+            if chunk.final is not None:
+                with self._lock:
+                    self._pending.pop(request_id, None)
                 break
-            deltas.append(self._consume(pending, batch))
-        if pending.state.finished:
-            with self._lock:
-                self._pending.pop(request_id, None)
-        return deltas
-
-    def _consume(self, pending: _Pending, batch: list) -> StreamDelta:
-        delta = pending.state.add(batch)
-        state = pending.state
-        if state.hit_stop_string and not state.finished and not pending.abort_sent:
-            # The engine has not matched the stop string (yet): stop it from generating more.
-            pending.abort_sent = True
-            self._runner.abort(state.request_id)
-        return delta
+        return [pending.state.add(chunks)] if chunks else []
 
     def abort(self, request_id: int) -> bool:
         """Abort a request; its consumer still gets a final delta with finish_reason "abort".

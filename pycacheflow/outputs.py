@@ -1,7 +1,9 @@
 """Plain data coming out of the engine: raw events, model info, stats, request outputs.
 
 The three NamedTuples mirror the C structs of cacheflow.h field for field (tests/unit/test_cdef.py
-fails on drift). ``RequestMetrics`` and ``RequestOutput`` are what users see.
+fails on drift). ``RequestChunk`` is one request's share of one drain (what the dispatcher hands
+to a request's stream: one object per request per drain, not per token). ``RequestMetrics`` and
+``RequestOutput`` are what users see.
 
 Times: the native engine stamps events with ``cf_clock_ns()`` (a monotonic clock, nanoseconds).
 ``RequestMetrics`` converts them to seconds on the same clock; only differences are meaningful.
@@ -15,6 +17,7 @@ from typing import NamedTuple
 
 # Mirrors of cacheflow.h constants (tests/unit/test_cdef.py checks them against the header).
 TOKEN_NONE = -1  # CF_TOKEN_NONE: an event without a token
+SLOT_ID_NONE = -1  # CF_SLOT_ID_NONE: the request never ran
 FINISH_REASON_NONE = 0  # CF_FINISH_REASON_NONE: the request is still running
 # cf_finish_reason value i + 1 <-> FINISH_REASONS[i]
 FINISH_REASONS = ("stop", "length", "abort", "error")
@@ -28,6 +31,7 @@ class OutputEvent(NamedTuple):
     ``token_id`` is CF_TOKEN_NONE (-1) when the event carries no token; ``finish_reason`` is
     the cf_finish_reason int (0 = still running). The fields after ``time_ns`` are "final":
     set on a request's last event only, 0 elsewhere. Times are cf_clock_ns() nanoseconds.
+    ``text_len`` bytes of released text belong to it (``Engine.drain`` does not return them).
     """
 
     request_id: int
@@ -40,6 +44,47 @@ class OutputEvent(NamedTuple):
     num_cached_tokens: int
     num_output_tokens: int
     num_preemptions: int
+    slot_id: int
+    text_len: int
+    text_offset: int
+    stop_string_index: int
+
+
+@dataclass(frozen=True)
+class FinalInfo:
+    """The "final" fields of a request's last event (see cacheflow.h), times in cf_clock_ns ns."""
+
+    finish_reason: int
+    time_ns: int
+    arrival_ns: int
+    first_scheduled_ns: int
+    num_prompt_tokens: int
+    num_cached_tokens: int
+    num_output_tokens: int
+    num_preemptions: int
+    stop_string_index: int  # -1: no stop string ended it
+
+
+@dataclass(frozen=True)
+class RequestChunk:
+    """One request's events of one drain, merged (built by the dispatcher from the drain's
+    arrays).
+
+    Attributes:
+        request_id: the request.
+        token_ids: tokens sampled, in order.
+        token_times_ns: [len(token_ids)] sample time of each (cf_clock_ns ns).
+        text: the text the engine released with them (whole characters, never a stop string).
+        slot_id: the slot of its latest event (SLOT_ID_NONE if it never ran).
+        final: set when the chunk holds the request's last event.
+    """
+
+    request_id: int
+    token_ids: list
+    token_times_ns: list
+    text: str
+    slot_id: int
+    final: FinalInfo | None = None
 
 
 class ModelInfo(NamedTuple):
@@ -217,11 +262,13 @@ class RequestOutput:
         prompt: the prompt as given (the user message when a chat template was applied);
             None when the prompt was given as token ids.
         prompt_token_ids: the tokens actually sent to the engine.
-        text: the generated text, cut right before the earliest stop string if one occurred.
+        text: the generated text, cut right before the earliest stop string if one occurred
+            (the engine's text: the streamed pieces concatenated).
         token_ids: the generated token ids (as sampled; may run past a stop string's start).
         finish_reason: "stop" (end-of-generation token, stop token or stop string), "length"
             (max_tokens or context full), "abort" or "error".
         metrics: timings and counts.
+        stop_string: the stop string that ended it (finish_reason "stop"), else None.
     """
 
     request_id: int
@@ -231,6 +278,7 @@ class RequestOutput:
     token_ids: tuple[int, ...]
     finish_reason: str
     metrics: RequestMetrics
+    stop_string: str | None = None
 
     def to_dict(self) -> dict[str, object]:
         """JSON-ready dict: prompt, text, token_ids, finish_reason, metrics, request_id."""
@@ -241,6 +289,7 @@ class RequestOutput:
             "finish_reason": self.finish_reason,
             "metrics": self.metrics.to_dict(),
             "request_id": self.request_id,
+            "stop_string": self.stop_string,
         }
 
 
@@ -254,12 +303,15 @@ class StreamDelta:
             that later completes. May be "" when new tokens did not complete a character yet.
         token_ids: tokens sampled since the previous delta.
         output: set on the last delta only: the full ``RequestOutput`` (finish reason, metrics).
+        slot_id: the engine slot the request runs in (llama-server's id_slot), in
+            [0, max_num_seqs); SLOT_ID_NONE (-1) if it never ran.
     """
 
     request_id: int
     text: str
     token_ids: tuple[int, ...]
     output: RequestOutput | None = None
+    slot_id: int = SLOT_ID_NONE
 
     @property
     def finished(self) -> bool:

@@ -298,7 +298,16 @@ CF_API cf_status cf_engine_abort_request(cf_engine_t engine, int64_t request_id)
 /* One output event. A request produces one event per generated token, in order; the last
  * event of a request has finish_reason != CF_FINISH_REASON_NONE (it may also carry the last
  * token, or token_id == CF_TOKEN_NONE for abort/error). The timing fields marked "final" are
- * set on the last event only (0 elsewhere). */
+ * set on the last event only (0 elsewhere).
+ *
+ * Text: the engine detokenizes the output incrementally (special tokens render as nothing) and
+ * applies the stop strings itself. Each event carries the text its token released: whole UTF-8
+ * characters only (a character split across tokens is held back until complete) and never a
+ * stop string or what could still become one (held back until it cannot). A stop string ends
+ * the request with CF_FINISH_REASON_STOP and is not part of the text, nor is anything after it,
+ * even inside the same token. The final event releases whatever is still held (a character cut
+ * at the end as U+FFFD). So the concatenated text of a request's events is its whole output
+ * text, streamed or not. The bytes are in the text buffer of cf_engine_drain_outputs. */
 typedef struct cf_output_event {
     int64_t request_id;
     int32_t token_id;             /* CF_TOKEN_NONE if this event carries no token            */
@@ -310,7 +319,19 @@ typedef struct cf_output_event {
     int32_t num_cached_tokens;    /* final: prompt tokens reused from the prefix cache       */
     int32_t num_output_tokens;    /* final: tokens generated                                 */
     int32_t num_preemptions;      /* final                                                   */
+    int32_t slot_id;              /* the slot the request runs in: an id in [0, max_num_seqs)
+                                     that no other running request holds (llama-server's
+                                     id_slot); taken when it is first scheduled, given back
+                                     when it finishes or is preempted (it may get another
+                                     one when it resumes); CF_SLOT_ID_NONE if it never ran  */
+    int32_t text_len;             /* bytes of UTF-8 text this event releases (may be 0)      */
+    int64_t text_offset;          /* cf_engine_drain_outputs: where they start in its text
+                                     buffer; cf_engine_drain: 0 (the text is not returned)  */
+    int32_t stop_string_index;    /* final: index into the request's stop_strings of the one
+                                     that ended it (CF_FINISH_REASON_STOP), else -1          */
 } cf_output_event;
+
+#define CF_SLOT_ID_NONE (-1)
 
 /* Run one scheduler step synchronously: schedule (decode tokens of running sequences plus
  * prefill chunks of waiting ones under max_num_batched_tokens), one llama_decode, sample,
@@ -328,10 +349,22 @@ CF_API cf_status cf_engine_stop(cf_engine_t engine);
 
 /* Move up to capacity queued events into events[0..*out_num_events), oldest first. If none is
  * queued, wait up to timeout_ms (0 = do not wait, < 0 = wait until one arrives or the engine
- * is freed/stopped). events: caller-owned [capacity] array. Thread-safe; the GIL is released
- * by cffi during the wait. */
+ * is freed/stopped). events: caller-owned [capacity] array. The events' text is dropped
+ * (text_offset 0; text_len says how much there was): use cf_engine_drain_outputs for it.
+ * Thread-safe; the GIL is released by cffi during the wait. */
 CF_API cf_status cf_engine_drain(cf_engine_t engine, cf_output_event * events, int32_t capacity,
                                  int32_t timeout_ms, int32_t * out_num_events);
+
+/* As cf_engine_drain, and the events' text: event i's bytes are
+ * text[events[i].text_offset, events[i].text_offset + events[i].text_len), packed in event order
+ * into the caller-owned text[0..text_capacity); *out_text_len = bytes written. Stops before the
+ * first event whose text does not fit (it stays queued). Returns CF_STATUS_BUFFER_TOO_SMALL
+ * (nothing taken, *out_text_len = the bytes the oldest event needs) when not even the oldest
+ * event's text fits; CF_STATUS_INVALID_ARGUMENT for a NULL pointer, capacity < 1 or
+ * text_capacity < 0. Thread-safe; blocks like cf_engine_drain. */
+CF_API cf_status cf_engine_drain_outputs(cf_engine_t engine, cf_output_event * events, int32_t capacity,
+                                         char * text, int32_t text_capacity, int32_t timeout_ms,
+                                         int32_t * out_num_events, int32_t * out_text_len);
 
 /* 1 if any request is waiting or running (work remains), else 0. */
 CF_API int32_t cf_engine_has_work(cf_engine_t engine);

@@ -171,6 +171,33 @@ cf_status cf_engine_drain(cf_engine_t engine, cf_output_event * events, int32_t 
     });
 }
 
+cf_status cf_engine_drain_outputs(cf_engine_t engine, cf_output_event * events, int32_t capacity, char * text,
+                                  int32_t text_capacity, int32_t timeout_ms, int32_t * out_num_events,
+                                  int32_t * out_text_len) {
+    if (out_num_events != nullptr) {
+        *out_num_events = 0;
+    }
+    if (out_text_len != nullptr) {
+        *out_text_len = 0;
+    }
+    return guarded("cf_engine_drain_outputs", [&] {
+        require(engine != nullptr, "engine is NULL");
+        require(out_num_events != nullptr && out_text_len != nullptr, "out_num_events and out_text_len must be non-NULL");
+        require(events != nullptr && capacity >= 1, "events must be non-NULL with capacity >= 1");
+        require(text_capacity >= 0 && (text != nullptr || text_capacity == 0),
+                "text must be non-NULL with text_capacity >= 0");
+        char empty = 0;
+        const int32_t n = engine->engine.drain(events, capacity, timeout_ms, text != nullptr ? text : &empty,
+                                               text_capacity, out_text_len);
+        if (n == 0 && *out_text_len > 0) {
+            throw cf::Error(CF_STATUS_BUFFER_TOO_SMALL, "the oldest event has " + std::to_string(*out_text_len) +
+                                                            " bytes of text but the text buffer holds " +
+                                                            std::to_string(text_capacity));
+        }
+        *out_num_events = n;
+    });
+}
+
 int32_t cf_engine_has_work(cf_engine_t engine) {
     if (engine == nullptr) {
         return 0;

@@ -65,6 +65,13 @@ static void test_null_engine(void) {
     assert(cf_engine_add_request(NULL, prompt, 1, &p, 0, &id) == CF_STATUS_INVALID_ARGUMENT);
     assert(cf_engine_step(NULL, &n) == CF_STATUS_INVALID_ARGUMENT);
     assert(cf_engine_drain(NULL, ev, 1, 0, &n) == CF_STATUS_INVALID_ARGUMENT);
+    {
+        char text[8];
+        int32_t text_len = 7;
+        assert(cf_engine_drain_outputs(NULL, ev, 1, text, 8, 0, &n, &text_len) == CF_STATUS_INVALID_ARGUMENT);
+        assert(n == 0 && text_len == 0);
+        assert(CF_SLOT_ID_NONE == -1);
+    }
     assert(cf_engine_has_work(NULL) == 0);
     {
         cf_profile_event pev[1];

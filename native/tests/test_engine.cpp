@@ -48,23 +48,28 @@ std::vector<int32_t> tokenize(cf_engine_t engine, const std::string & text) {
 
 struct Result {
     std::vector<int32_t> tokens;
+    std::string text;  // the events' text, concatenated
     int32_t finish_reason = CF_FINISH_REASON_NONE;
     cf_output_event final_event{};
 };
 
-// Step synchronously until no work is left; collect events per request.
+// Step synchronously until no work is left; collect events and their text per request.
 std::map<int64_t, Result> run_to_completion(cf_engine_t engine) {
     std::map<int64_t, Result> results;
     cf_output_event events[64];
+    char text[4096];
     while (cf_engine_has_work(engine)) {
         int32_t n_sched = 0;
         assert(cf_engine_step(engine, &n_sched) == CF_STATUS_OK);
         int32_t n = 0;
         do {
-            assert(cf_engine_drain(engine, events, 64, 0, &n) == CF_STATUS_OK);
+            int32_t text_len = 0;
+            assert(cf_engine_drain_outputs(engine, events, 64, text, sizeof text, 0, &n, &text_len) == CF_STATUS_OK);
             for (int32_t i = 0; i < n; ++i) {
                 Result & r = results[events[i].request_id];
                 assert(r.finish_reason == CF_FINISH_REASON_NONE);  // nothing after the final event
+                assert(events[i].text_offset + events[i].text_len <= text_len);
+                r.text.append(text + events[i].text_offset, (size_t) events[i].text_len);
                 if (events[i].token_id != CF_TOKEN_NONE) {
                     r.tokens.push_back(events[i].token_id);
                 }
@@ -245,8 +250,16 @@ void test_stops_and_abort() {
     p.max_tokens = 16;
     p.ignore_eos = 1;
     const int64_t ref = add(engine, prompt, p);
-    const std::vector<int32_t> reference = run_to_completion(engine)[ref].tokens;
+    const Result ref_result = run_to_completion(engine)[ref];
+    const std::vector<int32_t> reference = ref_result.tokens;
     assert(reference.size() == 16);
+    {  // the events' text is the output detokenized (ASCII here: no character is cut)
+        std::vector<char> whole(4096);
+        int32_t whole_len = 0;
+        assert(cf_engine_detokenize(engine, reference.data(), 16, 0, 0, whole.data(), 4096, &whole_len) == CF_STATUS_OK);
+        assert(ref_result.text == std::string(whole.data(), (size_t) whole_len));
+        assert(ref_result.final_event.stop_string_index == -1);
+    }
 
     p.stop_token_ids = &reference[3];
     p.num_stop_token_ids = 1;
@@ -270,6 +283,9 @@ void test_stops_and_abort() {
     assert(results[by_token].finish_reason == CF_FINISH_REASON_STOP);
     assert(results[by_token].tokens.size() <= 4);
     assert(results[by_string].finish_reason == CF_FINISH_REASON_STOP && results[by_string].tokens.size() <= 3);
+    assert(results[by_string].final_event.stop_string_index == 0);
+    assert(results[by_string].text.find(stop) == std::string::npos);  // never released
+    assert(ref_result.text.compare(0, results[by_string].text.size(), results[by_string].text) == 0);
     assert(results[aborted].finish_reason == CF_FINISH_REASON_ABORT);
     assert(results[aborted].final_event.token_id == CF_TOKEN_NONE && results[aborted].final_event.arrival_ns > 0);
     assert(cf_engine_abort_request(engine, aborted) == CF_STATUS_NOT_FOUND);

@@ -1,30 +1,33 @@
 """Online load against a llama-server compatible HTTP server (CacheFlow's or llama-server).
 
-An asyncio client sends each request at its arrival time (Poisson or fixed-rate arrivals, or
-all at once), optionally capped at ``max_concurrency`` in flight, streams the SSE response and
-stamps every chunk. Endpoints: ``/completion`` (llama-server's own: prompt as token ids or
-text, ``n_predict``) and ``/v1/completions`` (OpenAI). EOS is ignored so output lengths are
-exact. Times are ``time.perf_counter_ns`` on the client.
+The client (load_client.py: raw asyncio HTTP/1.1, orjson, one or several processes) sends each
+request at its arrival time (Poisson or fixed-rate arrivals, or all at once), optionally capped
+at ``max_concurrency`` in flight, streams the SSE response and stamps every chunk. Endpoints:
+``/completion`` (llama-server's own: prompt as token ids or text, ``n_predict``) and
+``/v1/completions`` (OpenAI). EOS is ignored so output lengths are exact. Times are
+``time.perf_counter_ns`` on the client.
 
 The client's own cost is reported (``client_busy_s``: time spent in the client's code between
-awaits, i.e. parsing and bookkeeping), and ``noop_server`` gives a server that streams instantly,
-so a run against it shows how many tokens/s the client itself can take.
+awaits, i.e. parsing and bookkeeping), and ``NoopServer`` (noop_server.py) streams without a
+model, so a run against it shows how many tokens/s the client itself can take: its ceiling.
 """
 
 from __future__ import annotations
 
-import asyncio
-import json
+import os
 import random
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from pycacheflow.bench import load_client
 from pycacheflow.bench.datasets import BenchRequest
+from pycacheflow.bench.load_client import chunk_tokens  # noqa: F401 - part of this module's API
+from pycacheflow.bench.noop_server import NoopServer  # noqa: F401 - part of this module's API
 from pycacheflow.outputs import RequestMetrics
 
 ENDPOINTS = ("/completion", "/v1/completions")
 ARRIVALS = ("poisson", "fixed")
+STREAMS_PER_PROC = 256  # streams one client process takes before another one is started
 
 
 @dataclass
@@ -35,8 +38,10 @@ class OnlineRun:
         metrics: per finished request (client clock), in completion order.
         errors: one message per failed request.
         wall_s: first send to last response.
-        client_busy_s: seconds the client spent in its own code (parsing, bookkeeping).
+        client_busy_s: seconds the client spent in its own code (parsing, bookkeeping), summed
+            over its processes.
         num_chunks: SSE data chunks received.
+        num_procs: client processes that sent the load.
     """
 
     metrics: list[RequestMetrics] = field(default_factory=list)
@@ -44,6 +49,7 @@ class OnlineRun:
     wall_s: float = 0.0
     client_busy_s: float = 0.0
     num_chunks: int = 0
+    num_procs: int = 1
 
 
 def arrival_offsets_s(num: int, rate: float, arrivals: str, seed: int = 0) -> list[float]:
@@ -89,99 +95,6 @@ def request_body(req: BenchRequest, endpoint: str, model: str = "") -> dict[str,
     }
 
 
-def chunk_tokens(data: dict, endpoint: str) -> int:
-    """Output tokens one SSE chunk carries (0 for a chunk without new text)."""
-    if endpoint == "/completion":
-        tokens = data.get("tokens")
-        if tokens:
-            return len(tokens)
-        return 1 if data.get("content") else 0
-    choices = data.get("choices") or []
-    return 1 if choices and choices[0].get("text") else 0
-
-
-class _Client:
-    def __init__(self, base_url: str, endpoint: str, model: str, timeout_s: float) -> None:
-        import httpx
-
-        self.url = base_url.rstrip("/") + endpoint
-        self.endpoint = endpoint
-        self.model = model
-        limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-        self.http = httpx.AsyncClient(timeout=timeout_s, limits=limits)
-        self.result = OnlineRun()
-
-    async def one(self, req: BenchRequest) -> None:
-        body = request_body(req, self.endpoint, self.model)
-        token_times: list[int] = []
-        arrival = time.perf_counter_ns()
-        try:
-            async with self.http.stream("POST", self.url, json=body) as resp:
-                if resp.status_code != 200:
-                    text = (await resp.aread()).decode(errors="replace")
-                    self.result.errors.append(f"HTTP {resp.status_code}: {text[:200]}")
-                    return
-                async for line in resp.aiter_lines():
-                    now = time.perf_counter_ns()
-                    busy0 = time.perf_counter()
-                    self._line(line, now, token_times)
-                    self.result.client_busy_s += time.perf_counter() - busy0
-        except Exception as exc:  # noqa: BLE001 - any transport error fails this request only
-            self.result.errors.append(f"{type(exc).__name__}: {exc}")
-            return
-        finish = time.perf_counter_ns()
-        self.result.metrics.append(
-            RequestMetrics.from_times_ns(
-                arrival_ns=arrival,
-                first_scheduled_ns=0,
-                token_times_ns=token_times,
-                finish_ns=finish,
-                num_prompt_tokens=req.num_prompt_tokens,
-            )
-        )
-
-    def _line(self, line: str, now_ns: int, token_times: list[int]) -> None:
-        if not line.startswith("data:"):
-            return
-        payload = line[5:].strip()
-        if not payload or payload == "[DONE]":
-            return
-        self.result.num_chunks += 1
-        n = chunk_tokens(json.loads(payload), self.endpoint)
-        token_times.extend([now_ns] * n)
-
-
-async def _run(
-    base_url: str,
-    requests: Sequence[BenchRequest],
-    endpoint: str,
-    offsets: Sequence[float],
-    max_concurrency: int | None,
-    model: str,
-    timeout_s: float,
-    on_finish: Callable[[], None] | None,
-) -> OnlineRun:
-    client = _Client(base_url, endpoint, model, timeout_s)
-    limit = asyncio.Semaphore(max_concurrency or len(requests) or 1)
-    start = time.perf_counter()
-
-    async def send(req: BenchRequest, offset: float) -> None:
-        delay = start + offset - time.perf_counter()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        async with limit:
-            await client.one(req)
-        if on_finish is not None:
-            on_finish()
-
-    try:
-        await asyncio.gather(*(send(r, o) for r, o in zip(requests, offsets)))
-    finally:
-        await client.http.aclose()
-    client.result.wall_s = time.perf_counter() - start
-    return client.result
-
-
 def check_reachable(base_url: str, timeout_s: float = 5.0) -> None:
     """Check that an HTTP server answers at ``base_url`` (GET /health; any status counts).
 
@@ -211,6 +124,7 @@ def run_load(
     model: str = "",
     timeout_s: float = 600.0,
     on_finish: Callable[[], None] | None = None,
+    num_procs: int = 1,
 ) -> OnlineRun:
     """Send the workload to a server and measure every request on the client.
 
@@ -223,92 +137,38 @@ def run_load(
         max_concurrency: requests in flight at most (None = unlimited).
         seed: Poisson arrivals.
         model: the "model" field of /v1/completions.
-        timeout_s: per-request HTTP timeout.
+        timeout_s: per-request timeout.
         on_finish: called after each request (progress bars).
+        num_procs: client processes (see load_client.run_requests); 0 = one per
+            STREAMS_PER_PROC streams in flight, at most one per core.
 
     Raises:
-        ValueError: unknown endpoint or arrivals. RuntimeError: httpx is not installed.
+        ValueError: unknown endpoint or arrivals, or a URL that is not http://host:port.
     """
     if endpoint not in ENDPOINTS:
         raise ValueError(f"endpoint must be one of {', '.join(ENDPOINTS)}; got {endpoint!r}")
     if arrivals not in ARRIVALS:
         raise ValueError(f"arrivals must be one of {', '.join(ARRIVALS)}; got {arrivals!r}")
-    try:
-        import httpx  # noqa: F401
-    except ImportError:
-        raise RuntimeError("the HTTP benchmark needs httpx: pip install httpx") from None
     offsets = arrival_offsets_s(len(requests), rate, arrivals, seed)
-    return asyncio.run(
-        _run(base_url, requests, endpoint, offsets, max_concurrency, model, timeout_s, on_finish)
+    concurrency = max_concurrency or len(requests) or 1
+    if num_procs <= 0:
+        num_procs = auto_num_procs(concurrency)
+    run = load_client.run_requests(
+        base_url,
+        endpoint,
+        [request_body(r, endpoint, model) for r in requests],
+        offsets,
+        [r.num_prompt_tokens for r in requests],
+        concurrency,
+        timeout_s,
+        num_procs,
+        on_finish,
     )
+    return OnlineRun(run.metrics, run.errors, run.end_s - run.start_s, run.client_busy_s,
+                     run.num_chunks, num_procs)  # fmt: skip
 
 
-# ---------------------------------------------------------------------------- no-op server
-
-
-def noop_app(tokens_per_chunk: int = 1):  # -> starlette.applications.Starlette
-    """A server that answers /completion and /v1/completions by streaming n_predict (or
-    max_tokens) chunks at once, without any model: a run against it measures the client."""
-    from starlette.applications import Starlette
-    from starlette.requests import Request
-    from starlette.responses import StreamingResponse
-    from starlette.routing import Route
-
-    async def completion(request: Request) -> StreamingResponse:
-        body = await request.json()
-        n = int(body.get("n_predict") or body.get("max_tokens") or 16)
-        oai = request.url.path.startswith("/v1")
-
-        async def stream():
-            for i in range(n):
-                chunk = (
-                    {"choices": [{"index": 0, "text": "x"}]}
-                    if oai
-                    else {"content": "x", "tokens": [1] * tokens_per_chunk, "stop": False}
-                )
-                yield f"data: {json.dumps(chunk)}\n\n"
-            last = (
-                {"choices": [{"index": 0, "text": "", "finish_reason": "length"}]}
-                if oai
-                else {"content": "", "stop": True, "tokens_predicted": n}
-            )
-            yield f"data: {json.dumps(last)}\n\n"
-            if oai:
-                yield "data: [DONE]\n\n"
-
-        return StreamingResponse(stream(), media_type="text/event-stream")
-
-    routes = [Route(p, completion, methods=["POST"]) for p in ENDPOINTS]
-    return Starlette(routes=routes)
-
-
-class NoopServer:
-    """``noop_app`` served by uvicorn on 127.0.0.1 in a background thread (``with`` block)."""
-
-    def __init__(self) -> None:
-        import socket
-
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}"
-        self._server = None
-        self._thread = None
-
-    def __enter__(self) -> NoopServer:
-        import threading
-
-        import uvicorn
-
-        config = uvicorn.Config(noop_app(), host="127.0.0.1", port=self.port, log_level="error")
-        self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._server.run, daemon=True)
-        self._thread.start()
-        deadline = time.monotonic() + 10
-        while not self._server.started and time.monotonic() < deadline:
-            time.sleep(0.02)
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self._server.should_exit = True
-        self._thread.join(timeout=10)
+def auto_num_procs(concurrency: int) -> int:
+    """Client processes for ``concurrency`` streams: one per STREAMS_PER_PROC, at most one per
+    core (the measured ceiling of one process is in results/serving/README.md)."""
+    return max(1, min(os.cpu_count() or 1, -(-concurrency // STREAMS_PER_PROC)))

@@ -53,7 +53,7 @@ async def handle(request: Request, api: Api, state: ServerState, body: object) -
             state.render_chat(req.messages, req.tools, req.template_kwargs,
                               req.add_generation_prompt, req.continue_final_message),
         )  # fmt: skip
-    group = RequestGroup(state.llm)
+    group = RequestGroup(state.llm, waker=state.waker())
     state.groups.add(group)
     jobs: list[Job] = []
     streaming = False  # once True, the response's body iterator owns the group
@@ -75,6 +75,7 @@ async def handle(request: Request, api: Api, state: ServerState, body: object) -
 async def _collect(state: ServerState, group: RequestGroup, jobs: list[Job]) -> list[Completion]:
     done: dict[int, Completion] = {}
     async for index, delta in group.deltas():
+        state.track(jobs[index], delta)
         if delta.output is not None:
             done[index] = state.finish(jobs[index], delta.output)
     return [done[i] for i in range(len(jobs))]
@@ -169,6 +170,7 @@ async def _stream_llama(
             yield sse.PING
             continue
         job = jobs[index]
+        state.track(job, delta)
         if (delta.text or delta.token_ids) and not job.discard_output:
             state.progress(job, delta)
             yield sse.event(
@@ -192,6 +194,7 @@ async def _stream_oai_completion(
             yield sse.PING
             continue
         job = jobs[index]
+        state.track(job, delta)
         if delta.text and not job.discard_output:
             state.progress(job, delta)
             yield sse.event(responses.oai_completion_chunk(ids, index, delta.text, None))
@@ -214,6 +217,7 @@ async def _stream_chat(
             yield sse.PING
             continue
         job = jobs[index]
+        state.track(job, delta)
         chunks = []
         if index not in sent_role and (delta.text or delta.output is not None):
             chunks.append(responses.chat_chunk(ids, {"role": "assistant", "content": None}, None,

@@ -17,6 +17,7 @@ from pycacheflow.server.metrics import ServerMetrics
 from pycacheflow.server.protocol import ProtocolError
 from pycacheflow.server.responses import Completion, generation_settings, stop_type_of
 from pycacheflow.server.slots import SlotTable
+from pycacheflow.server.streams import LoopWaker
 
 if TYPE_CHECKING:
     from pycacheflow.llm import LLM, PromptInput
@@ -73,9 +74,16 @@ class ServerState:
         self.n_ctx_slot = min(config.n_ctx_slot or self.info.n_ctx_per_seq, self.info.n_ctx_per_seq)
         self.slots = SlotTable(self.info.max_num_seqs, self.n_ctx_slot)
         self.groups: set[RequestGroup] = set()  # of HTTP requests in flight
+        self._waker: LoopWaker | None = None  # created on the loop, on first use
         self.shutting_down = False
         self.start_time_unix = int(time.time())  # llama-server's Process-Start-Time-Unix
         self._warned_fields: set[str] = set()
+
+    def waker(self) -> LoopWaker:
+        """The event loop's shared LoopWaker (call on the loop)."""
+        if self._waker is None:
+            self._waker = LoopWaker()
+        return self._waker
 
     @property
     def model_name(self) -> str:
@@ -205,8 +213,12 @@ class ServerState:
         return tuple(pairs)
 
     def slot_id(self, job: Job) -> int:
-        """The slot the job runs in, in [0, max_num_seqs) (for ``id_slot``)."""
+        """The engine slot the job runs (or ran) in, in [0, max_num_seqs) (for ``id_slot``)."""
         return self.slots.slot_of(job.request_id)
+
+    def track(self, job: Job, delta: StreamDelta) -> None:
+        """Record the engine slot a delta reports (call for every delta, before ``finish``)."""
+        self.slots.update(job.request_id, delta.slot_id)
 
     def _too_long(self, num_prompt_tokens: int) -> ProtocolError:
         """llama-server's exceed_context_size_error (400)."""
@@ -281,11 +293,7 @@ class ServerState:
             self.slots.remove(job.request_id)
 
     def _stopping_word(self, output: RequestOutput, job: Job) -> str:
-        stops = job.settings.get("stop") or []
-        if output.finish_reason != "stop" or not stops:
-            return ""
-        raw = self.llm.detokenize(output.token_ids)
-        return next((s for s in stops if raw.startswith(s, len(output.text))), "")
+        return output.stop_string or ""  # the engine names the stop string that ended it
 
     def prompt_text(self, output: RequestOutput) -> str:
         """The processed prompt (special tokens rendered), as /completion's ``prompt``."""

@@ -1,11 +1,14 @@
 """RequestGroup: the engine requests of one HTTP call, consumed on the asyncio event loop.
 
 The engine's dispatcher thread calls each request's ``notify`` after queueing its output; the
-callback only schedules a wake-up on the loop (``call_soon_threadsafe``). The loop then takes
-every delta queued so far with ``LLM.take_outputs`` (never blocking) and turns them into
-response bytes. No thread per stream, no polling:
+callback only marks the group in the loop's ``LoopWaker``, which schedules one wake-up on the
+loop per drain however many streams got output (one ``call_soon_threadsafe``, not one per
+stream). The loop then takes everything queued for each request with ``LLM.take_outputs``
+(never blocking; output of several drains comes as one delta) and turns it into response bytes:
+one write per stream per wake-up. No thread per stream, no polling:
 
-    dispatcher thread ── notify() ──► loop.call_soon_threadsafe(_wake) ──► Event.set()
+    dispatcher thread ── notify() ──► LoopWaker.mark(group) ─(first mark of a drain)─►
+        loop.call_soon_threadsafe(flush) ──► Event.set() of every marked group
                                                                               │
     handler:  async for index, delta in group.deltas():  ◄── take_outputs ◄──┘
 
@@ -17,6 +20,7 @@ by the wake callback so that the LLM forgets them.
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
@@ -28,6 +32,39 @@ if TYPE_CHECKING:
     from pycacheflow.sampling_params import SamplingParams
 
 
+class LoopWaker:
+    """Wakes the groups of one event loop that got output, with one loop callback per batch.
+
+    ``mark`` runs on the dispatcher thread (cheap, never blocks on the loop); ``_flush`` on the
+    loop wakes every group marked since the previous flush.
+
+    Args:
+        loop: the running loop (defaults to the current one).
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        self._loop = loop or asyncio.get_running_loop()
+        self._lock = threading.Lock()
+        self._marked: set[RequestGroup] = set()
+
+    def mark(self, group: RequestGroup) -> None:
+        """Wake ``group`` soon (any thread; must not raise)."""
+        with self._lock:
+            first = not self._marked
+            self._marked.add(group)
+        if first:
+            try:
+                self._loop.call_soon_threadsafe(self._flush)
+            except RuntimeError:  # loop closed (server shut down): nothing is waiting any more
+                pass
+
+    def _flush(self) -> None:
+        with self._lock:
+            marked, self._marked = self._marked, set()
+        for group in marked:
+            group._wake()
+
+
 class RequestGroup:
     """Submits requests and yields their deltas on one event loop.
 
@@ -36,11 +73,18 @@ class RequestGroup:
     Args:
         llm: the engine.
         loop: the running loop (defaults to the current one).
+        waker: the loop's shared waker (one per loop batches wake-ups); None = a private one.
     """
 
-    def __init__(self, llm: LLM, loop: asyncio.AbstractEventLoop | None = None) -> None:
+    def __init__(
+        self,
+        llm: LLM,
+        loop: asyncio.AbstractEventLoop | None = None,
+        waker: LoopWaker | None = None,
+    ) -> None:
         self._llm = llm
         self._loop = loop or asyncio.get_running_loop()
+        self._waker = waker or LoopWaker(self._loop)
         self._event = asyncio.Event()
         self._request_ids: list[int] = []  # index -> request id
         self._unfinished: dict[int, int] = {}  # request id -> index
@@ -122,10 +166,7 @@ class RequestGroup:
 
     def _notify(self) -> None:
         # Dispatcher thread: must be cheap and must not raise.
-        try:
-            self._loop.call_soon_threadsafe(self._wake)
-        except RuntimeError:  # loop closed (server shut down): nothing is waiting any more
-            pass
+        self._waker.mark(self)
 
     def _wake(self) -> None:
         self._event.set()

@@ -6,7 +6,9 @@
  * tokens; each request "generates" its prompt over and over (token i = prompt[i % len]).
  * A request stops at EOS, a stop token id, a stop string in its output bytes (STOP), at
  * max_tokens or when prompt + output reach FAKE_CTX_PER_SEQ (LENGTH). Every step emits one
- * token per active request; the step thread steps every 1 ms. Chat template:
+ * token per active request; the step thread steps every 1 ms. Events release text as the real
+ * engine does: an incomplete UTF-8 character or a possible stop-string start is held back, a stop
+ * string and what follows it are never released; the final event releases the rest. Chat template:
  * "<role>content|" per message, then "A:" with add_assistant.
  */
 #define _POSIX_C_SOURCE 200809L
@@ -40,6 +42,7 @@ typedef struct fake_request {
     int32_t max_tokens;
     char text[FAKE_CTX_PER_SEQ + 1]; /* output bytes so far, NUL-terminated */
     int32_t text_len;
+    int32_t released; /* bytes of text already carried by events */
     char stops[FAKE_MAX_STOPS][FAKE_STOP_LEN];
     int32_t num_stops;
     int32_t stop_ids[FAKE_MAX_STOPS];
@@ -56,6 +59,7 @@ struct cf_engine {
     int32_t num_requests;
     int64_t next_id;
     cf_output_event events[FAKE_MAX_EVENTS]; /* ring buffer */
+    char event_text[FAKE_MAX_EVENTS][FAKE_STOP_LEN + 8]; /* text of events[i] */
     int32_t event_head, num_events;
     int64_t num_steps, num_finished, num_generated;
 };
@@ -115,20 +119,70 @@ cf_status cf_engine_init(const cf_engine_config * config, cf_engine_t * out_engi
     return CF_STATUS_OK;
 }
 
+/* Earliest position of a stop string in r's text, or -1; *index = which one (may be NULL). */
+static int32_t stop_position_of(const fake_request * r, int32_t * index) {
+    int32_t best = -1;
+    for (int32_t i = 0; i < r->num_stops; i++) {
+        const char * hit = strstr(r->text, r->stops[i]);
+        if (hit != NULL && (best < 0 || hit - r->text < best)) {
+            best = (int32_t) (hit - r->text);
+            if (index != NULL) *index = i;
+        }
+    }
+    return best;
+}
+
+static int32_t stop_position(const fake_request * r) { return stop_position_of(r, NULL); }
+
+/* End of the text that can be released now (see the header comment). */
+static int32_t releasable_end(const fake_request * r, int final) {
+    int32_t stop = stop_position(r);
+    if (stop >= 0) return stop;
+    int32_t end = r->text_len;
+    if (final) return end;
+    for (int32_t back = 1; back <= 3 && end - back >= r->released; back++) {
+        unsigned char c = (unsigned char) r->text[end - back];
+        if ((c & 0xC0) == 0x80) continue;
+        int32_t need = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
+        if (need > back) end -= back;
+        break;
+    }
+    for (int32_t i = 0; i < r->num_stops; i++) {
+        int32_t k = (int32_t) strlen(r->stops[i]) - 1;
+        if (k > r->text_len - r->released) k = r->text_len - r->released;
+        for (; k > 0; k--) {
+            if (memcmp(r->text + r->text_len - k, r->stops[i], (size_t) k) == 0) {
+                if (r->text_len - k < end) end = r->text_len - k;
+                break;
+            }
+        }
+    }
+    return end;
+}
+
 /* Call with e->mu held. */
 static void push_event(cf_engine_t e, fake_request * r, int32_t token_id, int32_t finish_reason) {
-    cf_output_event * v = &e->events[(e->event_head + e->num_events) % FAKE_MAX_EVENTS];
+    const int32_t index = (e->event_head + e->num_events) % FAKE_MAX_EVENTS;
+    cf_output_event * v = &e->events[index];
     memset(v, 0, sizeof *v);
     e->num_events++;
     v->request_id = r->id;
     v->token_id = token_id;
     v->finish_reason = finish_reason;
     v->time_ns = cf_clock_ns();
+    v->slot_id = (int32_t) ((r->id - 1) % 16);
+    int32_t end = releasable_end(r, finish_reason != CF_FINISH_REASON_NONE);
+    if (end < r->released) end = r->released;
+    v->text_len = end - r->released;
+    memcpy(e->event_text[index], r->text + r->released, (size_t) v->text_len);
+    r->released = end;
     if (finish_reason != CF_FINISH_REASON_NONE) {
         v->arrival_ns = r->arrival_ns;
         v->first_scheduled_ns = r->first_scheduled_ns;
         v->num_prompt_tokens = r->num_prompt_tokens;
         v->num_output_tokens = r->num_output_tokens;
+        v->stop_string_index = -1;
+        stop_position_of(r, &v->stop_string_index);
         r->active = 0;
         e->num_finished++;
     }
@@ -136,9 +190,7 @@ static void push_event(cf_engine_t e, fake_request * r, int32_t token_id, int32_
 }
 
 static int32_t finish_reason_of(const fake_request * r, int32_t token_id) {
-    for (int32_t i = 0; i < r->num_stops; i++) {
-        if (strstr(r->text, r->stops[i]) != NULL) return CF_FINISH_REASON_STOP;
-    }
+    if (stop_position(r) >= 0) return CF_FINISH_REASON_STOP;
     for (int32_t i = 0; i < r->num_stop_ids; i++) {
         if (token_id == r->stop_ids[i]) return CF_FINISH_REASON_STOP;
     }
@@ -345,6 +397,42 @@ cf_status cf_engine_drain(cf_engine_t e, cf_output_event * events, int32_t capac
     *out_num_events = n;
     pthread_mutex_unlock(&e->mu);
     return CF_STATUS_OK;
+}
+
+cf_status cf_engine_drain_outputs(cf_engine_t e, cf_output_event * events, int32_t capacity, char * text,
+                                  int32_t text_capacity, int32_t timeout_ms, int32_t * out_num_events,
+                                  int32_t * out_text_len) {
+    int32_t n = 0, k = 0;
+    cf_status rc = CF_STATUS_OK;
+    pthread_mutex_lock(&e->mu);
+    if (e->num_events == 0 && timeout_ms != 0) {
+        struct timespec deadline;
+        clock_gettime(CLOCK_REALTIME, &deadline);
+        int64_t ns = deadline.tv_nsec + (int64_t) (timeout_ms < 0 ? 1000 : timeout_ms) * 1000000;
+        deadline.tv_sec += ns / 1000000000;
+        deadline.tv_nsec = ns % 1000000000;
+        pthread_cond_timedwait(&e->cv, &e->mu, &deadline);
+    }
+    while (e->num_events > 0 && n < capacity) {
+        cf_output_event ev = e->events[e->event_head];
+        if (k + ev.text_len > text_capacity) {
+            if (n == 0) {
+                k = ev.text_len;
+                rc = fail(CF_STATUS_BUFFER_TOO_SMALL, "text buffer too small");
+            }
+            break;
+        }
+        memcpy(text + k, e->event_text[e->event_head], (size_t) ev.text_len);
+        ev.text_offset = k;
+        k += ev.text_len;
+        events[n++] = ev;
+        e->event_head = (e->event_head + 1) % FAKE_MAX_EVENTS;
+        e->num_events--;
+    }
+    *out_num_events = rc == CF_STATUS_OK ? n : 0;
+    *out_text_len = k;
+    pthread_mutex_unlock(&e->mu);
+    return rc;
 }
 
 cf_status cf_engine_tokenize(cf_engine_t e, const char * text, int32_t text_len, int32_t add_special,

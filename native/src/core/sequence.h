@@ -13,6 +13,7 @@
 #pragma once
 
 #include "cacheflow.h"
+#include "core/text_stream.h"
 
 #include <cstdint>
 #include <memory>
@@ -88,7 +89,11 @@ struct Sequence {
     int64_t first_token_ns = 0;
     int64_t finish_ns = 0;
 
-    std::string output_text;  // output detokenized so far; kept only when stop strings are set
+    TextStream text;          // output text not released yet (stop_checker.h feeds it)
+    std::string text_ready;   // released text that the request's next event carries
+    int32_t slot_id = CF_SLOT_ID_NONE;       // held while running (cf_output_event.slot_id)
+    int32_t last_slot_id = CF_SLOT_ID_NONE;  // the slot id it held last (for its final event)
+    int32_t stop_string_index = -1;          // params.stop_strings[i] ended it; -1 = none
     OpaqueHandle sampler{nullptr, opaque_handle_no_free};
 
     int32_t num_tokens() const { return (int32_t) tokens.size(); }

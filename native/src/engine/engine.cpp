@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
 
 namespace cf {
 
@@ -51,6 +52,10 @@ Engine::Engine(const EngineConfig & config)
     step_events_.reserve(2 * max_seqs + 64);
     sampled_.reserve(max_seqs);
     finished_ids_.reserve(2 * max_seqs + 64);
+    for (int32_t slot_id = (int32_t) max_seqs - 1; slot_id >= 0; --slot_id) {
+        free_slot_ids_.push_back(slot_id);
+    }
+    std::make_heap(free_slot_ids_.begin(), free_slot_ids_.end(), std::greater<int32_t>());
     stats_.kv_tokens_capacity = session_->n_ctx();
     stats_.kv_blocks_total = session_->num_blocks();
 }
@@ -177,8 +182,9 @@ void Engine::stop() {
     events_.wake_all();
 }
 
-int32_t Engine::drain(cf_output_event * events, int32_t capacity, int32_t timeout_ms) {
-    return events_.drain(events, capacity, timeout_ms);
+int32_t Engine::drain(cf_output_event * events, int32_t capacity, int32_t timeout_ms, char * text,
+                      int32_t text_capacity, int32_t * text_len) {
+    return events_.drain(events, capacity, timeout_ms, text, text_capacity, text_len);
 }
 
 bool Engine::has_work() const {

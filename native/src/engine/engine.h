@@ -66,7 +66,9 @@ class Engine {
     StepResult step();
     void start();
     void stop();
-    int32_t drain(cf_output_event * events, int32_t capacity, int32_t timeout_ms);
+    // See EventQueue::drain (text == nullptr: the events' text is not returned).
+    int32_t drain(cf_output_event * events, int32_t capacity, int32_t timeout_ms, char * text = nullptr,
+                  int32_t text_capacity = 0, int32_t * text_len = nullptr);
     bool has_work() const;
 
     void get_info(cf_model_info * info) const { session_->fill_info(info); }
@@ -89,11 +91,12 @@ class Engine {
     void handle_block_shortage(const StepPlan & out);
     void execute_block_ops(const StepPlan & plan);
     int32_t decode_groups(const StepPlan & plan);
-    void release_slot(int64_t request_id);
+    void release_slot(Sequence & seq);
+    void take_slot_id(Sequence & seq);
     void fail_step(const StepPlan & out);
     void finish(Sequence * seq, cf_finish_reason reason, int32_t token_id, int64_t now_ns);
-    void emit_final(const Sequence & seq, int32_t token_id, int64_t now_ns);
-    void emit_token(const Sequence & seq, int32_t token_id, int64_t now_ns);
+    void emit_final(Sequence & seq, int32_t token_id, int64_t now_ns);
+    void emit_token(Sequence & seq, int32_t token_id, int64_t now_ns);
     void fail_everything(const std::string & why);
     void publish();
     void run_loop();
@@ -107,6 +110,8 @@ class Engine {
     std::vector<std::unique_ptr<Sequence>> inbox_adds_;  // swapped with pending_adds_
     std::vector<int64_t> inbox_aborts_;                   // swapped with pending_aborts_
     std::vector<cf_output_event> step_events_;
+    std::string step_text_;               // text of step_events_ (their text_offset points here)
+    std::vector<int32_t> free_slot_ids_;  // min-heap of the slot ids no running request holds
     std::vector<int64_t> finished_ids_;
     std::vector<int32_t> sampled_;  // [plan.seqs.size()] token sampled for each scheduled sequence
     int64_t step_start_ns_ = 0;

@@ -10,18 +10,27 @@
 #include "core/error.h"
 #include "engine/engine.h"
 
+#include <algorithm>
 #include <cstdio>
+#include <functional>
 
 namespace cf {
 
 namespace {
 
-cf_output_event make_event(const Sequence & seq, int32_t token_id, cf_finish_reason reason, int64_t now_ns) {
+// Moves the sequence's released text into `text` (the step's buffer).
+cf_output_event make_event(Sequence & seq, int32_t token_id, cf_finish_reason reason, int64_t now_ns,
+                           std::string & text) {
     cf_output_event ev{};
     ev.request_id = seq.request_id;
     ev.token_id = token_id;
     ev.finish_reason = reason;
     ev.time_ns = now_ns;
+    ev.slot_id = seq.slot_id;
+    ev.text_offset = (int64_t) text.size();
+    ev.text_len = (int32_t) seq.text_ready.size();
+    text += seq.text_ready;
+    seq.text_ready.clear();
     if (reason != CF_FINISH_REASON_NONE) {
         ev.arrival_ns = seq.arrival_ns;
         ev.first_scheduled_ns = seq.first_scheduled_ns;
@@ -29,6 +38,7 @@ cf_output_event make_event(const Sequence & seq, int32_t token_id, cf_finish_rea
         ev.num_cached_tokens = seq.num_cached_tokens;
         ev.num_output_tokens = seq.num_output_tokens();
         ev.num_preemptions = seq.num_preemptions;
+        ev.stop_string_index = seq.stop_string_index;
     }
     return ev;
 }
@@ -48,6 +58,7 @@ StepResult Engine::step_guarded() {
 
 StepResult Engine::step_locked() {
     step_events_.clear();
+    step_text_.clear();
     finished_ids_.clear();
     step_start_ns_ = clock_ns();
     consume_inbox();
@@ -101,7 +112,7 @@ void Engine::consume_inbox() {
         if (!seq) {
             continue;  // finished in the meantime, or aborted twice
         }
-        release_slot(seq->request_id);
+        release_slot(*seq);
         seq->finish_ns = step_start_ns_;
         emit_final(*seq, CF_TOKEN_NONE, step_start_ns_);
     }
@@ -114,6 +125,7 @@ void Engine::run_decoded_step(const StepPlan & out) {
     for (size_t i = 0; i < out.seqs.size(); ++i) {
         const ScheduledSeq & s = out.seqs[i];
         Sequence * seq = s.seq;
+        take_slot_id(*seq);
         if (seq->first_scheduled_ns == 0) {
             seq->first_scheduled_ns = step_start_ns_;
             profiler_.request(CF_PROFILE_EVENT_REQUEST_FIRST_SCHEDULED, totals_.num_steps, step_start_ns_,
@@ -158,7 +170,7 @@ int32_t Engine::sample(Sequence & seq, int32_t batch_index, int32_t slot) {
 // and finish the ones that cannot grow even alone (only the paged KV manager runs out).
 void Engine::handle_block_shortage(const StepPlan & out) {
     for (const StepPlan::Preempted & p : out.preempted) {
-        release_slot(p.seq->request_id);
+        release_slot(*p.seq);
         profiler_.request(CF_PROFILE_EVENT_REQUEST_PREEMPT, totals_.num_steps, step_start_ns_, p.seq->request_id,
                           p.seq->num_tokens());
     }
@@ -197,12 +209,32 @@ int32_t Engine::decode_groups(const StepPlan & plan) {
     return 0;
 }
 
-// The request left the running set: clear llama.cpp's record of its stable slot, if it held one.
-void Engine::release_slot(int64_t request_id) {
-    const int32_t slot = batch_.release(request_id);
+// The request left the running set: clear llama.cpp's record of its stable slot, if it held one,
+// and give back its slot id.
+void Engine::release_slot(Sequence & seq) {
+    const int32_t slot = batch_.release(seq.request_id);
     if (slot != CF_SLOT_NONE) {
         session_->clear_seq(slot);
     }
+    if (seq.slot_id != CF_SLOT_ID_NONE) {
+        free_slot_ids_.push_back(seq.slot_id);
+        std::push_heap(free_slot_ids_.begin(), free_slot_ids_.end(), std::greater<int32_t>());
+        seq.slot_id = CF_SLOT_ID_NONE;
+    }
+}
+
+// A scheduled sequence holds the lowest free slot id until release_slot (at most max_num_seqs run).
+void Engine::take_slot_id(Sequence & seq) {
+    if (seq.slot_id != CF_SLOT_ID_NONE) {
+        return;
+    }
+    if (free_slot_ids_.empty()) {
+        throw Error(CF_STATUS_INTERNAL, "more sequences scheduled than max_num_seqs slot ids");
+    }
+    std::pop_heap(free_slot_ids_.begin(), free_slot_ids_.end(), std::greater<int32_t>());
+    seq.slot_id = free_slot_ids_.back();
+    seq.last_slot_id = seq.slot_id;
+    free_slot_ids_.pop_back();
 }
 
 // Steps 1-3 of the plan: swaps (none until the swapper lands), then copy-on-write copies.
@@ -225,17 +257,21 @@ void Engine::fail_step(const StepPlan & out) {
 // Call only with a running sequence: frees its slot and KV, queues its final event.
 void Engine::finish(Sequence * seq, cf_finish_reason reason, int32_t token_id, int64_t now_ns) {
     std::unique_ptr<Sequence> done = scheduler_.finish(seq, reason);
-    release_slot(done->request_id);
+    release_slot(*done);
     done->finish_ns = now_ns;
     emit_final(*done, token_id, now_ns);
 }
 
-void Engine::emit_token(const Sequence & seq, int32_t token_id, int64_t now_ns) {
-    step_events_.push_back(make_event(seq, token_id, CF_FINISH_REASON_NONE, now_ns));
+void Engine::emit_token(Sequence & seq, int32_t token_id, int64_t now_ns) {
+    step_events_.push_back(make_event(seq, token_id, CF_FINISH_REASON_NONE, now_ns, step_text_));
 }
 
-void Engine::emit_final(const Sequence & seq, int32_t token_id, int64_t now_ns) {
-    step_events_.push_back(make_event(seq, token_id, seq.finish_reason, now_ns));
+// The final event keeps the slot id the request ran in (release_slot came first) and releases the
+// text still held.
+void Engine::emit_final(Sequence & seq, int32_t token_id, int64_t now_ns) {
+    StopChecker::flush(seq);
+    step_events_.push_back(make_event(seq, token_id, seq.finish_reason, now_ns, step_text_));
+    step_events_.back().slot_id = seq.last_slot_id;
     finished_ids_.push_back(seq.request_id);
     totals_.num_finished += 1;
     profiler_.request(CF_PROFILE_EVENT_REQUEST_FINISH, totals_.num_steps, now_ns, seq.request_id,
@@ -249,7 +285,7 @@ void Engine::fail_everything(const std::string & why) {
     const int64_t now_ns = clock_ns();
     for (const int64_t request_id : scheduler_.request_ids()) {
         std::unique_ptr<Sequence> seq = scheduler_.remove(request_id, CF_FINISH_REASON_ERROR);
-        release_slot(seq->request_id);
+        release_slot(*seq);
         seq->finish_ns = now_ns;
         emit_final(*seq, CF_TOKEN_NONE, now_ns);
     }
@@ -287,8 +323,9 @@ void Engine::publish() {
         stats_.prefix_cache_evictions = cache.num_evictions;
         stats_.prefix_cache_blocks = cache.num_cached_blocks;
     }
-    events_.push(step_events_);
+    events_.push(step_events_, step_text_);
     step_events_.clear();
+    step_text_.clear();
 }
 
 void Engine::run_loop() {

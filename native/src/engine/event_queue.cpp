@@ -6,18 +6,25 @@
 
 namespace cf {
 
-void EventQueue::push(const std::vector<cf_output_event> & events) {
+void EventQueue::push(const std::vector<cf_output_event> & events, const std::string & text) {
     if (events.empty()) {
         return;
     }
     {
         std::lock_guard<std::mutex> lock(mu_);
-        events_.insert(events_.end(), events.begin(), events.end());
+        const int64_t base = text_pushed_;
+        for (cf_output_event ev : events) {
+            ev.text_offset += base;
+            events_.push_back(ev);
+        }
+        text_.append(text);
+        text_pushed_ += (int64_t) text.size();
     }
     ready_cv_.notify_all();
 }
 
-int32_t EventQueue::drain(cf_output_event * out, int32_t capacity, int32_t timeout_ms) {
+int32_t EventQueue::drain(cf_output_event * out, int32_t capacity, int32_t timeout_ms, char * text,
+                          int32_t text_capacity, int32_t * text_len) {
     std::unique_lock<std::mutex> lock(mu_);
     if (events_.empty() && timeout_ms != 0 && !closed_) {
         const uint64_t generation = wake_generation_;
@@ -33,9 +40,38 @@ int32_t EventQueue::drain(cf_output_event * out, int32_t capacity, int32_t timeo
             idle_cv_.notify_all();
         }
     }
-    const int32_t n = (int32_t) std::min<size_t>((size_t) capacity, events_.size());
-    std::copy(events_.begin(), events_.begin() + n, out);
-    events_.erase(events_.begin(), events_.begin() + n);
+    const int32_t max_n = (int32_t) std::min<size_t>((size_t) capacity, events_.size());
+    int32_t n = 0;
+    int64_t written = 0;
+    for (; n < max_n; ++n) {
+        cf_output_event ev = events_[(size_t) n];
+        const char * src = text_.data() + (ev.text_offset - text_base_);
+        if (text != nullptr) {
+            if (written + ev.text_len > text_capacity) {
+                if (n == 0) {
+                    *text_len = ev.text_len;
+                    return 0;
+                }
+                break;
+            }
+            std::copy(src, src + ev.text_len, text + written);
+            ev.text_offset = written;
+            written += ev.text_len;
+        } else {
+            ev.text_offset = 0;
+        }
+        out[n] = ev;
+    }
+    if (n > 0) {
+        const cf_output_event & last = events_[(size_t) n - 1];
+        const int64_t consumed = last.text_offset + last.text_len - text_base_;
+        text_.erase(0, (size_t) consumed);
+        text_base_ += consumed;
+        events_.erase(events_.begin(), events_.begin() + n);
+    }
+    if (text_len != nullptr) {
+        *text_len = (int32_t) written;
+    }
     return n;
 }
 

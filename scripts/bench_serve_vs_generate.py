@@ -1,0 +1,123 @@
+#!/usr/bin/env python3
+"""`cacheflow serve` vs the in-process `LLM.generate` on the same requests (issue 12's CPU target).
+
+Both run the default model with the same engine settings (-np/max_num_seqs = --streams, the
+default n_ctx, all cores); the requests are --streams random token prompts of --prompt-len tokens,
+each generating exactly --output-len tokens (ignore_eos, greedy). For each of --repeats rounds:
+
+  generate:  LLM.generate(all requests) in this process; output tokens / wall seconds;
+  serve:     `cacheflow serve` in a subprocess, loaded by `cacheflow bench serve`'s client with
+             every request in flight at once (streamed /completion); output tokens / wall seconds
+             from the first send to the last response.
+
+Prints one JSON line per run and a summary with the medians and serve / generate; --out writes
+them as JSON. Run it on a quiet machine (other processes take the same cores).
+
+    python scripts/bench_serve_vs_generate.py --streams 32 --output-len 128 --out results/x.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"cacheflow serve exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=1) as resp:
+                if resp.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.25)
+    raise RuntimeError(f"{url} did not become healthy in {timeout_s} s")
+
+
+def run_generate(model: str, requests: list, streams: int) -> dict:
+    from pycacheflow import LLM, SamplingParams
+
+    with LLM(model, max_num_seqs=streams) as llm:
+        llm.generate([[1, 2, 3]], SamplingParams(max_tokens=2))  # warm-up
+        prompts = [list(r.prompt_token_ids) for r in requests]
+        params = [SamplingParams(max_tokens=r.max_tokens, ignore_eos=True) for r in requests]
+        start = time.perf_counter()
+        outs = llm.generate(prompts, params)
+        wall = time.perf_counter() - start
+    tokens = sum(len(o.token_ids) for o in outs)
+    return {"mode": "generate", "output_tokens": tokens, "wall_s": wall, "tok_s": tokens / wall}
+
+
+def run_serve(model: str, requests: list, streams: int) -> dict:
+    from pycacheflow.bench import online
+
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    cmd = [sys.executable, "-m", "cli", "serve", "-m", model, "-np", str(streams),
+           "--host", "127.0.0.1", "--port", str(port)]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        _wait_healthy(url, proc)
+        online.run_load(url, requests[:2], max_concurrency=2)  # warm-up
+        run = online.run_load(url, requests, max_concurrency=streams)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    tokens = sum(m.num_output_tokens for m in run.metrics)
+    return {"mode": "serve", "output_tokens": tokens, "wall_s": run.wall_s,
+            "tok_s": tokens / run.wall_s, "failed": len(run.errors),
+            "client_busy_s": run.client_busy_s}  # fmt: skip
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--streams", type=int, default=32)
+    ap.add_argument("--prompt-len", type=int, default=64)
+    ap.add_argument("--output-len", type=int, default=128)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--model", default=None, help="GGUF path (default: the default model)")
+    ap.add_argument("--out", default=None, help="write the runs and summary here (JSON)")
+    args = ap.parse_args()
+    from pycacheflow.bench.datasets import random_requests
+    from pycacheflow.model_hub import ensure_default_model
+
+    model = args.model or str(ensure_default_model())
+    requests = random_requests(args.streams, args.prompt_len, args.output_len, n_vocab=49152)
+    runs = []
+    for _ in range(args.repeats):
+        for fn in (run_generate, run_serve):
+            runs.append(fn(model, requests, args.streams))
+            print(json.dumps(runs[-1]), flush=True)
+    med = {m: statistics.median(r["tok_s"] for r in runs if r["mode"] == m)
+           for m in ("generate", "serve")}  # fmt: skip
+    summary = {
+        "streams": args.streams, "prompt_len": args.prompt_len, "output_len": args.output_len,
+        "generate_tok_s": med["generate"], "serve_tok_s": med["serve"],
+        "serve_over_generate": med["serve"] / med["generate"],
+        "load_avg_at_end": os.getloadavg()[0],
+    }  # fmt: skip
+    print(json.dumps(summary), flush=True)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"runs": runs, "summary": summary}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
