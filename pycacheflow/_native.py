@@ -84,6 +84,32 @@ def clock_ns() -> int:
     return lib.cf_clock_ns()
 
 
+def json_schema_to_grammar(schema_json: str) -> str:
+    """The GBNF grammar of a JSON schema, from llama.cpp's converter (cf_json_schema_to_grammar).
+
+    Args:
+        schema_json: the schema as JSON text; "{}" means any JSON object.
+
+    Returns:
+        The grammar (rule "root"), for ``SamplingParams.grammar``.
+
+    Raises:
+        InvalidArgumentError: not JSON, or a schema the converter rejects (the message starts
+            with "json_schema: " and gives the converter's reason).
+    """
+    data = encode_utf8(schema_json, "json_schema")
+    capacity = _INITIAL_TEXT_BYTES + 8 * len(data)
+    while True:
+        buf = ffi.new("char[]", capacity)
+        out = ffi.new("int32_t *")
+        try:
+            _check(lib.cf_json_schema_to_grammar(data, len(data), buf, capacity, out))
+        except errors.BufferTooSmallError:
+            capacity = _grown(capacity, out[0])
+            continue
+        return ffi.unpack(buf, out[0]).decode("utf-8")
+
+
 def kv_mode_name(value: int) -> str:
     """Name ("paged", "stock", ...) of a cf_kv_mode value."""
     return _KV_MODE_NAMES.get(value, str(value))

@@ -343,6 +343,19 @@ CF_API cf_status cf_engine_apply_chat_template(cf_engine_t engine, const char * 
                                                int32_t add_assistant, char * buf, int32_t capacity,
                                                int32_t * out_len);
 
+/* Convert a JSON schema to a GBNF grammar (rule "root") for cf_sampling_params.grammar, with
+ * llama.cpp's own converter (common/json-schema-to-grammar.cpp, as llama-server's `json_schema`
+ * and `response_format` do). schema: UTF-8 JSON text schema[0..schema_len); an empty object {}
+ * means any JSON object. The grammar is written to buf[0..capacity) (caller-owned, not
+ * NUL-terminated); *out_len = bytes written, or the needed capacity with
+ * CF_STATUS_BUFFER_TOO_SMALL (call again with a larger buffer).
+ * Returns CF_STATUS_INVALID_ARGUMENT for a NULL pointer or a negative length, and for a schema
+ * the converter cannot use: the message starts with "json_schema: " and says why (not valid
+ * JSON, or the converter's reason, e.g. an unknown "type"). On failure buf holds nothing useful.
+ * Needs no engine; thread-safe. */
+CF_API cf_status cf_json_schema_to_grammar(const char * schema, int32_t schema_len, char * buf,
+                                           int32_t capacity, int32_t * out_len);
+
 /* ---------------------------------------------------------------- profiler */
 
 /* With cf_engine_config.profile_capacity > 0 the engine records timestamped events into a ring

@@ -1,6 +1,6 @@
 """Request parsing and validation for the llama-server compatible HTTP API.
 
-Pure Python: a decoded JSON body goes in, a typed request comes out. Every problem raises
+A decoded JSON body goes in, a typed request comes out (pure Python, but for JSON schemas). Every problem raises
 ``ProtocolError`` with a message naming the field, answered as HTTP 400 in the OpenAI error
 format (``{"error": {"code", "message", "type"}}``), the way llama-server words it
 ("Field 'n_predict': ...").
@@ -11,8 +11,8 @@ Field rules follow llama-server (tools/server/server-schema.cpp of the pinned tr
   - "hard" limits are errors (``n_predict`` < -1), "soft" limits are clamped (``top_p`` > 1);
   - unknown fields are ignored; known llama.cpp sampling options that CacheFlow does not
     implement are ignored too but listed in ``ignored_fields`` (the server logs them);
-    options whose absence would change the response's shape (grammar, logprobs, n > 1,
-    tools, echo) are rejected.
+    options whose absence would change the response's shape (logprobs, echo) are rejected;
+  - JSON schemas become GBNF grammars through llama.cpp's converter (``json_schema`` module).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from typing import Union
 
 from pycacheflow.errors import InvalidArgumentError
 from pycacheflow.sampling_params import SamplingParams
+from pycacheflow.server import json_schema
 from pycacheflow.server.config import RequestDefaults
 from pycacheflow.text import encode_utf8
 
@@ -54,21 +55,6 @@ _IGNORED_OPTIONS: Mapping[str, object] = {
     "samplers": None,
     "lora": None,
 }
-
-_NO_SCHEMAS = (
-    "JSON schemas are not supported yet (no schema-to-grammar converter); use 'grammar' (GBNF) "
-    "or response_format {'type': 'json_object'}"
-)
-
-# Any JSON object (RFC 8259), in llama.cpp's GBNF: what response_format json_object asks for.
-JSON_OBJECT_GRAMMAR = r"""root   ::= object
-value  ::= object | array | string | number | ("true" | "false" | "null") ws
-object ::= "{" ws ( string ":" ws value ( "," ws string ":" ws value )* )? "}" ws
-array  ::= "[" ws ( value ( "," ws value )* )? "]" ws
-string ::= "\"" ( [^"\\\x7F\x00-\x1F] | "\\" ( ["\\/bfnrt] | "u" [0-9a-fA-F]{4} ) )* "\"" ws
-number ::= "-"? ( "0" | [1-9] [0-9]{0,15} ) ( "." [0-9]+ )? ( [eE] [-+]? [0-9]{1,15} )? ws
-ws     ::= | " " | "\n" [ \t]{0,20}
-"""
 
 PromptInput = Union[str, list]  # text, or a list of token ids and text pieces
 
@@ -428,34 +414,19 @@ def parse_chat(
     """
     body = require_object(body)
     _reject_logprobs(body)
-    grammar = _response_format_grammar(body.get("response_format"))
+    grammar = _schema_grammar(json_schema.chat_grammar, body)
     if grammar:
-        if body.get("grammar"):
-            raise ProtocolError("set 'grammar' or a JSON 'response_format', not both")
         body = {**body, "grammar": grammar}
     request = _generation(body, (), read_messages(body), default_n_predict, defaults)
     return replace(request, **read_chat_options(body))
 
 
-def _response_format_grammar(response_format: object) -> str:
-    """The grammar of an OpenAI ``response_format``: "" for text, JSON_OBJECT_GRAMMAR for a
-    json_object without a schema.
-
-    Raises:
-        ProtocolError: not an object, an unknown type, or a JSON schema (not converted yet).
-    """
-    if response_format is None:
-        return ""
-    if not isinstance(response_format, dict):
-        raise _bad_type("response_format", "an object", response_format)
-    kind = response_format.get("type", "text")
-    if kind == "text":
-        return ""
-    if kind == "json_object" and response_format.get("schema") is None:
-        return JSON_OBJECT_GRAMMAR
-    if kind in ("json_object", "json_schema"):
-        raise ProtocolError(_NO_SCHEMAS)
-    raise ProtocolError(f"Field 'response_format': unknown type {kind!r} (text, json_object)")
+def _schema_grammar(pick: object, body: Mapping[str, object]) -> str:
+    """``pick(body)`` (a json_schema module reader) with its errors as ProtocolError."""
+    try:
+        return pick(body)
+    except json_schema.SchemaError as exc:
+        raise ProtocolError(str(exc)) from None
 
 
 def read_chat_options(body: Mapping[str, object]) -> dict[str, object]:
@@ -507,8 +478,9 @@ def _generation(
     default_n_predict: int,
     defaults: RequestDefaults,
 ) -> GenerationRequest:
-    if body.get("json_schema"):
-        raise ProtocolError(_NO_SCHEMAS)
+    grammar = _schema_grammar(json_schema.completion_grammar, body)
+    if grammar:
+        body = {**body, "grammar": grammar}
     num_choices = read_int(body, ("n_cmpl", "n"), 1, low=1, high=MAX_CHOICES)
     n_predict = read_int(
         body, ("n_predict", "max_completion_tokens", "max_tokens"), default_n_predict, low=-1

@@ -65,10 +65,10 @@ def test_logit_bias_and_penalties_leave_the_graph_only_for_their_rows(real_llm):
 
 def test_grammar_constrains_the_output(real_llm):
     from pycacheflow.errors import InvalidArgumentError
-    from pycacheflow.server.protocol import JSON_OBJECT_GRAMMAR
+    from pycacheflow.server.json_schema import json_object_grammar
 
     five_a = SamplingParams(max_tokens=8, grammar='root ::= "a"{5,5}')
-    as_json = SamplingParams(max_tokens=24, grammar=JSON_OBJECT_GRAMMAR, temperature=0.8, seed=3)
+    as_json = SamplingParams(max_tokens=24, grammar=json_object_grammar(), temperature=0.8, seed=3)
     plain = SamplingParams(max_tokens=8)
     outs = real_llm.generate(["Say something", "Describe a cat in JSON:", "Say something"],
                              [five_a, as_json, plain])  # fmt: skip

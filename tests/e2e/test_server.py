@@ -284,3 +284,26 @@ def test_tokenize_pieces_that_are_not_utf8_are_bytes(client):
     raw = b"".join(p.encode() if isinstance(p, str) else bytes(p) for p in pieces)
     assert raw.decode() == text
     assert any(isinstance(p, list) for p in pieces)  # the emoji spans several byte tokens
+
+
+def test_json_schemas_constrain_the_output(client):
+    """``json_schema`` and ``response_format`` schemas become grammars through llama.cpp's
+    converter: the output is the schema's only value, on every route; a bad schema is a 400
+    with the converter's reason."""
+    chat = [{"role": "user", "content": "Write an example"}]
+    const = {"const": "forty-two"}
+    answers = [
+        client.post("/completion", json={"prompt": "Say:", "n_predict": 12, "json_schema": const}),
+        client.post("/v1/chat/completions", json={"messages": chat, "max_tokens": 12,
+                                                  "json_schema": const}),  # fmt: skip
+        client.post("/v1/chat/completions", json={
+            "messages": chat, "max_tokens": 12,
+            "response_format": {"type": "json_schema", "json_schema": {"schema": const}}}),
+    ]  # fmt: skip
+    texts = [answers[0].json()["content"]]
+    texts += [a.json()["choices"][0]["message"]["content"] for a in answers[1:]]
+    assert texts == ['"forty-two"'] * 3
+    bad = client.post("/v1/chat/completions", json={
+        "messages": chat, "response_format": {"type": "json_object", "schema": {"type": "hiccup"}}})
+    assert bad.status_code == 400
+    assert "unrecognized type hiccup" in bad.json()["error"]["message"]

@@ -1,11 +1,12 @@
-"""Request parsing of `cacheflow serve` (pycacheflow/server/protocol.py): pure Python, no engine."""
+"""Request parsing of `cacheflow serve` (pycacheflow/server/protocol.py): no engine (JSON schemas
+go through the native library's converter, which needs no model)."""
 
 from __future__ import annotations
 
 import pytest
 
+from pycacheflow.server.json_schema import json_object_grammar
 from pycacheflow.server.protocol import (
-    JSON_OBJECT_GRAMMAR,
     DEFAULT_TEMPERATURE,
     ProtocolError,
     parse_chat,
@@ -49,7 +50,8 @@ def test_n_predict_aliases_and_server_default():
         ({"stop": [1]}, "Field 'stop'"),
         ({"n": 129}, "Field 'n': value must be between 1 and 128"),
         ({"logprobs": 3}, "token probabilities"),
-        ({"json_schema": {"const": "42"}}, "JSON schemas are not supported yet"),
+        ({"json_schema": {"type": "hiccup"}}, "(?s)json_schema: .*unrecognized type hiccup"),
+        ({"json_schema": 123}, "(?s)json_schema: .*schema must be an object"),
         ({"grammar": 5}, "Field 'grammar'"),
         ({"echo": True}, "no echo"),
         ({"suffix": "x"}, "Unsupported param: suffix"),
@@ -110,10 +112,12 @@ def test_chat_messages():
             parse_chat({"messages": bad}, -1)
     user = [{"role": "user", "content": "x"}]
     json_object = parse_chat({"messages": user, "response_format": {"type": "json_object"}})
-    assert json_object.params.grammar == JSON_OBJECT_GRAMMAR
+    assert json_object.params.grammar == json_object_grammar()
     assert parse_completion({"prompt": "x", "grammar": 'root ::= "a"'}).params.grammar
-    for bad, message in (({"type": "sound"}, "unknown type"), ("json", "response_format"),
-                         ({"type": "json_schema", "json_schema": {}}, "JSON schemas")):
+    for bad, message in (({"type": "sound"}, "must be one of .*but got: sound"),
+                         ("json", "response_format"),
+                         ({"type": "json_object", "schema": {"type": 123}}, "type must be a string"),
+                         ({"type": "json_object", "schema": 123}, "schema must be an object")):
         with pytest.raises(ProtocolError, match=message):
             parse_chat({"messages": user, "response_format": bad})
 
@@ -176,3 +180,27 @@ def test_chat_options():
     with pytest.raises(ProtocolError, match="Cannot set both"):
         parse_chat({"messages": [{"role": "user", "content": "x"}],
                     "continue_final_message": True})  # fmt: skip
+
+
+def test_json_schemas_become_grammars_with_llama_cpps_converter():
+    from pycacheflow._native import json_schema_to_grammar
+
+    user = [{"role": "user", "content": "x"}]
+    const = json_schema_to_grammar('{"const": "42"}')
+    assert 'root ::= "\\"42\\""' in const
+    # /completion and /v1/completions: json_schema, unless a grammar is given
+    assert parse_completion({"prompt": "x", "json_schema": {"const": "42"}}).params.grammar == const
+    assert parse_completion({"prompt": "x", "json_schema": {"const": "42"},
+                             "grammar": 'root ::= "a"'}).params.grammar == 'root ::= "a"'  # fmt: skip
+    # chat: json_schema, response_format json_object with a schema, json_schema wrapper
+    for fields in ({"json_schema": {"const": "42"}},
+                   {"response_format": {"type": "json_object", "schema": {"const": "42"}}},
+                   {"response_format": {"type": "json_schema",
+                                        "json_schema": {"schema": {"const": "42"}}}}):  # fmt: skip
+        assert parse_chat({"messages": user, **fields}).params.grammar == const
+    # an empty schema is any object; "text" is no grammar
+    any_object = parse_chat({"messages": user, "json_schema": {}}).params.grammar
+    assert any_object == json_object_grammar() == json_schema_to_grammar('{"type": "object"}')
+    assert parse_chat({"messages": user, "response_format": {"type": "text"}}).params.grammar == ""
+    with pytest.raises(ProtocolError, match="Cannot use both json_schema and grammar"):
+        parse_chat({"messages": user, "json_schema": {}, "grammar": 'root ::= "a"'})
