@@ -451,6 +451,19 @@ class Engine:
                 continue
             return ffi.unpack(tokens, out[0])
 
+    def eog_tokens(self) -> list[int]:
+        """The model's end-of-generation token ids (EOS, EOT, ...), increasing."""
+        capacity = 16
+        while True:
+            tokens = ffi.new("int32_t[]", capacity)
+            out = ffi.new("int32_t *")
+            try:
+                self._call(self._lib.cf_engine_eog_tokens, tokens, capacity, out)
+            except errors.BufferTooSmallError:
+                capacity = _grown(capacity, out[0])
+                continue
+            return ffi.unpack(tokens, out[0])
+
     def detokenize_bytes(
         self, token_ids: Sequence[int], remove_special: bool = False, unparse_special: bool = False
     ) -> bytes:

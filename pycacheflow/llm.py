@@ -145,6 +145,11 @@ class LLM:
         """Tokenize text as prompts are tokenized (BOS added if the model wants it)."""
         return self._engine.tokenize(text, add_special, parse_special)
 
+    def eog_token_ids(self) -> list[int]:
+        """The model's end-of-generation token ids (what ``ignore_eos`` keeps going past and
+        llama-server's ``ignore_eos`` bans), increasing."""
+        return self._engine.eog_tokens()
+
     def token_piece(self, token_id: int) -> bytes:
         """The raw bytes of one token (special tokens as their text); a piece of a multi-byte
         character is not valid UTF-8 on its own."""

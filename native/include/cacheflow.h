@@ -331,6 +331,14 @@ CF_API cf_status cf_engine_detokenize(cf_engine_t engine, const int32_t * tokens
                                       int32_t remove_special, int32_t unparse_special, char * buf,
                                       int32_t capacity, int32_t * out_len);
 
+/* The model's end-of-generation tokens (llama_vocab_is_eog: EOS, EOT, <|im_end|>, ...), in
+ * increasing id order, into tokens[0..capacity) (caller-owned int32 array); *out_num_tokens =
+ * tokens written, or the needed capacity with CF_STATUS_BUFFER_TOO_SMALL. What llama-server
+ * bans with a -INFINITY logit bias for ignore_eos. Returns CF_STATUS_INVALID_ARGUMENT for a NULL
+ * engine or out_num_tokens, or tokens NULL with capacity > 0. Thread-safe. */
+CF_API cf_status cf_engine_eog_tokens(cf_engine_t engine, int32_t * tokens, int32_t capacity,
+                                      int32_t * out_num_tokens);
+
 /* Apply a chat template to num_messages messages (roles[i], contents[i], UTF-8) and write the
  * prompt text to buf[0..capacity) (not NUL-terminated). tmpl: a template name or Jinja text
  * understood by llama_chat_apply_template, or NULL for the model's own template.

@@ -7,6 +7,7 @@ Everything here runs on the event loop thread.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -76,6 +77,7 @@ class ServerState:
         self.shutting_down = False
         self.start_time_unix = int(time.time())  # llama-server's Process-Start-Time-Unix
         self._warned_fields: set[str] = set()
+        self._eog_token_ids: tuple[int, ...] | None = None  # the model's, on first ignore_eos
 
     @property
     def model_name(self) -> str:
@@ -169,9 +171,9 @@ class ServerState:
         """
         self._warn_ignored(request)
         prompt = self.resolve_prompt(prompt)
-        if request.logit_bias:
+        if request.logit_bias or request.params.ignore_eos:
             request = replace(request, params=replace(
-                request.params, logit_bias=self._logit_bias(request.logit_bias)))  # fmt: skip
+                request.params, logit_bias=self._logit_bias(request)))  # fmt: skip
         if choice and request.params.seed is not None:
             seed = (request.params.seed + choice) % 2**32
             request = replace(request, params=replace(request.params, seed=seed))
@@ -193,15 +195,21 @@ class ServerState:
         return Job(index, request_id, prompt, settings, discard_output=n_predict == 0,
                    max_tokens=max_tokens, limited_by_context=room < wanted)  # fmt: skip
 
-    def _logit_bias(self, entries: tuple[tuple[int | str, float], ...]) -> tuple:
-        """(token id, bias) pairs: texts become their tokens; ids outside the vocabulary are
-        dropped (llama-server's rules)."""
+    def _logit_bias(self, request: GenerationRequest) -> tuple:
+        """(token id, bias) pairs of a request, by llama-server's rules: texts become their
+        tokens; ids outside the vocabulary are dropped; ``ignore_eos`` appends -inf for every
+        end-of-generation token (so the EOG tokens are never sampled, rather than sampled and
+        not stopped at; such a request samples on the CPU, as any with a logit bias)."""
         n_vocab, pairs = self.info.n_vocab, []
-        for key, bias in entries:
+        for key, bias in request.logit_bias:
             if isinstance(key, str):
                 pairs += [(t, bias) for t in self.llm.tokenize(key, False, False)]
             elif 0 <= key < n_vocab:
                 pairs.append((key, bias))
+        if request.params.ignore_eos:
+            if self._eog_token_ids is None:
+                self._eog_token_ids = tuple(self.llm.eog_token_ids())
+            pairs += [(t, -math.inf) for t in self._eog_token_ids]
         return tuple(pairs)
 
     def slot_id(self, job: Job) -> int:

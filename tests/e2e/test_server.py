@@ -307,3 +307,24 @@ def test_json_schemas_constrain_the_output(client):
         "messages": chat, "response_format": {"type": "json_object", "schema": {"type": "hiccup"}}})
     assert bad.status_code == 400
     assert "unrecognized type hiccup" in bad.json()["error"]["message"]
+
+
+def test_ignore_eos_bans_the_end_of_generation_tokens(client, real_llm):
+    """llama-server's ignore_eos: a -inf logit bias on every EOG token, listed in
+    generation_settings; the output never contains one."""
+    eog = real_llm.eog_token_ids()
+    assert real_llm.info.token_eos in eog
+    question = "What is 2+2? Answer with one number."
+    chat = {"messages": [{"role": "user", "content": question}], "max_tokens": 24,
+            "temperature": 0}  # fmt: skip
+    plain = client.post("/v1/chat/completions", json=chat).json()
+    assert plain["choices"][0]["finish_reason"] == "stop"  # at <|im_end|>, before 24 tokens
+    body = {"prompt": question, "n_predict": 24, "temperature": 0, "return_tokens": True}
+    settings = client.post("/completion", json=body).json()["generation_settings"]
+    assert settings["logit_bias"] == []
+    result = client.post("/completion", json={**body, "ignore_eos": True}).json()
+    biases = result["generation_settings"]["logit_bias"]
+    assert sorted(b["token"] for b in biases) == eog and {b["bias"] for b in biases} == {None}
+    assert len(result["tokens"]) == 24 and not set(result["tokens"]) & set(eog)
+    forced = client.post("/v1/chat/completions", json={**chat, "ignore_eos": True}).json()
+    assert forced["choices"][0]["finish_reason"] == "length"
