@@ -334,11 +334,18 @@ def read_token_ids(body: Mapping[str, object], name: str) -> list[int]:
 
 
 def read_messages(body: Mapping[str, object]) -> tuple[dict[str, object], ...]:
-    """Chat ``messages`` as [{"role", "content", ...}] with text content.
+    """Chat ``messages`` as [{"role", "content", ...}] with text content, checked by
+    llama-server's rules (tools/server/server-common.cpp, common/chat.cpp):
 
-    Content may be a string, null (empty) or a list of {"type": "text", "text": ...} parts,
-    which are joined. Other keys of a message (tool_calls, name, tool_call_id, ...) are kept
-    for the chat template.
+      - every message is an object with a string ``role``;
+      - a non-assistant message must have ``content``; an assistant message ``content`` or
+        ``tool_calls`` (a JSON null content counts as present, and empty);
+      - content is a string, null or a list of {"type": "text", "text": str} parts (joined);
+      - ``tool_calls`` is a list of {"type": "function", "function": {"name": str, ...}}.
+
+    Other keys of a message (name, tool_call_id, ...) are kept for the chat template. Every
+    violation is a 400 naming the message (llama-server answers some of them, the ones its
+    message parser finds, with a 500; a client error is a 400 here).
 
     Raises:
         ProtocolError: missing, empty, or a message of the wrong shape.
@@ -356,6 +363,13 @@ def _message(message: object, index: int) -> dict[str, object]:
     if not isinstance(message, dict):
         raise ProtocolError(f"{where}: expected an object, got {_type_name(message)}")
     role = message.get("role")
+    if "content" not in message:
+        if role != "assistant":
+            raise ProtocolError(f"{where}: all non-assistant messages must contain 'content'")
+        if "tool_calls" not in message:
+            raise ProtocolError(
+                f"{where}: an assistant message must contain either 'content' or 'tool_calls'"
+            )
     if not isinstance(role, str) or not role:
         raise ProtocolError(f"{where}: 'role' must be a non-empty string")
     _utf8(role, f"{where}.role")
@@ -367,14 +381,41 @@ def _message(message: object, index: int) -> dict[str, object]:
     elif isinstance(content, list):
         text = "".join(_text_part(p, f"{where}.content[{j}]") for j, p in enumerate(content))
     else:
-        raise ProtocolError(f"{where}: 'content' must be a string or an array of text parts")
+        raise ProtocolError(
+            f"{where}: 'content' must be a string or an array of text parts, "
+            f"got {_type_name(content)}"
+        )
+    if message.get("tool_calls") is not None:
+        _check_tool_calls(message["tool_calls"], f"{where}.tool_calls")
     return {**message, "role": role, "content": _utf8(text, f"{where}.content")}
 
 
 def _text_part(part: object, where: str) -> str:
-    if not isinstance(part, dict) or part.get("type") != "text":
-        raise ProtocolError(f"{where}: only parts of type 'text' are supported")
+    if not isinstance(part, dict) or "type" not in part:
+        raise ProtocolError(f"{where}: expected an object with a 'type'")
+    if part["type"] != "text":
+        raise ProtocolError(
+            f"{where}: unsupported content part type {part['type']!r} (only 'text'; "
+            "CacheFlow serves text models)"
+        )
     return _as_str(f"{where}.text", part.get("text"))
+
+
+def _check_tool_calls(tool_calls: object, where: str) -> None:
+    """llama-server's checks of an assistant message's tool calls."""
+    if not isinstance(tool_calls, list):
+        raise _bad_type(where, "an array of tool calls", tool_calls)
+    for j, call in enumerate(tool_calls):
+        at = f"{where}[{j}]"
+        if not isinstance(call, dict) or "type" not in call:
+            raise ProtocolError(f"{at}: missing tool call type")
+        if call["type"] != "function":
+            raise ProtocolError(f"{at}: unsupported tool call type {call['type']!r} (function)")
+        function = call.get("function")
+        if not isinstance(function, dict):
+            raise ProtocolError(f"{at}: missing tool call function")
+        if not isinstance(function.get("name"), str):
+            raise ProtocolError(f"{at}: missing tool call name")
 
 
 # ---------------------------------------------------------------------------- generation

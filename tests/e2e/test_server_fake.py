@@ -163,6 +163,15 @@ BAD_REQUESTS = [
     ("/v1/completions", b'{"prompt": "a", "max_tokens": 1.5}', "max_tokens"),
     ("/v1/chat/completions", b'{"messages": "hi"}', "messages"),
     ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": 5}]}', "content"),
+    # messages without content, as llama-server rejects them
+    ("/v1/chat/completions", b'{"messages": [{"role": "user"}]}',
+     "Field 'messages[0]': all non-assistant messages must contain 'content'"),
+    ("/v1/chat/completions", b'{"messages": [{"role": "system", "content": "a"}, {}]}',
+     "Field 'messages[1]': all non-assistant messages must contain 'content'"),
+    ("/v1/chat/completions", b'{"messages": [{"role": "assistant"}]}',
+     "must contain either 'content' or 'tool_calls'"),
+    ("/apply-template", b'{"messages": [{"role": "user"}]}', "must contain 'content'"),
+    ("/v1/chat/completions", b'{"messages": [{"content": "a"}]}', "'role' must be a non-empty"),
     ("/completion", b'{"prompt": [1, 99999]}', "token id"),
     # Beyond the C ABI's int32_t / float
     ("/completion", b'{"prompt": "a", "n_predict": 1099511627776}', "Field 'n_predict'"),

@@ -204,3 +204,40 @@ def test_json_schemas_become_grammars_with_llama_cpps_converter():
     assert parse_chat({"messages": user, "response_format": {"type": "text"}}).params.grammar == ""
     with pytest.raises(ProtocolError, match="Cannot use both json_schema and grammar"):
         parse_chat({"messages": user, "json_schema": {}, "grammar": 'root ::= "a"'})
+
+
+@pytest.mark.parametrize(
+    "messages,fragment",
+    [
+        ([{"role": "user"}], r"messages\[0\]'?: all non-assistant messages must contain 'content'"),
+        ([{"role": "user", "content": "a"}, {}], r"messages\[1\].*must contain 'content'"),
+        ([{"role": "assistant"}], "must contain either 'content' or 'tool_calls'"),
+        ([{"content": "a"}], "'role' must be a non-empty string"),
+        ([{"role": 123, "content": "a"}], "'role' must be a non-empty string"),
+        ([{"role": "system", "content": 123}], "'content' must be a string or an array"),
+        ([{"role": "user", "content": [{"text": "a"}]}], r"content\[0\].*'type'"),
+        ([{"role": "user", "content": [{"type": "image_url"}]}], "unsupported content part"),
+        ([{"role": "user", "content": [{"type": "text", "text": 1}]}], r"content\[0\]\.text"),
+        ([{"role": "assistant", "tool_calls": [{"function": {"name": "f"}}]}], "tool call type"),
+        ([{"role": "assistant", "tool_calls": [{"type": "x"}]}], "unsupported tool call type"),
+        ([{"role": "assistant", "tool_calls": [{"type": "function"}]}], "tool call function"),
+        ([{"role": "assistant", "tool_calls": [{"type": "function", "function": {}}]}],
+         "tool call name"),  # fmt: skip
+        ([{"role": "assistant", "tool_calls": {}}], "tool_calls"),
+    ],
+)
+def test_malformed_messages_are_rejected_as_llama_server_does(messages, fragment):
+    with pytest.raises(ProtocolError, match=fragment) as info:
+        parse_chat({"messages": messages})
+    assert info.value.status == 400
+
+
+def test_messages_llama_server_accepts():
+    call = {"type": "function", "function": {"name": "f", "arguments": "{}"}}
+    ok = [{"role": "system", "content": None},  # a null content is present, and empty
+          {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+          {"role": "assistant", "tool_calls": [call]},  # no content: tool calls instead
+          {"role": "tool", "content": "42", "tool_call_id": "1"}]  # fmt: skip
+    messages = parse_chat({"messages": ok}).messages
+    assert [m["content"] for m in messages] == ["", "ab", "", "42"]
+    assert messages[2]["tool_calls"] == [call] and messages[3]["tool_call_id"] == "1"
