@@ -314,7 +314,7 @@ class Engine:
         return out[0]
 
     def add_requests(
-        self, requests: Sequence[tuple[Sequence[int], SamplingParams, int]]
+        self, requests: Sequence[tuple]
     ) -> list[int]:
         """Queue several requests at once (mutates engine state; thread-safe).
 
@@ -323,7 +323,9 @@ class Engine:
         whatever the thread timing.
 
         Args:
-            requests: (prompt_token_ids, params, priority) per request, as ``add_request``.
+            requests: (prompt_token_ids, params, priority[, num_forks]) per request, as
+                ``add_request``; num_forks k > 0 makes the next k requests choices of this one
+                (same prompt and priority) that share its prompt's KV (cf_request.num_forks).
 
         Returns:
             The new request ids, in request order (consecutive).
@@ -335,7 +337,7 @@ class Engine:
             return []
         keep: list = []
         c_requests = ffi.new("cf_request[]", len(requests))
-        for c, (tokens, params, priority) in zip(c_requests, requests):
+        for c, (tokens, params, priority, *forks) in zip(c_requests, requests):
             token_array = ffi.new("int32_t[]", list(tokens))
             keep.append(token_array)
             c.prompt_tokens = token_array
@@ -344,6 +346,7 @@ class Engine:
             keep.append(c_params)  # a struct field does not own what it points to
             c.params = c_params
             c.priority = priority
+            c.num_forks = forks[0] if forks else 0
         out = ffi.new("int64_t[]", len(requests))
         self._call(self._lib.cf_engine_add_requests, c_requests, len(requests), out)
         return list(out)

@@ -255,13 +255,23 @@ typedef struct cf_request {
     int32_t num_prompt_tokens;
     const cf_sampling_params * params;   /* read during the call only                         */
     int32_t priority;
+    /* >= 0: the next num_forks requests of the call are further choices of this one (OpenAI n):
+     * the same prompt tokens and priority, num_forks 0, their own sampling parameters. In paged
+     * mode they share this request's prompt KV: it computes its prompt up to the last token,
+     * then each choice forks its blocks (copy-on-write) and computes only that last token, so
+     * each samples independently from its own logits. A choice that cannot be admitted then
+     * (no free sequence or block) computes its prompt itself; so do all in the stock modes.
+     * 0 = none (a zero-initialised cf_request is a plain request). */
+    int32_t num_forks;
 } cf_request;
 
 /* Queue num_requests requests at once: all are validated first, then all are queued together,
  * so the step that admits the first sees every one of them (an offline batch is scheduled as a
  * whole, independent of thread timing). out_request_ids: [num_requests], filled on success with
  * new ids in request order. Errors as cf_engine_add_request, the message prefixed with
- * "request i: "; a failed call queues none of them. num_requests 0 is a no-op. Thread-safe. */
+ * "request i: ", and CF_STATUS_INVALID_ARGUMENT for a num_forks out of range or a choice whose
+ * prompt, priority or num_forks do not match (cf_request.num_forks); a failed call queues none
+ * of them. num_requests 0 is a no-op. Thread-safe. */
 CF_API cf_status cf_engine_add_requests(cf_engine_t engine, const cf_request * requests, int32_t num_requests,
                                         int64_t * out_request_ids);
 

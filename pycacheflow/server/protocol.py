@@ -1,9 +1,9 @@
 """Request parsing and validation for the llama-server compatible HTTP API.
 
-A decoded JSON body goes in, a typed request comes out (pure Python, but for JSON schemas). Every problem raises
-``ProtocolError`` with a message naming the field, answered as HTTP 400 in the OpenAI error
-format (``{"error": {"code", "message", "type"}}``), the way llama-server words it
-("Field 'n_predict': ...").
+A decoded JSON body goes in, a typed request comes out (pure Python, but for JSON schemas).
+Every problem raises ``ProtocolError`` with a message naming the field, answered as HTTP 400 in
+the OpenAI error format (``{"error": {"code", "message", "type"}}``), the way llama-server words
+it ("Field 'n_predict': ...").
 
 Field rules follow llama-server (tools/server/server-schema.cpp of the pinned tree):
   - a JSON ``null`` counts as absent (the server default applies);

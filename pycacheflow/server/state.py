@@ -161,10 +161,15 @@ class ServerState:
         return token_ids
 
     def submit(
-        self, group: RequestGroup, request: GenerationRequest, prompt: PromptInput, choice: int = 0
-    ) -> Job:
-        """Submit one prompt of ``request`` to the engine through ``group`` (its ``choice``-th
-        completion: a seeded request's choices use seed + choice, so they differ).
+        self, group: RequestGroup, request: GenerationRequest, prompt: PromptInput
+    ) -> list[Job]:
+        """Submit one prompt of ``request`` to the engine through ``group``: its
+        ``num_choices`` completions (choice i of a seeded request uses seed + i, so they
+        differ). Several choices go in together and share the prompt's KV (``LLM.add_choices``:
+        the engine forks it, copy-on-write), each sampled independently.
+
+        Returns:
+            One job per choice, in order.
 
         Raises:
             ProtocolError: the prompt is empty, too long or has a bad token id (400).
@@ -174,26 +179,31 @@ class ServerState:
         if request.logit_bias or request.params.ignore_eos:
             request = replace(request, params=replace(
                 request.params, logit_bias=self._logit_bias(request)))  # fmt: skip
-        if choice and request.params.seed is not None:
-            seed = (request.params.seed + choice) % 2**32
-            request = replace(request, params=replace(request.params, seed=seed))
         n_predict = request.n_predict
         room = self.n_ctx_slot - len(prompt)  # tokens the slot's context has left for output
         if prompt and room <= 0:
             raise self._too_long(len(prompt))
         wanted = self.info.n_ctx_per_seq if n_predict < 0 else max(1, n_predict)
         max_tokens = max(1, min(wanted, room))
+        choices = [_choice(request, i) for i in range(request.num_choices)]
+        params = [c.with_max_tokens(max_tokens) for c in choices]
         try:
-            index = group.submit(prompt, request.with_max_tokens(max_tokens), request.priority)
+            if len(params) == 1:
+                indices = [group.submit(prompt, params[0], request.priority)]
+            else:
+                indices = group.submit_choices(prompt, params, request.priority)
         except errors.PromptTooLongError:
             raise self._too_long(len(prompt)) from None
         except errors.InvalidArgumentError as exc:
             raise ProtocolError(str(exc)) from None
-        settings = generation_settings(request, self.n_ctx_slot, self.model_name)
-        request_id = group.request_ids[index]
-        self.slots.add(request_id, settings)
-        return Job(index, request_id, prompt, settings, discard_output=n_predict == 0,
-                   max_tokens=max_tokens, limited_by_context=room < wanted)  # fmt: skip
+        jobs = []
+        for choice, index in zip(choices, indices):
+            settings = generation_settings(choice, self.n_ctx_slot, self.model_name)
+            request_id = group.request_ids[index]
+            self.slots.add(request_id, settings)
+            jobs.append(Job(index, request_id, prompt, settings, discard_output=n_predict == 0,
+                            max_tokens=max_tokens, limited_by_context=room < wanted))  # fmt: skip
+        return jobs
 
     def _logit_bias(self, request: GenerationRequest) -> tuple:
         """(token id, bias) pairs of a request, by llama-server's rules: texts become their
@@ -298,6 +308,15 @@ class ServerState:
     def prompt_text(self, output: RequestOutput) -> str:
         """The processed prompt (special tokens rendered), as /completion's ``prompt``."""
         return self.llm.detokenize(output.prompt_token_ids, skip_special=False)
+
+
+def _choice(request: GenerationRequest, choice: int) -> GenerationRequest:
+    """The request of its ``choice``-th completion: a seeded request's choices use seed +
+    choice (mod 2^32), so they differ."""
+    if choice and request.params.seed is not None:
+        seed = (request.params.seed + choice) % 2**32
+        return replace(request, params=replace(request.params, seed=seed))
+    return request
 
 
 def _without_output(output: RequestOutput) -> RequestOutput:

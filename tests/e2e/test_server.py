@@ -328,3 +328,19 @@ def test_ignore_eos_bans_the_end_of_generation_tokens(client, real_llm):
     assert len(result["tokens"]) == 24 and not set(result["tokens"]) & set(eog)
     forced = client.post("/v1/chat/completions", json={**chat, "ignore_eos": True}).json()
     assert forced["choices"][0]["finish_reason"] == "length"
+
+
+def test_n_choices_share_the_prompt_and_sample_independently(client):
+    """n > 1: the choices fork the prompt's KV (the first computes it; see test_choices.py) and
+    are sampled independently: greedy choices agree, seeded ones use seed + i."""
+    body = {"prompt": PROMPTS[2], "max_tokens": 8, "temperature": 0, "ignore_eos": True}
+    single = client.post("/v1/completions", json=body).json()["choices"][0]["text"]
+    greedy = client.post("/v1/completions", json={**body, "n": 3}).json()["choices"]
+    assert [c["index"] for c in greedy] == [0, 1, 2] and {c["text"] for c in greedy} == {single}
+    seeded = {**body, "temperature": 2.0, "seed": 7}
+    answer = client.post("/v1/completions", json={**seeded, "n": 3}).json()
+    texts = [c["text"] for c in answer["choices"]]
+    alone = [client.post("/v1/completions", json={**seeded, "seed": 7 + i}).json()
+             for i in range(3)]  # fmt: skip
+    alone = [a["choices"][0]["text"] for a in alone]
+    assert texts == alone and len(set(texts)) == 3

@@ -375,7 +375,8 @@ cf_status cf_engine_detokenize(cf_engine_t e, const int32_t * tokens, int32_t nu
     return CF_STATUS_OK;
 }
 
-cf_status cf_engine_eog_tokens(cf_engine_t e, int32_t * tokens, int32_t capacity, int32_t * out_num_tokens) {
+cf_status cf_engine_eog_tokens(cf_engine_t e, int32_t * tokens, int32_t capacity,
+                               int32_t * out_num_tokens) {
     (void) e;
     *out_num_tokens = 1;
     if (capacity < 1) return fail(CF_STATUS_BUFFER_TOO_SMALL, "tokens buffer too small");

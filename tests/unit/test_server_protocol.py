@@ -116,7 +116,7 @@ def test_chat_messages():
     assert parse_completion({"prompt": "x", "grammar": 'root ::= "a"'}).params.grammar
     for bad, message in (({"type": "sound"}, "must be one of .*but got: sound"),
                          ("json", "response_format"),
-                         ({"type": "json_object", "schema": {"type": 123}}, "type must be a string"),
+                         ({"type": "json_object", "schema": {"type": 123}}, "must be a string"),
                          ({"type": "json_object", "schema": 123}, "schema must be an object")):
         with pytest.raises(ProtocolError, match=message):
             parse_chat({"messages": user, "response_format": bad})
@@ -190,8 +190,8 @@ def test_json_schemas_become_grammars_with_llama_cpps_converter():
     assert 'root ::= "\\"42\\""' in const
     # /completion and /v1/completions: json_schema, unless a grammar is given
     assert parse_completion({"prompt": "x", "json_schema": {"const": "42"}}).params.grammar == const
-    assert parse_completion({"prompt": "x", "json_schema": {"const": "42"},
-                             "grammar": 'root ::= "a"'}).params.grammar == 'root ::= "a"'  # fmt: skip
+    both = {"prompt": "x", "json_schema": {"const": "42"}, "grammar": 'root ::= "a"'}
+    assert parse_completion(both).params.grammar == 'root ::= "a"'
     # chat: json_schema, response_format json_object with a schema, json_schema wrapper
     for fields in ({"json_schema": {"const": "42"}},
                    {"response_format": {"type": "json_object", "schema": {"const": "42"}}},
@@ -235,7 +235,8 @@ def test_malformed_messages_are_rejected_as_llama_server_does(messages, fragment
 def test_messages_llama_server_accepts():
     call = {"type": "function", "function": {"name": "f", "arguments": "{}"}}
     ok = [{"role": "system", "content": None},  # a null content is present, and empty
-          {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+          {"role": "user", "content": [{"type": "text", "text": "a"},
+                                       {"type": "text", "text": "b"}]},
           {"role": "assistant", "tool_calls": [call]},  # no content: tool calls instead
           {"role": "tool", "content": "42", "tool_call_id": "1"}]  # fmt: skip
     messages = parse_chat({"messages": ok}).messages

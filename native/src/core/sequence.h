@@ -79,6 +79,11 @@ struct Sequence {
     int32_t num_preemptions = 0;
     bool holds_kv = false;            // the KV cache manager holds rows for it (admitted, not freed)
     bool scheduled = false;           // running and scheduled in the step being planned
+    // Choices of one prompt (cf_request.num_forks), paged mode: the parent computes its prompt up
+    // to the last token while fork_pending, then its waiting choices fork its blocks
+    // (Scheduler::fork_choices); a choice names its parent until it forked or gave up on it.
+    bool fork_pending = false;        // parent: choices wait to fork its prompt KV
+    int64_t fork_parent_id = 0;       // choice: the parent's request id; 0 = none
     std::vector<int32_t> tokens;      // prompt then output, reserved up front
     cf_finish_reason finish_reason = CF_FINISH_REASON_NONE;
 
