@@ -227,8 +227,8 @@ typedef struct cf_sampling_params {
 
 /* Defaults: max_tokens 16, temperature 0 (greedy), top_k 0, top_p 1, min_p 0, seed random,
  * no penalties (repeat 1, last_n 64, presence 0, frequency 0), no logit bias, no grammar. A
- * request with a penalty, a logit bias or a grammar is sampled on the CPU (greedy: the argmax
- * after those samplers); other rows keep the in-graph samplers. */
+ * request with a penalty or a grammar is sampled on the CPU (greedy: the argmax after those
+ * samplers); other rows, a logit bias included, keep the in-graph samplers. */
 CF_API cf_sampling_params cf_sampling_params_default(void);
 
 typedef enum cf_finish_reason {

@@ -49,6 +49,9 @@ struct SamplingParams {
     // Needs llama.cpp samplers before the token choice (penalties, logit bias, grammar): never
     // in-graph.
     bool needs_cpu_samplers() const { return has_penalties() || !logit_bias.empty() || !grammar.empty(); }
+    // Of those, the ones kept out of the graph: penalties (their token history) and grammars (no
+    // backend implementation). A logit bias alone runs in-graph (llama.cpp's backend logit_bias).
+    bool needs_host_samplers() const { return has_penalties() || !grammar.empty(); }
 
     // Copy and validate; throws cf::Error(INVALID_ARGUMENT) naming the bad field.
     // n_vocab bounds stop_token_ids; pass 0 to skip that check.

@@ -429,6 +429,9 @@ bool LlamaSession::SlotChain::serves(const SamplingParams & p) const {
     if (chain == nullptr || greedy != p.is_greedy()) {
         return false;
     }
+    if (logit_bias != p.logit_bias) {
+        return false;
+    }
     return greedy || (top_k == p.top_k && top_p == p.top_p && min_p == p.min_p && temperature == p.temperature);
 }
 
@@ -437,7 +440,7 @@ void LlamaSession::set_seq_sampling(int32_t seq_id, const SamplingParams * param
         return;
     }
     SlotChain & slot = slot_chains_[(size_t) seq_id];  // seq_id: a llama.cpp slot (batch_builder.h)
-    const bool in_graph = params != nullptr && !params->needs_cpu_samplers() &&
+    const bool in_graph = params != nullptr && !params->needs_host_samplers() &&
                           (params->is_greedy() || params->seed == CF_SEED_RANDOM);
     if (in_graph ? slot.serves(*params) : slot.chain == nullptr) {
         return;
@@ -455,7 +458,9 @@ void LlamaSession::set_seq_sampling(int32_t seq_id, const SamplingParams * param
 // A chain is initialised for the backend once, so every attach gets a new one.
 void LlamaSession::attach(int32_t seq_id, const SamplingParams * params) {
     SlotChain & slot = slot_chains_[(size_t) seq_id];
-    llama_sampler * chain = params->is_greedy() ? make_greedy_chain() : make_sampler_chain(*params);
+    // [logit_bias ->] greedy, or [logit_bias ->] top_k -> top_p -> min_p -> temp -> dist
+    llama_sampler * chain = params->is_greedy() && params->logit_bias.empty() ? make_greedy_chain()
+                                                                             : make_sampler_chain(*params, vocab_);
     if (!llama_set_sampler(ctx_, seq_id, chain)) {
         llama_sampler_free(chain);  // not offloadable here: this slot samples on the CPU
         return;
@@ -466,6 +471,7 @@ void LlamaSession::attach(int32_t seq_id, const SamplingParams * params) {
     slot.top_p = params->top_p;
     slot.min_p = params->min_p;
     slot.temperature = params->temperature;
+    slot.logit_bias = params->logit_bias;
 }
 
 const float * LlamaSession::logits(int32_t batch_index) {

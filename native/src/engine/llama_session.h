@@ -6,7 +6,9 @@
 // Sampling runs in-graph where it can (llama.cpp's backend sampling): every sequence slot starts
 // with a backend sampler chain holding only `greedy` (argmax), and a slot whose sequence samples
 // with temperature > 0 and a random seed gets the chain top_k -> top_p -> min_p -> temp -> dist
-// of its parameters. A step whose sampled rows all come from chains copies back one token id per
+// of its parameters, both led by llama.cpp's logit_bias sampler when the sequence has a logit
+// bias (llama-server's ignore_eos is one: -inf on every EOG token). Penalties and grammars keep
+// a row on the CPU. A step whose sampled rows all come from chains copies back one token id per
 // row instead of [n_vocab] logits, and no sequence is sampled on the CPU one after the other.
 // Seeded sequences sample on the CPU with their own chain (the same tokens for a seed whatever
 // the slot's history), so their slot's chain is detached and llama.cpp copies the logits of the
@@ -32,6 +34,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 struct llama_model;
@@ -126,6 +129,7 @@ class LlamaSession {
         float top_p = 1.0f;
         float min_p = 0.0f;
         float temperature = 0.0f;
+        std::vector<std::pair<int32_t, float>> logit_bias;  // (token id, bias): ignore_eos bans EOG
         bool serves(const SamplingParams & p) const;
     };
     void attach(int32_t seq_id, const SamplingParams * params);
