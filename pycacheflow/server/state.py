@@ -209,7 +209,7 @@ class ServerState:
         """(token id, bias) pairs of a request, by llama-server's rules: texts become their
         tokens; ids outside the vocabulary are dropped; ``ignore_eos`` appends -inf for every
         end-of-generation token (so the EOG tokens are never sampled, rather than sampled and
-        not stopped at; such a request samples on the CPU, as any with a logit bias)."""
+        not stopped at; a logit bias alone keeps a row's sampling in-graph)."""
         n_vocab, pairs = self.info.n_vocab, []
         for key, bias in request.logit_bias:
             if isinstance(key, str):
