@@ -106,6 +106,32 @@ def clock_ns() -> int:
     return lib.cf_clock_ns()
 
 
+def json_schema_to_grammar(schema_json: str) -> str:
+    """The GBNF grammar of a JSON schema, from llama.cpp's converter (cf_json_schema_to_grammar).
+
+    Args:
+        schema_json: the schema as JSON text; "{}" means any JSON object.
+
+    Returns:
+        The grammar (rule "root"), for ``SamplingParams.grammar``.
+
+    Raises:
+        InvalidArgumentError: not JSON, or a schema the converter rejects (the message starts
+            with "json_schema: " and gives the converter's reason).
+    """
+    data = encode_utf8(schema_json, "json_schema")
+    capacity = _INITIAL_TEXT_BYTES + 8 * len(data)
+    while True:
+        buf = ffi.new("char[]", capacity)
+        out = ffi.new("int32_t *")
+        try:
+            _check(lib.cf_json_schema_to_grammar(data, len(data), buf, capacity, out))
+        except errors.BufferTooSmallError:
+            capacity = _grown(capacity, out[0])
+            continue
+        return ffi.unpack(buf, out[0]).decode("utf-8")
+
+
 def kv_mode_name(value: int) -> str:
     """Name ("paged", "stock", ...) of a cf_kv_mode value."""
     return _KV_MODE_NAMES.get(value, str(value))
@@ -324,7 +350,7 @@ class Engine:
         return out[0]
 
     def add_requests(
-        self, requests: Sequence[tuple[Sequence[int], SamplingParams, int]]
+        self, requests: Sequence[tuple]
     ) -> list[int]:
         """Queue several requests at once (mutates engine state; thread-safe).
 
@@ -333,7 +359,9 @@ class Engine:
         whatever the thread timing.
 
         Args:
-            requests: (prompt_token_ids, params, priority) per request, as ``add_request``.
+            requests: (prompt_token_ids, params, priority[, num_forks]) per request, as
+                ``add_request``; num_forks k > 0 makes the next k requests choices of this one
+                (same prompt and priority) that share its prompt's KV (cf_request.num_forks).
 
         Returns:
             The new request ids, in request order (consecutive).
@@ -345,7 +373,7 @@ class Engine:
             return []
         keep: list = []
         c_requests = ffi.new("cf_request[]", len(requests))
-        for c, (tokens, params, priority) in zip(c_requests, requests):
+        for c, (tokens, params, priority, *forks) in zip(c_requests, requests):
             token_array = ffi.new("int32_t[]", list(tokens))
             keep.append(token_array)
             c.prompt_tokens = token_array
@@ -354,6 +382,7 @@ class Engine:
             keep.append(c_params)  # a struct field does not own what it points to
             c.params = c_params
             c.priority = priority
+            c.num_forks = forks[0] if forks else 0
         out = ffi.new("int64_t[]", len(requests))
         self._call(self._lib.cf_engine_add_requests, c_requests, len(requests), out)
         return list(out)
@@ -491,6 +520,19 @@ class Engine:
             flags = (int(add_special), int(parse_special))
             try:
                 self._call(self._lib.cf_engine_tokenize, data, len(data), *flags, tokens, capacity, out)
+            except errors.BufferTooSmallError:
+                capacity = _grown(capacity, out[0])
+                continue
+            return ffi.unpack(tokens, out[0])
+
+    def eog_tokens(self) -> list[int]:
+        """The model's end-of-generation token ids (EOS, EOT, ...), increasing."""
+        capacity = 16
+        while True:
+            tokens = ffi.new("int32_t[]", capacity)
+            out = ffi.new("int32_t *")
+            try:
+                self._call(self._lib.cf_engine_eog_tokens, tokens, capacity, out)
             except errors.BufferTooSmallError:
                 capacity = _grown(capacity, out[0])
                 continue

@@ -155,6 +155,31 @@ class EngineRunner:
                 self._streams[stream.request_id] = stream
         return streams
 
+    def add_choices(
+        self,
+        prompt_token_ids: Sequence[int],
+        params: Sequence[SamplingParams],
+        priority: int = 0,
+        notify: Callable[[], None] | None = None,
+    ) -> list[RequestStream]:
+        """Submit len(params) completions of one prompt together (thread-safe): in paged mode
+        they share the prompt's KV (the engine forks it, copy-on-write), each sampled with its
+        own params. Arguments as ``add_request``; returns the streams in order.
+
+        Raises:
+            As ``add_request``; nothing is submitted on failure.
+        """
+        requests = [(prompt_token_ids, p, priority, len(params) - 1 if i == 0 else 0)
+                    for i, p in enumerate(params)]  # fmt: skip
+        with self._lock:
+            if self._closed:
+                raise errors.ShutdownError("engine is closed")
+            ids = self.engine.add_requests(requests)
+            streams = [RequestStream(request_id, notify) for request_id in ids]
+            for stream in streams:
+                self._streams[stream.request_id] = stream
+        return streams
+
     def abort(self, request_id: int) -> bool:
         """Abort a request; its stream still receives a final "abort" event.
 

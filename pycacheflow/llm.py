@@ -144,6 +144,11 @@ class LLM:
         """Tokenize text as prompts are tokenized (BOS added if the model wants it)."""
         return self._engine.tokenize(text, add_special, parse_special)
 
+    def eog_token_ids(self) -> list[int]:
+        """The model's end-of-generation token ids (what ``ignore_eos`` keeps going past and
+        llama-server's ``ignore_eos`` bans), increasing."""
+        return self._engine.eog_tokens()
+
     def token_piece(self, token_id: int) -> bytes:
         """The raw bytes of one token (special tokens as their text); a piece of a multi-byte
         character is not valid UTF-8 on its own."""
@@ -303,6 +308,45 @@ class LLM:
             state = RequestState(stream.request_id, p.prompt, p.token_ids, p.params.stop)
             self._pending[stream.request_id] = _Pending(state, stream)
         return stream.request_id
+
+    def add_choices(
+        self,
+        prompt: PromptInput,
+        params: Sequence[SamplingParams],
+        *,
+        priority: int = 0,
+        notify: Callable[[], None] | None = None,
+    ) -> list[int]:
+        """Submit len(params) completions of one prompt (OpenAI ``n``) without waiting; consume
+        each with ``iter_outputs``.
+
+        In paged KV mode the choices share the prompt's KV: the first computes the prompt, the
+        others fork its blocks (copy-on-write) and compute only its last token, so each samples
+        independently (with its own params and seed) from logits of its own. In the stock
+        modes each computes the prompt itself.
+
+        Args:
+            prompt: text or token ids.
+            params: one SamplingParams per choice (at least one).
+            priority, notify: as ``add_request`` (notify is shared by the choices).
+
+        Returns:
+            The request ids, one per choice, in order.
+
+        Raises:
+            Same as ``generate``.
+        """
+        if not params:
+            raise ValueError("add_choices needs at least one SamplingParams")
+        prepared = self._prepare_all([prompt] * len(params), list(params), False)
+        with self._lock:
+            streams = self._runner.add_choices(
+                prepared[0].token_ids, [p.params for p in prepared], priority, notify
+            )
+            for p, stream in zip(prepared, streams):
+                state = RequestState(stream.request_id, p.prompt, p.token_ids, p.params.stop)
+                self._pending[stream.request_id] = _Pending(state, stream)
+        return [stream.request_id for stream in streams]
 
     def iter_outputs(self, request_id: int, timeout: float | None = None) -> Iterator[StreamDelta]:
         """Yield a request's output as StreamDeltas until its last one (which has ``output``).

@@ -243,9 +243,8 @@ typedef struct cf_sampling_params {
 
 /* Defaults: max_tokens 16, temperature 0 (greedy), top_k 0, top_p 1, min_p 0, seed random,
  * no penalties (repeat 1, last_n 64, presence 0, frequency 0), no logit bias, no grammar,
- * cache_prompt 1. A
- * request with a penalty, a logit bias or a grammar is sampled on the CPU (greedy: the argmax
- * after those samplers); other rows keep the in-graph samplers. */
+ * cache_prompt 1. A request with a penalty or a grammar is sampled on the CPU (greedy: the
+ * argmax after those samplers); other rows, a logit bias included, keep the in-graph samplers. */
 CF_API cf_sampling_params cf_sampling_params_default(void);
 
 /* Checks every rule of cf_sampling_params that does not need a model, with the messages
@@ -278,13 +277,23 @@ typedef struct cf_request {
     int32_t num_prompt_tokens;
     const cf_sampling_params * params;   /* read during the call only                         */
     int32_t priority;
+    /* >= 0: the next num_forks requests of the call are further choices of this one (OpenAI n):
+     * the same prompt tokens and priority, num_forks 0, their own sampling parameters. In paged
+     * mode they share this request's prompt KV: it computes its prompt up to the last token,
+     * then each choice forks its blocks (copy-on-write) and computes only that last token, so
+     * each samples independently from its own logits. A choice that cannot be admitted then
+     * (no free sequence or block) computes its prompt itself; so do all in the stock modes.
+     * 0 = none (a zero-initialised cf_request is a plain request). */
+    int32_t num_forks;
 } cf_request;
 
 /* Queue num_requests requests at once: all are validated first, then all are queued together,
  * so the step that admits the first sees every one of them (an offline batch is scheduled as a
  * whole, independent of thread timing). out_request_ids: [num_requests], filled on success with
  * new ids in request order. Errors as cf_engine_add_request, the message prefixed with
- * "request i: "; a failed call queues none of them. num_requests 0 is a no-op. Thread-safe. */
+ * "request i: ", and CF_STATUS_INVALID_ARGUMENT for a num_forks out of range or a choice whose
+ * prompt, priority or num_forks do not match (cf_request.num_forks); a failed call queues none
+ * of them. num_requests 0 is a no-op. Thread-safe. */
 CF_API cf_status cf_engine_add_requests(cf_engine_t engine, const cf_request * requests, int32_t num_requests,
                                         int64_t * out_request_ids);
 
@@ -387,6 +396,14 @@ CF_API cf_status cf_engine_detokenize(cf_engine_t engine, const int32_t * tokens
                                       int32_t remove_special, int32_t unparse_special, char * buf,
                                       int32_t capacity, int32_t * out_len);
 
+/* The model's end-of-generation tokens (llama_vocab_is_eog: EOS, EOT, <|im_end|>, ...), in
+ * increasing id order, into tokens[0..capacity) (caller-owned int32 array); *out_num_tokens =
+ * tokens written, or the needed capacity with CF_STATUS_BUFFER_TOO_SMALL. What llama-server
+ * bans with a -INFINITY logit bias for ignore_eos. Returns CF_STATUS_INVALID_ARGUMENT for a NULL
+ * engine or out_num_tokens, or tokens NULL with capacity > 0. Thread-safe. */
+CF_API cf_status cf_engine_eog_tokens(cf_engine_t engine, int32_t * tokens, int32_t capacity,
+                                      int32_t * out_num_tokens);
+
 /* Apply a chat template to num_messages messages (roles[i], contents[i], UTF-8) and write the
  * prompt text to buf[0..capacity) (not NUL-terminated). tmpl: a template name or Jinja text
  * understood by llama_chat_apply_template, or NULL for the model's own template.
@@ -398,6 +415,19 @@ CF_API cf_status cf_engine_apply_chat_template(cf_engine_t engine, const char * 
                                                const char * const * contents, int32_t num_messages,
                                                int32_t add_assistant, char * buf, int32_t capacity,
                                                int32_t * out_len);
+
+/* Convert a JSON schema to a GBNF grammar (rule "root") for cf_sampling_params.grammar, with
+ * llama.cpp's own converter (common/json-schema-to-grammar.cpp, as llama-server's `json_schema`
+ * and `response_format` do). schema: UTF-8 JSON text schema[0..schema_len); an empty object {}
+ * means any JSON object. The grammar is written to buf[0..capacity) (caller-owned, not
+ * NUL-terminated); *out_len = bytes written, or the needed capacity with
+ * CF_STATUS_BUFFER_TOO_SMALL (call again with a larger buffer).
+ * Returns CF_STATUS_INVALID_ARGUMENT for a NULL pointer or a negative length, and for a schema
+ * the converter cannot use: the message starts with "json_schema: " and says why (not valid
+ * JSON, or the converter's reason, e.g. an unknown "type"). On failure buf holds nothing useful.
+ * Needs no engine; thread-safe. */
+CF_API cf_status cf_json_schema_to_grammar(const char * schema, int32_t schema_len, char * buf,
+                                           int32_t capacity, int32_t * out_len);
 
 /* ---------------------------------------------------------------- profiler */
 

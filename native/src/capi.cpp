@@ -5,7 +5,9 @@
 #include "core/error.h"
 #include "engine/config.h"
 #include "engine/engine.h"
+#include "engine/llama_session.h"
 #include "engine/text.h"
+#include "llama.h"
 
 #include <new>
 #include <string>
@@ -237,6 +239,28 @@ cf_status cf_engine_apply_chat_template(cf_engine_t engine, const char * tmpl, c
         *out_len = 0;
         *out_len = cf::apply_chat_template(engine->engine.session().model(), tmpl, roles, contents, num_messages,
                                            add_assistant != 0, buf, capacity, out_len);
+    });
+}
+
+cf_status cf_engine_eog_tokens(cf_engine_t engine, int32_t * tokens, int32_t capacity, int32_t * out_num_tokens) {
+    return guarded("cf_engine_eog_tokens", [&] {
+        require(engine != nullptr && out_num_tokens != nullptr, "engine and out_num_tokens must be non-NULL");
+        require(capacity >= 0 && (tokens != nullptr || capacity == 0), "tokens must hold capacity >= 0 ids");
+        const cf::LlamaSession & session = engine->engine.session();
+        int32_t num = 0;
+        for (int32_t id = 0; id < session.n_vocab(); ++id) {
+            if (llama_vocab_is_eog(session.vocab(), id)) {
+                if (num < capacity) {
+                    tokens[num] = id;
+                }
+                ++num;
+            }
+        }
+        *out_num_tokens = num;
+        if (num > capacity) {
+            throw cf::Error(CF_STATUS_BUFFER_TOO_SMALL, "tokens holds " + std::to_string(capacity) + " ids but " +
+                                                            std::to_string(num) + " are needed");
+        }
     });
 }
 

@@ -59,8 +59,7 @@ async def handle(request: Request, api: Api, state: ServerState, body: object) -
     streaming = False  # once True, the response's body iterator owns the group
     try:
         for prompt in prompts:
-            for choice in range(req.num_choices):
-                jobs.append(state.submit(group, req, prompt, choice))
+            jobs += state.submit(group, req, prompt)
         if req.stream:
             body_iterator = _closing(_STREAMERS[api](state, group, req, jobs), state, group, jobs)
             streaming = True

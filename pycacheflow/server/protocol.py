@@ -1,9 +1,9 @@
 """Request parsing and validation for the llama-server compatible HTTP API.
 
-Pure Python: a decoded JSON body goes in, a typed request comes out. Every problem raises
-``ProtocolError`` with a message naming the field, answered as HTTP 400 in the OpenAI error
-format (``{"error": {"code", "message", "type"}}``), the way llama-server words it
-("Field 'n_predict': ...").
+A decoded JSON body goes in, a typed request comes out (pure Python, but for JSON schemas).
+Every problem raises ``ProtocolError`` with a message naming the field, answered as HTTP 400 in
+the OpenAI error format (``{"error": {"code", "message", "type"}}``), the way llama-server words
+it ("Field 'n_predict': ...").
 
 Field rules follow llama-server (tools/server/server-schema.cpp of the pinned tree):
   - a JSON ``null`` counts as absent (the server default applies);
@@ -11,8 +11,8 @@ Field rules follow llama-server (tools/server/server-schema.cpp of the pinned tr
   - "hard" limits are errors (``n_predict`` < -1), "soft" limits are clamped (``top_p`` > 1);
   - unknown fields are ignored; known llama.cpp sampling options that CacheFlow does not
     implement are ignored too but listed in ``ignored_fields`` (the server logs them);
-    options whose absence would change the response's shape (grammar, logprobs, n > 1,
-    tools, echo) are rejected.
+    options whose absence would change the response's shape (logprobs, echo) are rejected;
+  - JSON schemas become GBNF grammars through llama.cpp's converter (``json_schema`` module).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from typing import Union
 
 from pycacheflow.errors import InvalidArgumentError
 from pycacheflow.sampling_params import SamplingParams
+from pycacheflow.server import json_schema
 from pycacheflow.server.config import RequestDefaults
 from pycacheflow.text import encode_utf8
 
@@ -54,21 +55,6 @@ _IGNORED_OPTIONS: Mapping[str, object] = {
     "samplers": None,
     "lora": None,
 }
-
-_NO_SCHEMAS = (
-    "JSON schemas are not supported yet (no schema-to-grammar converter); use 'grammar' (GBNF) "
-    "or response_format {'type': 'json_object'}"
-)
-
-# Any JSON object (RFC 8259), in llama.cpp's GBNF: what response_format json_object asks for.
-JSON_OBJECT_GRAMMAR = r"""root   ::= object
-value  ::= object | array | string | number | ("true" | "false" | "null") ws
-object ::= "{" ws ( string ":" ws value ( "," ws string ":" ws value )* )? "}" ws
-array  ::= "[" ws ( value ( "," ws value )* )? "]" ws
-string ::= "\"" ( [^"\\\x7F\x00-\x1F] | "\\" ( ["\\/bfnrt] | "u" [0-9a-fA-F]{4} ) )* "\"" ws
-number ::= "-"? ( "0" | [1-9] [0-9]{0,15} ) ( "." [0-9]+ )? ( [eE] [-+]? [0-9]{1,15} )? ws
-ws     ::= | " " | "\n" [ \t]{0,20}
-"""
 
 PromptInput = Union[str, list]  # text, or a list of token ids and text pieces
 
@@ -349,11 +335,18 @@ def read_token_ids(body: Mapping[str, object], name: str) -> list[int]:
 
 
 def read_messages(body: Mapping[str, object]) -> tuple[dict[str, object], ...]:
-    """Chat ``messages`` as [{"role", "content", ...}] with text content.
+    """Chat ``messages`` as [{"role", "content", ...}] with text content, checked by
+    llama-server's rules (tools/server/server-common.cpp, common/chat.cpp):
 
-    Content may be a string, null (empty) or a list of {"type": "text", "text": ...} parts,
-    which are joined. Other keys of a message (tool_calls, name, tool_call_id, ...) are kept
-    for the chat template.
+      - every message is an object with a string ``role``;
+      - a non-assistant message must have ``content``; an assistant message ``content`` or
+        ``tool_calls`` (a JSON null content counts as present, and empty);
+      - content is a string, null or a list of {"type": "text", "text": str} parts (joined);
+      - ``tool_calls`` is a list of {"type": "function", "function": {"name": str, ...}}.
+
+    Other keys of a message (name, tool_call_id, ...) are kept for the chat template. Every
+    violation is a 400 naming the message (llama-server answers some of them, the ones its
+    message parser finds, with a 500; a client error is a 400 here).
 
     Raises:
         ProtocolError: missing, empty, or a message of the wrong shape.
@@ -371,6 +364,13 @@ def _message(message: object, index: int) -> dict[str, object]:
     if not isinstance(message, dict):
         raise ProtocolError(f"{where}: expected an object, got {_type_name(message)}")
     role = message.get("role")
+    if "content" not in message:
+        if role != "assistant":
+            raise ProtocolError(f"{where}: all non-assistant messages must contain 'content'")
+        if "tool_calls" not in message:
+            raise ProtocolError(
+                f"{where}: an assistant message must contain either 'content' or 'tool_calls'"
+            )
     if not isinstance(role, str) or not role:
         raise ProtocolError(f"{where}: 'role' must be a non-empty string")
     _utf8(role, f"{where}.role")
@@ -382,14 +382,41 @@ def _message(message: object, index: int) -> dict[str, object]:
     elif isinstance(content, list):
         text = "".join(_text_part(p, f"{where}.content[{j}]") for j, p in enumerate(content))
     else:
-        raise ProtocolError(f"{where}: 'content' must be a string or an array of text parts")
+        raise ProtocolError(
+            f"{where}: 'content' must be a string or an array of text parts, "
+            f"got {_type_name(content)}"
+        )
+    if message.get("tool_calls") is not None:
+        _check_tool_calls(message["tool_calls"], f"{where}.tool_calls")
     return {**message, "role": role, "content": _utf8(text, f"{where}.content")}
 
 
 def _text_part(part: object, where: str) -> str:
-    if not isinstance(part, dict) or part.get("type") != "text":
-        raise ProtocolError(f"{where}: only parts of type 'text' are supported")
+    if not isinstance(part, dict) or "type" not in part:
+        raise ProtocolError(f"{where}: expected an object with a 'type'")
+    if part["type"] != "text":
+        raise ProtocolError(
+            f"{where}: unsupported content part type {part['type']!r} (only 'text'; "
+            "CacheFlow serves text models)"
+        )
     return _as_str(f"{where}.text", part.get("text"))
+
+
+def _check_tool_calls(tool_calls: object, where: str) -> None:
+    """llama-server's checks of an assistant message's tool calls."""
+    if not isinstance(tool_calls, list):
+        raise _bad_type(where, "an array of tool calls", tool_calls)
+    for j, call in enumerate(tool_calls):
+        at = f"{where}[{j}]"
+        if not isinstance(call, dict) or "type" not in call:
+            raise ProtocolError(f"{at}: missing tool call type")
+        if call["type"] != "function":
+            raise ProtocolError(f"{at}: unsupported tool call type {call['type']!r} (function)")
+        function = call.get("function")
+        if not isinstance(function, dict):
+            raise ProtocolError(f"{at}: missing tool call function")
+        if not isinstance(function.get("name"), str):
+            raise ProtocolError(f"{at}: missing tool call name")
 
 
 # ---------------------------------------------------------------------------- generation
@@ -429,34 +456,19 @@ def parse_chat(
     """
     body = require_object(body)
     _reject_logprobs(body)
-    grammar = _response_format_grammar(body.get("response_format"))
+    grammar = _schema_grammar(json_schema.chat_grammar, body)
     if grammar:
-        if body.get("grammar"):
-            raise ProtocolError("set 'grammar' or a JSON 'response_format', not both")
         body = {**body, "grammar": grammar}
     request = _generation(body, (), read_messages(body), default_n_predict, defaults)
     return replace(request, **read_chat_options(body))
 
 
-def _response_format_grammar(response_format: object) -> str:
-    """The grammar of an OpenAI ``response_format``: "" for text, JSON_OBJECT_GRAMMAR for a
-    json_object without a schema.
-
-    Raises:
-        ProtocolError: not an object, an unknown type, or a JSON schema (not converted yet).
-    """
-    if response_format is None:
-        return ""
-    if not isinstance(response_format, dict):
-        raise _bad_type("response_format", "an object", response_format)
-    kind = response_format.get("type", "text")
-    if kind == "text":
-        return ""
-    if kind == "json_object" and response_format.get("schema") is None:
-        return JSON_OBJECT_GRAMMAR
-    if kind in ("json_object", "json_schema"):
-        raise ProtocolError(_NO_SCHEMAS)
-    raise ProtocolError(f"Field 'response_format': unknown type {kind!r} (text, json_object)")
+def _schema_grammar(pick: object, body: Mapping[str, object]) -> str:
+    """``pick(body)`` (a json_schema module reader) with its errors as ProtocolError."""
+    try:
+        return pick(body)
+    except json_schema.SchemaError as exc:
+        raise ProtocolError(str(exc)) from None
 
 
 def read_chat_options(body: Mapping[str, object]) -> dict[str, object]:
@@ -508,8 +520,9 @@ def _generation(
     default_n_predict: int,
     defaults: RequestDefaults,
 ) -> GenerationRequest:
-    if body.get("json_schema"):
-        raise ProtocolError(_NO_SCHEMAS)
+    grammar = _schema_grammar(json_schema.completion_grammar, body)
+    if grammar:
+        body = {**body, "grammar": grammar}
     num_choices = read_int(body, ("n_cmpl", "n"), 1, low=1, high=MAX_CHOICES)
     n_predict = read_int(
         body, ("n_predict", "max_completion_tokens", "max_tokens"), default_n_predict, low=-1

@@ -7,6 +7,7 @@ Everything here runs on the event loop thread.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -78,6 +79,7 @@ class ServerState:
         self.shutting_down = False
         self.start_time_unix = int(time.time())  # llama-server's Process-Start-Time-Unix
         self._warned_fields: set[str] = set()
+        self._eog_token_ids: tuple[int, ...] | None = None  # the model's, on first ignore_eos
 
     def waker(self) -> LoopWaker:
         """The event loop's shared LoopWaker (call on the loop)."""
@@ -167,49 +169,65 @@ class ServerState:
         return token_ids
 
     def submit(
-        self, group: RequestGroup, request: GenerationRequest, prompt: PromptInput, choice: int = 0
-    ) -> Job:
-        """Submit one prompt of ``request`` to the engine through ``group`` (its ``choice``-th
-        completion: a seeded request's choices use seed + choice, so they differ).
+        self, group: RequestGroup, request: GenerationRequest, prompt: PromptInput
+    ) -> list[Job]:
+        """Submit one prompt of ``request`` to the engine through ``group``: its
+        ``num_choices`` completions (choice i of a seeded request uses seed + i, so they
+        differ). Several choices go in together and share the prompt's KV (``LLM.add_choices``:
+        the engine forks it, copy-on-write), each sampled independently.
+
+        Returns:
+            One job per choice, in order.
 
         Raises:
             ProtocolError: the prompt is empty, too long or has a bad token id (400).
         """
         self._warn_ignored(request)
         prompt = self.resolve_prompt(prompt)
-        if request.logit_bias:
+        if request.logit_bias or request.params.ignore_eos:
             request = replace(request, params=replace(
-                request.params, logit_bias=self._logit_bias(request.logit_bias)))  # fmt: skip
-        if choice and request.params.seed is not None:
-            seed = (request.params.seed + choice) % 2**32
-            request = replace(request, params=replace(request.params, seed=seed))
+                request.params, logit_bias=self._logit_bias(request)))  # fmt: skip
         n_predict = request.n_predict
         room = self.n_ctx_slot - len(prompt)  # tokens the slot's context has left for output
         if prompt and room <= 0:
             raise self._too_long(len(prompt))
         wanted = self.info.n_ctx_per_seq if n_predict < 0 else max(1, n_predict)
         max_tokens = max(1, min(wanted, room))
+        choices = [_choice(request, i) for i in range(request.num_choices)]
+        params = [c.with_max_tokens(max_tokens) for c in choices]
         try:
-            index = group.submit(prompt, request.with_max_tokens(max_tokens), request.priority)
+            if len(params) == 1:
+                indices = [group.submit(prompt, params[0], request.priority)]
+            else:
+                indices = group.submit_choices(prompt, params, request.priority)
         except errors.PromptTooLongError:
             raise self._too_long(len(prompt)) from None
         except errors.InvalidArgumentError as exc:
             raise ProtocolError(str(exc)) from None
-        settings = generation_settings(request, self.n_ctx_slot, self.model_name)
-        request_id = group.request_ids[index]
-        self.slots.add(request_id, settings)
-        return Job(index, request_id, prompt, settings, discard_output=n_predict == 0,
-                   max_tokens=max_tokens, limited_by_context=room < wanted)  # fmt: skip
+        jobs = []
+        for choice, index in zip(choices, indices):
+            settings = generation_settings(choice, self.n_ctx_slot, self.model_name)
+            request_id = group.request_ids[index]
+            self.slots.add(request_id, settings)
+            jobs.append(Job(index, request_id, prompt, settings, discard_output=n_predict == 0,
+                            max_tokens=max_tokens, limited_by_context=room < wanted))  # fmt: skip
+        return jobs
 
-    def _logit_bias(self, entries: tuple[tuple[int | str, float], ...]) -> tuple:
-        """(token id, bias) pairs: texts become their tokens; ids outside the vocabulary are
-        dropped (llama-server's rules)."""
+    def _logit_bias(self, request: GenerationRequest) -> tuple:
+        """(token id, bias) pairs of a request, by llama-server's rules: texts become their
+        tokens; ids outside the vocabulary are dropped; ``ignore_eos`` appends -inf for every
+        end-of-generation token (so the EOG tokens are never sampled, rather than sampled and
+        not stopped at; a logit bias alone keeps a row's sampling in-graph)."""
         n_vocab, pairs = self.info.n_vocab, []
-        for key, bias in entries:
+        for key, bias in request.logit_bias:
             if isinstance(key, str):
                 pairs += [(t, bias) for t in self.llm.tokenize(key, False, False)]
             elif 0 <= key < n_vocab:
                 pairs.append((key, bias))
+        if request.params.ignore_eos:
+            if self._eog_token_ids is None:
+                self._eog_token_ids = tuple(self.llm.eog_token_ids())
+            pairs += [(t, -math.inf) for t in self._eog_token_ids]
         return tuple(pairs)
 
     def slot_id(self, job: Job) -> int:
@@ -298,6 +316,15 @@ class ServerState:
     def prompt_text(self, output: RequestOutput) -> str:
         """The processed prompt (special tokens rendered), as /completion's ``prompt``."""
         return self.llm.detokenize(output.prompt_token_ids, skip_special=False)
+
+
+def _choice(request: GenerationRequest, choice: int) -> GenerationRequest:
+    """The request of its ``choice``-th completion: a seeded request's choices use seed +
+    choice (mod 2^32), so they differ."""
+    if choice and request.params.seed is not None:
+        seed = (request.params.seed + choice) % 2**32
+        return replace(request, params=replace(request.params, seed=seed))
+    return request
 
 
 def _without_output(output: RequestOutput) -> RequestOutput:

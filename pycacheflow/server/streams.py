@@ -107,6 +107,22 @@ class RequestGroup:
         self._unfinished[request_id] = index
         return index
 
+    def submit_choices(
+        self, prompt: PromptInput, params: list[SamplingParams], priority: int = 0
+    ) -> list[int]:
+        """Submit len(params) completions of one prompt that share its KV (``LLM.add_choices``);
+        returns their indices in the group.
+
+        Raises:
+            As ``submit``.
+        """
+        request_ids = self._llm.add_choices(prompt, params, priority=priority, notify=self._notify)
+        first = len(self._request_ids)
+        for i, request_id in enumerate(request_ids):
+            self._request_ids.append(request_id)
+            self._unfinished[request_id] = first + i
+        return list(range(first, first + len(request_ids)))
+
     async def deltas(
         self, heartbeat_s: float | None = None
     ) -> AsyncIterator[tuple[int, StreamDelta | None]]:

@@ -77,10 +77,10 @@ def test_logit_bias_and_penalties_leave_the_graph_only_for_their_rows(real_llm):
 
 def test_grammar_constrains_the_output(real_llm):
     from pycacheflow.errors import InvalidArgumentError
-    from pycacheflow.server.protocol import JSON_OBJECT_GRAMMAR
+    from pycacheflow.server.json_schema import json_object_grammar
 
     five_a = SamplingParams(max_tokens=8, grammar='root ::= "a"{5,5}')
-    as_json = SamplingParams(max_tokens=24, grammar=JSON_OBJECT_GRAMMAR, temperature=0.8, seed=3)
+    as_json = SamplingParams(max_tokens=24, grammar=json_object_grammar(), temperature=0.8, seed=3)
     plain = SamplingParams(max_tokens=8)
     outs = real_llm.generate(["Say something", "Describe a cat in JSON:", "Say something"],
                              [five_a, as_json, plain])  # fmt: skip
@@ -89,3 +89,25 @@ def test_grammar_constrains_the_output(real_llm):
     assert outs[2].text != "aaaaa"
     with pytest.raises(InvalidArgumentError, match="grammar"):
         real_llm.generate(["x"], SamplingParams(max_tokens=2, grammar="root ::= (unclosed"))
+
+
+def test_logit_bias_in_graph_equals_host_sampling(real_model_path, make_llm, monkeypatch):
+    """A logit bias alone stays in-graph (llama.cpp's backend logit_bias sampler ahead of the
+    greedy or stochastic chain; llama-server's ignore_eos is such a bias): the tokens equal
+    those of the CPU samplers (CACHEFLOW_HOST_SAMPLING=1), in a batch with plain rows."""
+    prompt = "List the numbers: one, two, three, one, two, three, one, two,"
+    plain = SamplingParams(max_tokens=12, ignore_eos=True)
+    in_graph = make_llm(real_model_path, max_num_seqs=4)
+    expected = in_graph.generate([prompt], plain)[0].token_ids
+    eog = {t: float("-inf") for t in in_graph.eog_token_ids()}
+    params = [plain,
+              SamplingParams(max_tokens=12, ignore_eos=True, logit_bias={**eog, expected[0]: -1e9}),
+              SamplingParams(max_tokens=12, ignore_eos=True, logit_bias={expected[2]: 100.0}),
+              SamplingParams(max_tokens=12, ignore_eos=True, temperature=0.7, top_k=1,
+                             logit_bias={expected[1]: float("-inf")})]  # fmt: skip
+    outs = [o.token_ids for o in in_graph.generate([prompt] * 4, params)]
+    monkeypatch.setenv("CACHEFLOW_HOST_SAMPLING", "1")
+    host = make_llm(real_model_path, max_num_seqs=4)
+    assert outs == [o.token_ids for o in host.generate([prompt] * 4, params)]
+    assert outs[0] == expected and expected[0] not in outs[1] and set(outs[2]) == {expected[2]}
+    assert expected[1] not in outs[3]

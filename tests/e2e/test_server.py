@@ -307,3 +307,63 @@ def test_tokenize_pieces_that_are_not_utf8_are_bytes(client):
     raw = b"".join(p.encode() if isinstance(p, str) else bytes(p) for p in pieces)
     assert raw.decode() == text
     assert any(isinstance(p, list) for p in pieces)  # the emoji spans several byte tokens
+
+
+def test_json_schemas_constrain_the_output(client):
+    """``json_schema`` and ``response_format`` schemas become grammars through llama.cpp's
+    converter: the output is the schema's only value, on every route; a bad schema is a 400
+    with the converter's reason."""
+    chat = [{"role": "user", "content": "Write an example"}]
+    const = {"const": "forty-two"}
+    answers = [
+        client.post("/completion", json={"prompt": "Say:", "n_predict": 12, "json_schema": const}),
+        client.post("/v1/chat/completions", json={"messages": chat, "max_tokens": 12,
+                                                  "json_schema": const}),  # fmt: skip
+        client.post("/v1/chat/completions", json={
+            "messages": chat, "max_tokens": 12,
+            "response_format": {"type": "json_schema", "json_schema": {"schema": const}}}),
+    ]  # fmt: skip
+    texts = [answers[0].json()["content"]]
+    texts += [a.json()["choices"][0]["message"]["content"] for a in answers[1:]]
+    assert texts == ['"forty-two"'] * 3
+    bad = client.post("/v1/chat/completions", json={
+        "messages": chat, "response_format": {"type": "json_object", "schema": {"type": "hiccup"}}})
+    assert bad.status_code == 400
+    assert "unrecognized type hiccup" in bad.json()["error"]["message"]
+
+
+def test_ignore_eos_bans_the_end_of_generation_tokens(client, real_llm):
+    """llama-server's ignore_eos: a -inf logit bias on every EOG token, listed in
+    generation_settings; the output never contains one."""
+    eog = real_llm.eog_token_ids()
+    assert real_llm.info.token_eos in eog
+    question = "What is 2+2? Answer with one number."
+    chat = {"messages": [{"role": "user", "content": question}], "max_tokens": 24,
+            "temperature": 0}  # fmt: skip
+    plain = client.post("/v1/chat/completions", json=chat).json()
+    assert plain["choices"][0]["finish_reason"] == "stop"  # at <|im_end|>, before 24 tokens
+    body = {"prompt": question, "n_predict": 24, "temperature": 0, "return_tokens": True}
+    settings = client.post("/completion", json=body).json()["generation_settings"]
+    assert settings["logit_bias"] == []
+    result = client.post("/completion", json={**body, "ignore_eos": True}).json()
+    biases = result["generation_settings"]["logit_bias"]
+    assert sorted(b["token"] for b in biases) == eog and {b["bias"] for b in biases} == {None}
+    assert len(result["tokens"]) == 24 and not set(result["tokens"]) & set(eog)
+    forced = client.post("/v1/chat/completions", json={**chat, "ignore_eos": True}).json()
+    assert forced["choices"][0]["finish_reason"] == "length"
+
+
+def test_n_choices_share_the_prompt_and_sample_independently(client):
+    """n > 1: the choices fork the prompt's KV (the first computes it; see test_choices.py) and
+    are sampled independently: greedy choices agree, seeded ones use seed + i."""
+    body = {"prompt": PROMPTS[2], "max_tokens": 8, "temperature": 0, "ignore_eos": True}
+    single = client.post("/v1/completions", json=body).json()["choices"][0]["text"]
+    greedy = client.post("/v1/completions", json={**body, "n": 3}).json()["choices"]
+    assert [c["index"] for c in greedy] == [0, 1, 2] and {c["text"] for c in greedy} == {single}
+    seeded = {**body, "temperature": 2.0, "seed": 7}
+    answer = client.post("/v1/completions", json={**seeded, "n": 3}).json()
+    texts = [c["text"] for c in answer["choices"]]
+    alone = [client.post("/v1/completions", json={**seeded, "seed": 7 + i}).json()
+             for i in range(3)]  # fmt: skip
+    alone = [a["choices"][0]["text"] for a in alone]
+    assert texts == alone and len(set(texts)) == 3

@@ -163,6 +163,15 @@ BAD_REQUESTS = [
     ("/v1/completions", b'{"prompt": "a", "max_tokens": 1.5}', "max_tokens"),
     ("/v1/chat/completions", b'{"messages": "hi"}', "messages"),
     ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": 5}]}', "content"),
+    # messages without content, as llama-server rejects them
+    ("/v1/chat/completions", b'{"messages": [{"role": "user"}]}',
+     "Field 'messages[0]': all non-assistant messages must contain 'content'"),
+    ("/v1/chat/completions", b'{"messages": [{"role": "system", "content": "a"}, {}]}',
+     "Field 'messages[1]': all non-assistant messages must contain 'content'"),
+    ("/v1/chat/completions", b'{"messages": [{"role": "assistant"}]}',
+     "must contain either 'content' or 'tool_calls'"),
+    ("/apply-template", b'{"messages": [{"role": "user"}]}', "must contain 'content'"),
+    ("/v1/chat/completions", b'{"messages": [{"content": "a"}]}', "'role' must be a non-empty"),
     ("/completion", b'{"prompt": [1, 99999]}', "token id"),
     # Beyond the C ABI's int32_t / float
     ("/completion", b'{"prompt": "a", "n_predict": 1099511627776}', "Field 'n_predict'"),
@@ -437,3 +446,25 @@ def test_web_page_flags_and_aliases(fake_env, fake_model):
     finally:
         assert proc.stop() == 0
         proc.close()
+
+
+def test_truncated_only_when_the_slot_context_is_full(client):
+    """llama-server's ``truncated``: the output stopped because the slot's context was full,
+    not at the request's own n_predict (the fake's context is 256 tokens per slot)."""
+    full = client.post("/completion", json={"prompt": "ab", "n_predict": 1000}).json()
+    assert full["truncated"] is True and full["tokens_predicted"] == FAKE_CTX_PER_SEQ - 2
+    short = client.post("/completion", json={"prompt": "ab", "n_predict": 3}).json()
+    assert short["truncated"] is False and short["stop_type"] == "limit"
+    events = stream_events(client, "/completion", {"prompt": "ab", "n_predict": 1000,
+                                                   "stream": True})  # fmt: skip
+    assert events[-1]["truncated"] is True
+
+
+def test_system_fingerprint_is_the_build(client):
+    """OpenAI's system_fingerprint in llama-server's build_info form, "b<release>" from the
+    library's cf_version (the fake's is "fake"); the same on every route and chunk."""
+    chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    answers = [client.post("/v1/chat/completions", json=chat).json(),
+               client.post("/v1/completions", json={"prompt": "ab", "max_tokens": 2}).json()]
+    answers += stream_events(client, "/v1/chat/completions", {**chat, "stream": True})[:-1]
+    assert {a["system_fingerprint"] for a in answers} == {"bfake"}

@@ -470,6 +470,15 @@ cf_status cf_engine_detokenize(cf_engine_t e, const int32_t * tokens, int32_t nu
     return CF_STATUS_OK;
 }
 
+cf_status cf_engine_eog_tokens(cf_engine_t e, int32_t * tokens, int32_t capacity,
+                               int32_t * out_num_tokens) {
+    (void) e;
+    *out_num_tokens = 1;
+    if (capacity < 1) return fail(CF_STATUS_BUFFER_TOO_SMALL, "tokens buffer too small");
+    tokens[0] = FAKE_EOS;
+    return CF_STATUS_OK;
+}
+
 cf_status cf_engine_apply_chat_template(cf_engine_t e, const char * tmpl, const char * const * roles,
                                         const char * const * contents, int32_t num_messages,
                                         int32_t add_assistant, char * buf, int32_t capacity,

@@ -1,11 +1,12 @@
-"""Request parsing of `cacheflow serve` (pycacheflow/server/protocol.py): pure Python, no engine."""
+"""Request parsing of `cacheflow serve` (pycacheflow/server/protocol.py): no engine (JSON schemas
+go through the native library's converter, which needs no model)."""
 
 from __future__ import annotations
 
 import pytest
 
+from pycacheflow.server.json_schema import json_object_grammar
 from pycacheflow.server.protocol import (
-    JSON_OBJECT_GRAMMAR,
     DEFAULT_TEMPERATURE,
     ProtocolError,
     parse_chat,
@@ -49,7 +50,8 @@ def test_n_predict_aliases_and_server_default():
         ({"stop": [1]}, "Field 'stop'"),
         ({"n": 129}, "Field 'n': value must be between 1 and 128"),
         ({"logprobs": 3}, "token probabilities"),
-        ({"json_schema": {"const": "42"}}, "JSON schemas are not supported yet"),
+        ({"json_schema": {"type": "hiccup"}}, "(?s)json_schema: .*unrecognized type hiccup"),
+        ({"json_schema": 123}, "(?s)json_schema: .*schema must be an object"),
         ({"grammar": 5}, "Field 'grammar'"),
         ({"echo": True}, "no echo"),
         ({"suffix": "x"}, "Unsupported param: suffix"),
@@ -110,10 +112,12 @@ def test_chat_messages():
             parse_chat({"messages": bad}, -1)
     user = [{"role": "user", "content": "x"}]
     json_object = parse_chat({"messages": user, "response_format": {"type": "json_object"}})
-    assert json_object.params.grammar == JSON_OBJECT_GRAMMAR
+    assert json_object.params.grammar == json_object_grammar()
     assert parse_completion({"prompt": "x", "grammar": 'root ::= "a"'}).params.grammar
-    for bad, message in (({"type": "sound"}, "unknown type"), ("json", "response_format"),
-                         ({"type": "json_schema", "json_schema": {}}, "JSON schemas")):
+    for bad, message in (({"type": "sound"}, "must be one of .*but got: sound"),
+                         ("json", "response_format"),
+                         ({"type": "json_object", "schema": {"type": 123}}, "must be a string"),
+                         ({"type": "json_object", "schema": 123}, "schema must be an object")):
         with pytest.raises(ProtocolError, match=message):
             parse_chat({"messages": user, "response_format": bad})
 
@@ -176,3 +180,65 @@ def test_chat_options():
     with pytest.raises(ProtocolError, match="Cannot set both"):
         parse_chat({"messages": [{"role": "user", "content": "x"}],
                     "continue_final_message": True})  # fmt: skip
+
+
+def test_json_schemas_become_grammars_with_llama_cpps_converter():
+    from pycacheflow._native import json_schema_to_grammar
+
+    user = [{"role": "user", "content": "x"}]
+    const = json_schema_to_grammar('{"const": "42"}')
+    assert 'root ::= "\\"42\\""' in const
+    # /completion and /v1/completions: json_schema, unless a grammar is given
+    assert parse_completion({"prompt": "x", "json_schema": {"const": "42"}}).params.grammar == const
+    both = {"prompt": "x", "json_schema": {"const": "42"}, "grammar": 'root ::= "a"'}
+    assert parse_completion(both).params.grammar == 'root ::= "a"'
+    # chat: json_schema, response_format json_object with a schema, json_schema wrapper
+    for fields in ({"json_schema": {"const": "42"}},
+                   {"response_format": {"type": "json_object", "schema": {"const": "42"}}},
+                   {"response_format": {"type": "json_schema",
+                                        "json_schema": {"schema": {"const": "42"}}}}):  # fmt: skip
+        assert parse_chat({"messages": user, **fields}).params.grammar == const
+    # an empty schema is any object; "text" is no grammar
+    any_object = parse_chat({"messages": user, "json_schema": {}}).params.grammar
+    assert any_object == json_object_grammar() == json_schema_to_grammar('{"type": "object"}')
+    assert parse_chat({"messages": user, "response_format": {"type": "text"}}).params.grammar == ""
+    with pytest.raises(ProtocolError, match="Cannot use both json_schema and grammar"):
+        parse_chat({"messages": user, "json_schema": {}, "grammar": 'root ::= "a"'})
+
+
+@pytest.mark.parametrize(
+    "messages,fragment",
+    [
+        ([{"role": "user"}], r"messages\[0\]'?: all non-assistant messages must contain 'content'"),
+        ([{"role": "user", "content": "a"}, {}], r"messages\[1\].*must contain 'content'"),
+        ([{"role": "assistant"}], "must contain either 'content' or 'tool_calls'"),
+        ([{"content": "a"}], "'role' must be a non-empty string"),
+        ([{"role": 123, "content": "a"}], "'role' must be a non-empty string"),
+        ([{"role": "system", "content": 123}], "'content' must be a string or an array"),
+        ([{"role": "user", "content": [{"text": "a"}]}], r"content\[0\].*'type'"),
+        ([{"role": "user", "content": [{"type": "image_url"}]}], "unsupported content part"),
+        ([{"role": "user", "content": [{"type": "text", "text": 1}]}], r"content\[0\]\.text"),
+        ([{"role": "assistant", "tool_calls": [{"function": {"name": "f"}}]}], "tool call type"),
+        ([{"role": "assistant", "tool_calls": [{"type": "x"}]}], "unsupported tool call type"),
+        ([{"role": "assistant", "tool_calls": [{"type": "function"}]}], "tool call function"),
+        ([{"role": "assistant", "tool_calls": [{"type": "function", "function": {}}]}],
+         "tool call name"),  # fmt: skip
+        ([{"role": "assistant", "tool_calls": {}}], "tool_calls"),
+    ],
+)
+def test_malformed_messages_are_rejected_as_llama_server_does(messages, fragment):
+    with pytest.raises(ProtocolError, match=fragment) as info:
+        parse_chat({"messages": messages})
+    assert info.value.status == 400
+
+
+def test_messages_llama_server_accepts():
+    call = {"type": "function", "function": {"name": "f", "arguments": "{}"}}
+    ok = [{"role": "system", "content": None},  # a null content is present, and empty
+          {"role": "user", "content": [{"type": "text", "text": "a"},
+                                       {"type": "text", "text": "b"}]},
+          {"role": "assistant", "tool_calls": [call]},  # no content: tool calls instead
+          {"role": "tool", "content": "42", "tool_call_id": "1"}]  # fmt: skip
+    messages = parse_chat({"messages": ok}).messages
+    assert [m["content"] for m in messages] == ["", "ab", "", "42"]
+    assert messages[2]["tool_calls"] == [call] and messages[3]["tool_call_id"] == "1"

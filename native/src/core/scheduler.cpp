@@ -45,6 +45,10 @@ bool Scheduler::comes_before(const Sequence & a, const Sequence & b) const {
 void Scheduler::add(std::unique_ptr<Sequence> seq) {
     assert(seq && seq->status == SequenceStatus::WAITING && !seq->holds_kv);
     assert(seq->num_prompt_tokens >= 1 && seq->num_prompt_tokens < config_.n_ctx_per_seq);
+    if (!kv_->supports_fork()) {  // choices compute their prompts like any request
+        seq->fork_pending = false;
+        seq->fork_parent_id = 0;
+    }
     auto pos = std::upper_bound(waiting_.begin(), waiting_.end(), seq,
                                 [this](const std::unique_ptr<Sequence> & x, const std::unique_ptr<Sequence> & y) {
                                     return comes_before(*x, *y);
@@ -57,6 +61,7 @@ const StepPlan & Scheduler::schedule() {
     for (const auto & seq : running_) {
         seq->scheduled = false;
     }
+    fork_choices();
     int32_t budget = config_.max_num_batched_tokens;
     schedule_running(/*decoding=*/true, &budget);
     schedule_running(/*decoding=*/false, &budget);
@@ -89,15 +94,82 @@ void Scheduler::schedule_running(bool decoding, int32_t * budget) {
 }
 
 void Scheduler::admit_waiting(int32_t * budget) {
-    while (*budget > 0 && !waiting_.empty() && can_admit(*waiting_.front())) {
-        admit_front();
+    size_t i = 0;  // choices waiting for their parent's fork are passed over, not admitted
+    while (*budget > 0 && i < waiting_.size()) {
+        if (waits_for_fork(*waiting_[i])) {
+            ++i;
+            continue;
+        }
+        if (!can_admit(*waiting_[i])) {
+            return;
+        }
+        admit_at(i);
         push_scheduled(running_.back().get(), *budget, budget);
+    }
+}
+
+// True while seq is a choice whose parent (running or waiting) still computes the prompt they
+// share; once the parent is gone or has forked, seq gives up on the fork (a plain request).
+bool Scheduler::waits_for_fork(Sequence & seq) const {
+    if (seq.fork_parent_id == 0) {
+        return false;
+    }
+    for (const auto & other : running_) {
+        if (other->request_id == seq.fork_parent_id && other->fork_pending) {
+            return true;
+        }
+    }
+    for (const auto & other : waiting_) {
+        if (other->request_id == seq.fork_parent_id && other->fork_pending) {
+            return true;
+        }
+    }
+    seq.fork_parent_id = 0;
+    return false;
+}
+
+// See the diagram in scheduler.h. Runs first in a step, so a parent at num_prompt_tokens - 1
+// has allocated nothing for the token its choices compute with it.
+void Scheduler::fork_choices() {
+    for (size_t r = 0; r < running_.size(); ++r) {  // forked choices are appended, never parents
+        Sequence * parent = running_[r].get();
+        if (!parent->fork_pending || parent->num_computed_tokens != parent->num_prompt_tokens - 1) {
+            continue;
+        }
+        parent->fork_pending = false;
+        int32_t num_forked = 0;
+        for (size_t i = 0; i < waiting_.size();) {
+            Sequence & child = *waiting_[i];
+            if (child.fork_parent_id != parent->request_id) {
+                ++i;
+                continue;
+            }
+            child.fork_parent_id = 0;
+            // each of parent and choices may need one block for the shared token (copy-on-write)
+            if (num_running() >= config_.max_num_seqs || kv_->num_blocks_free() < num_forked + 2) {
+                ++i;
+                continue;
+            }
+            std::unique_ptr<Sequence> owned = std::move(waiting_[i]);
+            waiting_.erase(waiting_.begin() + (std::ptrdiff_t) i);
+            owned->status = SequenceStatus::RUNNING;
+            owned->scheduled = false;
+            kv_->fork(*parent, *owned);
+            owned->holds_kv = true;
+            owned->num_computed_tokens = parent->num_computed_tokens;
+            owned->num_cached_tokens = parent->num_computed_tokens;  // reused, not computed
+            running_.push_back(std::move(owned));
+            ++num_forked;
+        }
     }
 }
 
 void Scheduler::push_scheduled(Sequence * seq, int32_t budget_left, int32_t * budget) {
     assert(seq->num_uncomputed_tokens() >= 1 && budget_left >= 1);
-    const int32_t n = std::min(seq->num_uncomputed_tokens(), budget_left);
+    int32_t n = std::min(seq->num_uncomputed_tokens(), budget_left);
+    if (seq->fork_pending && seq->num_computed_tokens < seq->num_prompt_tokens - 1) {
+        n = std::min(n, seq->num_prompt_tokens - 1 - seq->num_computed_tokens);  // choices fork there
+    }
     if (!allocate_or_preempt(seq, n)) {
         return;  // preempted or out of blocks
     }
@@ -181,9 +253,9 @@ bool Scheduler::can_admit(const Sequence & seq) const {
     return num_running() < config_.max_num_seqs && kv_->can_admit(seq, num_running());
 }
 
-void Scheduler::admit_front() {
-    std::unique_ptr<Sequence> seq = std::move(waiting_.front());
-    waiting_.pop_front();
+void Scheduler::admit_at(size_t waiting_index) {
+    std::unique_ptr<Sequence> seq = std::move(waiting_[waiting_index]);
+    waiting_.erase(waiting_.begin() + (std::ptrdiff_t) waiting_index);
     seq->status = SequenceStatus::RUNNING;
     seq->scheduled = false;
     // A prefix-cache hit: computing starts after the cached tokens (never all of them).

@@ -25,6 +25,16 @@
 // that needs the block is preempted itself; alone in the pool it cannot grow at all and ends
 // (out_of_blocks). No admission happens in a step that preempted.
 //
+// Choices of one prompt (cf_request.num_forks; paged mode only): the parent's prefill stops one
+// token short of its prompt while its choices wait; at the start of the next step each choice
+// forks the parent's blocks (KvCacheManager::fork) and then parent and choices each compute that
+// last prompt token, getting logits of their own:
+//
+//   parent:  | prompt [0, P-1): computed, blocks shared by fork | P-1 | output ...
+//   choice:  | (the parent's blocks, copy-on-write)             | P-1 | output ...
+//
+// A choice that does not fit then (max_num_seqs, free blocks) computes its prompt itself later.
+//
 // Thread-safety: none; the engine calls it from the stepping thread only.
 #pragma once
 
@@ -96,7 +106,9 @@ class Scheduler {
   private:
     bool comes_before(const Sequence & a, const Sequence & b) const;
     bool can_admit(const Sequence & seq) const;
-    void admit_front();
+    void admit_at(size_t waiting_index);
+    void fork_choices();
+    bool waits_for_fork(Sequence & seq) const;
     void push_scheduled(Sequence * seq, int32_t budget_left, int32_t * budget);
     bool allocate_or_preempt(Sequence * seq, int32_t num_new_tokens);
     Sequence * preemption_victim(const Sequence & needy) const;

@@ -51,6 +51,9 @@ struct SamplingParams {
     // Needs llama.cpp samplers before the token choice (penalties, logit bias, grammar): never
     // in-graph.
     bool needs_cpu_samplers() const { return has_penalties() || !logit_bias.empty() || !grammar.empty(); }
+    // Of those, the ones kept out of the graph: penalties (their token history) and grammars (no
+    // backend implementation). A logit bias alone runs in-graph (llama.cpp's backend logit_bias).
+    bool needs_host_samplers() const { return has_penalties() || !grammar.empty(); }
 
     // Copy and validate; throws cf::Error(INVALID_ARGUMENT) naming the bad field.
     // n_vocab bounds stop_token_ids; pass 0 to skip that check.
@@ -81,6 +84,11 @@ struct Sequence {
     int32_t num_preemptions = 0;
     bool holds_kv = false;            // the KV cache manager holds rows for it (admitted, not freed)
     bool scheduled = false;           // running and scheduled in the step being planned
+    // Choices of one prompt (cf_request.num_forks), paged mode: the parent computes its prompt up
+    // to the last token while fork_pending, then its waiting choices fork its blocks
+    // (Scheduler::fork_choices); a choice names its parent until it forked or gave up on it.
+    bool fork_pending = false;        // parent: choices wait to fork its prompt KV
+    int64_t fork_parent_id = 0;       // choice: the parent's request id; 0 = none
     std::vector<int32_t> tokens;      // prompt then output, reserved up front
     cf_finish_reason finish_reason = CF_FINISH_REASON_NONE;
 

@@ -96,6 +96,11 @@ void Engine::enqueue(std::vector<std::unique_ptr<Sequence>> & seqs, int64_t * ou
             seqs[i]->request_id = request_id;
             out_ids[i] = request_id;
             live_ids_.insert(request_id);
+        }
+        for (size_t i = 0; i < seqs.size(); ++i) {
+            if (seqs[i]->fork_parent_id != 0) {  // add_requests stored -(parent's index + 1)
+                seqs[i]->fork_parent_id = out_ids[(size_t) (-seqs[i]->fork_parent_id - 1)];
+            }
             pending_adds_.push_back(std::move(seqs[i]));
         }
     }
@@ -129,8 +134,40 @@ void Engine::add_requests(const cf_request * requests, int32_t n, int64_t * out_
             throw Error(e.status(), "request " + std::to_string(i) + ": " + e.what());
         }
     }
+    link_choices(requests, seqs);
     if (n > 0) {
         enqueue(seqs, out_ids);
+    }
+}
+
+// cf_request.num_forks: check each group of choices and mark parent and choices for the
+// scheduler (Scheduler::fork_choices). A choice's fork_parent_id holds -(parent index + 1)
+// until enqueue() knows the ids.
+void Engine::link_choices(const cf_request * requests, std::vector<std::unique_ptr<Sequence>> & seqs) {
+    const auto n = (int32_t) seqs.size();
+    for (int32_t i = 0; i < n; ++i) {
+        const int32_t num_forks = requests[i].num_forks;
+        const std::string where = "request " + std::to_string(i) + ": ";
+        if (num_forks < 0 || num_forks > n - 1 - i) {
+            fail_invalid(where + "num_forks must be in [0, " + std::to_string(n - 1 - i) + "], got " +
+                         std::to_string(num_forks));
+        }
+        const Sequence & parent = *seqs[(size_t) i];
+        for (int32_t k = i + 1; k <= i + num_forks; ++k) {
+            Sequence & choice = *seqs[(size_t) k];
+            if (requests[k].num_forks != 0 || choice.priority != parent.priority ||
+                choice.tokens.size() < (size_t) parent.num_prompt_tokens ||
+                choice.num_prompt_tokens != parent.num_prompt_tokens ||
+                !std::equal(parent.tokens.begin(), parent.tokens.begin() + parent.num_prompt_tokens, choice.tokens.begin())) {
+                fail_invalid("request " + std::to_string(k) + ": a choice of request " + std::to_string(i) +
+                             " (num_forks) needs its prompt tokens and priority, and num_forks 0");
+            }
+            if (parent.num_prompt_tokens >= 2) {  // else there is no prompt KV to share
+                choice.fork_parent_id = -(int64_t) i - 1;
+            }
+        }
+        seqs[(size_t) i]->fork_pending = num_forks > 0 && parent.num_prompt_tokens >= 2;
+        i += num_forks;
     }
 }
 

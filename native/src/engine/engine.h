@@ -85,6 +85,7 @@ class Engine {
     std::unique_ptr<Sequence> make_sequence(const int32_t * prompt, int32_t num_prompt_tokens,
                                             const cf_sampling_params & params, int32_t priority, int64_t arrival_ns);
     // Give seqs ids (out_ids[i]) and queue them under one inbox lock; throws SHUTDOWN (nothing queued).
+    void link_choices(const cf_request * requests, std::vector<std::unique_ptr<Sequence>> & seqs);
     void enqueue(std::vector<std::unique_ptr<Sequence>> & seqs, int64_t * out_ids);
     void run_decoded_step(const StepPlan & out);
     int32_t sample(Sequence & seq, int32_t batch_index, int32_t slot);

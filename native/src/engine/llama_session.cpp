@@ -462,7 +462,10 @@ int32_t LlamaSession::sampled_token(int32_t batch_index, int32_t seq_id) {
 }
 
 bool LlamaSession::SlotChain::serves(const SamplingParams & p) const {
-    return chain != nullptr && top_k == p.top_k && top_p == p.top_p && min_p == p.min_p && temperature == p.temperature;
+    if (chain == nullptr || greedy != p.is_greedy() || logit_bias != p.logit_bias) {
+        return false;
+    }
+    return greedy || (top_k == p.top_k && top_p == p.top_p && min_p == p.min_p && temperature == p.temperature);
 }
 
 void LlamaSession::set_seq_sampling(int32_t seq_id, const SamplingParams * params) {
@@ -470,9 +473,11 @@ void LlamaSession::set_seq_sampling(int32_t seq_id, const SamplingParams * param
         return;
     }
     SlotChain & slot = slot_chains_[(size_t) seq_id];  // seq_id: a llama.cpp slot (batch_builder.h)
-    const bool argmax = params != nullptr && !params->needs_cpu_samplers() && params->is_greedy();
-    const bool chained = params != nullptr && !params->needs_cpu_samplers() && !params->is_greedy() &&
-                         params->seed == CF_SEED_RANDOM;
+    // argmax: greedy without a logit bias (the batched argmax of patch 0005); chained: a greedy
+    // row with a logit bias ([logit_bias ->] greedy) or a stochastic row with a random seed.
+    const bool in_graph = params != nullptr && !params->needs_host_samplers();
+    const bool argmax = in_graph && params->is_greedy() && params->logit_bias.empty();
+    const bool chained = in_graph && !argmax && (params->is_greedy() || params->seed == CF_SEED_RANDOM);
     if (argmax != slot.argmax) {
         llama_set_seq_greedy(ctx_, seq_id, argmax);  // the rows of a greedy slot need no raw logits
         slot.argmax = argmax;
@@ -493,16 +498,19 @@ void LlamaSession::set_seq_sampling(int32_t seq_id, const SamplingParams * param
 // A chain is initialised for the backend once, so every attach gets a new one.
 void LlamaSession::attach(int32_t seq_id, const SamplingParams * params) {
     SlotChain & slot = slot_chains_[(size_t) seq_id];
-    llama_sampler * chain = make_sampler_chain(*params);
+    // [logit_bias ->] greedy, or [logit_bias ->] top_k -> top_p -> min_p -> temp -> dist
+    llama_sampler * chain = make_sampler_chain(*params, vocab_);
     if (!llama_set_sampler(ctx_, seq_id, chain)) {
         llama_sampler_free(chain);  // not offloadable here: this slot samples on the CPU
         return;
     }
     slot.chain = chain;
+    slot.greedy = params->is_greedy();
     slot.top_k = params->top_k;
     slot.top_p = params->top_p;
     slot.min_p = params->min_p;
     slot.temperature = params->temperature;
+    slot.logit_bias = params->logit_bias;
 }
 
 const float * LlamaSession::logits(int32_t batch_index) {

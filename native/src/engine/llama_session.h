@@ -3,13 +3,15 @@
 // kv_mode AUTO resolves here, once the model is loaded: PAGED where the paged KV path covers the
 // model (plain full-attention layers, CPU), else STOCK with a one-line notice on stderr.
 //
-// Sampling runs in-graph where it can: greedy rows are sampled by one batched argmax over all
-// output rows of a decode (patch 0005: one ggml_argmax node, one copy of [n_outputs] token ids,
-// instead of one single-row argmax node and one 4-byte copy per sequence), and a slot whose
-// sequence samples with temperature > 0 and a random seed gets llama.cpp's backend sampler chain
-// top_k -> top_p -> min_p -> temp -> dist of its parameters. A step whose sampled rows are all
-// greedy or chained copies back token ids instead of [n_vocab] logits per row, and no sequence is
-// sampled on the CPU one after the other.
+// Sampling runs in-graph where it can: greedy rows without a logit bias are sampled by one
+// batched argmax over all output rows of a decode (patch 0005: one ggml_argmax node, one copy of
+// [n_outputs] token ids, instead of one single-row argmax node and one 4-byte copy per sequence).
+// A slot whose sequence samples with temperature > 0 and a random seed gets llama.cpp's backend
+// sampler chain top_k -> top_p -> min_p -> temp -> dist of its parameters, and a greedy slot with
+// a logit bias (llama-server's ignore_eos is one: -inf on every EOG token) the chain
+// logit_bias -> greedy; a logit bias leads a stochastic chain too. Penalties and grammars keep a
+// row on the CPU. A step whose sampled rows are all argmax or chained copies back token ids
+// instead of [n_vocab] logits per row, and no sequence is sampled on the CPU one after the other.
 // Seeded sequences sample on the CPU with their own chain (the same tokens for a seed whatever
 // the slot's history), so their slot's chain is detached and llama.cpp copies the logits of the
 // ubatch as before. Attaching or detaching a chain makes llama.cpp re-reserve its graph on the
@@ -34,6 +36,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 struct llama_model;
@@ -124,13 +127,15 @@ class LlamaSession {
     int64_t kv_bytes_per_token_ = 0;
     // What an in-graph chain samples with; a slot keeps its chain while this stays the same.
     struct SlotChain {
-        llama_sampler * chain = nullptr;  // stochastic in-graph chain, or nullptr
-        bool argmax = false;              // greedy: the batched argmax (patch 0005); no chain then
+        llama_sampler * chain = nullptr;  // in-graph chain ([logit_bias ->] greedy or stochastic), or nullptr
+        bool argmax = false;              // greedy, no logit bias: the batched argmax (patch 0005); no chain then
+        bool greedy = false;              // the chain ends in greedy
         // neither chain nor argmax: the slot samples on the CPU from its logits row
         int32_t top_k = 0;
         float top_p = 1.0f;
         float min_p = 0.0f;
         float temperature = 0.0f;
+        std::vector<std::pair<int32_t, float>> logit_bias;  // (token id, bias): ignore_eos bans EOG
         bool serves(const SamplingParams & p) const;
     };
     void attach(int32_t seq_id, const SamplingParams * params);

@@ -8,7 +8,8 @@
 // dist(seed), applied to a candidate buffer shared by all sequences (filled per call, never
 // reallocated). Penalties and a logit bias (llama.cpp's penalties and logit_bias samplers) come
 // first in the chain; a greedy sequence that has them gets a chain ending in greedy (argmax on
-// the CPU), and only such rows leave the in-graph argmax.
+// the CPU). Rows with penalties or a grammar leave the in-graph argmax; a logit bias alone runs
+// in-graph too (LlamaSession), so its CPU chain here only serves rows not sampled in-graph.
 #pragma once
 
 #include "core/sequence.h"

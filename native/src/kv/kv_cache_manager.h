@@ -89,6 +89,23 @@ class KvCacheManager {
     // Prefix cache counters (zeros without one).
     virtual PrefixCacheStats prefix_cache_stats() const { return {}; }
 
+    // True if fork() can share KV rows between sequences (paged); the stock modes compute every
+    // prompt themselves.
+    virtual bool supports_fork() const { return false; }
+
+    // Admit `child` (instead of admit(); free() releases it as usual) sharing every KV row of
+    // `parent`, a running sequence; writing into a shared, partially filled block copies it
+    // first (copy-on-write, reported in StepPlan::blocks_to_copy). Allocates nothing. Call only
+    // when supports_fork(), for a child that holds nothing.
+    virtual void fork(const Sequence & parent, const Sequence & child) {
+        (void) parent;
+        (void) child;
+    }
+
+    // Free blocks now (paged), for admission decisions outside can_admit (a fork needs at most
+    // one: its copy-on-write block). The stock modes report 0.
+    int32_t num_blocks_free() const { return num_blocks_total() - num_blocks_used(); }
+
     // The block manager of the paged implementation, else nullptr (tests and the C ABI read it).
     virtual const BlockManager * block_manager() const { return nullptr; }
 

@@ -40,7 +40,8 @@ class PagedKv final : public KvCacheManager {
     // the way the prefix cache will share a cached prefix; its next allocate() copies a shared,
     // partially filled last block first (copy-on-write, reported in StepPlan::blocks_to_copy).
     // Call only when parent holds a table and child holds none.
-    void fork(const Sequence & parent, const Sequence & child);
+    bool supports_fork() const override { return true; }
+    void fork(const Sequence & parent, const Sequence & child) override;
 
   private:
     bool uses_cache(const Sequence & seq) const { return blocks_.prefix_caching() && seq.params.cache_prompt; }
