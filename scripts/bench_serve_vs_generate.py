@@ -14,6 +14,13 @@ Prints one JSON line per run and a summary with the medians and serve / generate
 them as JSON. Run it on a quiet machine (other processes take the same cores).
 
     python scripts/bench_serve_vs_generate.py --streams 32 --output-len 128 --out results/x.json
+
+On a GPU (issue 12's H200 target, 1B shape, 128/128), --n-gpu-layers/--kv-mode/--batch-tokens go to
+both sides (LLM(...) and serve's -ngl/--kv-mode/-b/-ub); the summary adds serve's TPOT p50 and the
+engine's step time (generate's wall seconds / output tokens per request: one decode step per token).
+
+    python scripts/bench_serve_vs_generate.py --model m.gguf --n-gpu-layers 99 --kv-mode paged \
+        --streams 256 --prompt-len 128 --output-len 128 --batch-tokens 32768
 """
 
 from __future__ import annotations
@@ -50,10 +57,24 @@ def _wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float = 120.0) ->
     raise RuntimeError(f"{url} did not become healthy in {timeout_s} s")
 
 
-def run_generate(model: str, requests: list, streams: int) -> dict:
+def _engine_kwargs(args: argparse.Namespace) -> dict:
+    kw: dict = {"n_gpu_layers": args.n_gpu_layers, "kv_mode": args.kv_mode}
+    if args.batch_tokens:
+        kw["max_num_batched_tokens"] = args.batch_tokens
+    return kw
+
+
+def _serve_flags(args: argparse.Namespace) -> list[str]:
+    flags = ["-ngl", str(args.n_gpu_layers), "--kv-mode", args.kv_mode]
+    if args.batch_tokens:
+        flags += ["-b", str(args.batch_tokens), "-ub", str(args.batch_tokens)]
+    return flags
+
+
+def run_generate(model: str, requests: list, streams: int, args: argparse.Namespace) -> dict:
     from pycacheflow import LLM, SamplingParams
 
-    with LLM(model, max_num_seqs=streams) as llm:
+    with LLM(model, max_num_seqs=streams, **_engine_kwargs(args)) as llm:
         llm.generate([[1, 2, 3]], SamplingParams(max_tokens=2))  # warm-up
         prompts = [list(r.prompt_token_ids) for r in requests]
         params = [SamplingParams(max_tokens=r.max_tokens, ignore_eos=True) for r in requests]
@@ -61,16 +82,18 @@ def run_generate(model: str, requests: list, streams: int) -> dict:
         outs = llm.generate(prompts, params)
         wall = time.perf_counter() - start
     tokens = sum(len(o.token_ids) for o in outs)
-    return {"mode": "generate", "output_tokens": tokens, "wall_s": wall, "tok_s": tokens / wall}
+    step_ms = 1e3 * wall / max(r.max_tokens for r in requests)
+    return {"mode": "generate", "output_tokens": tokens, "wall_s": wall, "tok_s": tokens / wall,
+            "step_ms": step_ms}  # fmt: skip
 
 
-def run_serve(model: str, requests: list, streams: int) -> dict:
+def run_serve(model: str, requests: list, streams: int, args: argparse.Namespace) -> dict:
     from pycacheflow.bench import online
 
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     cmd = [sys.executable, "-m", "cli", "serve", "-m", model, "-np", str(streams),
-           "--host", "127.0.0.1", "--port", str(port)]  # fmt: skip
+           "--host", "127.0.0.1", "--port", str(port)] + _serve_flags(args)  # fmt: skip
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         _wait_healthy(url, proc)
@@ -80,8 +103,10 @@ def run_serve(model: str, requests: list, streams: int) -> dict:
         proc.terminate()
         proc.wait(timeout=30)
     tokens = sum(m.num_output_tokens for m in run.metrics)
+    tpots = [m.tpot_s for m in run.metrics if m.tpot_s is not None]
     return {"mode": "serve", "output_tokens": tokens, "wall_s": run.wall_s,
             "tok_s": tokens / run.wall_s, "failed": len(run.errors),
+            "tpot_p50_ms": 1e3 * statistics.median(tpots) if tpots else None,
             "client_busy_s": run.client_busy_s}  # fmt: skip
 
 
@@ -92,6 +117,9 @@ def main() -> int:
     ap.add_argument("--output-len", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--model", default=None, help="GGUF path (default: the default model)")
+    ap.add_argument("--n-gpu-layers", type=int, default=0, help="layers on the GPU (CUDA builds)")
+    ap.add_argument("--kv-mode", default="auto", choices=("auto", "paged", "stock", "stock-unified"))
+    ap.add_argument("--batch-tokens", type=int, default=0, help="per-step token budget (0 = default)")
     ap.add_argument("--out", default=None, help="write the runs and summary here (JSON)")
     args = ap.parse_args()
     from pycacheflow.bench.datasets import random_requests
@@ -102,7 +130,7 @@ def main() -> int:
     runs = []
     for _ in range(args.repeats):
         for fn in (run_generate, run_serve):
-            runs.append(fn(model, requests, args.streams))
+            runs.append(fn(model, requests, args.streams, args))
             print(json.dumps(runs[-1]), flush=True)
     med = {m: statistics.median(r["tok_s"] for r in runs if r["mode"] == m)
            for m in ("generate", "serve")}  # fmt: skip
@@ -110,6 +138,10 @@ def main() -> int:
         "streams": args.streams, "prompt_len": args.prompt_len, "output_len": args.output_len,
         "generate_tok_s": med["generate"], "serve_tok_s": med["serve"],
         "serve_over_generate": med["serve"] / med["generate"],
+        "engine_step_ms": statistics.median(r["step_ms"] for r in runs if r["mode"] == "generate"),
+        "serve_tpot_p50_ms": statistics.median(
+            r["tpot_p50_ms"] for r in runs if r["mode"] == "serve" and r["tpot_p50_ms"] is not None
+        ) if any(r["mode"] == "serve" and r["tpot_p50_ms"] is not None for r in runs) else None,
         "load_avg_at_end": os.getloadavg()[0],
     }  # fmt: skip
     print(json.dumps(summary), flush=True)

@@ -7,7 +7,8 @@
 # On the machine: bash scripts/h200_gpu_tests.sh   (OUT=results/h200_gpu, BUILD_DIR=/tmp/cf-cuda-build,
 # STAGES="build tests kernel decode profile" to run a subset; NPL="1 64 256" batches for the decode stage,
 # PROFILE_NPL for the profile stage: the engine's decode step under nsys, kernel + CUDA API summaries;
-# stage ncu: kernel time by kernel name of a few decode steps, NCU_NPL batches).
+# stage ncu: kernel time by kernel name of a few decode steps, NCU_NPL batches; stage serve: `cacheflow
+# serve` vs in-process LLM.generate on the same 128/128 requests at SERVE_STREAMS streams, issue 12).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-results/h200_gpu}
@@ -91,6 +92,15 @@ if want ncu; then
         python scripts/profile_gpu_step.py -m "$MODEL" --npl "$npl" --npp 16 --ntg 32 > "/tmp/ncu_b$npl.csv" 2> /dev/null || true
     python scripts/ncu_summary.py "/tmp/ncu_b$npl.csv" > "$OUT/ncu_b$npl.txt" 2>&1 || true
     head -22 "$OUT/ncu_b$npl.txt" | tee -a "$OUT/run.log"; tail -2 "$OUT/ncu_b$npl.txt" | tee -a "$OUT/run.log"
+  done
+fi
+if want serve; then
+  for streams in ${SERVE_STREAMS:-64 256}; do
+    log "serve vs generate: $streams streams (paged, 128/128)"
+    timeout 400 python scripts/bench_serve_vs_generate.py --model "$MODEL" --n-gpu-layers 99 --kv-mode paged \
+        --streams "$streams" --prompt-len 128 --output-len 128 --batch-tokens 32768 --repeats ${SERVE_REPEATS:-2} \
+        --out "$OUT/serve_vs_generate_s$streams.json" 2>&1 | tail -5 | tee -a "$OUT/run.log" \
+        || log "serve bench ($streams) failed"
   done
 fi
 log "done"
