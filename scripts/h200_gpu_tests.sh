@@ -22,7 +22,7 @@ want() { [[ " $STAGES " == *" $1 "* ]]; }
 if want build; then
   log "install wheels"
   python -m pip install -q --no-deps --no-index --find-links _carry/wheels cffi pycparser starlette uvicorn \
-      prometheus_client httpx httpcore h11 anyio sniffio idna certifi typing_extensions tqdm gguf pyyaml \
+      prometheus_client httpx httpcore h11 anyio sniffio idna certifi typing_extensions tqdm gguf pyyaml orjson \
       2>&1 | tail -2 || true
   log "build (CUDA) in $BUILD_DIR"
   export CACHEFLOW_LLAMA_CPP_DIR=$PWD/_carry/llama.cpp CACHEFLOW_CUDA=ON CMAKE_BUILD_PARALLEL_LEVEL=16

@@ -269,7 +269,7 @@ async def _priority_order(base_url: str, headers: dict[str, str]) -> list[str]:
         finished.append(name)
 
     async with httpx.AsyncClient(base_url=base_url, timeout=120, headers=headers) as c:
-        blocker = asyncio.create_task(run(c, "blocker", 0, 48))  # takes the only slot
+        blocker = asyncio.create_task(run(c, "blocker", 0, 160))  # takes the only slot (~1 s)
         await asyncio.sleep(0.3)
         late = asyncio.create_task(run(c, "late", 9, 2))
         await asyncio.sleep(0.1)
