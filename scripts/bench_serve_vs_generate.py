@@ -10,6 +10,11 @@ each generating exactly --output-len tokens (ignore_eos, greedy). For each of --
              every request in flight at once (streamed /completion); output tokens / wall seconds
              from the first send to the last response.
 
+Each side first runs one warm-up round of the same shape (as many requests, other random prompts,
+so that the prefix cache finds nothing of the measured ones): both are measured warm, with the
+batch shapes of the run already seen (CUDA graphs, cuBLAS and compute buffers), as a server is
+after its first minutes.
+
 Prints one JSON line per run and a summary with the medians and serve / generate; --out writes
 them as JSON. Run it on a quiet machine (other processes take the same cores).
 
@@ -71,15 +76,20 @@ def _serve_flags(args: argparse.Namespace) -> list[str]:
     return flags
 
 
-def run_generate(model: str, requests: list, streams: int, args: argparse.Namespace) -> dict:
+def run_generate(
+    model: str, requests: list, warmup: list, streams: int, args: argparse.Namespace
+) -> dict:
     from pycacheflow import LLM, SamplingParams
 
+    def generate(llm: LLM, reqs: list) -> list:
+        prompts = [list(r.prompt_token_ids) for r in reqs]
+        params = [SamplingParams(max_tokens=r.max_tokens, ignore_eos=True) for r in reqs]
+        return llm.generate(prompts, params)
+
     with LLM(model, max_num_seqs=streams, **_engine_kwargs(args)) as llm:
-        llm.generate([[1, 2, 3]], SamplingParams(max_tokens=2))  # warm-up
-        prompts = [list(r.prompt_token_ids) for r in requests]
-        params = [SamplingParams(max_tokens=r.max_tokens, ignore_eos=True) for r in requests]
+        generate(llm, warmup)
         start = time.perf_counter()
-        outs = llm.generate(prompts, params)
+        outs = generate(llm, requests)
         wall = time.perf_counter() - start
     tokens = sum(len(o.token_ids) for o in outs)
     step_ms = 1e3 * wall / max(r.max_tokens for r in requests)
@@ -87,7 +97,9 @@ def run_generate(model: str, requests: list, streams: int, args: argparse.Namesp
             "step_ms": step_ms}  # fmt: skip
 
 
-def run_serve(model: str, requests: list, streams: int, args: argparse.Namespace) -> dict:
+def run_serve(
+    model: str, requests: list, warmup: list, streams: int, args: argparse.Namespace
+) -> dict:
     from pycacheflow.bench import online
 
     port = _free_port()
@@ -97,16 +109,18 @@ def run_serve(model: str, requests: list, streams: int, args: argparse.Namespace
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         _wait_healthy(url, proc)
-        online.run_load(url, requests[:2], max_concurrency=2)  # warm-up
+        online.run_load(url, warmup, max_concurrency=streams)
         run = online.run_load(url, requests, max_concurrency=streams)
     finally:
         proc.terminate()
         proc.wait(timeout=30)
     tokens = sum(m.num_output_tokens for m in run.metrics)
     tpots = [m.tpot_s for m in run.metrics if m.tpot_s is not None]
+    ttfts = [m.ttft_s for m in run.metrics if m.ttft_s is not None]
     return {"mode": "serve", "output_tokens": tokens, "wall_s": run.wall_s,
             "tok_s": tokens / run.wall_s, "failed": len(run.errors),
             "tpot_p50_ms": 1e3 * statistics.median(tpots) if tpots else None,
+            "ttft_p50_ms": 1e3 * statistics.median(ttfts) if ttfts else None,
             "client_busy_s": run.client_busy_s}  # fmt: skip
 
 
@@ -127,10 +141,11 @@ def main() -> int:
 
     model = args.model or str(ensure_default_model())
     requests = random_requests(args.streams, args.prompt_len, args.output_len, n_vocab=49152)
+    warmup = random_requests(args.streams, args.prompt_len, args.output_len, n_vocab=49152, seed=1)
     runs = []
     for _ in range(args.repeats):
         for fn in (run_generate, run_serve):
-            runs.append(fn(model, requests, args.streams, args))
+            runs.append(fn(model, requests, warmup, args.streams, args))
             print(json.dumps(runs[-1]), flush=True)
     med = {m: statistics.median(r["tok_s"] for r in runs if r["mode"] == m)
            for m in ("generate", "serve")}  # fmt: skip

@@ -111,3 +111,26 @@ def test_logit_bias_in_graph_equals_host_sampling(real_model_path, make_llm, mon
     assert outs == [o.token_ids for o in host.generate([prompt] * 4, params)]
     assert outs[0] == expected and expected[0] not in outs[1] and set(outs[2]) == {expected[2]}
     assert expected[1] not in outs[3]
+
+
+def test_ignore_eos_bias_takes_the_argmax_without_eog(real_model_path, make_llm, monkeypatch):
+    """A greedy row whose logit bias bans exactly the EOG tokens (llama-server's ignore_eos) is
+    sampled by the batched argmax without EOG tokens (patch 0005), not by a chain per row: where
+    plain greedy ends, it goes on, with the same tokens as the chain logit_bias -> greedy (a
+    bias with one more, neutral entry keeps a row on the chain) and as the CPU samplers."""
+    prompt = "<|im_start|>user\nSay hi.<|im_end|>\n<|im_start|>assistant\n"
+    llm = make_llm(real_model_path, max_num_seqs=4)
+    ends = llm.generate([prompt], SamplingParams(max_tokens=64))[0]
+    assert ends.finish_reason == "stop" and len(ends.token_ids) < 40  # greedy ends early here
+    eog = {t: float("-inf") for t in llm.eog_token_ids()}
+    no_eog = SamplingParams(max_tokens=48, logit_bias=eog)
+    chained = SamplingParams(max_tokens=48, logit_bias={**eog, 100: 0.0})
+    plain = SamplingParams(max_tokens=48, ignore_eos=True)
+    outs = llm.generate([prompt] * 3, [no_eog, chained, plain])
+    assert outs[0].finish_reason == "length" and len(outs[0].token_ids) == 48
+    assert not set(outs[0].token_ids) & set(eog)
+    assert outs[0].token_ids == outs[1].token_ids
+    assert outs[0].token_ids[: len(ends.token_ids) - 1] == ends.token_ids[:-1]
+    monkeypatch.setenv("CACHEFLOW_HOST_SAMPLING", "1")
+    host = make_llm(real_model_path, max_num_seqs=4)
+    assert host.generate([prompt], no_eog)[0].token_ids == outs[0].token_ids

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cassert>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -242,6 +243,11 @@ void LlamaSession::load_model() {
     }
     vocab_ = llama_model_get_vocab(model_);
     n_vocab_ = llama_vocab_n_tokens(vocab_);
+    for (llama_token t = 0; t < n_vocab_; ++t) {
+        if (llama_vocab_is_eog(vocab_, t)) {
+            eog_token_ids_.push_back(t);  // ascending
+        }
+    }
 }
 
 void LlamaSession::resolve_kv_mode() {
@@ -452,8 +458,8 @@ int32_t LlamaSession::sampled_token(int32_t batch_index, int32_t seq_id) {
         return CF_TOKEN_NONE;
     }
     const SlotChain & slot = slot_chains_[(size_t) seq_id];
-    if (slot.argmax) {
-        return llama_get_argmax_ith(ctx_, batch_index);  // LLAMA_TOKEN_NULL == CF_TOKEN_NONE
+    if (slot.argmax) {  // LLAMA_TOKEN_NULL == CF_TOKEN_NONE
+        return slot.no_eog ? llama_get_argmax_no_eog_ith(ctx_, batch_index) : llama_get_argmax_ith(ctx_, batch_index);
     }
     if (slot.chain != nullptr) {
         return llama_get_sampled_token_ith(ctx_, batch_index);
@@ -473,14 +479,18 @@ void LlamaSession::set_seq_sampling(int32_t seq_id, const SamplingParams * param
         return;
     }
     SlotChain & slot = slot_chains_[(size_t) seq_id];  // seq_id: a llama.cpp slot (batch_builder.h)
-    // argmax: greedy without a logit bias (the batched argmax of patch 0005); chained: a greedy
-    // row with a logit bias ([logit_bias ->] greedy) or a stochastic row with a random seed.
+    // argmax: greedy without a logit bias, or with exactly the ban of every EOG token (the batched
+    // argmax of patch 0005, plain or without EOG tokens: the same token as logit_bias -> greedy);
+    // chained: a greedy row with any other logit bias ([logit_bias ->] greedy) or a stochastic row
+    // with a random seed.
     const bool in_graph = params != nullptr && !params->needs_host_samplers();
-    const bool argmax = in_graph && params->is_greedy() && params->logit_bias.empty();
+    const bool no_eog = in_graph && params->is_greedy() && bans_exactly_eog(params->logit_bias);
+    const bool argmax = in_graph && params->is_greedy() && (params->logit_bias.empty() || no_eog);
     const bool chained = in_graph && !argmax && (params->is_greedy() || params->seed == CF_SEED_RANDOM);
-    if (argmax != slot.argmax) {
-        llama_set_seq_greedy(ctx_, seq_id, argmax);  // the rows of a greedy slot need no raw logits
+    if (argmax != slot.argmax || no_eog != slot.no_eog) {
+        llama_set_seq_greedy(ctx_, seq_id, argmax, no_eog);  // the rows of a greedy slot need no raw logits
         slot.argmax = argmax;
+        slot.no_eog = no_eog;
     }
     if (chained ? slot.serves(*params) : slot.chain == nullptr) {
         return;
@@ -493,6 +503,23 @@ void LlamaSession::set_seq_sampling(int32_t seq_id, const SamplingParams * param
     if (chained) {
         attach(seq_id, params);
     }
+}
+
+bool LlamaSession::bans_exactly_eog(const std::vector<std::pair<int32_t, float>> & logit_bias) const {
+    if (logit_bias.empty() || eog_token_ids_.empty()) {
+        return false;
+    }
+    std::vector<int32_t> banned;
+    banned.reserve(logit_bias.size());
+    for (const auto & [token, bias] : logit_bias) {
+        if (!(std::isinf(bias) && bias < 0)) {
+            return false;  // any other bias needs the chain
+        }
+        banned.push_back(token);
+    }
+    std::sort(banned.begin(), banned.end());
+    banned.erase(std::unique(banned.begin(), banned.end()), banned.end());
+    return banned == eog_token_ids_;
 }
 
 // A chain is initialised for the backend once, so every attach gets a new one.

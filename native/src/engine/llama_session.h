@@ -129,6 +129,7 @@ class LlamaSession {
     struct SlotChain {
         llama_sampler * chain = nullptr;  // in-graph chain ([logit_bias ->] greedy or stochastic), or nullptr
         bool argmax = false;              // greedy, no logit bias: the batched argmax (patch 0005); no chain then
+        bool no_eog = false;              // argmax with every EOG token banned (llama-server's ignore_eos)
         bool greedy = false;              // the chain ends in greedy
         // neither chain nor argmax: the slot samples on the CPU from its logits row
         int32_t top_k = 0;
@@ -139,6 +140,9 @@ class LlamaSession {
         bool serves(const SamplingParams & p) const;
     };
     void attach(int32_t seq_id, const SamplingParams * params);
+    // True if logit_bias is -INFINITY on every EOG token of the vocab and nothing else (ignore_eos).
+    bool bans_exactly_eog(const std::vector<std::pair<int32_t, float>> & logit_bias) const;
+    std::vector<int32_t> eog_token_ids_;            // sorted; filled at open()
 
     bool backend_sampling_ = false;                 // in-graph sampling is on
     std::vector<SlotChain> slot_chains_;            // [n_seq_max]
