@@ -26,6 +26,10 @@ engine's step time (generate's wall seconds / output tokens per request: one dec
 
     python scripts/bench_serve_vs_generate.py --model m.gguf --n-gpu-layers 99 --kv-mode paged \
         --streams 256 --prompt-len 128 --output-len 128 --batch-tokens 32768
+
+--sampling llama-default samples both sides with llama-server's default parameters (temperature
+0.8, top_k 40, top_p 0.95, min_p 0.05, random seed) instead of greedy (issue 15: the samplers
+keep serving throughput within 5% of greedy).
 """
 
 from __future__ import annotations
@@ -62,6 +66,10 @@ def _wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float = 120.0) ->
     raise RuntimeError(f"{url} did not become healthy in {timeout_s} s")
 
 
+# llama-server's default sampling parameters (common/common.h of the pinned tree)
+LLAMA_DEFAULT_SAMPLING = {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05}
+
+
 def _engine_kwargs(args: argparse.Namespace) -> dict:
     kw: dict = {"n_gpu_layers": args.n_gpu_layers, "kv_mode": args.kv_mode}
     if args.batch_tokens:
@@ -83,7 +91,8 @@ def run_generate(
 
     def generate(llm: LLM, reqs: list) -> list:
         prompts = [list(r.prompt_token_ids) for r in reqs]
-        params = [SamplingParams(max_tokens=r.max_tokens, ignore_eos=True) for r in reqs]
+        sampling = LLAMA_DEFAULT_SAMPLING if args.sampling == "llama-default" else {}
+        params = [SamplingParams(max_tokens=r.max_tokens, ignore_eos=True, **sampling) for r in reqs]
         return llm.generate(prompts, params)
 
     with LLM(model, max_num_seqs=streams, **_engine_kwargs(args)) as llm:
@@ -109,8 +118,9 @@ def run_serve(
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         _wait_healthy(url, proc)
-        online.run_load(url, warmup, max_concurrency=streams)
-        run = online.run_load(url, requests, max_concurrency=streams)
+        sampling = LLAMA_DEFAULT_SAMPLING if args.sampling == "llama-default" else None
+        online.run_load(url, warmup, max_concurrency=streams, sampling=sampling)
+        run = online.run_load(url, requests, max_concurrency=streams, sampling=sampling)
     finally:
         proc.terminate()
         proc.wait(timeout=30)
@@ -134,6 +144,8 @@ def main() -> int:
     ap.add_argument("--n-gpu-layers", type=int, default=0, help="layers on the GPU (CUDA builds)")
     ap.add_argument("--kv-mode", default="auto", choices=("auto", "paged", "stock", "stock-unified"))
     ap.add_argument("--batch-tokens", type=int, default=0, help="per-step token budget (0 = default)")
+    ap.add_argument("--sampling", default="greedy", choices=("greedy", "llama-default"),
+                    help="greedy, or llama-server's default sampling parameters on both sides")
     ap.add_argument("--out", default=None, help="write the runs and summary here (JSON)")
     args = ap.parse_args()
     from pycacheflow.bench.datasets import random_requests
@@ -150,7 +162,7 @@ def main() -> int:
     med = {m: statistics.median(r["tok_s"] for r in runs if r["mode"] == m)
            for m in ("generate", "serve")}  # fmt: skip
     summary = {
-        "streams": args.streams, "prompt_len": args.prompt_len, "output_len": args.output_len,
+        "streams": args.streams, "sampling": args.sampling, "prompt_len": args.prompt_len, "output_len": args.output_len,
         "generate_tok_s": med["generate"], "serve_tok_s": med["serve"],
         "serve_over_generate": med["serve"] / med["generate"],
         "engine_step_ms": statistics.median(r["step_ms"] for r in runs if r["mode"] == "generate"),

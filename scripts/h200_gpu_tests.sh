@@ -22,7 +22,7 @@ want() { [[ " $STAGES " == *" $1 "* ]]; }
 if want build; then
   log "install wheels"
   python -m pip install -q --no-deps --no-index --find-links _carry/wheels cffi pycparser starlette uvicorn \
-      prometheus_client httpx httpcore h11 anyio sniffio idna certifi typing_extensions tqdm gguf pyyaml orjson \
+      prometheus_client httpx httpcore h11 anyio sniffio idna certifi typing_extensions tqdm gguf pyyaml orjson httptools uvloop \
       2>&1 | tail -2 || true
   log "build (CUDA) in $BUILD_DIR"
   export CACHEFLOW_LLAMA_CPP_DIR=$PWD/_carry/llama.cpp CACHEFLOW_CUDA=ON CMAKE_BUILD_PARALLEL_LEVEL=16
@@ -101,6 +101,13 @@ if want serve; then
         --streams "$streams" --prompt-len 128 --output-len 128 --batch-tokens 32768 --repeats ${SERVE_REPEATS:-2} \
         --out "$OUT/serve_vs_generate_s$streams.json" 2>&1 | tail -5 | tee -a "$OUT/run.log" \
         || log "serve bench ($streams) failed"
+  done
+  for streams in ${SERVE_SAMPLING_STREAMS:-64}; do  # issue 15: llama-server's default sampling vs greedy
+    log "serve vs generate: $streams streams, llama-server's default sampling (paged, 128/128)"
+    timeout 400 python scripts/bench_serve_vs_generate.py --model "$MODEL" --n-gpu-layers 99 --kv-mode paged \
+        --streams "$streams" --prompt-len 128 --output-len 128 --batch-tokens 32768 --repeats ${SERVE_REPEATS:-2} \
+        --sampling llama-default --out "$OUT/serve_vs_generate_s${streams}_sampling.json" 2>&1 | tail -5 \
+        | tee -a "$OUT/run.log" || log "serve bench ($streams, sampling) failed"
   done
 fi
 log "done"

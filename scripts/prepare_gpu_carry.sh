@@ -36,7 +36,7 @@ mkdir -p "$CARRY/wheels"
 python -m pip download -q --only-binary :all: --python-version 3.12 --platform manylinux2014_x86_64 \
     --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 --no-deps -d "$CARRY/wheels" \
     cffi pycparser starlette uvicorn prometheus_client httpx httpcore h11 anyio sniffio idna certifi \
-    typing_extensions tqdm gguf pyyaml orjson
+    typing_extensions tqdm gguf pyyaml orjson httptools uvloop
 
 if [ ! -f "$CARRY/tokenizer.gguf" ]; then
   python scripts/make_tiny_gguf.py "$CARRY/tokenizer.gguf" --n-layer 1 --n-embd 64 --n-head 2 \

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from pycacheflow.bench import load_client
@@ -125,6 +125,7 @@ def run_load(
     timeout_s: float = 600.0,
     on_finish: Callable[[], None] | None = None,
     num_procs: int = 1,
+    sampling: Mapping[str, object] | None = None,
 ) -> OnlineRun:
     """Send the workload to a server and measure every request on the client.
 
@@ -141,6 +142,9 @@ def run_load(
         on_finish: called after each request (progress bars).
         num_procs: client processes (see load_client.run_requests); 0 = one per
             STREAMS_PER_PROC streams in flight, at most one per core.
+        sampling: body fields that replace the greedy default (``temperature: 0``), e.g.
+            llama-server's defaults {"temperature": 0.8, "top_k": 40, "top_p": 0.95,
+            "min_p": 0.05}.
 
     Raises:
         ValueError: unknown endpoint or arrivals, or a URL that is not http://host:port.
@@ -156,7 +160,7 @@ def run_load(
     run = load_client.run_requests(
         base_url,
         endpoint,
-        [request_body(r, endpoint, model) for r in requests],
+        [{**request_body(r, endpoint, model), **(sampling or {})} for r in requests],
         offsets,
         [r.num_prompt_tokens for r in requests],
         concurrency,

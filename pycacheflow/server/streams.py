@@ -89,6 +89,7 @@ class RequestGroup:
         self._request_ids: list[int] = []  # index -> request id
         self._unfinished: dict[int, int] = {}  # request id -> index
         self._closed = False
+        self._timed_out = False  # the last _wait ended by its timeout
 
     @property
     def request_ids(self) -> list[int]:
@@ -149,15 +150,25 @@ class RequestGroup:
                 yield -1, None
 
     async def _wait(self, timeout_s: float | None) -> bool:
-        """Wait for a notify; False if ``timeout_s`` passed first."""
-        if timeout_s is None:
+        """Wait for a notify; False if ``timeout_s`` passed first.
+
+        One timer handle per wait (no task, unlike ``asyncio.wait_for``): this runs once per
+        stream per engine step.
+        """
+        if timeout_s is None or self._event.is_set():
             await self._event.wait()
             return True
+        self._timed_out = False
+        timer = self._loop.call_later(timeout_s, self._on_timeout)
         try:
-            await asyncio.wait_for(self._event.wait(), timeout_s)
-        except asyncio.TimeoutError:
-            return False
-        return True
+            await self._event.wait()
+        finally:
+            timer.cancel()
+        return not self._timed_out
+
+    def _on_timeout(self) -> None:
+        self._timed_out = True
+        self._event.set()
 
     def abort(self) -> None:
         """Abort every unfinished request but keep consuming: ``deltas()`` still yields their
