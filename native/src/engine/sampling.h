@@ -43,9 +43,16 @@ class TokenSampler {
     // Choose the next token of seq from logits [n_vocab] float. Only the stepping thread calls it.
     int32_t sample(Sequence & seq, const float * logits);
 
+    // The candidates the last sample() call drew from, after its chain, with the probabilities of
+    // llama.cpp's dist sampler (logprobs.h post-sampling); nullptr when that call sampled greedily
+    // (argmax or a chain ending in greedy: no probabilities). Valid until the next sample().
+    llama_token_data_array * last_candidates() { return last_drawn_ ? &last_ : nullptr; }
+
   private:
     int32_t n_vocab_;
     std::vector<llama_token_data> candidates_;  // [n_vocab]
+    llama_token_data_array last_{};             // the last chain's candidates (views candidates_)
+    bool last_drawn_ = false;                   // last_ holds a stochastic draw
 };
 
 }  // namespace cf
