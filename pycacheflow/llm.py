@@ -149,10 +149,10 @@ class LLM:
         llama-server's ``ignore_eos`` bans), increasing."""
         return self._engine.eog_tokens()
 
-    def token_piece(self, token_id: int) -> bytes:
-        """The raw bytes of one token (special tokens as their text); a piece of a multi-byte
-        character is not valid UTF-8 on its own."""
-        return self._engine.detokenize_bytes([token_id], unparse_special=True)
+    def token_piece(self, token_id: int, special: bool = True) -> bytes:
+        """The raw bytes of one token (special tokens as their text, or as nothing with
+        ``special=False``); a piece of a multi-byte character is not valid UTF-8 on its own."""
+        return self._engine.detokenize_bytes([token_id], unparse_special=special)
 
     def detokenize(self, token_ids: Sequence[int], skip_special: bool = True) -> str:
         """Detokenize; ``skip_special`` renders special tokens (e.g. "<|im_end|>") as nothing."""
