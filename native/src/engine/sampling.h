@@ -8,7 +8,8 @@
 // dist(seed), applied to a candidate buffer shared by all sequences (filled per call, never
 // reallocated). Penalties and a logit bias (llama.cpp's penalties and logit_bias samplers) come
 // first in the chain; a greedy sequence that has them gets a chain ending in greedy (argmax on
-// the CPU). Rows with penalties or a grammar leave the in-graph argmax; a logit bias alone runs
+// the CPU). Rows with penalties, a grammar or token probabilities (logprobs.h: they need the
+// logits row or this sampler's candidates) leave the in-graph argmax; a logit bias alone runs
 // in-graph too (LlamaSession), so its CPU chain here only serves rows not sampled in-graph.
 #pragma once
 
