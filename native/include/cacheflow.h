@@ -386,7 +386,8 @@ CF_API cf_status cf_engine_stop(cf_engine_t engine);
 /* Move up to capacity queued events into events[0..*out_num_events), oldest first. If none is
  * queued, wait up to timeout_ms (0 = do not wait, < 0 = wait until one arrives or the engine
  * is freed/stopped). events: caller-owned [capacity] array. The events' text is dropped
- * (text_offset 0; text_len says how much there was): use cf_engine_drain_outputs for it.
+ * (text_offset 0; text_len says how much there was), and so are their token probabilities
+ * (logprobs_offset 0; num_logprobs says how many): use cf_engine_drain_outputs for them.
  * Thread-safe; the GIL is released by cffi during the wait. */
 CF_API cf_status cf_engine_drain(cf_engine_t engine, cf_output_event * events, int32_t capacity,
                                  int32_t timeout_ms, int32_t * out_num_events);

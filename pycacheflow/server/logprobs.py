@@ -65,9 +65,17 @@ def _valid_utf8_prefix(data: bytes) -> bytes:
     for back in range(1, min(4, len(data)) + 1):
         byte = data[-back]
         if byte & 0xC0 != 0x80:  # the lead byte of the last character
-            need = 2 if byte >> 5 == 0b110 else 3 if byte >> 4 == 0b1110 else 4 if byte >> 3 == 0b11110 else 1
-            return data[:-back] if need > back else data
+            return data[:-back] if _utf8_length(byte) > back else data
     return data
+
+
+def _utf8_length(lead: int) -> int:
+    """Bytes of the UTF-8 character that starts with byte ``lead`` (1 for ASCII or invalid)."""
+    if lead >> 5 == 0b110:
+        return 2
+    if lead >> 4 == 0b1110:
+        return 3
+    return 4 if lead >> 3 == 0b11110 else 1
 
 
 class TokenPieces:
@@ -95,7 +103,8 @@ class TokenPieces:
 def _entry(token_id: int, logprob: float, post_sampling: bool, pieces: TokenPieces) -> dict:
     text, raw = pieces(token_id)
     value = math.exp(logprob) if post_sampling else logprob
-    return {"id": token_id, "token": text, "bytes": raw, "prob" if post_sampling else "logprob": value}
+    key = "prob" if post_sampling else "logprob"
+    return {"id": token_id, "token": text, "bytes": raw, key: value}
 
 
 def probs_json(

@@ -60,7 +60,8 @@ def test_raw_probabilities_do_not_depend_on_the_batch(tiny_llm):
 
 
 def test_zero_top_logprobs_reports_the_sampled_token_only(tiny_llm):
-    out = tiny_llm.generate(PROMPTS[2], SamplingParams(max_tokens=4, ignore_eos=True, logprobs=0))[0]
+    params = SamplingParams(max_tokens=4, ignore_eos=True, logprobs=0)
+    out = tiny_llm.generate(PROMPTS[2], params)[0]
     assert len(out.logprobs) == 4 and all(lp.top == () and lp.logprob <= 0 for lp in out.logprobs)
 
 

@@ -45,7 +45,8 @@ def test_chat_logprobs_and_top_logprobs():
     "body,fragment",
     [
         ({"logprobs": 3}, "Field 'logprobs': expected a boolean, got number"),
-        ({"logprobs": True, "top_logprobs": 21}, "Field 'top_logprobs': value must be between 0 and 20"),
+        ({"logprobs": True, "top_logprobs": 21},
+         "Field 'top_logprobs': value must be between 0 and 20"),
         ({"logprobs": True, "top_logprobs": -1}, "Field 'top_logprobs'"),
         ({"logprobs": True, "top_logprobs": "5"}, "Field 'top_logprobs': expected an integer"),
         ({"top_logprobs": 5}, "top_logprobs requires logprobs to be set to true"),
@@ -90,7 +91,8 @@ def test_post_sampling_probs_are_probabilities():
     out = probs_json([TokenLogprobs(7, math.log(0.25), ((7, math.log(0.25)),))], True,
                      TokenPieces(FakeLLM()))  # fmt: skip
     assert set(out[0]) == {"id", "token", "bytes", "prob", "top_probs"}
-    assert out[0]["prob"] == pytest.approx(0.25) and out[0]["top_probs"][0]["prob"] == pytest.approx(0.25)
+    assert out[0]["prob"] == pytest.approx(0.25)
+    assert out[0]["top_probs"][0]["prob"] == pytest.approx(0.25)
 
 
 def test_a_delta_with_probabilities_streams_one_chunk_per_token():
