@@ -258,6 +258,9 @@ def _env(name: str) -> str:
     help="Allow credentials; with --cors-origins '*' each request's Origin is echoed back.",
 )
 @click.option("-cb", "--cont-batching", is_flag=True, hidden=True)  # always on; accepted
+# llama-server's opt-in to in-graph sampling, which CacheFlow does whenever a request's samplers
+# allow it (greedy, a logit bias, top-k/top-p/min-p/temperature with a random seed); accepted
+@click.option("-bs", "--backend-sampling", is_flag=True, hidden=True)
 @click.option(
     "-ctk",
     "--cache-type-k",

@@ -78,6 +78,7 @@ class ServeCommand(click.Command):
             yield from getattr(param, "secondary_opts", ())
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        args = [_dashed(arg) for arg in args]
         try:
             return super().parse_args(ctx, args)
         except click.NoSuchOption as exc:
@@ -93,6 +94,15 @@ class ServeCommand(click.Command):
             if exc.option_name in self._unsupported:
                 raise click.UsageError(self._unsupported[exc.option_name], ctx) from None
             raise
+
+
+def _dashed(arg: str) -> str:
+    """A long flag with underscores spelled with dashes, as llama-server reads it
+    (``--backend_sampling`` is ``--backend-sampling``); values and other arguments unchanged."""
+    if not arg.startswith("--"):
+        return arg
+    name, sep, value = arg.partition("=")
+    return name.replace("_", "-") + sep + value
 
 
 def _failing_option(name: str, flags: list[str], num_values: int, message: str) -> click.Option:

@@ -55,7 +55,8 @@ _PAGED_ATTENTION_VALUES = {
 _DRAIN_CAPACITY = 1024  # events moved per cf_engine_drain call
 _DRAIN_TEXT_BYTES = 1 << 16  # text bytes per cf_engine_drain_outputs call (grown on demand)
 _INITIAL_TEXT_BYTES = 1024
-_NUMPY_TYPES = {"int32_t": np.int32, "int64_t": np.int64}
+_DRAIN_LOGPROBS = 1 << 12  # token probabilities per cf_engine_drain_outputs call (grown on demand)
+_NUMPY_TYPES = {"int32_t": np.int32, "int64_t": np.int64, "float": np.float32}
 
 
 def _struct_dtype(c_type: str) -> np.dtype:
@@ -74,6 +75,7 @@ def _struct_dtype(c_type: str) -> np.dtype:
 
 
 EVENT_DTYPE = _struct_dtype("cf_output_event")
+LOGPROB_DTYPE = _struct_dtype("cf_token_logprob")  # fields token_id (int32), logprob (float32)
 
 
 def _check(rc: int, library: object = None) -> None:
@@ -171,6 +173,9 @@ def _sampling_params(params: SamplingParams, keep: list) -> object:
     c.seed = SEED_RANDOM if params.seed is None else params.seed
     c.ignore_eos = int(params.ignore_eos)
     c.cache_prompt = int(params.cache_prompt)
+    if params.logprobs is not None:
+        c.logprobs, c.top_logprobs = 1, params.logprobs
+        c.post_sampling_probs = int(params.post_sampling_probs)
     if params.stop_token_ids:
         ids = ffi.new("int32_t[]", list(params.stop_token_ids))
         keep.append(ids)
@@ -442,31 +447,43 @@ class Engine:
 
     def drain_outputs(
         self, timeout_ms: int = 0, capacity: int = _DRAIN_CAPACITY
-    ) -> tuple[np.ndarray, bytes]:
-        """Move queued output events and their text out of the engine in one call (thread-safe).
+    ) -> tuple[np.ndarray, bytes, np.ndarray]:
+        """Move queued output events, their text and token probabilities out of the engine in
+        one call (thread-safe).
 
         Args:
             timeout_ms: as ``drain``.
             capacity: most events returned by this call.
 
         Returns:
-            (events, text): events is a [num_events] array of EVENT_DTYPE (the fields of
-            cf_output_event), oldest first; event i's UTF-8 text is
-            text[events["text_offset"][i] : + events["text_len"][i]].
+            (events, text, logprobs): events is a [num_events] array of EVENT_DTYPE (the fields
+            of cf_output_event), oldest first; event i's UTF-8 text is
+            text[events["text_offset"][i] : + events["text_len"][i]] and its token
+            probabilities are logprobs[events["logprobs_offset"][i] : + events["num_logprobs"][i]]
+            (a [num_logprobs] LOGPROB_DTYPE array: entry 0 the sampled token, then the most
+            likely ones; empty when no request asked for them).
         """
         buffers = self._drain_buffers(capacity)
-        events, text = buffers.events, buffers.text
-        out_n, out_len = buffers.out_n, buffers.out_len
+        events, text, logprobs = buffers.events, buffers.text, buffers.logprobs
+        out_n, out_len, out_num_logprobs = buffers.out_n, buffers.out_len, buffers.out_num_logprobs
         while True:
             try:
-                self._call(self._lib.cf_engine_drain_outputs, events, capacity, text,
-                           len(text), timeout_ms, out_n, out_len)  # fmt: skip
+                self._call(self._lib.cf_engine_drain_outputs, events, capacity, text, len(text),
+                           logprobs, len(logprobs), timeout_ms, out_n, out_len,
+                           out_num_logprobs)  # fmt: skip
                 break
             except errors.BufferTooSmallError:
-                text = buffers.text = ffi.new("char[]", _grown(len(text), out_len[0]))
-        n = out_n[0]
+                if out_len[0] > len(text):
+                    text = buffers.text = ffi.new("char[]", _grown(len(text), out_len[0]))
+                if out_num_logprobs[0] > len(logprobs):
+                    size = _grown(len(logprobs), out_num_logprobs[0])
+                    logprobs = buffers.logprobs = ffi.new("cf_token_logprob[]", size)
+        n, num_logprobs = out_n[0], out_num_logprobs[0]
         array = np.frombuffer(ffi.buffer(events, n * EVENT_DTYPE.itemsize), EVENT_DTYPE).copy()
-        return array, ffi.buffer(text, out_len[0])[:]
+        probs = np.frombuffer(
+            ffi.buffer(logprobs, num_logprobs * LOGPROB_DTYPE.itemsize), LOGPROB_DTYPE
+        ).copy()
+        return array, ffi.buffer(text, out_len[0])[:], probs
 
     def _drain_buffers(self, capacity: int) -> _DrainBuffers:
         """This thread's reusable cffi buffers for ``drain_outputs``."""
@@ -619,8 +636,10 @@ class _DrainBuffers:
         self.capacity = capacity
         self.events = ffi.new("cf_output_event[]", capacity)
         self.text = ffi.new("char[]", _DRAIN_TEXT_BYTES)
+        self.logprobs = ffi.new("cf_token_logprob[]", _DRAIN_LOGPROBS)
         self.out_n = ffi.new("int32_t *")
         self.out_len = ffi.new("int32_t *")
+        self.out_num_logprobs = ffi.new("int32_t *")
 
 
 def _grown(capacity: int, needed: int) -> int:
@@ -644,4 +663,6 @@ def _event(e: object) -> OutputEvent:
         e.text_len,
         e.text_offset,
         e.stop_string_index,
+        e.num_logprobs,
+        e.logprobs_offset,
     )

@@ -28,7 +28,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from pycacheflow import errors
-from pycacheflow.outputs import FINISH_REASON_NONE, TOKEN_NONE, FinalInfo, RequestChunk
+from pycacheflow.outputs import (
+    FINISH_REASON_NONE,
+    TOKEN_NONE,
+    FinalInfo,
+    RequestChunk,
+    TokenLogprobs,
+)
 
 if TYPE_CHECKING:
     from pycacheflow._native import Engine
@@ -221,12 +227,12 @@ class EngineRunner:
     def _dispatch(self) -> None:
         while not self._stop.is_set():
             try:
-                events, text = self.engine.drain_outputs(timeout_ms=_DRAIN_TIMEOUT_MS)
+                events, text, logprobs = self.engine.drain_outputs(timeout_ms=_DRAIN_TIMEOUT_MS)
             except errors.CacheFlowError as exc:  # engine broken: fail every waiter
                 self._fail_all(exc)
                 return
             if len(events):
-                self._route(split_by_request(events, text))
+                self._route(split_by_request(events, text, logprobs))
 
     def _route(self, chunks: list[RequestChunk]) -> None:
         with self._lock:
@@ -248,18 +254,24 @@ class EngineRunner:
             stream._put(exc)
 
 
-def split_by_request(events: np.ndarray, text: bytes) -> list[RequestChunk]:
+def split_by_request(
+    events: np.ndarray, text: bytes, logprobs: np.ndarray | None = None
+) -> list[RequestChunk]:
     """One RequestChunk per request of a drain, in order of each request's first event.
 
     Args:
         events: [num_events] EVENT_DTYPE array as ``Engine.drain_outputs`` returns it (a
             request's events in order; nothing follows a request's final event).
         text: the drain's text buffer (event i's bytes at text_offset[i], text_len[i] long).
+        logprobs: the drain's [num_logprobs] LOGPROB_DTYPE buffer (event i's entries at
+            logprobs_offset[i], num_logprobs[i] long); None or empty when no request asked.
 
     Returns:
         The chunks: each request's tokens (events without a token left out), their times, its
         text pieces concatenated and decoded (the engine releases whole characters only), its
-        latest slot id, and the final fields when its last event is among them.
+        latest slot id, the final fields when its last event is among them, and for requests
+        with token probabilities one ``TokenLogprobs`` per token (no Python object per token
+        for the others).
     """
     request_ids = events["request_id"]
     order = np.argsort(request_ids, kind="stable")  # each request's events together, in order
@@ -275,6 +287,7 @@ def split_by_request(events: np.ndarray, text: bytes) -> list[RequestChunk]:
     finish = events["finish_reason"][order].tolist()
     byte_end = [0] + byte_ends.tolist()
     all_tokens = TOKEN_NONE not in token_ids
+    probs = _Logprobs(events, order, logprobs, text, byte_end)
     chunks = []
     for _, start, end in bounds:
         ids, stamps = token_ids[start:end], times[start:end]
@@ -287,8 +300,43 @@ def split_by_request(events: np.ndarray, text: bytes) -> list[RequestChunk]:
             final = FinalInfo(*(int(last[f]) for f in _FINAL_FIELDS))
         piece = text[byte_end[start]:byte_end[end]].decode("utf-8", errors="replace")
         chunks.append(RequestChunk(int(ids_sorted[start]), ids, stamps, piece, slot_ids[end - 1],
-                                   final))  # fmt: skip
+                                   final, probs.of(start, end)))  # fmt: skip
     return chunks
+
+
+class _Logprobs:
+    """The token probabilities of one drain, read per request (``split_by_request``).
+
+    Positions are in the drain's request order (``order``); only events with entries become
+    ``TokenLogprobs``, so a drain in which no request asked for them costs one array test.
+    """
+
+    def __init__(self, events: np.ndarray, order: np.ndarray, logprobs: np.ndarray | None,
+                 text: bytes, byte_end: list[int]) -> None:  # fmt: skip
+        self._any = logprobs is not None and len(logprobs) > 0
+        if not self._any:
+            return
+        self._counts = events["num_logprobs"][order].tolist()
+        self._offsets = events["logprobs_offset"][order].tolist()
+        self._token_ids = logprobs["token_id"].tolist()
+        self._values = logprobs["logprob"].tolist()
+        self._text, self._byte_end = text, byte_end
+
+    def of(self, start: int, end: int) -> list[TokenLogprobs] | None:
+        """TokenLogprobs of the events [start, end) in request order, or None if none has any."""
+        if not self._any or not any(self._counts[start:end]):
+            return None
+        out = []
+        for k in range(start, end):
+            count = self._counts[k]
+            if count == 0:
+                continue
+            first = self._offsets[k]
+            ids, values = self._token_ids[first:first + count], self._values[first:first + count]
+            piece = self._text[self._byte_end[k]:self._byte_end[k + 1]]
+            out.append(TokenLogprobs(ids[0], values[0], tuple(zip(ids[1:], values[1:])),
+                                     piece.decode("utf-8", errors="replace")))  # fmt: skip
+        return out
 
 
 _FINAL_FIELDS = tuple(FinalInfo.__dataclass_fields__)

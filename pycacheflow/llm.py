@@ -149,10 +149,10 @@ class LLM:
         llama-server's ``ignore_eos`` bans), increasing."""
         return self._engine.eog_tokens()
 
-    def token_piece(self, token_id: int) -> bytes:
-        """The raw bytes of one token (special tokens as their text); a piece of a multi-byte
-        character is not valid UTF-8 on its own."""
-        return self._engine.detokenize_bytes([token_id], unparse_special=True)
+    def token_piece(self, token_id: int, special: bool = True) -> bytes:
+        """The raw bytes of one token (special tokens as their text, or as nothing with
+        ``special=False``); a piece of a multi-byte character is not valid UTF-8 on its own."""
+        return self._engine.detokenize_bytes([token_id], unparse_special=special)
 
     def detokenize(self, token_ids: Sequence[int], skip_special: bool = True) -> str:
         """Detokenize; ``skip_special`` renders special tokens (e.g. "<|im_end|>") as nothing."""
@@ -240,7 +240,8 @@ class LLM:
             # one submission: the engine schedules the batch as a whole, whatever the timing
             streams = self._runner.add_requests([(p.token_ids, p.params) for p in prepared])
             for p, stream in zip(prepared, streams):
-                state = RequestState(stream.request_id, p.prompt, p.token_ids, p.params.stop)
+                state = RequestState(stream.request_id, p.prompt, p.token_ids, p.params.stop,
+                                 p.params.logprobs is not None)
                 submitted.append((state, stream))
             for state, stream in submitted:
                 while not state.finished:
@@ -305,7 +306,8 @@ class LLM:
         p = self._prepare_all([prompt], params, use_chat_template)[0]
         with self._lock:
             stream = self._runner.add_request(p.token_ids, p.params, priority, notify)
-            state = RequestState(stream.request_id, p.prompt, p.token_ids, p.params.stop)
+            state = RequestState(stream.request_id, p.prompt, p.token_ids, p.params.stop,
+                                 p.params.logprobs is not None)
             self._pending[stream.request_id] = _Pending(state, stream)
         return stream.request_id
 
@@ -344,7 +346,8 @@ class LLM:
                 prepared[0].token_ids, [p.params for p in prepared], priority, notify
             )
             for p, stream in zip(prepared, streams):
-                state = RequestState(stream.request_id, p.prompt, p.token_ids, p.params.stop)
+                state = RequestState(stream.request_id, p.prompt, p.token_ids, p.params.stop,
+                                 p.params.logprobs is not None)
                 self._pending[stream.request_id] = _Pending(state, stream)
         return [stream.request_id for stream in streams]
 

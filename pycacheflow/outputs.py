@@ -48,6 +48,8 @@ class OutputEvent(NamedTuple):
     text_len: int
     text_offset: int
     stop_string_index: int
+    num_logprobs: int
+    logprobs_offset: int
 
 
 @dataclass(frozen=True)
@@ -66,6 +68,26 @@ class FinalInfo:
 
 
 @dataclass(frozen=True)
+class TokenLogprobs:
+    """Token probabilities at one output position (``SamplingParams.logprobs``).
+
+    Attributes:
+        token_id: the sampled token.
+        logprob: natural log of its probability (<= 0; -3.4e38 stands for probability 0).
+        top: (token_id, logprob) of the most likely tokens at this position, in decreasing
+            probability (at most ``SamplingParams.logprobs`` of them).
+        text: the output text released with this token (whole characters; "" while the engine
+            holds text back, e.g. a possible stop string). The texts of a request's tokens
+            concatenated are its output text, but for what its final event flushes.
+    """
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...]
+    text: str = ""
+
+
+@dataclass(frozen=True)
 class RequestChunk:
     """One request's events of one drain, merged (built by the dispatcher from the drain's
     arrays).
@@ -77,6 +99,8 @@ class RequestChunk:
         text: the text the engine released with them (whole characters, never a stop string).
         slot_id: the slot of its latest event (SLOT_ID_NONE if it never ran).
         final: set when the chunk holds the request's last event.
+        logprobs: one entry per token of ``token_ids`` when the request asked for token
+            probabilities, else None.
     """
 
     request_id: int
@@ -85,6 +109,7 @@ class RequestChunk:
     text: str
     slot_id: int
     final: FinalInfo | None = None
+    logprobs: list[TokenLogprobs] | None = None
 
 
 class ModelInfo(NamedTuple):
@@ -269,6 +294,8 @@ class RequestOutput:
             (max_tokens or context full), "abort" or "error".
         metrics: timings and counts.
         stop_string: the stop string that ended it (finish_reason "stop"), else None.
+        logprobs: with ``SamplingParams.logprobs``: the probabilities of each token of
+            ``token_ids``, in order; else None.
     """
 
     request_id: int
@@ -279,6 +306,7 @@ class RequestOutput:
     finish_reason: str
     metrics: RequestMetrics
     stop_string: str | None = None
+    logprobs: tuple[TokenLogprobs, ...] | None = None
 
     def to_dict(self) -> dict[str, object]:
         """JSON-ready dict: prompt, text, token_ids, finish_reason, metrics, request_id."""
@@ -290,6 +318,10 @@ class RequestOutput:
             "metrics": self.metrics.to_dict(),
             "request_id": self.request_id,
             "stop_string": self.stop_string,
+            **({} if self.logprobs is None else {"logprobs": [
+                {"token_id": lp.token_id, "logprob": lp.logprob, "top": [list(t) for t in lp.top]}
+                for lp in self.logprobs
+            ]}),
         }
 
 
@@ -305,6 +337,8 @@ class StreamDelta:
         output: set on the last delta only: the full ``RequestOutput`` (finish reason, metrics).
         slot_id: the engine slot the request runs in (llama-server's id_slot), in
             [0, max_num_seqs); SLOT_ID_NONE (-1) if it never ran.
+        logprobs: with ``SamplingParams.logprobs``: the probabilities of each token of
+            ``token_ids`` (and the text each released); else None.
     """
 
     request_id: int
@@ -312,6 +346,7 @@ class StreamDelta:
     token_ids: tuple[int, ...]
     output: RequestOutput | None = None
     slot_id: int = SLOT_ID_NONE
+    logprobs: tuple[TokenLogprobs, ...] | None = None
 
     @property
     def finished(self) -> bool:

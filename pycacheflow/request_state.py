@@ -21,7 +21,7 @@ from pycacheflow.outputs import (
 )
 
 if TYPE_CHECKING:
-    from pycacheflow.outputs import FinalInfo, RequestChunk
+    from pycacheflow.outputs import FinalInfo, RequestChunk, TokenLogprobs
 
 
 class RequestState:
@@ -32,6 +32,7 @@ class RequestState:
         prompt: the prompt as the user gave it (None for token prompts).
         prompt_token_ids: the tokens submitted.
         stop: the request's stop strings (to name the one that ended it).
+        logprobs: the request asked for token probabilities (``SamplingParams.logprobs``).
     """
 
     def __init__(
@@ -40,6 +41,7 @@ class RequestState:
         prompt: str | None,
         prompt_token_ids: Sequence[int],
         stop: Sequence[str] = (),
+        logprobs: bool = False,
     ) -> None:
         self.request_id = request_id
         self.stop = tuple(stop)
@@ -48,6 +50,7 @@ class RequestState:
         self.token_ids: list[int] = []
         self._token_times_ns: list[int] = []
         self._pieces: list[str] = []
+        self._logprobs: list[TokenLogprobs] | None = [] if logprobs else None
         self._final: FinalInfo | None = None
         self.slot_id = SLOT_ID_NONE
         self.output: RequestOutput | None = None
@@ -67,10 +70,12 @@ class RequestState:
             chunks = (chunks,)
         new_ids: list[int] = []
         text = []
+        new_logprobs: list[TokenLogprobs] = []
         for chunk in chunks:
             if self._final is not None:
                 break  # nothing follows a final chunk
             new_ids += chunk.token_ids
+            new_logprobs += chunk.logprobs or ()
             self._token_times_ns += chunk.token_times_ns
             text.append(chunk.text)
             self.slot_id = chunk.slot_id
@@ -78,9 +83,14 @@ class RequestState:
         self.token_ids += new_ids
         piece = "".join(text)
         self._pieces.append(piece)
+        delta_logprobs = None
+        if self._logprobs is not None:
+            self._logprobs += new_logprobs
+            delta_logprobs = tuple(new_logprobs)
         if self._final is not None:
             self.output = self._build_output(self._final)
-        return StreamDelta(self.request_id, piece, tuple(new_ids), self.output, self.slot_id)
+        return StreamDelta(self.request_id, piece, tuple(new_ids), self.output, self.slot_id,
+                           delta_logprobs)  # fmt: skip
 
     def _build_output(self, final: FinalInfo) -> RequestOutput:
         metrics = RequestMetrics.from_times_ns(
@@ -101,6 +111,7 @@ class RequestState:
             finish_reason=finish_reason_name(final.finish_reason) or "error",
             metrics=metrics,
             stop_string=_nth(self.stop, final.stop_string_index),
+            logprobs=None if self._logprobs is None else tuple(self._logprobs),
         )
 
 

@@ -62,6 +62,14 @@ class SamplingParams:
             requests (the prefix cache, paged mode); False = it neither reads nor fills the
             cache. Changes speed only, never the output. ``RequestMetrics.num_cached_tokens``
             says how many prompt tokens were found.
+        logprobs: report token probabilities (vLLM's ``logprobs``, llama-server's ``n_probs``):
+            None = none (the default); n >= 0 = the log-probability of each sampled token and
+            of the n most likely tokens at its position (``RequestOutput.logprobs``; n is
+            capped at the vocabulary). The request is then sampled on the CPU from its logits;
+            its tokens are the same as without.
+        post_sampling_probs: with ``logprobs``: the probabilities after the sampler chain (the
+            distribution the token was drawn from; tokens it excluded are not listed; greedy:
+            the sampled token with probability 1) instead of the softmax of the raw logits.
 
     Each value is validated once, by the layer that owns it: here only what Python owns (types,
     that a value has a C form: int32_t, int64_t seed, float, UTF-8 text); the ranges by the
@@ -89,6 +97,8 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = field(default_factory=tuple)
     grammar: str = ""
     cache_prompt: bool = True
+    logprobs: int | None = None
+    post_sampling_probs: bool = False
 
     def __post_init__(self) -> None:
         # Normalise containers first (frozen: assign through object.__setattr__).
@@ -117,7 +127,9 @@ class SamplingParams:
             encode_utf8(s, "stop string")  # ValueError (InvalidArgumentError) if it cannot be
         for token_id in self.stop_token_ids:
             _require_c_int("stop_token_ids entry", token_id)
-        for name in ("ignore_eos", "cache_prompt"):
+        if self.logprobs is not None:
+            _require_c_int("logprobs", self.logprobs)
+        for name in ("ignore_eos", "cache_prompt", "post_sampling_probs"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
         if not isinstance(self.grammar, str):

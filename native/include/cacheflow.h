@@ -239,11 +239,25 @@ typedef struct cf_sampling_params {
      * default; needs enable_prefix_caching), 0 = it neither reads nor fills the prefix cache.
      * Not a sampling setting: it changes no output (the attention is invariant), only speed. */
     int32_t cache_prompt;
+    /* Token probabilities (llama-server's n_probs, OpenAI's logprobs / top_logprobs), reported
+     * with each output event (cf_output_event.num_logprobs): 1 = the log-probability of every
+     * sampled token and of the top_logprobs most likely tokens at its position, 0 = none (the
+     * default). A request with logprobs is sampled on the CPU from its logits row (not in-graph);
+     * its tokens are the ones it would get without (greedy: the same argmax). */
+    int32_t logprobs;
+    int32_t top_logprobs;               /* >= 0: tokens listed besides the sampled one (capped at
+                                           n_vocab; post_sampling_probs: at the candidates left);
+                                           > 0 needs logprobs = 1                              */
+    /* 0 = probabilities of the raw logits (softmax over the whole vocabulary, before any
+     * sampler: llama-server's default); 1 = after the request's sampler chain (logit bias,
+     * penalties, grammar, top_k, top_p, min_p, temperature: the distribution the token was drawn
+     * from; tokens of probability 0 are left out; greedy: the sampled token, probability 1). */
+    int32_t post_sampling_probs;
 } cf_sampling_params;
 
 /* Defaults: max_tokens 16, temperature 0 (greedy), top_k 0, top_p 1, min_p 0, seed random,
  * no penalties (repeat 1, last_n 64, presence 0, frequency 0), no logit bias, no grammar,
- * cache_prompt 1. A request with a penalty or a grammar is sampled on the CPU (greedy: the
+ * cache_prompt 1, no logprobs (logprobs 0, top_logprobs 0, post_sampling_probs 0). A request with a penalty or a grammar is sampled on the CPU (greedy: the
  * argmax after those samplers); other rows, a logit bias included, keep the in-graph samplers. */
 CF_API cf_sampling_params cf_sampling_params_default(void);
 
@@ -338,7 +352,20 @@ typedef struct cf_output_event {
                                      buffer; cf_engine_drain: 0 (the text is not returned)  */
     int32_t stop_string_index;    /* final: index into the request's stop_strings of the one
                                      that ended it (CF_FINISH_REASON_STOP), else -1          */
+    int32_t num_logprobs;         /* token probabilities of this event's token (the request
+                                     set cf_sampling_params.logprobs): entry 0 is the sampled
+                                     token, entries 1.. the most likely tokens in decreasing
+                                     probability; 0 = none (not asked for, or no token)      */
+    int64_t logprobs_offset;      /* cf_engine_drain_outputs: index of entry 0 in its
+                                     logprobs buffer; else 0                                 */
 } cf_output_event;
+
+/* One token probability of cf_output_event: the natural log of the token's probability (<= 0;
+ * finite: a probability that underflows is reported as -FLT_MAX, as llama-server does). */
+typedef struct cf_token_logprob {
+    int32_t token_id;
+    float logprob;
+} cf_token_logprob;
 
 #define CF_SLOT_ID_NONE (-1)
 
@@ -359,21 +386,28 @@ CF_API cf_status cf_engine_stop(cf_engine_t engine);
 /* Move up to capacity queued events into events[0..*out_num_events), oldest first. If none is
  * queued, wait up to timeout_ms (0 = do not wait, < 0 = wait until one arrives or the engine
  * is freed/stopped). events: caller-owned [capacity] array. The events' text is dropped
- * (text_offset 0; text_len says how much there was): use cf_engine_drain_outputs for it.
+ * (text_offset 0; text_len says how much there was), and so are their token probabilities
+ * (logprobs_offset 0; num_logprobs says how many): use cf_engine_drain_outputs for them.
  * Thread-safe; the GIL is released by cffi during the wait. */
 CF_API cf_status cf_engine_drain(cf_engine_t engine, cf_output_event * events, int32_t capacity,
                                  int32_t timeout_ms, int32_t * out_num_events);
 
-/* As cf_engine_drain, and the events' text: event i's bytes are
+/* As cf_engine_drain, and the events' text and token probabilities. Event i's bytes are
  * text[events[i].text_offset, events[i].text_offset + events[i].text_len), packed in event order
- * into the caller-owned text[0..text_capacity); *out_text_len = bytes written. Stops before the
- * first event whose text does not fit (it stays queued). Returns CF_STATUS_BUFFER_TOO_SMALL
- * (nothing taken, *out_text_len = the bytes the oldest event needs) when not even the oldest
- * event's text fits; CF_STATUS_INVALID_ARGUMENT for a NULL pointer, capacity < 1 or
- * text_capacity < 0. Thread-safe; blocks like cf_engine_drain. */
+ * into the caller-owned text[0..text_capacity); *out_text_len = bytes written. Its probabilities
+ * are logprobs[events[i].logprobs_offset, + events[i].num_logprobs), packed the same way into the
+ * caller-owned logprobs[0..logprobs_capacity); *out_num_logprobs = entries written. logprobs may
+ * be NULL (with logprobs_capacity 0): the probabilities are then dropped (logprobs_offset 0,
+ * num_logprobs still says how many there were). Stops before the first event whose text or
+ * probabilities do not fit (it stays queued). Returns CF_STATUS_BUFFER_TOO_SMALL (nothing taken,
+ * *out_text_len and *out_num_logprobs = what the oldest event needs) when not even the oldest
+ * event fits; CF_STATUS_INVALID_ARGUMENT for a NULL pointer (but logprobs), capacity < 1,
+ * text_capacity < 0 or logprobs_capacity < 0. Thread-safe; blocks like cf_engine_drain. */
 CF_API cf_status cf_engine_drain_outputs(cf_engine_t engine, cf_output_event * events, int32_t capacity,
-                                         char * text, int32_t text_capacity, int32_t timeout_ms,
-                                         int32_t * out_num_events, int32_t * out_text_len);
+                                         char * text, int32_t text_capacity, cf_token_logprob * logprobs,
+                                         int32_t logprobs_capacity, int32_t timeout_ms,
+                                         int32_t * out_num_events, int32_t * out_text_len,
+                                         int32_t * out_num_logprobs);
 
 /* 1 if any request is waiting or running (work remains), else 0. */
 CF_API int32_t cf_engine_has_work(cf_engine_t engine);

@@ -174,27 +174,37 @@ cf_status cf_engine_drain(cf_engine_t engine, cf_output_event * events, int32_t 
 }
 
 cf_status cf_engine_drain_outputs(cf_engine_t engine, cf_output_event * events, int32_t capacity, char * text,
-                                  int32_t text_capacity, int32_t timeout_ms, int32_t * out_num_events,
-                                  int32_t * out_text_len) {
-    if (out_num_events != nullptr) {
-        *out_num_events = 0;
-    }
-    if (out_text_len != nullptr) {
-        *out_text_len = 0;
+                                  int32_t text_capacity, cf_token_logprob * logprobs, int32_t logprobs_capacity,
+                                  int32_t timeout_ms, int32_t * out_num_events, int32_t * out_text_len,
+                                  int32_t * out_num_logprobs) {
+    for (int32_t * out : {out_num_events, out_text_len, out_num_logprobs}) {
+        if (out != nullptr) {
+            *out = 0;
+        }
     }
     return guarded("cf_engine_drain_outputs", [&] {
         require(engine != nullptr, "engine is NULL");
-        require(out_num_events != nullptr && out_text_len != nullptr, "out_num_events and out_text_len must be non-NULL");
+        require(out_num_events != nullptr && out_text_len != nullptr && out_num_logprobs != nullptr,
+                "out_num_events, out_text_len and out_num_logprobs must be non-NULL");
         require(events != nullptr && capacity >= 1, "events must be non-NULL with capacity >= 1");
         require(text_capacity >= 0 && (text != nullptr || text_capacity == 0),
                 "text must be non-NULL with text_capacity >= 0");
+        require(logprobs_capacity >= 0 && (logprobs != nullptr || logprobs_capacity == 0),
+                "logprobs must be non-NULL with logprobs_capacity >= 0, or NULL with 0");
         char empty = 0;
-        const int32_t n = engine->engine.drain(events, capacity, timeout_ms, text != nullptr ? text : &empty,
-                                               text_capacity, out_text_len);
-        if (n == 0 && *out_text_len > 0) {
-            throw cf::Error(CF_STATUS_BUFFER_TOO_SMALL, "the oldest event has " + std::to_string(*out_text_len) +
-                                                            " bytes of text but the text buffer holds " +
-                                                            std::to_string(text_capacity));
+        cf::DrainBuffers buffers;
+        buffers.text = text != nullptr ? text : &empty;
+        buffers.text_capacity = text_capacity;
+        buffers.text_len = out_text_len;
+        buffers.logprobs = logprobs;
+        buffers.logprobs_capacity = logprobs_capacity;
+        buffers.num_logprobs = out_num_logprobs;
+        const int32_t n = engine->engine.drain(events, capacity, timeout_ms, buffers);
+        if (n == 0 && (*out_text_len > 0 || *out_num_logprobs > 0)) {
+            throw cf::Error(CF_STATUS_BUFFER_TOO_SMALL,
+                            "the oldest event has " + std::to_string(*out_text_len) + " bytes of text and " +
+                                std::to_string(*out_num_logprobs) + " token probabilities but the buffers hold " +
+                                std::to_string(text_capacity) + " and " + std::to_string(logprobs_capacity));
         }
         *out_num_events = n;
     });

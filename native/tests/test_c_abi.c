@@ -68,8 +68,11 @@ static void test_null_engine(void) {
     {
         char text[8];
         int32_t text_len = 7;
-        assert(cf_engine_drain_outputs(NULL, ev, 1, text, 8, 0, &n, &text_len) == CF_STATUS_INVALID_ARGUMENT);
-        assert(n == 0 && text_len == 0);
+        cf_token_logprob logprobs[2];
+        int32_t num_logprobs = 5;
+        assert(cf_engine_drain_outputs(NULL, ev, 1, text, 8, logprobs, 2, 0, &n, &text_len, &num_logprobs) ==
+               CF_STATUS_INVALID_ARGUMENT);
+        assert(n == 0 && text_len == 0 && num_logprobs == 0);
         assert(CF_SLOT_ID_NONE == -1);
     }
     assert(cf_engine_has_work(NULL) == 0);

@@ -64,7 +64,9 @@ std::map<int64_t, Result> run_to_completion(cf_engine_t engine) {
         int32_t n = 0;
         do {
             int32_t text_len = 0;
-            assert(cf_engine_drain_outputs(engine, events, 64, text, sizeof text, 0, &n, &text_len) == CF_STATUS_OK);
+            int32_t num_logprobs = 0;
+            assert(cf_engine_drain_outputs(engine, events, 64, text, sizeof text, nullptr, 0, 0, &n, &text_len,
+                                           &num_logprobs) == CF_STATUS_OK);
             for (int32_t i = 0; i < n; ++i) {
                 Result & r = results[events[i].request_id];
                 assert(r.finish_reason == CF_FINISH_REASON_NONE);  // nothing after the final event

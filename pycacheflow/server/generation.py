@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from starlette.requests import Request
     from starlette.types import Receive, Scope, Send
 
+    from pycacheflow.outputs import StreamDelta, TokenLogprobs
     from pycacheflow.server.responses import Completion
     from pycacheflow.server.state import Job, ServerState
 
@@ -172,11 +173,14 @@ async def _stream_llama(
         state.track(job, delta)
         if (delta.text or delta.token_ids) and not job.discard_output:
             state.progress(job, delta)
-            yield sse.event(
-                responses.completion_partial(
-                    index, delta.text, delta.token_ids, job.num_decoded, state.slot_id(job)
-                )
-            )
+            decoded = job.num_decoded - len(delta.token_ids)
+            chunks = []
+            for text, token_ids, entry in _per_token(delta):
+                decoded += len(token_ids)
+                probs = state.stream_probs(job, entry) if entry is not None else None
+                chunks.append(responses.completion_partial(
+                    index, text, token_ids, decoded, state.slot_id(job), probs))  # fmt: skip
+            yield sse.events(chunks)
         if delta.output is not None:
             done = state.finish(job, delta.output)
             prompt_text = state.prompt_text(done.output)
@@ -194,9 +198,13 @@ async def _stream_oai_completion(
             continue
         job = jobs[index]
         state.track(job, delta)
-        if delta.text and not job.discard_output:
+        if (delta.text or delta.logprobs) and not job.discard_output:
             state.progress(job, delta)
-            yield sse.event(responses.oai_completion_chunk(ids, index, delta.text, None))
+            yield sse.events([
+                responses.oai_completion_chunk(
+                    ids, index, text, None, state.stream_probs(job, entry) if entry else None)
+                for text, _, entry in _per_token(delta)
+            ])  # fmt: skip
         if delta.output is not None:
             done = state.finish(job, delta.output)
             yield sse.event(responses.oai_completion_last_chunk(ids, index, done))
@@ -218,19 +226,37 @@ async def _stream_chat(
         job = jobs[index]
         state.track(job, delta)
         chunks = []
-        if index not in sent_role and (delta.text or delta.output is not None):
+        if index not in sent_role and (delta.text or delta.logprobs or delta.output is not None):
             chunks.append(responses.chat_chunk(ids, {"role": "assistant", "content": None}, None,
                                                index))  # fmt: skip
             sent_role.add(index)
-        if delta.text and not job.discard_output:
+        if (delta.text or delta.logprobs) and not job.discard_output:
             state.progress(job, delta)
-            chunks.append(responses.chat_chunk(ids, {"content": delta.text}, None, index))
+            for text, _, entry in _per_token(delta):
+                probs = state.stream_probs(job, entry) if entry is not None else None
+                chunks.append(responses.chat_chunk(ids, {"content": text}, None, index, probs))
         if delta.output is not None:
             done = state.finish(job, delta.output)
             chunks += responses.chat_last_chunks(ids, done, req.include_usage, index)
         if chunks:
             yield sse.events(chunks)
     yield sse.DONE
+
+
+def _per_token(
+    delta: StreamDelta,
+) -> list[tuple[str, tuple[int, ...], TokenLogprobs | None]]:
+    """The stream chunks of one delta as (text, token ids, probabilities): the delta whole when
+    it has no token probabilities, else one chunk per token (llama-server sends one per token,
+    each with its own probabilities), then any text no token released (an aborted request's
+    last flush)."""
+    if not delta.logprobs:
+        return [(delta.text, delta.token_ids, None)]
+    chunks = [(lp.text, (lp.token_id,), lp) for lp in delta.logprobs]
+    rest = delta.text[sum(len(lp.text) for lp in delta.logprobs):]
+    if rest:
+        chunks.append((rest, (), None))
+    return chunks
 
 
 _Streamer = Callable[

@@ -11,7 +11,8 @@ Field rules follow llama-server (tools/server/server-schema.cpp of the pinned tr
   - "hard" limits are errors (``n_predict`` < -1), "soft" limits are clamped (``top_p`` > 1);
   - unknown fields are ignored; known llama.cpp sampling options that CacheFlow does not
     implement are ignored too but listed in ``ignored_fields`` (the server logs them);
-    options whose absence would change the response's shape (logprobs, echo) are rejected;
+    options whose absence would change the response's shape (echo) are rejected;
+  - token probabilities (``n_probs``, ``logprobs``, ``top_logprobs``): the ``logprobs`` module;
   - JSON schemas become GBNF grammars through llama.cpp's converter (``json_schema`` module).
 """
 
@@ -24,7 +25,7 @@ from typing import Union
 
 from pycacheflow.errors import InvalidArgumentError
 from pycacheflow.sampling_params import SamplingParams
-from pycacheflow.server import json_schema
+from pycacheflow.server import json_schema, logprobs
 from pycacheflow.server.config import RequestDefaults
 from pycacheflow.text import encode_utf8
 
@@ -441,8 +442,8 @@ def parse_completion(
             raise ProtocolError(f"Unsupported param: {name}")
     if read_bool(body, "echo", False):
         raise ProtocolError("Only no echo is supported")
-    _reject_logprobs(body)
-    return _generation(body, read_prompts(body), (), default_n_predict, defaults)
+    probs = logprobs.read_completion_logprobs(body)
+    return _generation(body, read_prompts(body), (), default_n_predict, defaults, probs)
 
 
 def parse_chat(
@@ -455,11 +456,11 @@ def parse_chat(
         ProtocolError: invalid field (the message names it).
     """
     body = require_object(body)
-    _reject_logprobs(body)
+    probs = (logprobs.read_chat_logprobs(body), False)
     grammar = _schema_grammar(json_schema.chat_grammar, body)
     if grammar:
         body = {**body, "grammar": grammar}
-    request = _generation(body, (), read_messages(body), default_n_predict, defaults)
+    request = _generation(body, (), read_messages(body), default_n_predict, defaults, probs)
     return replace(request, **read_chat_options(body))
 
 
@@ -505,21 +506,15 @@ def read_chat_options(body: Mapping[str, object]) -> dict[str, object]:
     }
 
 
-def _reject_logprobs(body: Mapping[str, object]) -> None:
-    # /completion: n_probs (int); /v1/completions: logprobs (int); chat: logprobs (bool).
-    for name in ("n_probs", "logprobs"):
-        value = body.get(name)
-        if value is True or (_type_name(value) == "number" and value > 0):
-            raise ProtocolError(f"Field '{name}': token probabilities are not supported")
-
-
 def _generation(
     body: dict[str, object],
     prompts: tuple[PromptInput, ...],
     messages: tuple[dict[str, str], ...],
     default_n_predict: int,
     defaults: RequestDefaults,
+    probs: tuple[int | None, bool] = (None, False),
 ) -> GenerationRequest:
+    """probs: (SamplingParams.logprobs, post_sampling_probs) as the endpoint read them."""
     grammar = _schema_grammar(json_schema.completion_grammar, body)
     if grammar:
         body = {**body, "grammar": grammar}
@@ -534,7 +529,7 @@ def _generation(
         prompts=prompts,
         messages=messages,
         n_predict=n_predict,
-        params=_sampling(_with_defaults(body, defaults), max(1, n_predict)),
+        params=_sampling(_with_defaults(body, defaults), max(1, n_predict), probs),
         stream=read_bool(body, "stream", False),
         include_usage=read_bool(stream_options or {}, "include_usage", False),
         priority=read_int(body, ("priority",), 0),
@@ -556,7 +551,9 @@ def _with_defaults(body: Mapping[str, object], defaults: RequestDefaults) -> dic
     return merged
 
 
-def _sampling(body: Mapping[str, object], max_tokens: int) -> SamplingParams:
+def _sampling(
+    body: Mapping[str, object], max_tokens: int, probs: tuple[int | None, bool]
+) -> SamplingParams:
     read_str(body, "model", None)  # any model name is accepted (single-model server)
     seed = read_int(body, ("seed",), -1, low=-1, high=0xFFFFFFFF)
     try:
@@ -575,6 +572,8 @@ def _sampling(body: Mapping[str, object], max_tokens: int) -> SamplingParams:
             presence_penalty=read_float(body, "presence_penalty", 0.0, -math.inf, math.inf),
             frequency_penalty=read_float(body, "frequency_penalty", 0.0, -math.inf, math.inf),
             grammar=read_str(body, "grammar", None) or "",
+            logprobs=probs[0],
+            post_sampling_probs=probs[1],
         )
     except (TypeError, ValueError) as exc:  # SamplingParams names the field
         raise ProtocolError(str(exc)) from None

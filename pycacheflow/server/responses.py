@@ -56,6 +56,8 @@ class Completion:
         slot_id: the slot it ran in, in [0, max_num_seqs).
         truncated: it stopped because its slot's context was full (llama-server's
             ``truncated``), not at its own n_predict.
+        probs: the token probabilities of a non-streamed answer that asked for them, in
+            llama-server's JSON shape (``logprobs.probs_json``); None otherwise.
     """
 
     output: RequestOutput
@@ -63,6 +65,7 @@ class Completion:
     stopping_word: str
     slot_id: int
     truncated: bool = False
+    probs: list | None = None
 
     @property
     def oai_finish_reason(self) -> str:
@@ -168,6 +171,8 @@ def generation_settings(request: GenerationRequest, n_ctx: int, model: str) -> d
         "cache_prompt": request.cache_prompt,
         "priority": request.priority,
         "samplers": ["penalties", "top_k", "top_p", "min_p", "temperature"],
+        "n_probs": p.logprobs or 0,
+        "post_sampling_probs": p.post_sampling_probs,
     }
 
 
@@ -175,10 +180,16 @@ def generation_settings(request: GenerationRequest, n_ctx: int, model: str) -> d
 
 
 def completion_partial(
-    index: int, text: str, token_ids: tuple[int, ...], num_decoded: int, slot_id: int
+    index: int,
+    text: str,
+    token_ids: tuple[int, ...],
+    num_decoded: int,
+    slot_id: int,
+    probs: list | None = None,
 ) -> dict[str, object]:
-    """One streamed /completion chunk (``stop`` false)."""
-    return {
+    """One streamed /completion chunk (``stop`` false); ``probs``: its token's probabilities
+    (one entry: a request with n_probs streams one chunk per token)."""
+    body = {
         "index": index,
         "content": text,
         "tokens": list(token_ids),
@@ -186,6 +197,9 @@ def completion_partial(
         "id_slot": slot_id,
         "tokens_predicted": num_decoded,
     }
+    if probs:
+        body["completion_probabilities"] = probs
+    return body
 
 
 def completion_final(
@@ -215,6 +229,7 @@ def completion_final(
         "stopping_word": done.stopping_word,
         "tokens_cached": m.num_prompt_tokens + m.num_output_tokens,
         "timings": timings(m),
+        **({"completion_probabilities": done.probs} if done.probs else {}),
     }
 
 
@@ -241,9 +256,10 @@ def select_fields(body: dict[str, object], fields: tuple[str, ...]) -> dict[str,
 def oai_completion(ids: ResponseIds, done: list[Completion]) -> dict[str, object]:
     """A non-streamed ``text_completion``: one choice per prompt."""
     choices = [
-        {"text": d.output.text, "index": i, "logprobs": None, "finish_reason": d.oai_finish_reason}
+        {"text": d.output.text, "index": i, "logprobs": _oai_logprobs(d.probs),
+         "finish_reason": d.oai_finish_reason}
         for i, d in enumerate(done)
-    ]
+    ]  # fmt: skip
     body = {"choices": choices, **ids.envelope("text_completion")}
     body["usage"] = usage([d.output for d in done])
     if len(done) == 1:
@@ -251,11 +267,17 @@ def oai_completion(ids: ResponseIds, done: list[Completion]) -> dict[str, object
     return body
 
 
+def _oai_logprobs(probs: list | None) -> dict[str, object] | None:
+    """A choice's ``logprobs`` as llama-server writes it: {"content": probs}, or null."""
+    return {"content": probs} if probs else None
+
+
 def oai_completion_chunk(
-    ids: ResponseIds, index: int, text: str, finish_reason: str | None
+    ids: ResponseIds, index: int, text: str, finish_reason: str | None, probs: list | None = None
 ) -> dict[str, object]:
-    """A streamed ``text_completion`` chunk."""
-    choice = {"text": text, "index": index, "logprobs": None, "finish_reason": finish_reason}
+    """A streamed ``text_completion`` chunk (``probs``: its token's probabilities)."""
+    choice = {"text": text, "index": index, "logprobs": _oai_logprobs(probs),
+              "finish_reason": finish_reason}  # fmt: skip
     return {"choices": [choice], **ids.envelope("text_completion")}
 
 
@@ -282,6 +304,7 @@ def chat_completion(ids: ResponseIds, done: list[Completion]) -> dict[str, objec
             "finish_reason": d.oai_finish_reason,
             "index": i,
             "message": {"role": "assistant", "content": d.output.text},
+            **({"logprobs": _oai_logprobs(d.probs)} if d.probs else {}),
         }
         for i, d in enumerate(done)
     ]
@@ -292,11 +315,17 @@ def chat_completion(ids: ResponseIds, done: list[Completion]) -> dict[str, objec
 
 
 def chat_chunk(
-    ids: ResponseIds, delta: dict[str, object], finish_reason: str | None = None, index: int = 0
+    ids: ResponseIds,
+    delta: dict[str, object],
+    finish_reason: str | None = None,
+    index: int = 0,
+    probs: list | None = None,
 ) -> dict[str, object]:
     """A streamed ``chat.completion.chunk`` of choice ``index``; the first of each choice
-    carries ``{"role": "assistant"}``."""
+    carries ``{"role": "assistant"}``; ``probs``: its token's probabilities."""
     choice = {"finish_reason": finish_reason, "index": index, "delta": delta}
+    if probs:
+        choice["logprobs"] = _oai_logprobs(probs)
     return {"choices": [choice], **ids.envelope("chat.completion.chunk")}
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from pycacheflow import errors
+from pycacheflow.server.logprobs import TokenPieces, probs_json
 from pycacheflow.server.metrics import ServerMetrics
 from pycacheflow.server.protocol import ProtocolError
 from pycacheflow.server.responses import Completion, generation_settings, stop_type_of
@@ -22,7 +23,7 @@ from pycacheflow.server.streams import LoopWaker
 
 if TYPE_CHECKING:
     from pycacheflow.llm import LLM, PromptInput
-    from pycacheflow.outputs import RequestOutput, StreamDelta
+    from pycacheflow.outputs import RequestOutput, StreamDelta, TokenLogprobs
     from pycacheflow.server.config import ServerConfig
     from pycacheflow.server.protocol import GenerationRequest
     from pycacheflow.server.streams import RequestGroup
@@ -45,6 +46,9 @@ class Job:
         max_tokens: the engine's limit of output tokens for it.
         limited_by_context: ``max_tokens`` is the room left in the slot's context, smaller
             than the request's n_predict: reaching it means the output was truncated.
+        logprobs: the request asked for token probabilities (``SamplingParams.logprobs``).
+        post_sampling_probs: they are post-sampling probabilities ("prob", not "logprob").
+        stream: the answer is streamed (the final answer then carries no probabilities).
     """
 
     index: int
@@ -56,6 +60,9 @@ class Job:
     limited_by_context: bool = False
     num_decoded: int = 0
     slot_released: bool = False
+    logprobs: bool = False
+    post_sampling_probs: bool = False
+    stream: bool = False
 
 
 class ServerState:
@@ -80,6 +87,7 @@ class ServerState:
         self.start_time_unix = int(time.time())  # llama-server's Process-Start-Time-Unix
         self._warned_fields: set[str] = set()
         self._eog_token_ids: tuple[int, ...] | None = None  # the model's, on first ignore_eos
+        self.pieces = TokenPieces(llm)  # token texts of probabilities
 
     def waker(self) -> LoopWaker:
         """The event loop's shared LoopWaker (call on the loop)."""
@@ -210,7 +218,10 @@ class ServerState:
             request_id = group.request_ids[index]
             self.slots.add(request_id, settings)
             jobs.append(Job(index, request_id, prompt, settings, discard_output=n_predict == 0,
-                            max_tokens=max_tokens, limited_by_context=room < wanted))  # fmt: skip
+                            max_tokens=max_tokens, limited_by_context=room < wanted,
+                            logprobs=choice.params.logprobs is not None,
+                            post_sampling_probs=choice.params.post_sampling_probs,
+                            stream=request.stream))  # fmt: skip
         return jobs
 
     def _logit_bias(self, request: GenerationRequest) -> tuple:
@@ -279,9 +290,26 @@ class ServerState:
             and output.finish_reason == "length"
             and len(output.token_ids) >= job.max_tokens
         )
-        return Completion(
-            output, stop_type_of(output, stopping_word), stopping_word, slot_id, truncated
-        )
+        stop_type = stop_type_of(output, stopping_word)
+        probs = None
+        if job.logprobs and not job.stream and output.logprobs:
+            probs = self._final_probs(output, stop_type, stopping_word, job.post_sampling_probs)
+        return Completion(output, stop_type, stopping_word, slot_id, truncated, probs)
+
+    def _final_probs(
+        self, output: RequestOutput, stop_type: str, stopping_word: str, post_sampling: bool
+    ) -> list[dict[str, object]]:
+        """The probabilities of a non-streamed answer; as llama-server, without the last
+        tokens of a stop word (as many as the word has tokens)."""
+        entries = output.logprobs
+        if stop_type == "word":
+            num_stop_tokens = len(self.llm.tokenize(stopping_word, False, False))
+            entries = entries[: max(0, len(entries) - num_stop_tokens)]
+        return probs_json(entries, post_sampling, self.pieces)
+
+    def stream_probs(self, job: Job, entry: TokenLogprobs) -> list[dict[str, object]]:
+        """The probabilities of one streamed token, as a one-entry list."""
+        return probs_json((entry,), job.post_sampling_probs, self.pieces)
 
     def progress(self, job: Job, delta: StreamDelta) -> None:
         """Account streamed output of a job (for /slots and ``tokens_predicted``)."""
@@ -329,4 +357,5 @@ def _choice(request: GenerationRequest, choice: int) -> GenerationRequest:
 
 def _without_output(output: RequestOutput) -> RequestOutput:
     metrics = replace(output.metrics, num_output_tokens=0, tpot_s=None, itl_s=())
-    return replace(output, text="", token_ids=(), finish_reason="length", metrics=metrics)
+    return replace(output, text="", token_ids=(), finish_reason="length", metrics=metrics,
+                   logprobs=None)  # fmt: skip

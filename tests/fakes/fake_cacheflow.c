@@ -400,8 +400,12 @@ cf_status cf_engine_drain(cf_engine_t e, cf_output_event * events, int32_t capac
 }
 
 cf_status cf_engine_drain_outputs(cf_engine_t e, cf_output_event * events, int32_t capacity, char * text,
-                                  int32_t text_capacity, int32_t timeout_ms, int32_t * out_num_events,
-                                  int32_t * out_text_len) {
+                                  int32_t text_capacity, cf_token_logprob * logprobs, int32_t logprobs_capacity,
+                                  int32_t timeout_ms, int32_t * out_num_events, int32_t * out_text_len,
+                                  int32_t * out_num_logprobs) {
+    (void) logprobs;
+    (void) logprobs_capacity;
+    *out_num_logprobs = 0; /* the toy engine has no logits */
     int32_t n = 0, k = 0;
     cf_status rc = CF_STATUS_OK;
     pthread_mutex_lock(&e->mu);

@@ -108,3 +108,34 @@ def test_split_by_request_of_one_request():
     array, text = events([(9, 1, 0, 1, 2, b"x"), (9, 2, 0, 2, 2, b"yz")])
     (only,) = split_by_request(array, text)
     assert (only.token_ids, only.text, only.final) == ([1, 2], "xyz", None)
+
+
+LOGPROB_DTYPE = np.dtype([("token_id", np.int32), ("logprob", np.float32)])
+EVENT_WITH_LOGPROBS_DTYPE = np.dtype(
+    EVENT_DTYPE.descr + [("num_logprobs", np.int32), ("logprobs_offset", np.int64)]
+)
+
+
+def test_split_by_request_gives_token_probabilities_to_the_requests_that_have_them():
+    plain, text = events([
+        (5, 10, 0, 1, 0, b"a"),
+        (6, 20, 0, 1, 1, b"x"),
+        (5, 11, 0, 2, 0, b"b"),
+        (6, 21, reason("length"), 2, 1, "\u00e9".encode()),
+    ])  # fmt: skip
+    array = np.zeros(len(plain), EVENT_WITH_LOGPROBS_DTYPE)
+    for name in EVENT_DTYPE.names:
+        array[name] = plain[name]
+    # request 6 asked for 1 top token: entries (sampled, top) per token, in drain order
+    array["num_logprobs"] = [0, 2, 0, 2]
+    array["logprobs_offset"] = [0, 0, 0, 2]
+    logprobs = np.array([(20, -0.5), (20, -0.5), (21, -1.0), (3, -0.25)], LOGPROB_DTYPE)
+    plain_chunk, probs_chunk = split_by_request(array, text, logprobs)
+    assert plain_chunk.request_id == 5 and plain_chunk.logprobs is None
+    first, second = probs_chunk.logprobs
+    assert (first.token_id, first.logprob, first.top, first.text) == (20, -0.5, ((20, -0.5),), "x")
+    assert (second.token_id, second.top, second.text) == (21, ((3, -0.25),), "\u00e9")
+    state = RequestState(6, None, [1], logprobs=True)
+    delta = state.add(probs_chunk)
+    assert delta.logprobs == (first, second) and delta.output.logprobs == (first, second)
+    assert RequestState(5, None, [1]).add(plain_chunk).logprobs is None

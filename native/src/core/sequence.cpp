@@ -111,6 +111,24 @@ void copy_penalties_and_bias(const cf_sampling_params & p, int32_t n_vocab, Samp
     out.grammar = p.grammar != nullptr ? p.grammar : "";
 }
 
+void copy_logprobs(const cf_sampling_params & p, int32_t n_vocab, SamplingParams & out) {
+    if (p.logprobs != 0 && p.logprobs != 1) {
+        fail_invalid("logprobs must be 0 or 1, got " + std::to_string(p.logprobs));
+    }
+    if (p.top_logprobs < 0) {
+        fail_invalid("top_logprobs must be >= 0, got " + std::to_string(p.top_logprobs));
+    }
+    if (p.top_logprobs > 0 && p.logprobs == 0) {
+        fail_invalid("top_logprobs (" + std::to_string(p.top_logprobs) + ") needs logprobs = 1");
+    }
+    if (p.post_sampling_probs != 0 && p.post_sampling_probs != 1) {
+        fail_invalid("post_sampling_probs must be 0 or 1, got " + std::to_string(p.post_sampling_probs));
+    }
+    out.logprobs = p.logprobs == 1;
+    out.top_logprobs = out.logprobs ? (n_vocab > 0 ? std::min(p.top_logprobs, n_vocab) : p.top_logprobs) : 0;
+    out.post_sampling_probs = out.logprobs && p.post_sampling_probs == 1;
+}
+
 }  // namespace
 
 SamplingParams SamplingParams::from_c(const cf_sampling_params & p, int32_t n_vocab) {
@@ -130,6 +148,7 @@ SamplingParams SamplingParams::from_c(const cf_sampling_params & p, int32_t n_vo
         fail_invalid("cache_prompt must be 0 or 1, got " + std::to_string(p.cache_prompt));
     }
     out.cache_prompt = p.cache_prompt == 1;
+    copy_logprobs(p, n_vocab, out);
     return out;
 }
 

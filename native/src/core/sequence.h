@@ -43,6 +43,9 @@ struct SamplingParams {
     std::vector<std::pair<int32_t, float>> logit_bias;  // (token id, added to its logit)
     std::string grammar;             // GBNF, rule "root"; "" = none
     bool cache_prompt = true;        // reuse and fill the prefix cache (paged mode)
+    bool logprobs = false;           // report token probabilities (engine/logprobs.h)
+    int32_t top_logprobs = 0;        // most likely tokens listed with each one, <= n_vocab
+    bool post_sampling_probs = false;  // after the sampler chain instead of the raw logits
 
     bool is_greedy() const { return temperature == 0.0f; }
     bool has_penalties() const {
@@ -53,7 +56,8 @@ struct SamplingParams {
     bool needs_cpu_samplers() const { return has_penalties() || !logit_bias.empty() || !grammar.empty(); }
     // Of those, the ones kept out of the graph: penalties (their token history) and grammars (no
     // backend implementation). A logit bias alone runs in-graph (llama.cpp's backend logit_bias).
-    bool needs_host_samplers() const { return has_penalties() || !grammar.empty(); }
+    // Token probabilities need the row's logits (or the chain's candidates) on the host too.
+    bool needs_host_samplers() const { return has_penalties() || !grammar.empty() || logprobs; }
 
     // Copy and validate; throws cf::Error(INVALID_ARGUMENT) naming the bad field.
     // n_vocab bounds stop_token_ids; pass 0 to skip that check.
@@ -99,6 +103,10 @@ struct Sequence {
 
     TextStream text;          // output text not released yet (stop_checker.h feeds it)
     std::string text_ready;   // released text that the request's next event carries
+    // Token probabilities of the token just sampled (params.logprobs): entries
+    // [logprobs_ready_offset, + num_logprobs_ready) of the step's buffer; its next event carries them.
+    int32_t logprobs_ready_offset = 0;
+    int32_t num_logprobs_ready = 0;
     int32_t slot_id = CF_SLOT_ID_NONE;       // held while running (cf_output_event.slot_id)
     int32_t last_slot_id = CF_SLOT_ID_NONE;  // the slot id it held last (for its final event)
     int32_t stop_string_index = -1;          // params.stop_strings[i] ended it; -1 = none

@@ -134,6 +134,9 @@ cf_sampling_params default_sampling_params() {
     p.num_logit_bias = 0;
     p.grammar = nullptr;
     p.cache_prompt = 1;
+    p.logprobs = 0;
+    p.top_logprobs = 0;
+    p.post_sampling_probs = 0;
     return p;
 }
 

@@ -219,9 +219,9 @@ void Engine::stop() {
     events_.wake_all();
 }
 
-int32_t Engine::drain(cf_output_event * events, int32_t capacity, int32_t timeout_ms, char * text,
-                      int32_t text_capacity, int32_t * text_len) {
-    return events_.drain(events, capacity, timeout_ms, text, text_capacity, text_len);
+int32_t Engine::drain(cf_output_event * events, int32_t capacity, int32_t timeout_ms,
+                      const DrainBuffers & buffers) {
+    return events_.drain(events, capacity, timeout_ms, buffers);
 }
 
 bool Engine::has_work() const {

@@ -21,6 +21,7 @@
 #include "engine/config.h"
 #include "engine/event_queue.h"
 #include "engine/llama_session.h"
+#include "engine/logprobs.h"
 #include "engine/sampling.h"
 #include "engine/stop_checker.h"
 
@@ -66,9 +67,9 @@ class Engine {
     StepResult step();
     void start();
     void stop();
-    // See EventQueue::drain (text == nullptr: the events' text is not returned).
-    int32_t drain(cf_output_event * events, int32_t capacity, int32_t timeout_ms, char * text = nullptr,
-                  int32_t text_capacity = 0, int32_t * text_len = nullptr);
+    // See EventQueue::drain (no buffers: the events' text and probabilities are not returned).
+    int32_t drain(cf_output_event * events, int32_t capacity, int32_t timeout_ms,
+                  const DrainBuffers & buffers = {});
     bool has_work() const;
 
     void get_info(cf_model_info * info) const { session_->fill_info(info); }
@@ -89,6 +90,7 @@ class Engine {
     void enqueue(std::vector<std::unique_ptr<Sequence>> & seqs, int64_t * out_ids);
     void run_decoded_step(const StepPlan & out);
     int32_t sample(Sequence & seq, int32_t batch_index, int32_t slot);
+    void collect_logprobs(Sequence & seq, const float * logits, int32_t token_id);
     void handle_block_shortage(const StepPlan & out);
     void execute_block_ops(const StepPlan & plan);
     int32_t decode_groups(const StepPlan & plan);
@@ -112,6 +114,8 @@ class Engine {
     std::vector<int64_t> inbox_aborts_;                   // swapped with pending_aborts_
     std::vector<cf_output_event> step_events_;
     std::string step_text_;               // text of step_events_ (their text_offset points here)
+    std::vector<cf_token_logprob> step_logprobs_;  // probabilities of step_events_ (logprobs_offset)
+    LogprobsCollector logprobs_;
     std::vector<int32_t> free_slot_ids_;  // min-heap of the slot ids no running request holds
     std::vector<int64_t> finished_ids_;
     std::vector<int32_t> sampled_;  // [plan.seqs.size()] token sampled for each scheduled sequence

@@ -31,6 +31,11 @@ cf_output_event make_event(Sequence & seq, int32_t token_id, cf_finish_reason re
     ev.text_len = (int32_t) seq.text_ready.size();
     text += seq.text_ready;
     seq.text_ready.clear();
+    if (token_id != CF_TOKEN_NONE) {  // a failed step's final event carries no token, nor its probabilities
+        ev.logprobs_offset = seq.logprobs_ready_offset;
+        ev.num_logprobs = seq.num_logprobs_ready;
+    }
+    seq.num_logprobs_ready = 0;
     if (reason != CF_FINISH_REASON_NONE) {
         ev.arrival_ns = seq.arrival_ns;
         ev.first_scheduled_ns = seq.first_scheduled_ns;
@@ -59,6 +64,7 @@ StepResult Engine::step_guarded() {
 StepResult Engine::step_locked() {
     step_events_.clear();
     step_text_.clear();
+    step_logprobs_.clear();
     finished_ids_.clear();
     step_start_ns_ = clock_ns();
     consume_inbox();
@@ -161,9 +167,29 @@ void Engine::run_decoded_step(const StepPlan & out) {
 int32_t Engine::sample(Sequence & seq, int32_t batch_index, int32_t slot) {
     const int32_t token_id = session_->sampled_token(batch_index, slot);  // in-graph: batched argmax or a chain
     if (token_id != CF_TOKEN_NONE) {
+        if (seq.params.logprobs) {  // needs_host_samplers() keeps such rows out of the graph
+            throw Error(CF_STATUS_INTERNAL, "request " + std::to_string(seq.request_id) +
+                                                " asked for token probabilities but was sampled in-graph");
+        }
         return token_id;
     }
-    return sampler_.sample(seq, session_->logits(batch_index));
+    const float * logits = session_->logits(batch_index);
+    const int32_t sampled = sampler_.sample(seq, logits);
+    if (seq.params.logprobs) {
+        collect_logprobs(seq, logits, sampled);
+    }
+    return sampled;
+}
+
+// Right after the CPU sampled seq's token from logits [n_vocab]: its probabilities go to the
+// step's buffer, for its next event (make_event).
+void Engine::collect_logprobs(Sequence & seq, const float * logits, int32_t token_id) {
+    const SamplingParams & p = seq.params;
+    seq.logprobs_ready_offset = (int32_t) step_logprobs_.size();
+    seq.num_logprobs_ready =
+        p.post_sampling_probs
+            ? logprobs_.append_post_sampling(sampler_.last_candidates(), token_id, p.top_logprobs, step_logprobs_)
+            : logprobs_.append_raw(logits, session_->n_vocab(), token_id, p.top_logprobs, step_logprobs_);
 }
 
 // Forget the llama.cpp slots of sequences preempted while scheduling (their KV is free already)
@@ -323,9 +349,10 @@ void Engine::publish() {
         stats_.prefix_cache_evictions = cache.num_evictions;
         stats_.prefix_cache_blocks = cache.num_cached_blocks;
     }
-    events_.push(step_events_, step_text_);
+    events_.push(step_events_, step_text_, step_logprobs_);
     step_events_.clear();
     step_text_.clear();
+    step_logprobs_.clear();
 }
 
 void Engine::run_loop() {

@@ -6,25 +6,27 @@
 
 namespace cf {
 
-void EventQueue::push(const std::vector<cf_output_event> & events, const std::string & text) {
+void EventQueue::push(const std::vector<cf_output_event> & events, const std::string & text,
+                      const std::vector<cf_token_logprob> & logprobs) {
     if (events.empty()) {
         return;
     }
     {
         std::lock_guard<std::mutex> lock(mu_);
-        const int64_t base = text_pushed_;
         for (cf_output_event ev : events) {
-            ev.text_offset += base;
+            ev.text_offset += text_pushed_;
+            ev.logprobs_offset += logprobs_pushed_;
             events_.push_back(ev);
         }
         text_.append(text);
         text_pushed_ += (int64_t) text.size();
+        logprobs_.insert(logprobs_.end(), logprobs.begin(), logprobs.end());
+        logprobs_pushed_ += (int64_t) logprobs.size();
     }
     ready_cv_.notify_all();
 }
 
-int32_t EventQueue::drain(cf_output_event * out, int32_t capacity, int32_t timeout_ms, char * text,
-                          int32_t text_capacity, int32_t * text_len) {
+int32_t EventQueue::drain(cf_output_event * out, int32_t capacity, int32_t timeout_ms, const DrainBuffers & buffers) {
     std::unique_lock<std::mutex> lock(mu_);
     if (events_.empty() && timeout_ms != 0 && !closed_) {
         const uint64_t generation = wake_generation_;
@@ -42,23 +44,40 @@ int32_t EventQueue::drain(cf_output_event * out, int32_t capacity, int32_t timeo
     }
     const int32_t max_n = (int32_t) std::min<size_t>((size_t) capacity, events_.size());
     int32_t n = 0;
-    int64_t written = 0;
+    int64_t text_written = 0;
+    int64_t logprobs_written = 0;
     for (; n < max_n; ++n) {
         cf_output_event ev = events_[(size_t) n];
-        const char * src = text_.data() + (ev.text_offset - text_base_);
-        if (text != nullptr) {
-            if (written + ev.text_len > text_capacity) {
-                if (n == 0) {
-                    *text_len = ev.text_len;
-                    return 0;
+        const bool text_fits = buffers.text == nullptr || text_written + ev.text_len <= buffers.text_capacity;
+        const bool logprobs_fit =
+            buffers.logprobs == nullptr || logprobs_written + ev.num_logprobs <= buffers.logprobs_capacity;
+        if (!text_fits || !logprobs_fit) {
+            if (n == 0) {  // report the oldest event's needs, take nothing
+                if (buffers.text_len != nullptr) {
+                    *buffers.text_len = ev.text_len;
                 }
-                break;
+                if (buffers.num_logprobs != nullptr) {
+                    *buffers.num_logprobs = ev.num_logprobs;
+                }
+                return 0;
             }
-            std::copy(src, src + ev.text_len, text + written);
-            ev.text_offset = written;
-            written += ev.text_len;
+            break;
+        }
+        const char * src = text_.data() + (ev.text_offset - text_base_);
+        if (buffers.text != nullptr) {
+            std::copy(src, src + ev.text_len, buffers.text + text_written);
+            ev.text_offset = text_written;
+            text_written += ev.text_len;
         } else {
             ev.text_offset = 0;
+        }
+        if (buffers.logprobs != nullptr) {
+            const auto first = logprobs_.begin() + (ev.logprobs_offset - logprobs_base_);
+            std::copy(first, first + ev.num_logprobs, buffers.logprobs + logprobs_written);
+            ev.logprobs_offset = logprobs_written;
+            logprobs_written += ev.num_logprobs;
+        } else {
+            ev.logprobs_offset = 0;
         }
         out[n] = ev;
     }
@@ -67,10 +86,16 @@ int32_t EventQueue::drain(cf_output_event * out, int32_t capacity, int32_t timeo
         const int64_t consumed = last.text_offset + last.text_len - text_base_;
         text_.erase(0, (size_t) consumed);
         text_base_ += consumed;
+        const int64_t consumed_logprobs = last.logprobs_offset + last.num_logprobs - logprobs_base_;
+        logprobs_.erase(logprobs_.begin(), logprobs_.begin() + consumed_logprobs);
+        logprobs_base_ += consumed_logprobs;
         events_.erase(events_.begin(), events_.begin() + n);
     }
-    if (text_len != nullptr) {
-        *text_len = (int32_t) written;
+    if (buffers.text_len != nullptr) {
+        *buffers.text_len = (int32_t) text_written;
+    }
+    if (buffers.num_logprobs != nullptr) {
+        *buffers.num_logprobs = (int32_t) logprobs_written;
     }
     return n;
 }

@@ -94,6 +94,7 @@ llama_sampler * make_sampler_chain(const SamplingParams & params, const llama_vo
 TokenSampler::TokenSampler(int32_t n_vocab) : n_vocab_(n_vocab), candidates_((size_t) n_vocab) {}
 
 int32_t TokenSampler::sample(Sequence & seq, const float * logits) {
+    last_drawn_ = false;
     if (seq.sampler == nullptr) {
         return argmax_token(logits, n_vocab_);
     }
@@ -108,6 +109,8 @@ int32_t TokenSampler::sample(Sequence & seq, const float * logits) {
     }
     const int32_t token = cur.data[cur.selected].id;
     llama_sampler_accept(chain, token);
+    last_ = cur;
+    last_drawn_ = !seq.params.is_greedy();
     return token;
 }
 

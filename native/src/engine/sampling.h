@@ -8,7 +8,8 @@
 // dist(seed), applied to a candidate buffer shared by all sequences (filled per call, never
 // reallocated). Penalties and a logit bias (llama.cpp's penalties and logit_bias samplers) come
 // first in the chain; a greedy sequence that has them gets a chain ending in greedy (argmax on
-// the CPU). Rows with penalties or a grammar leave the in-graph argmax; a logit bias alone runs
+// the CPU). Rows with penalties, a grammar or token probabilities (logprobs.h: they need the
+// logits row or this sampler's candidates) leave the in-graph argmax; a logit bias alone runs
 // in-graph too (LlamaSession), so its CPU chain here only serves rows not sampled in-graph.
 #pragma once
 
@@ -43,9 +44,16 @@ class TokenSampler {
     // Choose the next token of seq from logits [n_vocab] float. Only the stepping thread calls it.
     int32_t sample(Sequence & seq, const float * logits);
 
+    // The candidates the last sample() call drew from, after its chain, with the probabilities of
+    // llama.cpp's dist sampler (logprobs.h post-sampling); nullptr when that call sampled greedily
+    // (argmax or a chain ending in greedy: no probabilities). Valid until the next sample().
+    llama_token_data_array * last_candidates() { return last_drawn_ ? &last_ : nullptr; }
+
   private:
     int32_t n_vocab_;
     std::vector<llama_token_data> candidates_;  // [n_vocab]
+    llama_token_data_array last_{};             // the last chain's candidates (views candidates_)
+    bool last_drawn_ = false;                   // last_ holds a stochastic draw
 };
 
 }  // namespace cf
