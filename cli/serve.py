@@ -576,6 +576,8 @@ def _listen(host: str, port: int) -> socket.socket:
 def _run(app: object, socks: list[socket.socket], options: dict[str, object]) -> None:
     import uvicorn
 
+    from pycacheflow.server.http_protocol import protocol_class
+
     verbose = bool(options["verbose"])
     logging.basicConfig(
         level=logging.INFO if verbose else logging.WARNING,
@@ -592,6 +594,7 @@ def _run(app: object, socks: list[socket.socket], options: dict[str, object]) ->
         log_level="info" if verbose else "warning",
         access_log=verbose,
         lifespan="off",
+        http=protocol_class(),  # httptools, with llama-server's header-name casing
     )
     server = uvicorn.Server(config)
     # uvicorn handles SIGINT/SIGTERM (stop accepting, wait for requests in flight) and

@@ -66,9 +66,21 @@ def test_256_concurrent_streams_get_every_token_once_as_alone(server):
         assert len(set(slots)) == 1 and 0 <= slots[0] < NUM_STREAMS, i  # the engine's slot id
 
 
-def test_a_client_disconnecting_mid_stream_is_aborted_and_its_blocks_freed(server):
+@pytest.fixture(scope="module")
+def long_server(real_model_path):
+    """One 4,096-token slot on the default model: a 2,000-token request runs for seconds on the
+    CPU, so the client surely hangs up before it could finish (on the tiny model, with the 64-token
+    slots above, it was truncated within milliseconds and raced the disconnect)."""
+    proc = ServerProcess(["-m", str(real_model_path), "-np", "1", "-c", "4096", "--kv-mode", "paged",
+                          "--metrics"])  # fmt: skip
+    proc.wait_ready()
+    yield proc
+    proc.close()
+
+
+def test_a_client_disconnecting_mid_stream_is_aborted_and_its_blocks_freed(long_server):
     key = 'cacheflow:requests_finished_total{reason="abort"}'
-    with httpx.Client(base_url=server.base_url, timeout=60) as client:
+    with httpx.Client(base_url=long_server.base_url, timeout=60) as client:
         before = parse_metrics(client.get("/metrics").text)
         assert before["cacheflow:kv_blocks_used"] == 0
         long = {**body(1, True), "n_predict": 2000}
@@ -76,7 +88,7 @@ def test_a_client_disconnecting_mid_stream_is_aborted_and_its_blocks_freed(serve
             events = sse_data(response.iter_lines())
             next(events), next(events)  # two chunks, then hang up
             during = parse_metrics(client.get("/metrics").text)
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 30
         while True:
             after = parse_metrics(client.get("/metrics").text)
             if after["llamacpp:requests_processing"] == 0 or time.monotonic() > deadline:
