@@ -1,8 +1,11 @@
 """Stochastic sampling in-graph (llama.cpp backend sampling) next to the CPU path.
 
-Sequences with temperature > 0 and a random seed are sampled by a backend chain attached to
-their slot; seeded ones on the CPU (llama_session.h). top_k = 1 makes a stochastic chain
-deterministic, so its tokens must equal greedy decoding, whatever else shares the batch.
+Stochastic sequences whose chain starts with top_k <= 64 (llama-server's default is 40) are
+reduced in-graph to their 64 largest logits (patch 0006) and sampled by their own llama.cpp chain
+on the CPU from those; other sequences with temperature > 0 and a random seed are sampled by a
+backend chain attached to their slot, other seeded ones on the CPU from the whole row
+(llama_session.h). top_k = 1 makes a stochastic chain deterministic, so its tokens must equal
+greedy decoding, whatever else shares the batch.
 """
 
 from __future__ import annotations
@@ -45,6 +48,37 @@ def test_batched_argmax_equals_host_greedy(real_model_path, make_llm, monkeypatc
     monkeypatch.setenv("CACHEFLOW_HOST_SAMPLING", "1")
     host = [o.token_ids for o in make_llm(real_model_path, max_num_seqs=16).generate(prompts, params)]
     assert batched == host
+
+
+LLAMA_SERVER_DEFAULTS = {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05}
+
+
+def test_top_k_candidates_sample_what_the_whole_row_samples(real_model_path, make_llm, monkeypatch):
+    """A seeded request with llama-server's default sampling gets the same tokens from the 64
+    in-graph candidates as from its whole logits row on the CPU (CACHEFLOW_HOST_SAMPLING=1):
+    top_k(40) keeps the same 40 tokens from either, and the rest of the chain and its random
+    generator see the same numbers. 12 seeds over 4 prompts, batched with greedy rows."""
+    prompts = [PROMPTS[i % 4] for i in range(12)]
+    params = [SamplingParams(max_tokens=24, ignore_eos=True, seed=100 + i, **LLAMA_SERVER_DEFAULTS)
+              for i in range(12)]  # fmt: skip
+    greedy = SamplingParams(max_tokens=24, ignore_eos=True)
+    llm = make_llm(real_model_path, max_num_seqs=16)
+    candidates = [o.token_ids for o in llm.generate(prompts + PROMPTS, params + [greedy] * 4)]
+    monkeypatch.setenv("CACHEFLOW_HOST_SAMPLING", "1")
+    host = [o.token_ids for o in make_llm(real_model_path, max_num_seqs=16).generate(prompts, params)]
+    assert candidates[:12] == host
+    assert len({tuple(t) for t in host}) > 6  # the seeds drew different continuations
+    assert candidates[12:] == [o.token_ids for o in llm.generate(PROMPTS, greedy)]
+
+
+def test_top_k_candidates_for_a_seed_do_not_depend_on_the_batch(real_llm):
+    """The candidates of a row, and so a seeded row's tokens, are the same alone and among 8."""
+    params = [SamplingParams(max_tokens=16, ignore_eos=True, seed=7 + i, **LLAMA_SERVER_DEFAULTS)
+              for i in range(8)]  # fmt: skip
+    prompts = [PROMPTS[i % 4] for i in range(8)]
+    together = [o.token_ids for o in real_llm.generate(prompts, params)]
+    alone = [real_llm.generate([p], q)[0].token_ids for p, q in zip(prompts, params)]
+    assert together == alone
 
 
 def test_random_seed_sampling_varies(tiny_model_path, make_llm):

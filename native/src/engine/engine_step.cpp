@@ -162,8 +162,9 @@ void Engine::run_decoded_step(const StepPlan & out) {
 }
 
 // Rows whose slot has an in-graph chain (greedy, or stochastic with a random seed) come back
-// sampled; the others (seeded, or a slot whose chain could not be offloaded) are sampled on the
-// CPU from their logits row.
+// sampled; stochastic rows reduced to their top-k candidates in-graph are sampled on the CPU from
+// those; the others (seeded ones the candidates do not serve, or a slot whose chain could not be
+// offloaded) are sampled on the CPU from their logits row.
 int32_t Engine::sample(Sequence & seq, int32_t batch_index, int32_t slot) {
     const int32_t token_id = session_->sampled_token(batch_index, slot);  // in-graph: batched argmax or a chain
     if (token_id != CF_TOKEN_NONE) {
@@ -172,6 +173,12 @@ int32_t Engine::sample(Sequence & seq, int32_t batch_index, int32_t slot) {
                                                 " asked for token probabilities but was sampled in-graph");
         }
         return token_id;
+    }
+    const int32_t * ids = nullptr;
+    const float * candidate_logits = nullptr;
+    const int32_t n = session_->top_k_candidates(batch_index, slot, &ids, &candidate_logits);
+    if (n > 0) {  // a stochastic row reduced in-graph to its top-k candidates (never one with logprobs)
+        return sampler_.sample_candidates(seq, ids, candidate_logits, n);
     }
     const float * logits = session_->logits(batch_index);
     const int32_t sampled = sampler_.sample(seq, logits);

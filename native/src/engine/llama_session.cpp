@@ -339,6 +339,7 @@ void LlamaSession::create_context() {
     cp.kv_unified = config_.kv_unified();
     cp.no_perf = true;
     cp.greedy_argmax = backend_sampling_;  // chains are attached per slot later (set_seq_sampling)
+    cp.top_k_candidates = backend_sampling_ ? kTopKCandidates : 0;  // built only while a slot samples from them
     if (config_.paged()) {
         const int64_t kv_rows = ((int64_t) cp.n_ctx + 255) / 256 * 256;  // llama.cpp pads n_ctx to 256
         if ((int64_t) config_.block_size > kv_rows) {
@@ -467,6 +468,15 @@ int32_t LlamaSession::sampled_token(int32_t batch_index, int32_t seq_id) {
     return CF_TOKEN_NONE;
 }
 
+int32_t LlamaSession::top_k_candidates(int32_t batch_index, int32_t seq_id, const int32_t ** ids,
+                                       const float ** logits) {
+    if (!backend_sampling_ || seq_id < 0 || (size_t) seq_id >= slot_chains_.size() ||
+        !slot_chains_[(size_t) seq_id].candidates) {
+        return 0;
+    }
+    return llama_get_top_k_ith(ctx_, batch_index, ids, logits);
+}
+
 bool LlamaSession::SlotChain::serves(const SamplingParams & p) const {
     if (chain == nullptr || greedy != p.is_greedy() || logit_bias != p.logit_bias) {
         return false;
@@ -481,12 +491,20 @@ void LlamaSession::set_seq_sampling(int32_t seq_id, const SamplingParams * param
     SlotChain & slot = slot_chains_[(size_t) seq_id];  // seq_id: a llama.cpp slot (batch_builder.h)
     // argmax: greedy without a logit bias, or with exactly the ban of every EOG token (the batched
     // argmax of patch 0005, plain or without EOG tokens: the same token as logit_bias -> greedy);
-    // chained: a greedy row with any other logit bias ([logit_bias ->] greedy) or a stochastic row
-    // with a random seed.
+    // candidates: a stochastic row, any seed, top_k in [1, kTopKCandidates], no logit bias (the
+    // bias could lift a token outside the candidates above them); chained: a greedy row with any
+    // other logit bias ([logit_bias ->] greedy) or another stochastic row with a random seed.
     const bool in_graph = params != nullptr && !params->needs_host_samplers();
     const bool no_eog = in_graph && params->is_greedy() && bans_exactly_eog(params->logit_bias);
     const bool argmax = in_graph && params->is_greedy() && (params->logit_bias.empty() || no_eog);
-    const bool chained = in_graph && !argmax && (params->is_greedy() || params->seed == CF_SEED_RANDOM);
+    const bool candidates = in_graph && !params->is_greedy() && params->logit_bias.empty() && params->top_k > 0 &&
+                            params->top_k <= kTopKCandidates;
+    const bool chained =
+        in_graph && !argmax && !candidates && (params->is_greedy() || params->seed == CF_SEED_RANDOM);
+    if (candidates != slot.candidates) {
+        llama_set_seq_top_k(ctx_, seq_id, candidates);  // its rows need no raw logits either
+        slot.candidates = candidates;
+    }
     if (argmax != slot.argmax || no_eog != slot.no_eog) {
         llama_set_seq_greedy(ctx_, seq_id, argmax, no_eog);  // the rows of a greedy slot need no raw logits
         slot.argmax = argmax;

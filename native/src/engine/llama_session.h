@@ -12,7 +12,14 @@
 // logit_bias -> greedy; a logit bias leads a stochastic chain too. Penalties and grammars keep a
 // row on the CPU. A step whose sampled rows are all argmax or chained copies back token ids
 // instead of [n_vocab] logits per row, and no sequence is sampled on the CPU one after the other.
-// Seeded sequences sample on the CPU with their own chain (the same tokens for a seed whatever
+// A stochastic row whose chain starts with top_k of at most kTopKCandidates (llama-server's default
+// top_k is 40) and has no logit bias, penalty or grammar takes neither: the graph computes the
+// kTopKCandidates largest logits of every output row in one top-k node (patch 0006; on CUDA one
+// launch for all rows, native/src/kernels/cuda/top_k_rows.cu) and copies their ids and logits back,
+// and the engine runs the sequence's own llama.cpp chain over those candidates on the CPU
+// (TokenSampler::sample_candidates): the same token as the chain over the full row, for any seed,
+// at [kTopKCandidates] floats per row instead of [n_vocab], and no sampler kernels per row.
+// Other seeded sequences sample on the CPU with their own chain (the same tokens for a seed whatever
 // the slot's history), so their slot's chain is detached and llama.cpp copies the logits of the
 // ubatch as before. Attaching or detaching a chain makes llama.cpp re-reserve its graph on the
 // next decode, so a slot keeps its chain while the next sequence in it wants the same kind and
@@ -73,6 +80,14 @@ class LlamaSession {
     // sampling is off). Greedy ties between
     // equal maxima are broken by the backend's argmax kernel.
     int32_t sampled_token(int32_t batch_index, int32_t seq_id);
+    // The top-k candidates of batch token `batch_index` of slot seq_id when that slot samples from
+    // them (see the file comment): *ids [n] token ids and *logits [n] their logits, in no particular
+    // order, valid until the next decode; returns n (kTopKCandidates), or 0 when the row was not
+    // reduced to candidates.
+    int32_t top_k_candidates(int32_t batch_index, int32_t seq_id, const int32_t ** ids, const float ** logits);
+    // Candidates per row of the batched top-k (patch 0006); rows whose top_k is larger or 0 (off)
+    // keep their own chain.
+    static constexpr int32_t kTopKCandidates = 64;
     // Call before decode for each scheduled sequence: give llama.cpp slot seq_id the in-graph chain for
     // `params` (greedy, or stochastic with a random seed), or none (params == nullptr, or seeded:
     // the engine samples on the CPU). No-op when the slot already has what it needs.
@@ -131,7 +146,8 @@ class LlamaSession {
         bool argmax = false;              // greedy, no logit bias: the batched argmax (patch 0005); no chain then
         bool no_eog = false;              // argmax with every EOG token banned (llama-server's ignore_eos)
         bool greedy = false;              // the chain ends in greedy
-        // neither chain nor argmax: the slot samples on the CPU from its logits row
+        bool candidates = false;          // sampled on the CPU from the batched top-k candidates (patch 0006)
+        // none of chain, argmax, candidates: the slot samples on the CPU from its logits row
         int32_t top_k = 0;
         float top_p = 1.0f;
         float min_p = 0.0f;

@@ -101,7 +101,23 @@ int32_t TokenSampler::sample(Sequence & seq, const float * logits) {
     for (int32_t i = 0; i < n_vocab_; ++i) {
         candidates_[(size_t) i] = llama_token_data{i, logits[i], 0.0f};
     }
-    llama_token_data_array cur = {candidates_.data(), candidates_.size(), -1, false};
+    return apply_chain(seq, candidates_.size());
+}
+
+int32_t TokenSampler::sample_candidates(Sequence & seq, const int32_t * ids, const float * logits, int32_t n) {
+    last_drawn_ = false;
+    if (seq.sampler == nullptr || n <= 0 || n > n_vocab_) {
+        throw Error(CF_STATUS_INTERNAL, "request " + std::to_string(seq.request_id) +
+                                            " was given top-k candidates without a sampler chain");
+    }
+    for (int32_t i = 0; i < n; ++i) {
+        candidates_[(size_t) i] = llama_token_data{ids[i], logits[i], 0.0f};
+    }
+    return apply_chain(seq, (size_t) n);
+}
+
+int32_t TokenSampler::apply_chain(Sequence & seq, size_t n) {
+    llama_token_data_array cur = {candidates_.data(), n, -1, false};
     auto * chain = static_cast<llama_sampler *>(seq.sampler.get());
     llama_sampler_apply(chain, &cur);
     if (cur.selected < 0 || (size_t) cur.selected >= cur.size) {

@@ -44,12 +44,22 @@ class TokenSampler {
     // Choose the next token of seq from logits [n_vocab] float. Only the stepping thread calls it.
     int32_t sample(Sequence & seq, const float * logits);
 
+    // The same from n candidates (ids [n], logits [n], any order: LlamaSession::top_k_candidates)
+    // instead of the whole row: seq's chain applied to them. The same token as sample() over the
+    // row when the chain starts with top_k(k), k <= n, and the candidates are the row's n largest
+    // logits (top_k keeps the same k tokens from either; ties at the k-th logit aside). seq must
+    // have a chain (a stochastic sequence).
+    int32_t sample_candidates(Sequence & seq, const int32_t * ids, const float * logits, int32_t n);
+
     // The candidates the last sample() call drew from, after its chain, with the probabilities of
     // llama.cpp's dist sampler (logprobs.h post-sampling); nullptr when that call sampled greedily
     // (argmax or a chain ending in greedy: no probabilities). Valid until the next sample().
     llama_token_data_array * last_candidates() { return last_drawn_ ? &last_ : nullptr; }
 
   private:
+    // seq's chain over candidates_[0, n): the chosen token, accepted by the chain.
+    int32_t apply_chain(Sequence & seq, size_t n);
+
     int32_t n_vocab_;
     std::vector<llama_token_data> candidates_;  // [n_vocab]
     llama_token_data_array last_{};             // the last chain's candidates (views candidates_)
