@@ -8,7 +8,8 @@ namespace {
 #ifndef CF_TOP_K_THREADS
 #define CF_TOP_K_THREADS 1024
 #endif
-constexpr int kThreads = CF_TOP_K_THREADS;  // per CTA (one CTA per row); 1024 measured fastest on the H200 (results/h200_gpu/stop22)
+// Threads per CTA (one CTA per row): 1024 measured fastest on the H200 (results/h200_gpu/stop22).
+constexpr int kThreads = CF_TOP_K_THREADS;
 constexpr int kWarps = kThreads / 32;
 constexpr int kBins = 256;     // 8-bit digits
 
