@@ -82,7 +82,7 @@ def test_defaults_and_env_vars(engine_kwargs, monkeypatch):
         (["-ngl", "many"], "-ngl"),
         (["-fa", "maybe"], "maybe"),
         (["-np", "-3"], "-np"),
-        (["--preemption", "swap"], "'swap' is not available yet"),
+        (["--preemption", "sometimes"], "'sometimes' is not one of"),
         (["--kv-cache-memory", "much"], "is not a size"),
     ],
 )
