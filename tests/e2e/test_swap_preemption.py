@@ -93,9 +93,10 @@ def test_auto_mode_swaps_on_the_default_model(real_model_path, make_llm):
 
 def test_forked_choices_under_pressure_with_swap(tiny_model_path, make_llm):
     # Two prompts with 4 choices each, sharing their prompt's blocks (copy-on-write fork), in a pool
-    # too small for all, one choice of each ending early: choices are swapped out and in while
-    # others hold the shared blocks. Nothing crashes, every choice ends with its own length, and
-    # greedy choices equal their request's unconstrained run.
+    # too small for all at once, one choice of each ending early. Nothing crashes, every choice ends
+    # with its own length, and greedy choices equal their request's unconstrained run. Whether a
+    # choice is swapped here depends on when the step thread sees the second add_choices (seen both
+    # ways), so swaps are not asserted; test_scheduler_swap.cpp swaps forked choices deterministically.
     prompt = " ".join(f"Item {i} of the list is a word." for i in range(6))
     lengths = [120, 6, 120, 120]
     roomy = make_llm(tiny_model_path, kv_mode="paged", max_num_seqs=8, n_ctx=8 * 256)
@@ -111,5 +112,5 @@ def test_forked_choices_under_pressure_with_swap(tiny_model_path, make_llm):
     for f in finals:
         assert f.token_ids == expected[: len(f.token_ids)]
     s = llm.stats()
-    assert s.num_preemptions_swap > 0 and s.num_recomputed_tokens == 0
+    assert s.num_preemptions_recompute == 0 and s.num_recomputed_tokens == 0
     assert s.kv_blocks_used == 0 and s.swap_blocks_used == 0 and s.num_swapped == 0
