@@ -17,6 +17,7 @@ from pathlib import Path
 
 import click
 
+from cli.common import PREEMPTION_OPTION, SWAP_SPACE_OPTION, swap_space_bytes
 from pycacheflow.config import KV_MODES
 
 DATASETS = ("random", "sharegpt", "shared-prefix")
@@ -76,6 +77,8 @@ def _common(fn: Callable) -> Callable:
             show_default=True,
             help="Prefix caching of the CacheFlow engine under test.",
         ),
+        PREEMPTION_OPTION,
+        SWAP_SPACE_OPTION,
         click.option(
             "--endpoint",
             type=click.Choice(("/completion", "/v1/completions")),
@@ -260,6 +263,10 @@ def _offline(
                 int(opts["threads"]),
                 int(opts["batch_tokens"]),
                 on_finish=lambda: bar.update(1),
+                preemption={
+                    "preemption_mode": str(opts["preemption"]),
+                    "swap_space_bytes": swap_space_bytes(float(opts["swap_space"])),
+                },
             )
             rows += [results.result_row(command, r, ctx.hw, ctx.params) for r in runs]
             request_rows += results.request_rows(command, runs)

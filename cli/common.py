@@ -8,7 +8,12 @@ from typing import TYPE_CHECKING
 
 import click
 
-from pycacheflow.config import PAGED_ATTENTIONS, EngineConfig
+from pycacheflow.config import (
+    DEFAULT_SWAP_SPACE_BYTES,
+    PAGED_ATTENTIONS,
+    PREEMPTION_MODES,
+    EngineConfig,
+)
 from pycacheflow.errors import CacheFlowError, InvalidArgumentError, OutOfMemoryError
 
 if TYPE_CHECKING:
@@ -92,6 +97,32 @@ CACHE_PROMPT_OPTION = click.option(
     help="Prefix caching (paged mode): requests reuse the KV blocks of prompt prefixes computed "
     "before, by any request; --no-cache-prompt turns it off for the engine (outputs are the same).",
 )
+
+
+PREEMPTION_OPTION = click.option(
+    "--preemption",
+    type=click.Choice(PREEMPTION_MODES),
+    default="auto",
+    show_default=True,
+    help="Paged mode, when the KV pool is full: 'swap' copies a preempted sequence's blocks to "
+    "host memory and back (exact resume, no recompute), 'recompute' computes its prompt and "
+    "output again, 'auto' picks the cheaper per sequence while --swap-space lasts. The stock "
+    "KV modes never preempt.",
+)
+
+SWAP_SPACE_OPTION = click.option(
+    "--swap-space",
+    type=click.FloatRange(min=0),
+    default=DEFAULT_SWAP_SPACE_BYTES / 2**30,
+    show_default=True,
+    help="GiB of host memory for swapped-out KV blocks (paged mode; pages are backed only when "
+    "used); 0 = none, preempted sequences are recomputed.",
+)
+
+
+def swap_space_bytes(gib: float) -> int:
+    """--swap-space GiB as bytes (swap_space_bytes)."""
+    return int(gib * 2**30)
 
 
 def to_click_error(exc: CacheFlowError) -> click.ClickException:

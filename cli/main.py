@@ -22,10 +22,13 @@ from cli.common import (
     KV_CACHE_MEMORY_HELP,
     PAGED_ATTENTION_OPTION,
     CACHE_PROMPT_OPTION,
+    PREEMPTION_OPTION,
+    SWAP_SPACE_OPTION,
     ByteSize,
     _under_option,
     explicit_fields,
     load_llm,
+    swap_space_bytes,
     to_click_error,
 )
 from cli.prompts import PromptsFileError, read_prompts_file
@@ -147,6 +150,8 @@ def cacheflow() -> None:
 @BLOCK_SIZE_OPTION
 @PAGED_ATTENTION_OPTION
 @CACHE_PROMPT_OPTION
+@PREEMPTION_OPTION
+@SWAP_SPACE_OPTION
 @click.option(
     "--batch-tokens",
     type=int,
@@ -342,6 +347,8 @@ def _config_kwargs(options: dict[str, object]) -> dict[str, object]:
         "block_size": options["block_size"],
         "paged_attention": options["paged_attention"],
         "enable_prefix_caching": options["cache_prompt"],
+        "preemption_mode": options["preemption"],
+        "swap_space_bytes": swap_space_bytes(options["swap_space"]),
         "max_num_batched_tokens": options["batch_tokens"],
         "n_threads": options["threads"],
         "n_gpu_layers": options["gpu_layers"],

@@ -24,9 +24,12 @@ from cli.common import (
     BLOCK_SIZE_OPTION,
     KV_CACHE_MEMORY_HELP,
     PAGED_ATTENTION_OPTION,
+    PREEMPTION_OPTION,
+    SWAP_SPACE_OPTION,
     ByteSize,
     explicit_fields,
     load_llm,
+    swap_space_bytes,
 )
 from cli.serve_compat import ServeCommand
 from cli.serve_flags import (
@@ -43,7 +46,6 @@ if TYPE_CHECKING:
 
     from pycacheflow.llm import LLM
 
-_NO_EFFECT_YET = "accepted, no effect yet"
 
 
 def _check_cache_type(value: str) -> str:
@@ -51,14 +53,6 @@ def _check_cache_type(value: str) -> str:
         raise click.BadParameter(
             f"CacheFlow's KV cache is f16 (llama.cpp's other cache types are not implemented); "
             f"got {value!r}"
-        )
-    return value
-
-
-def _check_preemption(value: str) -> str:
-    if value == "swap":
-        raise click.BadParameter(
-            "'swap' is not available yet (preempted sequences are recomputed); use 'recompute'"
         )
     return value
 
@@ -308,21 +302,8 @@ def _env(name: str) -> str:
     show_default=True,
     help="Scheduling policy; 'priority' honours the request field priority (smaller first).",
 )
-@click.option(
-    "--preemption",
-    type=click.Choice(["recompute", "swap"]),
-    default="recompute",
-    show_default=True,
-    callback=lambda ctx, param, value: _check_preemption(value),
-    help="How sequences preempted when the paged KV pool is full resume: 'recompute' "
-    "computes prompt and output again; 'swap' (KV blocks to host memory) is not built yet.",
-)
-@click.option(
-    "--swap-space",
-    type=click.FloatRange(min=0),
-    default=0.0,
-    help=f"GiB of host memory for swapped-out KV blocks ({_NO_EFFECT_YET}).",
-)
+@PREEMPTION_OPTION
+@SWAP_SPACE_OPTION
 @click.option(
     "--shutdown-timeout",
     type=click.FloatRange(min=0),
@@ -443,6 +424,8 @@ def _engine_kwargs(options: dict[str, object]) -> dict[str, object]:
         "block_size": options["block_size"],
         "paged_attention": options["paged_attention"],
         "enable_prefix_caching": bool(options["cache_prompt"]),
+        "preemption_mode": options["preemption"],
+        "swap_space_bytes": swap_space_bytes(float(options["swap_space"])),
         "policy": options["policy"],
         "log_level": "info" if options["verbose"] else "error",
     }

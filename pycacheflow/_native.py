@@ -18,7 +18,14 @@ import numpy as np
 
 from pycacheflow import errors
 from pycacheflow._ffi import ffi, load_library
-from pycacheflow.config import KV_MODES, LOG_LEVELS, PAGED_ATTENTIONS, POLICIES, c_enum_name
+from pycacheflow.config import (
+    KV_MODES,
+    LOG_LEVELS,
+    PAGED_ATTENTIONS,
+    POLICIES,
+    PREEMPTION_MODES,
+    c_enum_name,
+)
 from pycacheflow.outputs import EngineStats, ModelInfo, OutputEvent
 from pycacheflow.profiler import ProfileEvent
 from pycacheflow.text import encode_utf8
@@ -50,6 +57,9 @@ _POLICY_VALUES = {name: getattr(lib, c_enum_name("CF_SCHED_POLICY_", name)) for 
 _LOG_LEVEL_VALUES = {name: getattr(lib, c_enum_name("CF_LOG_LEVEL_", name)) for name in LOG_LEVELS}
 _PAGED_ATTENTION_VALUES = {
     name: getattr(lib, c_enum_name("CF_PAGED_ATTENTION_", name)) for name in PAGED_ATTENTIONS
+}
+_PREEMPTION_MODE_VALUES = {
+    name: getattr(lib, c_enum_name("CF_PREEMPTION_MODE_", name)) for name in PREEMPTION_MODES
 }
 
 _DRAIN_CAPACITY = 1024  # events moved per cf_engine_drain call
@@ -159,6 +169,8 @@ def _engine_config(config: EngineConfig, keep: list) -> object:
     c.kv_cache_bytes = config.kv_cache_bytes
     c.paged_attention = _PAGED_ATTENTION_VALUES[config.paged_attention]
     c.enable_prefix_caching = int(config.enable_prefix_caching)
+    c.preemption_mode = _PREEMPTION_MODE_VALUES[config.preemption_mode]
+    c.swap_space_bytes = config.swap_space_bytes
     return c
 
 

@@ -11,6 +11,8 @@ KV_MODES = ("auto", "stock", "stock-unified", "paged")
 POLICIES = ("fcfs", "sjf", "priority")
 LOG_LEVELS = ("none", "error", "warn", "info", "debug")
 PAGED_ATTENTIONS = ("invariant", "ggml")
+PREEMPTION_MODES = ("auto", "recompute", "swap")
+DEFAULT_SWAP_SPACE_BYTES = 4 << 30  # cf_engine_default_config's (vLLM's default swap space)
 
 
 def c_enum_name(prefix: str, name: str) -> str:
@@ -64,6 +66,16 @@ class EngineConfig:
             blocks nobody holds are evicted least recently used when the pool needs room.
             Outputs are the same with it off (the invariant kernel). Per request:
             ``SamplingParams.cache_prompt``.
+        preemption_mode: paged mode, what happens to a running sequence preempted when the
+            pool is short of blocks: "swap" copies its blocks to host memory and back when it
+            resumes (exact resume: no recompute, greedy outputs as if never preempted);
+            "recompute" frees them and computes prompt and output again when it is re-admitted;
+            "auto" (the default) picks per victim the cheaper of the two by the engine's
+            measured copy and compute rates, swapping only while host space lasts. The stock
+            modes never preempt (they reserve rows at admission).
+        swap_space_bytes: paged mode: host memory for swapped-out KV blocks, bytes (>= 0;
+            default 4 GiB, reserved lazily: pages are backed only when a swap writes them).
+            0 = none (swap falls back to recompute).
 
     Raises:
         ValueError: on construction, for a value that cannot cross the C ABI (an int of 2**31 or
@@ -86,6 +98,8 @@ class EngineConfig:
     kv_cache_bytes: int = 0
     paged_attention: str = "invariant"
     enable_prefix_caching: bool = True
+    preemption_mode: str = "auto"
+    swap_space_bytes: int = DEFAULT_SWAP_SPACE_BYTES
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, (str, os.PathLike)) or not os.fspath(self.model):
@@ -98,6 +112,8 @@ class EngineConfig:
         _check_choice("policy", self.policy, POLICIES)
         _check_choice("log_level", self.log_level, LOG_LEVELS)
         _check_choice("paged_attention", self.paged_attention, PAGED_ATTENTIONS)
+        _check_int("swap_space_bytes", self.swap_space_bytes, limit_bits=62)
+        _check_choice("preemption_mode", self.preemption_mode, PREEMPTION_MODES)
         if not isinstance(self.enable_prefix_caching, bool):
             raise TypeError(f"enable_prefix_caching must be a bool, got {self.enable_prefix_caching!r}")
         if self.flash_attn is not None and not isinstance(self.flash_attn, bool):

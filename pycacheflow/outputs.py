@@ -163,6 +163,16 @@ class EngineStats(NamedTuple):
     prefix_cache_hit_tokens: int
     prefix_cache_evictions: int
     prefix_cache_blocks: int
+    num_preemptions_swap: int
+    num_preemptions_recompute: int
+    num_recomputed_tokens: int
+    num_swapped: int
+    swap_blocks_total: int
+    swap_blocks_used: int
+    swap_out_bytes: int
+    swap_in_bytes: int
+    swap_out_ns: int
+    swap_in_ns: int
 
     @property
     def prefix_cache_hit_rate(self) -> float:

@@ -76,6 +76,18 @@ typedef enum cf_sched_policy {
     CF_SCHED_POLICY_PRIORITY = 2  /* lower priority value first, ties by arrival              */
 } cf_sched_policy;
 
+typedef enum cf_preemption_mode {
+    CF_PREEMPTION_MODE_AUTO = 0,      /* per victim, the cheaper of swap (its blocks' bytes out and
+                                         back, at the measured copy rate) and recompute (its
+                                         computed tokens, at the measured step rate), swap only
+                                         while host slots last (the default)                  */
+    CF_PREEMPTION_MODE_RECOMPUTE = 1, /* free the victim's blocks; it computes prompt and output
+                                         again when re-admitted                               */
+    CF_PREEMPTION_MODE_SWAP = 2       /* copy the victim's blocks to host memory and back when it
+                                         resumes (exact resume); recompute only when host space
+                                         is short                                             */
+} cf_preemption_mode;
+
 typedef enum cf_paged_attention {
     CF_PAGED_ATTENTION_INVARIANT = 0,  /* f32, one reduction order per (sequence, position): a
                                           sequence's outputs do not depend on how its prompt
@@ -128,6 +140,13 @@ typedef struct cf_engine_config {
                                         chain over full blocks, cached blocks evicted least
                                         recently used when the pool needs them), 0 = off.
                                         Default 1. Ignored in the stock modes.                 */
+    int32_t preemption_mode;         /* cf_preemption_mode, default CF_PREEMPTION_MODE_AUTO.
+                                        Paged mode only: the stock modes never preempt (they
+                                        reserve rows at admission), so they never swap.        */
+    int64_t swap_space_bytes;        /* paged mode: host memory for swapped-out KV blocks, bytes
+                                        (>= 0), default 4 GiB, allocated at init (pages are
+                                        touched only when used); 0 = no swap space (swap falls
+                                        back to recompute). Ignored in the stock modes.        */
 } cf_engine_config;
 
 typedef struct cf_engine * cf_engine_t;
@@ -191,7 +210,7 @@ typedef struct cf_engine_stats {
     int32_t kv_blocks_used;
     int64_t kv_bytes_reserved;      /* KV bytes set aside for running sequences             */
     int64_t kv_bytes_used;          /* KV bytes holding live tokens                         */
-    int64_t num_preemptions;        /* paged mode: sequences preempted (recompute) since init */
+    int64_t num_preemptions;        /* paged mode: sequences preempted since init (any mode) */
     /* Prefix cache (paged mode with enable_prefix_caching; 0 otherwise), since init:          */
     int64_t prefix_cache_queried_tokens; /* tokens looked up at admission (the prompt; prompt
                                             and output again after a preemption)             */
@@ -199,6 +218,18 @@ typedef struct cf_engine_stats {
                                             hit / queried)                                   */
     int64_t prefix_cache_evictions;      /* cached blocks reused for other tokens             */
     int32_t prefix_cache_blocks;         /* blocks holding cached tokens now (in use or free) */
+    /* Preemption (paged mode), since init; num_preemptions = swap + recompute:                */
+    int64_t num_preemptions_swap;        /* sequences preempted by swapping their blocks out  */
+    int64_t num_preemptions_recompute;   /* sequences preempted by dropping their KV          */
+    int64_t num_recomputed_tokens;       /* computed tokens whose KV a recompute preemption
+                                            dropped (to be computed again)                    */
+    int32_t num_swapped;                 /* sequences swapped out now                         */
+    int32_t swap_blocks_total;           /* host slots of the swap space (one block each)     */
+    int32_t swap_blocks_used;            /* of those, held by swapped sequences now           */
+    int64_t swap_out_bytes;              /* KV bytes copied device -> host                     */
+    int64_t swap_in_bytes;               /* KV bytes copied host -> device                     */
+    int64_t swap_out_ns;                 /* time spent in those copies, ns                     */
+    int64_t swap_in_ns;
 } cf_engine_stats;
 
 CF_API cf_status cf_engine_get_stats(cf_engine_t engine, cf_engine_stats * out_stats);
@@ -481,8 +512,8 @@ typedef enum cf_profile_event_kind {
     CF_PROFILE_EVENT_REQUEST_FINISH = 6,           /* its final output event was queued          */
     CF_PROFILE_EVENT_REQUEST_PREEMPT = 7,          /* preempted (paged: KV blocks freed; it waits
                                                       and recomputes); num_tokens = its tokens   */
-    CF_PROFILE_EVENT_REQUEST_SWAP_OUT = 8,         /* reserved: KV blocks copied to host memory  */
-    CF_PROFILE_EVENT_REQUEST_SWAP_IN = 9,          /* reserved: KV blocks copied back            */
+    CF_PROFILE_EVENT_REQUEST_SWAP_OUT = 8,         /* preempted by swap: KV blocks to host memory */
+    CF_PROFILE_EVENT_REQUEST_SWAP_IN = 9,          /* swapped in: KV blocks copied back           */
     CF_PROFILE_EVENT_REQUEST_PREFIX_HIT = 10       /* prompt tokens found in the prefix cache    */
 } cf_profile_event_kind;
 

@@ -138,6 +138,61 @@ void test_paged_specifics() {
     assert(kv->num_blocks_used() == 0 && kv->kv_tokens_reserved() == 0);
 }
 
+// Swap through the interface: a forked child swapped out copies the blocks it shares with its
+// parent and leaves them valid (the parent keeps its table and rows); it comes back in private
+// blocks; host slots freed by a swap-in are reused only after end_step(). The stock managers
+// cannot swap.
+void test_paged_swap() {
+    std::unique_ptr<KvCacheManager> kv = make_paged_kv(8, 4, false, /*num_host_blocks=*/3, /*block_bytes=*/64);
+    const BlockManager & blocks = *kv->block_manager();
+    std::vector<std::unique_ptr<Sequence>> running;
+    running.push_back(make_seq(1, 6, 8));
+    running.push_back(make_seq(2, 6, 8));
+    Sequence & parent = *running[0];
+    Sequence & child = *running[1];
+    kv->admit(parent);
+    assert(kv->allocate(parent, 6));
+    parent.num_computed_tokens = 6;
+    kv->fork(parent, child);  // shares blocks 0 and 1 (1 partially filled)
+    child.num_computed_tokens = 6;
+    check(*kv, running);
+    assert(kv->can_swap_out(child) && kv->swap_bytes(child) == 2 * 64);
+    std::vector<BlockSwap> out;
+    kv->swap_out(child, &out);
+    assert(out.size() == 2 && out[0].src_block_id == 0 && out[0].dst_block_id == 0);
+    assert(out[1].src_block_id == 1 && out[1].dst_block_id == 1);
+    assert(blocks.find(2) == nullptr && blocks.find(1)->num_tokens == 6);
+    assert(blocks.pool().ref_count(0) == 1 && blocks.pool().ref_count(1) == 1);  // the parent's now
+    child.status = SequenceStatus::SWAPPED;
+    std::unique_ptr<Sequence> swapped = std::move(running[1]);
+    running.pop_back();
+    check(*kv, running);
+    assert(kv->check_swapped({ swapped.get() }).empty() && kv->num_host_blocks_used() == 2);
+
+    assert(kv->can_swap_in(*swapped, 1, 1));  // 2 blocks (7 tokens) + watermark 1 <= 6 free
+    std::vector<BlockSwap> in;
+    kv->swap_in(*swapped, &in);
+    assert(in.size() == 2 && in[0].src_block_id == 0 && in[1].src_block_id == 1);
+    assert(in[0].dst_block_id != 0 && in[0].dst_block_id != 1 && in[1].dst_block_id != in[0].dst_block_id);
+    assert(blocks.find(2)->num_tokens == 6 && blocks.pool().ref_count(in[1].dst_block_id) == 1);
+    // the two slots are parked: swapping the parent (2 blocks) out now needs them, so it cannot
+    assert(kv->num_host_blocks_used() == 2 && !kv->can_swap_out(parent));
+    kv->end_step();
+    assert(kv->num_host_blocks_used() == 0 && kv->can_swap_out(parent));
+    swapped->status = SequenceStatus::RUNNING;
+    running.push_back(std::move(swapped));
+    check(*kv, running);
+    assert(kv->allocate(*running[1], 1) && kv->block_manager()->pending_copies().empty());
+    kv->free(*running[0]);
+    kv->free(*running[1]);
+    assert(kv->num_blocks_used() == 0);
+
+    std::unique_ptr<Sequence> s = make_seq(9, 4, 4);
+    for (auto & stock : { make_stock_split_kv(64), make_stock_unified_kv(256, 64) }) {
+        assert(!stock->can_swap_out(*s) && stock->num_host_blocks_total() == 0);
+    }
+}
+
 }  // namespace
 
 int main() {
@@ -147,6 +202,7 @@ int main() {
     test_split_specifics();
     test_unified_specifics();
     test_paged_specifics();
+    test_paged_swap();
     std::printf("test_kv_manager: ok\n");
     return 0;
 }

@@ -142,9 +142,11 @@ def engine_config(
     profile: bool,
     paged_attention: str = "invariant",
     prefix_caching: bool = True,
+    preemption: dict[str, object] | None = None,
 ) -> EngineConfig:
     """EngineConfig sized for the workload: ``concurrency`` sequences of up to max_seq_tokens
-    (prompt + output), rounded up to llama.cpp's 256-token context alignment."""
+    (prompt + output), rounded up to llama.cpp's 256-token context alignment. ``preemption``:
+    EngineConfig's preemption_mode / swap_space_bytes (default: the engine's)."""
     from pycacheflow.profiler import DEFAULT_PROFILE_CAPACITY
 
     per_seq = -(-(max_seq_tokens + 1) // _CTX_ALIGN_TOKENS) * _CTX_ALIGN_TOKENS
@@ -158,6 +160,7 @@ def engine_config(
         profile_capacity=DEFAULT_PROFILE_CAPACITY if profile else 0,
         paged_attention=paged_attention,
         enable_prefix_caching=prefix_caching,
+        **(preemption or {}),
     )
 
 
@@ -228,6 +231,7 @@ def run_variants(
     threads: int,
     batch_tokens: int,
     on_finish: Callable[[], None] | None = None,
+    preemption: dict[str, object] | None = None,
 ) -> list[OfflineResult]:
     """Run ``iterations`` iterations of the workload on every variant, interleaved.
 
@@ -240,6 +244,7 @@ def run_variants(
         threads: CPU threads per engine (0 = all cores).
         batch_tokens: max_num_batched_tokens.
         on_finish: progress callback, once per finished request.
+        preemption: preemption_mode / swap_space_bytes of every engine (see engine_config).
 
     Returns:
         One OfflineResult per (iteration, variant), in run order.
@@ -260,6 +265,7 @@ def run_variants(
                 v.profile,
                 v.paged_attention,
                 v.prefix_caching,
+                preemption,
             )
             llms[v.name] = LLM(config=config)
             warm_up(llms[v.name], concurrency, llms[v.name].info.n_vocab)

@@ -9,7 +9,7 @@ counter), the speculative-decoding counters at 0, and the throughput gauges
 (prompt_tokens_seconds, predicted_tokens_seconds) over the window since the previous scrape,
 which a scrape resets, as llama-server's do. CacheFlow adds (``cacheflow:`` prefix) TTFT,
 TPOT and end-to-end latency histograms, KV block and token use, the prefix-cache hit rate,
-preemptions, swap bytes and finished requests by reason.
+preemptions (by mode), recomputed tokens, swap bytes and time, and finished requests by reason.
 """
 
 from __future__ import annotations
@@ -156,10 +156,23 @@ class _Collector:
              s.prefix_cache_evictions),
         ):  # fmt: skip
             yield CounterMetricFamily(f"cacheflow:{name}", doc, value=value)
-        yield CounterMetricFamily(
-            "cacheflow:swap_bytes_total",
-            "KV bytes swapped to host memory (0 until swap-based preemption exists)",
-            value=0,
+        for name, doc, value in (
+            ("preemptions_swap_total", "Sequences preempted by swapping their KV blocks out",
+             s.num_preemptions_swap),
+            ("preemptions_recompute_total", "Sequences preempted by dropping their KV",
+             s.num_preemptions_recompute),
+            ("recomputed_tokens_total", "Computed tokens whose KV a recompute preemption dropped",
+             s.num_recomputed_tokens),
+            ("swap_bytes_total", "KV bytes swapped to host memory", s.swap_out_bytes),
+            ("swap_in_bytes_total", "KV bytes swapped back from host memory", s.swap_in_bytes),
+            ("swap_seconds_total", "Time spent copying swapped KV blocks, both directions",
+             (s.swap_out_ns + s.swap_in_ns) / 1e9),
+        ):  # fmt: skip
+            yield CounterMetricFamily(f"cacheflow:{name}", doc, value=value)
+        yield GaugeMetricFamily(
+            "cacheflow:swapped_sequences",
+            "Sequences swapped out to host memory now",
+            value=s.num_swapped,
         )
         finished = CounterMetricFamily(
             "cacheflow:requests_finished_total", "Finished requests by reason", labels=["reason"]

@@ -1,4 +1,5 @@
-"""Paged KV under memory pressure: a KV budget in bytes, and preemption by recompute.
+"""Paged KV under memory pressure: a KV budget in bytes, and preemption by recompute (swap:
+test_swap_preemption.py).
 
 When the pool runs out of blocks the scheduler preempts the newest running sequence and later
 computes its prompt and output again (scheduler.h); greedy outputs must not change: every
@@ -31,7 +32,9 @@ def test_preempted_requests_match_their_runs_alone(tiny_model_path, make_llm):
     roomy = make_llm(tiny_model_path, kv_mode="paged", max_num_seqs=1, n_ctx=512)
     alone = [roomy.generate([p], greedy(100))[0].token_ids for p in prompts]
 
-    llm = make_llm(tiny_model_path, kv_mode="paged", max_num_seqs=6, n_ctx=256)
+    llm = make_llm(
+        tiny_model_path, kv_mode="paged", max_num_seqs=6, n_ctx=256, preemption_mode="recompute"
+    )
     assert llm.info.n_ctx == 256
     outs = llm.generate(prompts, greedy(100))
     assert [o.token_ids for o in outs] == alone
@@ -47,7 +50,9 @@ def test_real_model_preemption_keeps_greedy_outputs(real_model_path, make_llm):
     prompts = [f"Question {i}: name {i + 2} animals that live in the sea." for i in range(8)]
     roomy = make_llm(real_model_path, kv_mode="paged", max_num_seqs=8, n_ctx=8 * 256)
     expected = [o.token_ids for o in roomy.generate(prompts, greedy(64))]
-    tight = make_llm(real_model_path, kv_mode="paged", max_num_seqs=8, n_ctx=256)
+    tight = make_llm(
+        real_model_path, kv_mode="paged", max_num_seqs=8, n_ctx=256, preemption_mode="recompute"
+    )
     outs = tight.generate(prompts, greedy(64))
     assert sum(o.metrics.num_preemptions for o in outs) > 0
     assert [o.token_ids for o in outs] == expected

@@ -13,7 +13,14 @@ import cffi
 import pytest
 
 from pycacheflow import _ffi, outputs, profiler
-from pycacheflow.config import KV_MODES, LOG_LEVELS, PAGED_ATTENTIONS, POLICIES, c_enum_name
+from pycacheflow.config import (
+    KV_MODES,
+    LOG_LEVELS,
+    PAGED_ATTENTIONS,
+    POLICIES,
+    PREEMPTION_MODES,
+    c_enum_name,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 HEADER = REPO / "native" / "include" / "cacheflow.h"
@@ -75,6 +82,7 @@ def test_constants(consts):
         ("CF_SCHED_POLICY_", POLICIES),
         ("CF_LOG_LEVEL_", LOG_LEVELS),
         ("CF_PAGED_ATTENTION_", PAGED_ATTENTIONS),
+        ("CF_PREEMPTION_MODE_", PREEMPTION_MODES),
     ],
 )
 def test_config_names_map_onto_c_enums(consts, prefix, names):

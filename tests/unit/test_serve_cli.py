@@ -45,13 +45,13 @@ def invoke(*args: str):
 def test_llama_server_flags_map_to_engine_config(engine_kwargs):
     result = invoke("-np", "4", "-n", "5", "-c", "2048", "-b", "256", "-ub", "1024", "-t", "-1",
                     "-fa", "-ngl", "all", "--kv-mode", "paged", "--block-size", "32",
-                    "--policy", "priority", "-cb")  # fmt: skip
+                    "--policy", "priority", "-cb", "--preemption", "swap", "--swap-space", "0.5")  # fmt: skip
     assert isinstance(result.exception, Loaded), result.output
     assert engine_kwargs == [{
         "n_ctx": 2048, "kv_cache_bytes": 0, "max_num_seqs": 4, "max_num_batched_tokens": 256, "n_threads": 0,
         "n_gpu_layers": -1, "flash_attn": True, "kv_mode": "paged", "block_size": 32,
         "paged_attention": "invariant", "enable_prefix_caching": True, "policy": "priority",
-        "log_level": "error",
+        "log_level": "error", "preemption_mode": "swap", "swap_space_bytes": 2**29,
     }]  # fmt: skip
 
 
@@ -82,7 +82,7 @@ def test_defaults_and_env_vars(engine_kwargs, monkeypatch):
         (["-ngl", "many"], "-ngl"),
         (["-fa", "maybe"], "maybe"),
         (["-np", "-3"], "-np"),
-        (["--preemption", "swap"], "'swap' is not available yet"),
+        (["--preemption", "sometimes"], "'sometimes' is not one of"),
         (["--kv-cache-memory", "much"], "is not a size"),
     ],
 )

@@ -122,6 +122,14 @@ void BlockManager::fork(int64_t parent_seq_id, int64_t child_seq_id) {
     tables_.emplace(child_seq_id, std::move(child));
 }
 
+const BlockTable & BlockManager::allocate_table(int64_t seq_id, int32_t num_tokens) {
+    assert(seq_id >= 0 && num_tokens >= 1 && find(seq_id) == nullptr);
+    BlockTable & table = tables_[seq_id];
+    take_blocks((num_tokens + block_size() - 1) / block_size(), &table.block_ids);
+    table.num_tokens = num_tokens;
+    return table;
+}
+
 void BlockManager::free(int64_t seq_id) {
     // Call only when the sequence exists.
     auto it = tables_.find(seq_id);

@@ -137,6 +137,13 @@ class BlockManager {
     // reads (copies run before the step's writes). Call only when seq_id exists.
     void free(int64_t seq_id);
 
+    // Swap-in: create seq_id's table with num_tokens tokens in ceil(num_tokens / block_size)
+    // fresh private blocks (their rows come back from host memory before the step's writes) and
+    // return it. The blocks are not indexed yet: the next commit() offers their full blocks to
+    // the prefix cache again. Call only when seq_id has no table and the blocks are free
+    // (can_allocate(seq_id, num_tokens)), with num_tokens >= 1.
+    const BlockTable & allocate_table(int64_t seq_id, int32_t num_tokens);
+
     // ---- prefix cache (call only when prefix_caching())
 
     // The longest cached prefix of tokens[0, max_tokens) (see PrefixMatch and prefix_cache.h).

@@ -66,7 +66,10 @@ const StepPlan & Scheduler::schedule() {
     schedule_running(/*decoding=*/true, &budget);
     schedule_running(/*decoding=*/false, &budget);
     if (out_.preempted.empty()) {  // blocks are short: let the preempted go first when they free up
-        admit_waiting(&budget);
+        swap_in_swapped(&budget);
+        if (swapped_.empty()) {
+            admit_waiting(&budget);
+        }
     }
     std::sort(out_.seqs.begin(), out_.seqs.end(),
               [](const ScheduledSeq & a, const ScheduledSeq & b) { return a.seq->request_id < b.seq->request_id; });
@@ -75,7 +78,37 @@ const StepPlan & Scheduler::schedule() {
         out_.token_seq_idx.insert(out_.token_seq_idx.end(), (size_t) out_.seqs[i].num_new_tokens, (int32_t) i);
     }
     kv_->fill_plan(&out_);
+    kv_->end_step();
     return out_;
+}
+
+// Swapped sequences come back in policy order while their blocks and next chunk fit; the first
+// that does not fit stops the rest (they keep their order, nothing overtakes it).
+void Scheduler::swap_in_swapped(int32_t * budget) {
+    while (*budget > 0 && !swapped_.empty() && num_running() < config_.max_num_seqs) {
+        Sequence * seq = swapped_.front().get();
+        if (!kv_->can_swap_in(*seq, num_running(), chunk_size(*seq, *budget))) {
+            return;
+        }
+        std::unique_ptr<Sequence> owned = std::move(swapped_.front());
+        swapped_.pop_front();
+        kv_->swap_in(*owned, &out_.blocks_to_swap_in);
+        owned->status = SequenceStatus::RUNNING;
+        owned->scheduled = false;
+        owned->holds_kv = true;
+        out_.swapped_in.push_back(seq);
+        running_.push_back(std::move(owned));
+        push_scheduled(seq, *budget, budget);  // its blocks for this chunk are free (can_swap_in)
+    }
+}
+
+void Scheduler::set_preemption_costs(double swap_ns_per_byte, double recompute_ns_per_token) {
+    if (swap_ns_per_byte > 0.0) {
+        config_.swap_ns_per_byte = swap_ns_per_byte;
+    }
+    if (recompute_ns_per_token > 0.0) {
+        config_.recompute_ns_per_token = recompute_ns_per_token;
+    }
 }
 
 void Scheduler::schedule_running(bool decoding, int32_t * budget) {
@@ -164,12 +197,18 @@ void Scheduler::fork_choices() {
     }
 }
 
+// Tokens seq computes next under budget_left: the rest of it, stopping where its choices fork.
+int32_t Scheduler::chunk_size(const Sequence & seq, int32_t budget_left) const {
+    int32_t n = std::min(seq.num_uncomputed_tokens(), budget_left);
+    if (seq.fork_pending && seq.num_computed_tokens < seq.num_prompt_tokens - 1) {
+        n = std::min(n, seq.num_prompt_tokens - 1 - seq.num_computed_tokens);  // choices fork there
+    }
+    return n;
+}
+
 void Scheduler::push_scheduled(Sequence * seq, int32_t budget_left, int32_t * budget) {
     assert(seq->num_uncomputed_tokens() >= 1 && budget_left >= 1);
-    int32_t n = std::min(seq->num_uncomputed_tokens(), budget_left);
-    if (seq->fork_pending && seq->num_computed_tokens < seq->num_prompt_tokens - 1) {
-        n = std::min(n, seq->num_prompt_tokens - 1 - seq->num_computed_tokens);  // choices fork there
-    }
+    const int32_t n = chunk_size(*seq, budget_left);
     if (!allocate_or_preempt(seq, n)) {
         return;  // preempted or out of blocks
     }
@@ -226,6 +265,22 @@ Sequence * Scheduler::preemption_victim(const Sequence & needy) const {
     return victim;
 }
 
+// AUTO: swap when copying its blocks out and back is cheaper than computing its tokens again.
+// A sequence swapped in by this very plan is never swapped out by it: its blocks are not back
+// yet when the plan's swap-outs run.
+bool Scheduler::should_swap(const Sequence & victim) const {
+    if (config_.preemption_mode == CF_PREEMPTION_MODE_RECOMPUTE || !kv_->can_swap_out(victim) ||
+        std::find(out_.swapped_in.begin(), out_.swapped_in.end(), &victim) != out_.swapped_in.end()) {
+        return false;
+    }
+    if (config_.preemption_mode == CF_PREEMPTION_MODE_SWAP) {
+        return true;
+    }
+    const double swap_ns = 2.0 * (double) kv_->swap_bytes(victim) * config_.swap_ns_per_byte;
+    const double recompute_ns = (double) victim.num_computed_tokens * config_.recompute_ns_per_token;
+    return swap_ns <= recompute_ns;
+}
+
 void Scheduler::preempt(Sequence * seq) {
     size_t index = 0;
     while (running_[index].get() != seq) {
@@ -233,12 +288,28 @@ void Scheduler::preempt(Sequence * seq) {
     }
     std::unique_ptr<Sequence> owned = std::move(running_[index]);
     running_.erase(running_.begin() + (std::ptrdiff_t) index);
-    free_kv(owned.get());
-    owned->status = SequenceStatus::WAITING;
-    owned->num_computed_tokens = 0;
     owned->num_preemptions += 1;
     num_preemptions_ += 1;
-    out_.preempted.push_back({owned.get()});
+    if (should_swap(*owned)) {
+        // Its KV moves to host slots; num_computed_tokens stays: it resumes where it stopped.
+        kv_->swap_out(*owned, &out_.blocks_to_swap_out);
+        owned->holds_kv = false;
+        owned->status = SequenceStatus::SWAPPED;
+        preemption_stats_.num_swap += 1;
+        out_.preempted.push_back({owned.get(), /*swapped=*/true});
+        auto pos = std::upper_bound(swapped_.begin(), swapped_.end(), owned,
+                                    [this](const std::unique_ptr<Sequence> & x, const std::unique_ptr<Sequence> & y) {
+                                        return comes_before(*x, *y);
+                                    });
+        swapped_.insert(pos, std::move(owned));
+        return;
+    }
+    free_kv(owned.get());
+    preemption_stats_.num_recompute += 1;
+    preemption_stats_.num_recomputed_tokens += owned->num_computed_tokens;
+    owned->status = SequenceStatus::WAITING;
+    owned->num_computed_tokens = 0;
+    out_.preempted.push_back({owned.get(), /*swapped=*/false});
     add(std::move(owned));
 }
 
@@ -302,6 +373,16 @@ std::unique_ptr<Sequence> Scheduler::remove(int64_t request_id, cf_finish_reason
             return release(i, reason);
         }
     }
+    for (auto it = swapped_.begin(); it != swapped_.end(); ++it) {
+        if ((*it)->request_id == request_id) {
+            std::unique_ptr<Sequence> seq = std::move(*it);
+            swapped_.erase(it);
+            kv_->free_swapped(*seq);
+            seq->status = SequenceStatus::FINISHED;
+            seq->finish_reason = reason;
+            return seq;
+        }
+    }
     return nullptr;
 }
 
@@ -324,8 +405,11 @@ int64_t Scheduler::kv_tokens_used() const {
 
 std::vector<int64_t> Scheduler::request_ids() const {
     std::vector<int64_t> ids;
-    ids.reserve(running_.size() + waiting_.size());
+    ids.reserve(running_.size() + swapped_.size() + waiting_.size());
     for (const auto & seq : running_) {
+        ids.push_back(seq->request_id);
+    }
+    for (const auto & seq : swapped_) {
         ids.push_back(seq->request_id);
     }
     for (const auto & seq : waiting_) {
@@ -352,6 +436,17 @@ void Scheduler::check_invariants() const {
     }
     const std::string kv_error = kv_->check_invariants(running_);
     check(kv_error.empty(), kv_error.c_str());
+    std::vector<const Sequence *> swapped;
+    for (size_t i = 0; i < swapped_.size(); ++i) {
+        const Sequence & seq = *swapped_[i];
+        check(seq.status == SequenceStatus::SWAPPED && !seq.holds_kv, "swapped sequences hold no device KV");
+        check(seq.num_uncomputed_tokens() >= 1, "a swapped sequence has a token to compute");
+        check(ids.insert(seq.request_id).second, "request ids are unique");
+        check(i == 0 || !comes_before(seq, *swapped_[i - 1]), "swapped queue is in policy order");
+        swapped.push_back(&seq);
+    }
+    const std::string swap_error = kv_->check_swapped(swapped);
+    check(swap_error.empty(), swap_error.c_str());
     for (size_t i = 0; i < waiting_.size(); ++i) {
         check(waiting_[i]->status == SequenceStatus::WAITING && !waiting_[i]->holds_kv,
               "waiting sequences hold no KV");
@@ -363,11 +458,15 @@ void Scheduler::check_invariants() const {
 std::string Scheduler::dump() const {
     std::ostringstream os;
     os << "Scheduler(policy=" << config_.policy << ", kv=" << kv_->name()
-       << ", running=" << running_.size() << "/" << config_.max_num_seqs << ", waiting=" << waiting_.size()
+       << ", running=" << running_.size() << "/" << config_.max_num_seqs << ", swapped=" << swapped_.size()
+       << ", waiting=" << waiting_.size()
        << ", kv_reserved=" << kv_tokens_reserved() << "/" << config_.n_ctx << ")\n";
     for (const auto & seq : running_) {
         os << "  running req=" << seq->request_id << " prompt=" << seq->num_prompt_tokens
            << " computed=" << seq->num_computed_tokens << " tokens=" << seq->num_tokens() << "\n";
+    }
+    for (const auto & seq : swapped_) {
+        os << "  swapped req=" << seq->request_id << " computed=" << seq->num_computed_tokens << "\n";
     }
     for (const auto & seq : waiting_) {
         os << "  waiting req=" << seq->request_id << " prompt=" << seq->num_prompt_tokens

@@ -25,6 +25,15 @@
 // that needs the block is preempted itself; alone in the pool it cannot grow at all and ends
 // (out_of_blocks). No admission happens in a step that preempted.
 //
+// Preemption by swap (vLLM's SWAP mode, same section): the victim's blocks are copied to host
+// slots (StepPlan::blocks_to_swap_out) and it waits, SWAPPED, in its own queue (policy order).
+// In a step without preemption swapped sequences come back first (blocks_to_swap_in, into fresh
+// device blocks, when their blocks, their next chunk and the watermark fit) and go on exactly
+// where they stopped; new requests are admitted only once no sequence is swapped out.
+// preemption_mode picks per victim: RECOMPUTE always drops, SWAP swaps while host slots last,
+// AUTO swaps when moving its bytes out and back costs less than computing its tokens again
+// (set_preemption_costs: the engine's measured rates). Only the paged KV manager can swap.
+//
 // Choices of one prompt (cf_request.num_forks; paged mode only): the parent's prefill stops one
 // token short of its prompt while its choices wait; at the start of the next step each choice
 // forks the parent's blocks (KvCacheManager::fork) and then parent and choices each compute that
@@ -56,6 +65,18 @@ struct SchedulerConfig {
     int32_t n_ctx = 0;                     // total KV rows, tokens
     int32_t n_ctx_per_seq = 0;             // max tokens (prompt + output) of one sequence
     cf_sched_policy policy = CF_SCHED_POLICY_FCFS;
+    cf_preemption_mode preemption_mode = CF_PREEMPTION_MODE_AUTO;
+    // AUTO's cost model (set_preemption_costs updates it): ns per byte copied one way, ns per
+    // token computed again.
+    double swap_ns_per_byte = 0.2;
+    double recompute_ns_per_token = 1e5;
+};
+
+// Preemption counters since construction.
+struct PreemptionStats {
+    int64_t num_swap = 0;
+    int64_t num_recompute = 0;
+    int64_t num_recomputed_tokens = 0;  // computed tokens whose KV a recompute preemption dropped
 };
 
 class Scheduler {
@@ -86,7 +107,11 @@ class Scheduler {
     // Remove a waiting or running sequence by request id (abort). Returns nullptr if unknown.
     std::unique_ptr<Sequence> remove(int64_t request_id, cf_finish_reason reason);
 
-    bool has_work() const { return !running_.empty() || !waiting_.empty(); }
+    bool has_work() const { return !running_.empty() || !waiting_.empty() || !swapped_.empty(); }
+    int32_t num_swapped() const { return (int32_t) swapped_.size(); }
+    const PreemptionStats & preemption_stats() const { return preemption_stats_; }
+    // AUTO mode's cost model (see SchedulerConfig); values <= 0 are ignored.
+    void set_preemption_costs(double swap_ns_per_byte, double recompute_ns_per_token);
     int32_t num_running() const { return (int32_t) running_.size(); }
     int32_t num_waiting() const { return (int32_t) waiting_.size(); }
     int32_t num_free_slots() const { return config_.max_num_seqs - num_running(); }
@@ -96,7 +121,7 @@ class Scheduler {
     // KV rows holding computed tokens of running sequences.
     int64_t kv_tokens_used() const;
     const std::vector<std::unique_ptr<Sequence>> & running() const { return running_; }
-    // Ids of every running and waiting sequence (running first); allocates, not for the hot path.
+    // Ids of every running, swapped and waiting sequence (in that order); allocates, not for the hot path.
     std::vector<int64_t> request_ids() const;
 
     // Aborts with a message naming the broken invariant (debug aid; tests call it every op).
@@ -113,6 +138,9 @@ class Scheduler {
     bool allocate_or_preempt(Sequence * seq, int32_t num_new_tokens);
     Sequence * preemption_victim(const Sequence & needy) const;
     void preempt(Sequence * seq);
+    bool should_swap(const Sequence & victim) const;
+    int32_t chunk_size(const Sequence & seq, int32_t budget_left) const;
+    void swap_in_swapped(int32_t * budget);
     void free_kv(Sequence * seq);  // once per stay in the running set (Sequence::holds_kv)
     void schedule_running(bool decoding, int32_t * budget);
     void admit_waiting(int32_t * budget);
@@ -121,9 +149,11 @@ class Scheduler {
     SchedulerConfig config_;
     std::deque<std::unique_ptr<Sequence>> waiting_;    // policy order, front runs first
     std::vector<std::unique_ptr<Sequence>> running_;   // admission order
+    std::deque<std::unique_ptr<Sequence>> swapped_;    // policy order, front swaps in first
     std::unique_ptr<KvCacheManager> kv_;
     std::vector<Sequence *> order_;                    // scratch: running_ at the start of a pass
     int64_t num_preemptions_ = 0;
+    PreemptionStats preemption_stats_;
     StepPlan out_;
 };
 

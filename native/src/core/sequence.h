@@ -23,7 +23,10 @@
 
 namespace cf {
 
-enum class SequenceStatus { WAITING, RUNNING, FINISHED };
+// WAITING: queued, holding no KV (new, or preempted by recompute: its KV is computed again).
+// RUNNING: admitted, holding device KV. SWAPPED: preempted by swap, its KV blocks in host memory
+// (KvCacheManager::swap_out); swap_in() brings them back and it runs on without recompute.
+enum class SequenceStatus { WAITING, RUNNING, SWAPPED, FINISHED };
 
 // Validated copy of cf_sampling_params (the engine owns the strings and arrays).
 struct SamplingParams {

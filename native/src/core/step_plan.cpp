@@ -17,6 +17,7 @@ void StepPlan::clear() {
     blocks_to_swap_in.clear();
     blocks_to_copy.clear();
     preempted.clear();
+    swapped_in.clear();
     out_of_blocks.clear();
 }
 

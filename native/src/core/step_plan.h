@@ -1,8 +1,8 @@
 // step_plan.h - everything one engine step must do, built once per step by Scheduler::schedule().
 //
 // The executor (engine) performs a plan in this order, and in no other:
-//   1. blocks_to_swap_out   device -> host copies (empty until the swapper lands)
-//   2. blocks_to_swap_in    host -> device copies (empty until the swapper lands)
+//   1. blocks_to_swap_out   device block -> host slot copies (swap preemption, paged mode)
+//   2. blocks_to_swap_in    host slot -> device block copies (swapped sequences resuming)
 //   3. blocks_to_copy       copy-on-write block copies, in order
 //   4. the KV plan          slot_mapping, block_tables, context_lens, token_seq_idx (paged mode)
 //   5. decode               seqs' new tokens in batch order, then sampling where needs_sample
@@ -42,7 +42,8 @@ struct ScheduledSeq {
     bool needs_sample;
 };
 
-// One block moved between device and host memory (swap preemption; not built yet).
+// One block moved between device and host memory (swap preemption). Swap-out: src is a device
+// block id, dst a host slot id (kv/host_block_pool.h); swap-in: src a host slot, dst a device block.
 struct BlockSwap {
     int32_t src_block_id;
     int32_t dst_block_id;
@@ -68,11 +69,15 @@ struct StepPlan {
     std::vector<BlockSwap> blocks_to_swap_in;
     std::vector<BlockCopy> blocks_to_copy;
 
-    // Sequences preempted this step, now waiting with their KV freed; their output is kept and
-    // computed again once they are admitted again.
+    // Sequences preempted this step: by recompute (now WAITING, KV freed; their output is kept
+    // and computed again once they are admitted again) or by swap (now SWAPPED, their blocks in
+    // blocks_to_swap_out; swapped in later without recompute).
     struct Preempted {
         Sequence * seq;
+        bool swapped;
     };
+    // Sequences swapped in this step (their blocks in blocks_to_swap_in), now running.
+    std::vector<Sequence *> swapped_in;
     std::vector<Preempted> preempted;
     // Sequences that hold the whole KV pool alone and still need a row (only the paged manager runs
     // out). They are not in `seqs`, their KV is already free, and the engine finishes them

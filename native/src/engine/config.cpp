@@ -53,6 +53,10 @@ EngineConfig EngineConfig::from_c(const cf_engine_config & c) {
     check_at_least("profile_capacity", c.profile_capacity, 0);
     check_range("paged_attention", c.paged_attention, CF_PAGED_ATTENTION_INVARIANT, CF_PAGED_ATTENTION_GGML);
     check_range("enable_prefix_caching", c.enable_prefix_caching, 0, 1);
+    check_range("preemption_mode", c.preemption_mode, CF_PREEMPTION_MODE_AUTO, CF_PREEMPTION_MODE_SWAP);
+    if (c.swap_space_bytes < 0) {
+        fail_invalid("swap_space_bytes must be >= 0, got " + std::to_string(c.swap_space_bytes));
+    }
     if (c.max_num_batched_tokens < c.max_num_seqs) {
         // every running sequence's decode token must fit one step (llama.cpp sizes its output
         // buffer by n_seq_max and aborts on a smaller n_batch)
@@ -89,6 +93,8 @@ EngineConfig EngineConfig::from_c(const cf_engine_config & c) {
     out.kv_cache_bytes = c.kv_cache_bytes;
     out.paged_attention = (cf_paged_attention) c.paged_attention;
     out.enable_prefix_caching = c.enable_prefix_caching == 1;
+    out.preemption_mode = (cf_preemption_mode) c.preemption_mode;
+    out.swap_space_bytes = c.swap_space_bytes;
     return out;
 }
 
@@ -109,6 +115,8 @@ cf_engine_config default_engine_config() {
     c.kv_cache_bytes = 0;
     c.paged_attention = CF_PAGED_ATTENTION_INVARIANT;
     c.enable_prefix_caching = 1;
+    c.preemption_mode = CF_PREEMPTION_MODE_AUTO;
+    c.swap_space_bytes = (int64_t) 4 << 30;  // vLLM's default swap space
     return c;
 }
 

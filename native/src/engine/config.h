@@ -28,6 +28,8 @@ struct EngineConfig {
     int64_t kv_cache_bytes = 0;    // KV memory budget; 0 = from n_ctx (LlamaSession resolves it)
     cf_paged_attention paged_attention = CF_PAGED_ATTENTION_INVARIANT;  // paged mode CPU attention kernel
     bool enable_prefix_caching = true;  // paged mode: share cached prompt prefixes across requests
+    cf_preemption_mode preemption_mode = CF_PREEMPTION_MODE_AUTO;  // paged mode (stock never preempts)
+    int64_t swap_space_bytes = (int64_t) 4 << 30;  // paged mode: host memory for swapped-out blocks
 
     bool kv_unified() const { return kv_mode == CF_KV_MODE_STOCK_UNIFIED; }
     bool paged() const { return kv_mode == CF_KV_MODE_PAGED; }

@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <climits>
+#include <cstdio>
 #include <functional>
 
 namespace cf {
@@ -18,9 +20,23 @@ int64_t clock_ns() {
 namespace {
 
 // The KV cache manager of the session's KV mode.
+// Host slots of the swap space: swap_space_bytes / block bytes (paged mode only).
+int32_t num_host_blocks(const LlamaSession & session) {
+    const int64_t block_bytes = session.paged_block_bytes();
+    if (block_bytes <= 0) {
+        return 0;
+    }
+    return (int32_t) std::min<int64_t>(session.config().swap_space_bytes / block_bytes, INT32_MAX);
+}
+
 std::unique_ptr<KvCacheManager> make_kv_manager(const LlamaSession & session) {
     if (session.config().paged()) {
-        return make_paged_kv(session.num_blocks(), session.config().block_size, session.config().enable_prefix_caching);
+        return make_paged_kv(session.num_blocks(), session.config().block_size, session.config().enable_prefix_caching,
+                             num_host_blocks(session), session.paged_block_bytes());
+    }
+    if (session.config().preemption_mode == CF_PREEMPTION_MODE_SWAP) {
+        std::fprintf(stderr, "cacheflow: preemption_mode=swap has no effect on the stock KV cache: it reserves "
+                             "each sequence's rows at admission and never preempts\n");
     }
     if (session.config().kv_unified()) {
         return make_stock_unified_kv(session.n_ctx(), session.n_ctx_per_seq());
@@ -35,6 +51,7 @@ SchedulerConfig scheduler_config(const LlamaSession & session) {
     c.n_ctx = session.n_ctx();
     c.n_ctx_per_seq = session.n_ctx_per_seq();
     c.policy = session.config().policy;
+    c.preemption_mode = session.config().preemption_mode;
     return c;
 }
 
@@ -43,6 +60,7 @@ SchedulerConfig scheduler_config(const LlamaSession & session) {
 Engine::Engine(const EngineConfig & config)
     : session_(LlamaSession::open(config)),
       scheduler_(scheduler_config(*session_), make_kv_manager(*session_)),
+      swapper_(scheduler_.kv().num_host_blocks_total(), session_->paged_block_bytes()),
       batch_(session_->n_batch(), session_->config().paged() ? SlotMode::PER_DECODE : SlotMode::STABLE,
              session_->n_seq_max()),
       sampler_(session_->n_vocab()),

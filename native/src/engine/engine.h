@@ -23,6 +23,7 @@
 #include "engine/llama_session.h"
 #include "engine/logprobs.h"
 #include "engine/sampling.h"
+#include "engine/swapper.h"
 #include "engine/stop_checker.h"
 
 #include <atomic>
@@ -93,6 +94,7 @@ class Engine {
     void collect_logprobs(Sequence & seq, const float * logits, int32_t token_id);
     void handle_block_shortage(const StepPlan & out);
     void execute_block_ops(const StepPlan & plan);
+    void update_preemption_costs(const StepPlan & plan, int64_t decode_ns);
     int32_t decode_groups(const StepPlan & plan);
     void release_slot(Sequence & seq);
     void take_slot_id(Sequence & seq);
@@ -107,6 +109,7 @@ class Engine {
     // Stepping thread only (guarded by step_mu_).
     std::unique_ptr<LlamaSession> session_;
     Scheduler scheduler_;
+    Swapper swapper_;  // host memory of the paged manager's swap slots
     BatchBuilder batch_;
     TokenSampler sampler_;
     StopChecker stop_checker_;
@@ -120,6 +123,7 @@ class Engine {
     std::vector<int64_t> finished_ids_;
     std::vector<int32_t> sampled_;  // [plan.seqs.size()] token sampled for each scheduled sequence
     int64_t step_start_ns_ = 0;
+    double recompute_ns_per_token_ = 0.0;  // measured (update_preemption_costs); 0 = none yet
     cf_engine_stats totals_{};  // cumulative counters (num_steps, num_finished, token counts)
     std::mutex step_mu_;
 

@@ -72,12 +72,15 @@ StepResult Engine::step_locked() {
     handle_block_shortage(out);
     StepResult result;
     result.num_scheduled_tokens = out.num_scheduled_tokens;
+    // Swap-outs run even in a step that computes nothing: their victims' blocks are free already.
+    execute_block_ops(out);
     if (!out.seqs.empty()) {
         totals_.num_steps += 1;
         profiler_.step_begin(totals_.num_steps, step_start_ns_, (int32_t) out.seqs.size(), out.num_decode_tokens,
                              out.num_prefill_tokens);
-        execute_block_ops(out);
+        const int64_t decode_start_ns = clock_ns();
         const int32_t rc = decode_groups(out);
+        update_preemption_costs(out, clock_ns() - decode_start_ns);
         if (rc == 0) {
             run_decoded_step(out);
         } else {
@@ -204,8 +207,12 @@ void Engine::collect_logprobs(Sequence & seq, const float * logits, int32_t toke
 void Engine::handle_block_shortage(const StepPlan & out) {
     for (const StepPlan::Preempted & p : out.preempted) {
         release_slot(*p.seq);
-        profiler_.request(CF_PROFILE_EVENT_REQUEST_PREEMPT, totals_.num_steps, step_start_ns_, p.seq->request_id,
-                          p.seq->num_tokens());
+        profiler_.request(p.swapped ? CF_PROFILE_EVENT_REQUEST_SWAP_OUT : CF_PROFILE_EVENT_REQUEST_PREEMPT,
+                          totals_.num_steps, step_start_ns_, p.seq->request_id, p.seq->num_tokens());
+    }
+    for (const Sequence * seq : out.swapped_in) {
+        profiler_.request(CF_PROFILE_EVENT_REQUEST_SWAP_IN, totals_.num_steps, step_start_ns_, seq->request_id,
+                          seq->num_tokens());
     }
     totals_.num_preemptions = scheduler_.num_preemptions();
     for (Sequence * seq : out.out_of_blocks) {
@@ -270,14 +277,31 @@ void Engine::take_slot_id(Sequence & seq) {
     free_slot_ids_.pop_back();
 }
 
-// Steps 1-3 of the plan: swaps (none until the swapper lands), then copy-on-write copies.
+// Steps 1-3 of the plan: swap-outs, swap-ins, then copy-on-write copies.
 void Engine::execute_block_ops(const StepPlan & plan) {
-    if (!plan.blocks_to_swap_out.empty() || !plan.blocks_to_swap_in.empty()) {
-        throw Error(CF_STATUS_INTERNAL, "the step plan swaps blocks, but this engine has no swapper");
+    if (!plan.blocks_to_swap_out.empty()) {
+        swapper_.swap_out(*session_, plan.blocks_to_swap_out);
+    }
+    if (!plan.blocks_to_swap_in.empty()) {
+        swapper_.swap_in(*session_, plan.blocks_to_swap_in);
     }
     if (!plan.blocks_to_copy.empty()) {
         session_->copy_blocks(plan.blocks_to_copy);
     }
+}
+
+// AUTO preemption's cost model from what this engine measures: the swap copy rate (ns per byte,
+// both directions so far) and the compute rate of steps that recompute enough tokens to be
+// representative (ns per token of a step with >= 32 prefill tokens), each smoothed (1/4 new).
+void Engine::update_preemption_costs(const StepPlan & plan, int64_t decode_ns) {
+    const SwapStats & s = swapper_.stats();
+    const int64_t swap_bytes = s.num_out_bytes + s.num_in_bytes;
+    const double swap_ns_per_byte = swap_bytes > 0 ? (double) (s.out_ns + s.in_ns) / (double) swap_bytes : 0.0;
+    if (plan.num_prefill_tokens >= 32) {
+        const double ns = (double) decode_ns / (double) plan.num_scheduled_tokens;
+        recompute_ns_per_token_ = recompute_ns_per_token_ > 0.0 ? 0.75 * recompute_ns_per_token_ + 0.25 * ns : ns;
+    }
+    scheduler_.set_preemption_costs(swap_ns_per_byte, recompute_ns_per_token_);
 }
 
 void Engine::fail_step(const StepPlan & out) {
@@ -355,6 +379,18 @@ void Engine::publish() {
         stats_.prefix_cache_hit_tokens = cache.num_hit_tokens;
         stats_.prefix_cache_evictions = cache.num_evictions;
         stats_.prefix_cache_blocks = cache.num_cached_blocks;
+        const PreemptionStats & pre = scheduler_.preemption_stats();
+        stats_.num_preemptions_swap = pre.num_swap;
+        stats_.num_preemptions_recompute = pre.num_recompute;
+        stats_.num_recomputed_tokens = pre.num_recomputed_tokens;
+        stats_.num_swapped = scheduler_.num_swapped();
+        stats_.swap_blocks_total = scheduler_.kv().num_host_blocks_total();
+        stats_.swap_blocks_used = scheduler_.kv().num_host_blocks_used();
+        const SwapStats & swap = swapper_.stats();
+        stats_.swap_out_bytes = swap.num_out_bytes;
+        stats_.swap_in_bytes = swap.num_in_bytes;
+        stats_.swap_out_ns = swap.out_ns;
+        stats_.swap_in_ns = swap.in_ns;
     }
     events_.push(step_events_, step_text_, step_logprobs_);
     step_events_.clear();

@@ -618,6 +618,22 @@ void LlamaSession::copy_blocks(const std::vector<BlockCopy> & copies) {
     }
 }
 
+void LlamaSession::swap_blocks(const std::vector<int32_t> & block_ids, const std::vector<void *> & bufs,
+                               bool to_host) {
+    assert(block_ids.size() == bufs.size());
+    if (block_ids.empty()) {
+        return;
+    }
+    if (llama_paged_swap_blocks(ctx_, block_ids.data(), (int32_t) block_ids.size(), bufs.data(), to_host) != 0) {
+        throw Error(CF_STATUS_INTERNAL, std::string("llama_paged_swap_blocks refused ") +
+                                            std::to_string(block_ids.size()) + " swaps " + (to_host ? "out" : "in"));
+    }
+}
+
+int64_t LlamaSession::paged_block_bytes() const {
+    return config_.paged() ? (int64_t) llama_paged_block_bytes(ctx_) : 0;
+}
+
 void LlamaSession::fill_info(cf_model_info * info) const {
     std::memset(info, 0, sizeof(*info));
     info->n_vocab = n_vocab_;

@@ -103,6 +103,11 @@ class LlamaSession {
     // One decode group of the plan: seqs [begin, end), whose tokens start at first_token.
     void set_kv_plan(const StepPlan & plan, size_t begin, size_t end, int32_t first_token);
     void copy_blocks(const std::vector<BlockCopy> & copies);
+    // Swap whole blocks (patches/0007): to_host copies block block_ids[i] into bufs[i], else bufs[i]
+    // into block block_ids[i]; each buffer holds paged_block_bytes(). Throws INTERNAL if refused.
+    void swap_blocks(const std::vector<int32_t> & block_ids, const std::vector<void *> & bufs, bool to_host);
+    // Paged mode: bytes of one block over all layers, K and V; 0 in the stock modes.
+    int64_t paged_block_bytes() const;
 
     void fill_info(cf_model_info * info) const;
 

@@ -16,7 +16,7 @@
 //                   |                                   | are free                         | when short
 //
 // The paged implementation owns the BlockManager (block pool and block tables) and the prefix
-// cache inside it; the swapper will live there too. Sequences are keyed by request id.
+// cache inside it, and the host block pool of swap preemption. Sequences are keyed by request id.
 //
 // Lifecycle of one sequence, as the scheduler drives it:
 //
@@ -102,6 +102,61 @@ class KvCacheManager {
         (void) child;
     }
 
+    // ---- swap preemption (paged only; the stock modes never preempt, so they never swap)
+    //
+    //   RUNNING --swap_out--> SWAPPED --swap_in--> RUNNING      (KV moved, nothing recomputed)
+    //      |                     \--free_swapped (abort)
+    //      \--free (recompute preemption) --> WAITING --admit--> RUNNING (KV computed again)
+    //
+    // A swapped sequence holds host slots instead of device blocks. Blocks it shared (fork,
+    // prefix cache) are copied out like its own and stay valid for their other holders; it comes
+    // back in private blocks. Each step's plan runs every swap-out before every swap-in, and a
+    // host slot freed by a swap-in is reused only from the next step on.
+
+    // True if swap_out(seq) can take host slots for every block of `seq` (admitted, with a table).
+    // Does not mutate.
+    virtual bool can_swap_out(const Sequence & seq) const {
+        (void) seq;
+        return false;
+    }
+    // Bytes one direction of seq's swap moves (its blocks times the block's bytes); 0 without swap.
+    virtual int64_t swap_bytes(const Sequence & seq) const {
+        (void) seq;
+        return 0;
+    }
+    // Move seq's blocks to host slots: append (device block, host slot) pairs to *out in table
+    // order and release the device blocks (free() for it is not called then). Call only when
+    // can_swap_out(seq).
+    virtual void swap_out(const Sequence & seq, std::vector<BlockSwap> * out) {
+        (void) seq;
+        (void) out;
+    }
+    // True if a swapped `seq` fits back next to `num_running` running sequences: its blocks, the
+    // blocks of its next num_new_tokens tokens, and the admission watermark are free.
+    virtual bool can_swap_in(const Sequence & seq, int32_t num_running, int32_t num_new_tokens) const {
+        (void) seq;
+        (void) num_running;
+        (void) num_new_tokens;
+        return false;
+    }
+    // Give a swapped seq fresh device blocks: append (host slot, device block) pairs to *out and
+    // release its host slots (reusable from the next step). It holds a table again, admitted as by
+    // admit(). Call only when can_swap_in(seq, ...).
+    virtual void swap_in(const Sequence & seq, std::vector<BlockSwap> * out) {
+        (void) seq;
+        (void) out;
+    }
+    // Drop a swapped seq's host slots (abort). Call only for a swapped sequence.
+    virtual void free_swapped(const Sequence & seq) { (void) seq; }
+    // The step's plan is built (the scheduler calls it last in schedule()).
+    virtual void end_step() {}
+    virtual int32_t num_host_blocks_total() const { return 0; }
+    virtual int32_t num_host_blocks_used() const { return 0; }
+    // "" if the swapped sequences' host state agrees with `swapped` (the scheduler's list).
+    virtual std::string check_swapped(const std::vector<const Sequence *> & swapped) const {
+        return swapped.empty() ? "" : "sequences are swapped but this KV manager cannot swap";
+    }
+
     // Free blocks now (paged), for admission decisions outside can_admit (a fork needs at most
     // one: its copy-on-write block). The stock modes report 0.
     int32_t num_blocks_free() const { return num_blocks_total() - num_blocks_used(); }
@@ -124,7 +179,9 @@ std::unique_ptr<KvCacheManager> make_stock_split_kv(int32_t n_ctx_per_seq);
 std::unique_ptr<KvCacheManager> make_stock_unified_kv(int32_t n_ctx, int32_t n_ctx_per_seq);
 
 // num_blocks blocks of block_size rows shared through block tables (see BlockManager), with a
-// prefix cache when prefix_caching is true.
-std::unique_ptr<KvCacheManager> make_paged_kv(int32_t num_blocks, int32_t block_size, bool prefix_caching = false);
+// prefix cache when prefix_caching is true, and num_host_blocks host slots of block_bytes bytes
+// each for swap preemption (0: no swap space).
+std::unique_ptr<KvCacheManager> make_paged_kv(int32_t num_blocks, int32_t block_size, bool prefix_caching = false,
+                                              int32_t num_host_blocks = 0, int64_t block_bytes = 0);
 
 }  // namespace cf

@@ -6,8 +6,12 @@
 
 namespace cf {
 
-PagedKv::PagedKv(int32_t num_blocks, int32_t block_size, bool prefix_caching)
-    : blocks_(num_blocks, block_size, prefix_caching), watermark_blocks_(std::max<int64_t>(1, num_blocks / 100)) {}
+PagedKv::PagedKv(int32_t num_blocks, int32_t block_size, bool prefix_caching, int32_t num_host_blocks,
+                 int64_t block_bytes)
+    : blocks_(num_blocks, block_size, prefix_caching),
+      host_(num_host_blocks),
+      block_bytes_(block_bytes),
+      watermark_blocks_(std::max<int64_t>(1, num_blocks / 100)) {}
 
 PrefixMatch PagedKv::match(const Sequence & seq) const {
     PrefixMatch m = blocks_.match_prefix(seq.tokens.data(), seq.num_tokens() - 1);
@@ -64,6 +68,87 @@ void PagedKv::fork(const Sequence & parent, const Sequence & child) {
     blocks_.fork(parent.request_id, child.request_id);
 }
 
+bool PagedKv::can_swap_out(const Sequence & seq) const {
+    const BlockTable * table = blocks_.find(seq.request_id);
+    return table != nullptr && table->num_tokens > 0 && table->num_blocks() <= host_.num_free();
+}
+
+int64_t PagedKv::swap_bytes(const Sequence & seq) const {
+    const BlockTable * table = blocks_.find(seq.request_id);
+    return table == nullptr ? 0 : (int64_t) table->num_blocks() * block_bytes_;
+}
+
+// Every block is copied out, shared or not: a shared block's other holders keep it on the device
+// (its ref count drops by one), and seq comes back in private blocks.
+void PagedKv::swap_out(const Sequence & seq, std::vector<BlockSwap> * out) {
+    assert(can_swap_out(seq) && swapped_.count(seq.request_id) == 0);
+    const BlockTable & table = *blocks_.find(seq.request_id);
+    SwappedTable & swapped = swapped_[seq.request_id];
+    swapped.num_tokens = table.num_tokens;
+    const bool ok = host_.allocate(table.num_blocks(), &swapped.host_slots);
+    assert(ok);
+    (void) ok;
+    for (size_t i = 0; i < table.block_ids.size(); ++i) {
+        out->push_back({ table.block_ids[i], swapped.host_slots[i] });
+    }
+    blocks_.free(seq.request_id);
+}
+
+bool PagedKv::can_swap_in(const Sequence & seq, int32_t num_running, int32_t num_new_tokens) const {
+    auto it = swapped_.find(seq.request_id);
+    assert(it != swapped_.end() && num_new_tokens >= 0);
+    const int32_t bs = blocks_.block_size();
+    const int64_t total = (int64_t) it->second.num_tokens + num_new_tokens;
+    const int64_t needed = (total + bs - 1) / bs;  // its blocks and those of the next tokens
+    const int64_t watermark = num_running == 0 ? 0 : std::max<int64_t>(watermark_blocks_, num_running);
+    return needed + watermark <= blocks_.num_free_blocks();
+}
+
+void PagedKv::swap_in(const Sequence & seq, std::vector<BlockSwap> * out) {
+    auto it = swapped_.find(seq.request_id);
+    assert(it != swapped_.end() && blocks_.find(seq.request_id) == nullptr);
+    const BlockTable & table = blocks_.allocate_table(seq.request_id, it->second.num_tokens);
+    for (size_t i = 0; i < table.block_ids.size(); ++i) {
+        out->push_back({ it->second.host_slots[i], table.block_ids[i] });
+        host_.free(it->second.host_slots[i]);
+    }
+    swapped_.erase(it);
+}
+
+void PagedKv::free_swapped(const Sequence & seq) {
+    auto it = swapped_.find(seq.request_id);
+    assert(it != swapped_.end());
+    for (int32_t h : it->second.host_slots) {
+        host_.free(h);
+    }
+    swapped_.erase(it);
+}
+
+std::string PagedKv::check_swapped(const std::vector<const Sequence *> & swapped) const {
+    if (swapped.size() != swapped_.size()) {
+        return "paged: " + std::to_string(swapped_.size()) + " swapped tables but " +
+               std::to_string(swapped.size()) + " swapped sequences";
+    }
+    std::vector<int32_t> held;
+    const int32_t bs = blocks_.block_size();
+    for (const Sequence * seq : swapped) {
+        auto it = swapped_.find(seq->request_id);
+        if (it == swapped_.end() || blocks_.find(seq->request_id) != nullptr) {
+            return "paged: swapped request " + std::to_string(seq->request_id) +
+                   " has no host table or still holds device blocks";
+        }
+        const SwappedTable & t = it->second;
+        if ((int32_t) t.host_slots.size() != (t.num_tokens + bs - 1) / bs || t.num_tokens != seq->num_computed_tokens) {
+            return "paged: swapped request " + std::to_string(seq->request_id) + " holds " +
+                   std::to_string(t.host_slots.size()) + " host slots for " + std::to_string(t.num_tokens) +
+                   " tokens (" + std::to_string(seq->num_computed_tokens) + " computed)";
+        }
+        held.insert(held.end(), t.host_slots.begin(), t.host_slots.end());
+    }
+    const std::string error = host_.check_invariants(held);
+    return error.empty() ? "" : "paged: " + error;
+}
+
 int64_t PagedKv::kv_tokens_reserved() const {
     return (int64_t) blocks_.pool().num_used() * blocks_.block_size();
 }
@@ -89,7 +174,13 @@ std::string PagedKv::check_invariants(const std::vector<std::unique_ptr<Sequence
 }
 
 std::string PagedKv::dump() const {
-    return "PagedKv(watermark=" + std::to_string(watermark_blocks_) + ")\n" + blocks_.dump();
+    std::string res = "PagedKv(watermark=" + std::to_string(watermark_blocks_) + ", host slots " +
+                      std::to_string(host_.num_used()) + "/" + std::to_string(host_.num_slots()) + " used)\n";
+    for (const auto & kv : swapped_) {
+        res += "  swapped req=" + std::to_string(kv.first) + " tokens=" + std::to_string(kv.second.num_tokens) +
+               " host slots=" + std::to_string(kv.second.host_slots.size()) + "\n";
+    }
+    return res + blocks_.dump();
 }
 
 // The one place where slots are computed: token pos of a sequence goes to row
@@ -121,8 +212,9 @@ void PagedKv::fill_plan(StepPlan * plan) {
     blocks_.take_copies(&plan->blocks_to_copy);
 }
 
-std::unique_ptr<KvCacheManager> make_paged_kv(int32_t num_blocks, int32_t block_size, bool prefix_caching) {
-    return std::make_unique<PagedKv>(num_blocks, block_size, prefix_caching);
+std::unique_ptr<KvCacheManager> make_paged_kv(int32_t num_blocks, int32_t block_size, bool prefix_caching,
+                                              int32_t num_host_blocks, int64_t block_bytes) {
+    return std::make_unique<PagedKv>(num_blocks, block_size, prefix_caching, num_host_blocks, block_bytes);
 }
 
 }  // namespace cf

@@ -3,19 +3,25 @@
 // scheduled, and a sequence that cannot get one makes the scheduler preempt. The prefix cache
 // lives in the BlockManager: admit() starts a sequence on its longest cached prefix, commit()
 // indexes what a step computed. A request with SamplingParams::cache_prompt false neither reads
-// nor fills the cache. The swapper will plug in here too (the scheduler does not see them).
+// nor fills the cache. Swap preemption keeps a host block pool here too (HostBlockPool: slot ids;
+// the engine's Swapper owns the bytes): a swapped sequence's host slots, in table order.
 //
 // Thread-safety: none; the engine calls it from the stepping thread only.
 #pragma once
 
+#include "kv/host_block_pool.h"
 #include "kv/kv_cache_manager.h"
+
+#include <unordered_map>
 
 namespace cf {
 
 class PagedKv final : public KvCacheManager {
   public:
     // num_blocks >= 1 blocks of block_size >= 1 rows (see BlockPool).
-    PagedKv(int32_t num_blocks, int32_t block_size, bool prefix_caching = false);
+    // num_host_blocks >= 0 host slots of block_bytes bytes each (swap space; 0: none).
+    PagedKv(int32_t num_blocks, int32_t block_size, bool prefix_caching = false, int32_t num_host_blocks = 0,
+            int64_t block_bytes = 0);
 
     const char * name() const override { return "paged"; }
     // Free blocks for the rest of the prompt plus a watermark: 1% of the pool and at least one
@@ -41,6 +47,17 @@ class PagedKv final : public KvCacheManager {
     // partially filled last block first (copy-on-write, reported in StepPlan::blocks_to_copy).
     // Call only when parent holds a table and child holds none.
     bool supports_fork() const override { return true; }
+
+    bool can_swap_out(const Sequence & seq) const override;
+    int64_t swap_bytes(const Sequence & seq) const override;
+    void swap_out(const Sequence & seq, std::vector<BlockSwap> * out) override;
+    bool can_swap_in(const Sequence & seq, int32_t num_running, int32_t num_new_tokens) const override;
+    void swap_in(const Sequence & seq, std::vector<BlockSwap> * out) override;
+    void free_swapped(const Sequence & seq) override;
+    void end_step() override { host_.end_step(); }
+    int32_t num_host_blocks_total() const override { return host_.num_slots(); }
+    int32_t num_host_blocks_used() const override { return host_.num_used(); }
+    std::string check_swapped(const std::vector<const Sequence *> & swapped) const override;
     void fork(const Sequence & parent, const Sequence & child) override;
 
   private:
@@ -52,6 +69,14 @@ class PagedKv final : public KvCacheManager {
     int64_t num_blocks_to_admit(const Sequence & seq) const;
 
     BlockManager blocks_;
+    // A swapped-out sequence: its host slots in table order and its token count.
+    struct SwappedTable {
+        std::vector<int32_t> host_slots;
+        int32_t num_tokens = 0;
+    };
+    HostBlockPool host_;
+    int64_t block_bytes_;
+    std::unordered_map<int64_t, SwappedTable> swapped_;  // by request id
     int64_t watermark_blocks_;  // free blocks kept for running sequences: 1% of the pool, at least 1
 };
 

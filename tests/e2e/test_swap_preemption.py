@@ -1,0 +1,116 @@
+"""Paged KV under memory pressure, preemption by swap (issue 13).
+
+A preempted sequence's KV blocks are copied to host memory and back into free blocks when it
+resumes (scheduler.h, kv/paged_kv.h, engine/swapper.h, patches/0007), so nothing is computed
+again: every greedy output equals the same request's unconstrained run token for token, and the
+engine counts swaps but no recomputed token.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from pycacheflow import SamplingParams
+
+pytestmark = pytest.mark.e2e
+
+
+def greedy(max_tokens: int) -> SamplingParams:
+    return SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+
+
+def prompts(n: int) -> list[list[int]]:
+    """n distinct prompts of 20..51 token ids."""
+    return [list(range(500 + 97 * i, 520 + 97 * i + i)) for i in range(n)]
+
+
+def test_32_swapped_requests_match_their_unconstrained_runs(tiny_model_path, make_llm):
+    # 32 requests of 20..51 prompt tokens + 64 output tokens (about 3,600 tokens) in a pool of
+    # 512 rows (32 blocks of 16): preempted again and again, each by swap.
+    ps = prompts(32)
+    roomy = make_llm(tiny_model_path, kv_mode="paged", max_num_seqs=32, n_ctx=32 * 256)
+    expected = [o.token_ids for o in roomy.generate(ps, greedy(64))]
+    assert roomy.stats().num_preemptions == 0
+
+    tight = make_llm(
+        tiny_model_path, kv_mode="paged", max_num_seqs=32, n_ctx=512, preemption_mode="swap"
+    )
+    outs = tight.generate(ps, greedy(64))
+    assert [o.request_id for o in outs] == sorted({o.request_id for o in outs})  # none lost or twice
+    assert all(o.finish_reason == "length" and len(o.token_ids) == 64 for o in outs)
+    assert [o.token_ids for o in outs] == expected
+    s = tight.stats()
+    assert s.num_preemptions_swap > 0 and s.num_preemptions_recompute == 0
+    assert s.num_recomputed_tokens == 0 and s.num_preemptions == s.num_preemptions_swap
+    assert sum(o.metrics.num_preemptions for o in outs) == s.num_preemptions
+    assert s.swap_out_bytes > 0 and s.swap_in_bytes == s.swap_out_bytes  # all came back
+    assert s.num_swapped == 0 and s.swap_blocks_used == 0 and s.kv_blocks_used == 0
+    assert s.num_running == 0 and s.num_waiting == 0
+
+
+def test_real_model_swap_keeps_greedy_outputs(real_model_path, make_llm):
+    # The default model, 8 prompts x 64 output tokens in a pool of 256 rows (16 blocks).
+    ps = [f"Question {i}: name {i + 2} animals that live in the sea." for i in range(8)]
+    roomy = make_llm(real_model_path, kv_mode="paged", max_num_seqs=8, n_ctx=8 * 256)
+    expected = [o.token_ids for o in roomy.generate(ps, greedy(64))]
+    tight = make_llm(
+        real_model_path, kv_mode="paged", max_num_seqs=8, n_ctx=256, preemption_mode="swap"
+    )
+    outs = tight.generate(ps, greedy(64))
+    s = tight.stats()
+    assert s.num_preemptions_swap > 0 and s.num_recomputed_tokens == 0
+    assert [o.token_ids for o in outs] == expected
+
+
+def test_swap_space_too_small_falls_back_to_recompute(tiny_model_path, make_llm):
+    # No swap space: swap mode recomputes (and counts it); outputs still complete.
+    ps = prompts(8)
+    llm = make_llm(
+        tiny_model_path,
+        kv_mode="paged",
+        max_num_seqs=8,
+        n_ctx=256,
+        preemption_mode="swap",
+        swap_space_bytes=0,
+    )
+    outs = llm.generate(ps, greedy(48))
+    assert all(len(o.token_ids) == 48 for o in outs)
+    s = llm.stats()
+    assert s.swap_blocks_total == 0 and s.num_preemptions_swap == 0
+    assert s.num_preemptions_recompute > 0 and s.num_recomputed_tokens > 0
+
+
+def test_auto_mode_swaps_on_the_default_model(real_model_path, make_llm):
+    # Moving a block of the default model (368 KiB) costs far less than computing its 16 tokens
+    # again on the CPU, so auto (the default) swaps.
+    ps = [f"Question {i}: name {i + 2} animals that live in the sea." for i in range(8)]
+    llm = make_llm(real_model_path, kv_mode="paged", max_num_seqs=8, n_ctx=256)
+    outs = llm.generate(ps, greedy(64))
+    assert all(len(o.token_ids) == 64 for o in outs)
+    s = llm.stats()
+    assert s.num_preemptions > 0 and s.num_preemptions_swap > 0
+
+
+def test_forked_choices_under_pressure_with_swap(tiny_model_path, make_llm):
+    # Two prompts with 4 choices each, sharing their prompt's blocks (copy-on-write fork), in a pool
+    # too small for all at once, one choice of each ending early. Nothing crashes, every choice ends
+    # with its own length, and greedy choices equal their request's unconstrained run. Whether a
+    # choice is swapped here depends on when the step thread sees the second add_choices (seen both
+    # ways), so swaps are not asserted; test_scheduler_swap.cpp swaps forked choices deterministically.
+    prompt = " ".join(f"Item {i} of the list is a word." for i in range(6))
+    lengths = [120, 6, 120, 120]
+    roomy = make_llm(tiny_model_path, kv_mode="paged", max_num_seqs=8, n_ctx=8 * 256)
+    expected = roomy.generate([prompt], greedy(120))[0].token_ids
+    llm = make_llm(
+        tiny_model_path, kv_mode="paged", max_num_seqs=8, n_ctx=256, preemption_mode="swap"
+    )
+    ids = []
+    for _ in range(2):
+        ids += llm.add_choices(prompt, [greedy(n) for n in lengths])
+    finals = [list(llm.iter_outputs(i, timeout=120))[-1].output for i in ids]
+    assert [len(f.token_ids) for f in finals] == lengths * 2
+    for f in finals:
+        assert f.token_ids == expected[: len(f.token_ids)]
+    s = llm.stats()
+    assert s.num_preemptions_recompute == 0 and s.num_recomputed_tokens == 0
+    assert s.kv_blocks_used == 0 and s.swap_blocks_used == 0 and s.num_swapped == 0
