@@ -262,8 +262,10 @@ typedef struct cf_sampling_params {
 
 /* Defaults: max_tokens 16, temperature 0 (greedy), top_k 0, top_p 1, min_p 0, seed random,
  * no penalties (repeat 1, last_n 64, presence 0, frequency 0), no logit bias, no grammar,
- * cache_prompt 1, no logprobs (logprobs 0, top_logprobs 0, post_sampling_probs 0), return_progress 0. A request with a penalty or a grammar is sampled on the CPU (greedy: the
- * argmax after those samplers); other rows, a logit bias included, keep the in-graph samplers. */
+ * cache_prompt 1, no logprobs (logprobs 0, top_logprobs 0, post_sampling_probs 0), no prompt
+ * progress (return_progress 0). A request with a penalty or a grammar is sampled on the CPU
+ * (greedy: the argmax after those samplers); other rows, a logit bias included, keep the
+ * in-graph samplers. */
 CF_API cf_sampling_params cf_sampling_params_default(void);
 
 /* Checks every rule of cf_sampling_params that does not need a model, with the messages
