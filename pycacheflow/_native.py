@@ -185,6 +185,7 @@ def _sampling_params(params: SamplingParams, keep: list) -> object:
     c.seed = SEED_RANDOM if params.seed is None else params.seed
     c.ignore_eos = int(params.ignore_eos)
     c.cache_prompt = int(params.cache_prompt)
+    c.return_progress = int(params.return_progress)
     if params.logprobs is not None:
         c.logprobs, c.top_logprobs = 1, params.logprobs
         c.post_sampling_probs = int(params.post_sampling_probs)

@@ -32,6 +32,7 @@ from pycacheflow.outputs import (
     FINISH_REASON_NONE,
     TOKEN_NONE,
     FinalInfo,
+    PromptProgress,
     RequestChunk,
     TokenLogprobs,
 )
@@ -269,9 +270,11 @@ def split_by_request(
     Returns:
         The chunks: each request's tokens (events without a token left out), their times, its
         text pieces concatenated and decoded (the engine releases whole characters only), its
-        latest slot id, the final fields when its last event is among them, and for requests
+        latest slot id, the final fields when its last event is among them, for requests
         with token probabilities one ``TokenLogprobs`` per token (no Python object per token
-        for the others).
+        for the others), and for requests that asked for prompt progress its
+        ``PromptProgress`` reports (progress events carry no token; a drain without any costs
+        one array test).
     """
     request_ids = events["request_id"]
     order = np.argsort(request_ids, kind="stable")  # each request's events together, in order
@@ -288,6 +291,10 @@ def split_by_request(
     byte_end = [0] + byte_ends.tolist()
     all_tokens = TOKEN_NONE not in token_ids
     probs = _Logprobs(events, order, logprobs, text, byte_end)
+    is_progress = events["prompt_progress"][order]
+    any_progress = bool(is_progress.any())
+    if any_progress:
+        is_progress = is_progress.tolist()
     chunks = []
     for _, start, end in bounds:
         ids, stamps = token_ids[start:end], times[start:end]
@@ -299,9 +306,23 @@ def split_by_request(
             last = events[order[end - 1]]
             final = FinalInfo(*(int(last[f]) for f in _FINAL_FIELDS))
         piece = text[byte_end[start]:byte_end[end]].decode("utf-8", errors="replace")
+        progress = ()
+        if any_progress and any(is_progress[start:end]):
+            progress = _progress(events, order[start:end])
         chunks.append(RequestChunk(int(ids_sorted[start]), ids, stamps, piece, slot_ids[end - 1],
-                                   final, probs.of(start, end)))  # fmt: skip
+                                   final, probs.of(start, end), progress))  # fmt: skip
     return chunks
+
+
+def _progress(events: np.ndarray, rows: np.ndarray) -> tuple[PromptProgress, ...]:
+    """The PromptProgress of the progress events among ``rows`` (one request's, in order)."""
+    return tuple(
+        PromptProgress(int(ev["num_prompt_tokens"]), int(ev["num_cached_tokens"]),
+                       int(ev["num_prompt_processed"]), int(ev["time_ns"]),
+                       int(ev["first_scheduled_ns"]))  # fmt: skip
+        for ev in events[rows]
+        if ev["prompt_progress"]
+    )
 
 
 class _Logprobs:

@@ -32,6 +32,9 @@ class OutputEvent(NamedTuple):
     the cf_finish_reason int (0 = still running). The fields after ``time_ns`` are "final":
     set on a request's last event only, 0 elsewhere. Times are cf_clock_ns() nanoseconds.
     ``text_len`` bytes of released text belong to it (``Engine.drain`` does not return them).
+    ``prompt_progress`` is 1 on a prompt progress event (``SamplingParams.return_progress``):
+    no token, ``num_prompt_processed`` prompt tokens in the KV so far, the "final" counts and
+    ``first_scheduled_ns`` set.
     """
 
     request_id: int
@@ -50,6 +53,36 @@ class OutputEvent(NamedTuple):
     stop_string_index: int
     num_logprobs: int
     logprobs_offset: int
+    prompt_progress: int
+    num_prompt_processed: int
+
+
+@dataclass(frozen=True)
+class PromptProgress:
+    """One prompt progress report of a request (``SamplingParams.return_progress``): what
+    llama-server streams as ``prompt_progress``. The engine queues one when the request is
+    first scheduled, before any prompt token is computed (``processed == cached``), then one
+    after each step that computed a chunk of the prompt (the last: ``processed == total``).
+
+    Attributes:
+        total: prompt tokens.
+        cached: of those, found in the prefix cache (not computed).
+        processed: prompt tokens in the request's KV so far (cached + computed), strictly
+            increasing over a request's reports.
+        time_ns: when the step began (the first report) or finished its decode (cf_clock_ns).
+        first_scheduled_ns: when the request was first scheduled (the first report's time_ns).
+    """
+
+    total: int
+    cached: int
+    processed: int
+    time_ns: int
+    first_scheduled_ns: int
+
+    @property
+    def elapsed_ms(self) -> float:
+        """Milliseconds from the first scheduling to this report (0.0 for the first)."""
+        return (self.time_ns - self.first_scheduled_ns) / 1e6
 
 
 @dataclass(frozen=True)
@@ -101,6 +134,8 @@ class RequestChunk:
         final: set when the chunk holds the request's last event.
         logprobs: one entry per token of ``token_ids`` when the request asked for token
             probabilities, else None.
+        progress: its prompt progress reports, in order (() unless it asked for them); they
+            come before the tokens of the same drain.
     """
 
     request_id: int
@@ -110,6 +145,7 @@ class RequestChunk:
     slot_id: int
     final: FinalInfo | None = None
     logprobs: list[TokenLogprobs] | None = None
+    progress: tuple[PromptProgress, ...] = ()
 
 
 class ModelInfo(NamedTuple):
@@ -349,6 +385,8 @@ class StreamDelta:
             [0, max_num_seqs); SLOT_ID_NONE (-1) if it never ran.
         logprobs: with ``SamplingParams.logprobs``: the probabilities of each token of
             ``token_ids`` (and the text each released); else None.
+        progress: with ``SamplingParams.return_progress``: the prompt progress reports since
+            the previous delta, in order; they precede this delta's tokens. () otherwise.
     """
 
     request_id: int
@@ -357,6 +395,7 @@ class StreamDelta:
     output: RequestOutput | None = None
     slot_id: int = SLOT_ID_NONE
     logprobs: tuple[TokenLogprobs, ...] | None = None
+    progress: tuple[PromptProgress, ...] = ()
 
     @property
     def finished(self) -> bool:

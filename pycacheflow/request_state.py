@@ -21,7 +21,7 @@ from pycacheflow.outputs import (
 )
 
 if TYPE_CHECKING:
-    from pycacheflow.outputs import FinalInfo, RequestChunk, TokenLogprobs
+    from pycacheflow.outputs import FinalInfo, PromptProgress, RequestChunk, TokenLogprobs
 
 
 class RequestState:
@@ -71,11 +71,13 @@ class RequestState:
         new_ids: list[int] = []
         text = []
         new_logprobs: list[TokenLogprobs] = []
+        progress: list[PromptProgress] = []
         for chunk in chunks:
             if self._final is not None:
                 break  # nothing follows a final chunk
             new_ids += chunk.token_ids
             new_logprobs += chunk.logprobs or ()
+            progress += chunk.progress
             self._token_times_ns += chunk.token_times_ns
             text.append(chunk.text)
             self.slot_id = chunk.slot_id
@@ -90,7 +92,7 @@ class RequestState:
         if self._final is not None:
             self.output = self._build_output(self._final)
         return StreamDelta(self.request_id, piece, tuple(new_ids), self.output, self.slot_id,
-                           delta_logprobs)  # fmt: skip
+                           delta_logprobs, tuple(progress))  # fmt: skip
 
     def _build_output(self, final: FinalInfo) -> RequestOutput:
         metrics = RequestMetrics.from_times_ns(

@@ -70,6 +70,10 @@ class SamplingParams:
         post_sampling_probs: with ``logprobs``: the probabilities after the sampler chain (the
             distribution the token was drawn from; tokens it excluded are not listed; greedy:
             the sampled token with probability 1) instead of the softmax of the raw logits.
+        return_progress: report the prompt's progress as the engine computes it (llama-server's
+            ``return_progress``): ``StreamDelta.progress`` gets one ``PromptProgress`` when the
+            request is first scheduled and one after each step that computed a chunk of its
+            prompt. Changes no output.
 
     Each value is validated once, by the layer that owns it: here only what Python owns (types,
     that a value has a C form: int32_t, int64_t seed, float, UTF-8 text); the ranges by the
@@ -99,6 +103,7 @@ class SamplingParams:
     cache_prompt: bool = True
     logprobs: int | None = None
     post_sampling_probs: bool = False
+    return_progress: bool = False
 
     def __post_init__(self) -> None:
         # Normalise containers first (frozen: assign through object.__setattr__).
@@ -129,7 +134,7 @@ class SamplingParams:
             _require_c_int("stop_token_ids entry", token_id)
         if self.logprobs is not None:
             _require_c_int("logprobs", self.logprobs)
-        for name in ("ignore_eos", "cache_prompt", "post_sampling_probs"):
+        for name in ("ignore_eos", "cache_prompt", "post_sampling_probs", "return_progress"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
         if not isinstance(self.grammar, str):

@@ -284,12 +284,19 @@ typedef struct cf_sampling_params {
      * penalties, grammar, top_k, top_p, min_p, temperature: the distribution the token was drawn
      * from; tokens of probability 0 are left out; greedy: the sampled token, probability 1). */
     int32_t post_sampling_probs;
+    /* 1 = report the prompt's progress (llama-server's return_progress): prompt progress events
+     * (cf_output_event.prompt_progress) when the request is first scheduled, before any of its
+     * prompt is computed, and after each step that computed a chunk of it; 0 = none (the
+     * default). Changes no output. */
+    int32_t return_progress;
 } cf_sampling_params;
 
 /* Defaults: max_tokens 16, temperature 0 (greedy), top_k 0, top_p 1, min_p 0, seed random,
  * no penalties (repeat 1, last_n 64, presence 0, frequency 0), no logit bias, no grammar,
- * cache_prompt 1, no logprobs (logprobs 0, top_logprobs 0, post_sampling_probs 0). A request with a penalty or a grammar is sampled on the CPU (greedy: the
- * argmax after those samplers); other rows, a logit bias included, keep the in-graph samplers. */
+ * cache_prompt 1, no logprobs (logprobs 0, top_logprobs 0, post_sampling_probs 0), no prompt
+ * progress (return_progress 0). A request with a penalty or a grammar is sampled on the CPU
+ * (greedy: the argmax after those samplers); other rows, a logit bias included, keep the
+ * in-graph samplers. */
 CF_API cf_sampling_params cf_sampling_params_default(void);
 
 /* Checks every rule of cf_sampling_params that does not need a model, with the messages
@@ -352,7 +359,18 @@ CF_API cf_status cf_engine_abort_request(cf_engine_t engine, int64_t request_id)
 /* One output event. A request produces one event per generated token, in order; the last
  * event of a request has finish_reason != CF_FINISH_REASON_NONE (it may also carry the last
  * token, or token_id == CF_TOKEN_NONE for abort/error). The timing fields marked "final" are
- * set on the last event only (0 elsewhere).
+ * set on the last event only (0 elsewhere), and on prompt progress events.
+ *
+ * Prompt progress (only for a request with cf_sampling_params.return_progress = 1): events
+ * with prompt_progress = 1, token_id CF_TOKEN_NONE, finish_reason CF_FINISH_REASON_NONE, no text
+ * and no probabilities. The first is queued when the request is first scheduled, before the
+ * decode of that step (num_prompt_processed = num_cached_tokens); then one after each step that
+ * computed a chunk of its prompt, ahead of that step's token event (num_prompt_processed = prompt
+ * tokens in its KV after the step). num_prompt_processed strictly increases from event to event
+ * and the last one equals num_prompt_tokens. A preemption does not repeat them: after it, a
+ * progress event comes only when the recomputed prompt passes what was already reported.
+ * On these events time_ns is when the step began (the first) or ended its decode (the others),
+ * and first_scheduled_ns, num_prompt_tokens and num_cached_tokens are set.
  *
  * Text: the engine detokenizes the output incrementally (special tokens render as nothing) and
  * applies the stop strings itself. Each event carries the text its token released: whole UTF-8
@@ -389,6 +407,10 @@ typedef struct cf_output_event {
                                      probability; 0 = none (not asked for, or no token)      */
     int64_t logprobs_offset;      /* cf_engine_drain_outputs: index of entry 0 in its
                                      logprobs buffer; else 0                                 */
+    int32_t prompt_progress;      /* 1 = a prompt progress event (see above), else 0         */
+    int32_t num_prompt_processed; /* progress events: prompt tokens in the request's KV
+                                     (cached + computed), in [num_cached_tokens,
+                                     num_prompt_tokens]; 0 on other events                   */
 } cf_output_event;
 
 /* One token probability of cf_output_event: the natural log of the token's probability (<= 0;

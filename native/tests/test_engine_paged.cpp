@@ -7,7 +7,8 @@
 //   - a request whose prompt does not fit the free blocks waits, then runs (admission by free blocks);
 //   - a sequence that cannot grow preempts a newer one, which later resumes (recompute) with the
 //     same greedy output; alone, a sequence that outgrows the pool ends with CF_FINISH_REASON_LENGTH;
-//   - block and byte statistics: used blocks back to 0, utilization of allocated blocks.
+//   - block and byte statistics: used blocks back to 0, utilization of allocated blocks;
+//   - prompt progress events (return_progress) per prompt chunk, cache hits counted as cached.
 #undef NDEBUG  // the checks must run in Release builds too
 #include "cacheflow.h"
 
@@ -207,6 +208,67 @@ void test_preempted_sequence_resumes_with_the_same_output() {
     cf_engine_free(engine);
 }
 
+// return_progress: a 40-token prompt under a 16-token budget reports processed 0 (before any
+// token is computed), 16, 32, 40, each ahead of the request's first token; a request beside it
+// that did not ask gets none; the repeat of the prompt counts its prefix cache hits as cached.
+void test_prompt_progress_events() {
+    cf_engine_t engine = make_engine(256, 2, 16);
+    const std::vector<int32_t> prompt = tokens(40, 3);
+    auto run = [&](bool with_plain) {
+        cf_sampling_params p = cf_sampling_params_default();
+        p.max_tokens = 2;
+        p.ignore_eos = 1;
+        p.return_progress = 1;
+        int64_t id = 0;
+        assert(cf_engine_add_request(engine, prompt.data(), (int32_t) prompt.size(), &p, 0, &id) == CF_STATUS_OK);
+        const int64_t plain = with_plain ? add(engine, tokens(8, 900), 2) : -1;
+        std::vector<cf_output_event> progress;
+        int32_t num_tokens = 0;
+        cf_output_event events[64];
+        while (cf_engine_has_work(engine)) {
+            int32_t n_sched = 0;
+            assert(cf_engine_step(engine, &n_sched) == CF_STATUS_OK);
+            int32_t n = 0;
+            assert(cf_engine_drain(engine, events, 64, 0, &n) == CF_STATUS_OK);
+            for (int32_t i = 0; i < n; ++i) {
+                const cf_output_event & ev = events[i];
+                if (ev.request_id == plain) {
+                    assert(ev.prompt_progress == 0 && ev.num_prompt_processed == 0);
+                    continue;
+                }
+                assert(ev.request_id == id);
+                if (ev.prompt_progress) {
+                    assert(num_tokens == 0);  // every report comes before the first token
+                    assert(ev.token_id == CF_TOKEN_NONE && ev.finish_reason == CF_FINISH_REASON_NONE);
+                    assert(ev.text_len == 0 && ev.num_logprobs == 0 && ev.num_prompt_tokens == 40);
+                    progress.push_back(ev);
+                } else if (ev.token_id != CF_TOKEN_NONE) {
+                    num_tokens += 1;
+                }
+            }
+        }
+        assert(num_tokens == 2);
+        for (size_t i = 0; i < progress.size(); ++i) {
+            assert(progress[i].num_cached_tokens == progress[0].num_cached_tokens);
+            assert(progress[i].first_scheduled_ns == progress[0].time_ns);  // the first: when it was scheduled
+            assert(i == 0 || progress[i].time_ns > progress[i - 1].time_ns);
+        }
+        return progress;
+    };
+    std::vector<cf_output_event> cold = run(true);
+    assert(cold.size() == 4 && cold[0].num_cached_tokens == 0);
+    const int32_t expected[] = {0, 16, 32, 40};
+    for (size_t i = 0; i < cold.size(); ++i) {
+        assert(cold[i].num_prompt_processed == expected[i]);
+    }
+    // the prompt's blocks stay cached; a fully cached prompt still computes its last token
+    std::vector<cf_output_event> warm = run(false);
+    assert(warm.size() == 2 && warm[0].num_cached_tokens == 39);
+    assert(warm[0].num_prompt_processed == 39 && warm[1].num_prompt_processed == 40);
+    expect_pool_empty(engine);
+    cf_engine_free(engine);
+}
+
 }  // namespace
 
 int main() {
@@ -219,6 +281,7 @@ int main() {
     test_many_sequences_share_one_pool();
     test_admission_waits_for_free_blocks();
     test_preempted_sequence_resumes_with_the_same_output();
+    test_prompt_progress_events();
     std::printf("test_engine_paged: ok\n");
     return 0;
 }

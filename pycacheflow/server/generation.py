@@ -171,6 +171,12 @@ async def _stream_llama(
             continue
         job = jobs[index]
         state.track(job, delta)
+        if delta.progress:
+            yield sse.events([
+                responses.with_progress(responses.completion_partial(
+                    index, "", (), job.num_decoded, state.slot_id(job)), p, req.timings_per_token)
+                for p in delta.progress
+            ])  # fmt: skip
         if (delta.text or delta.token_ids) and not job.discard_output:
             state.progress(job, delta)
             decoded = job.num_decoded - len(delta.token_ids)
@@ -198,6 +204,12 @@ async def _stream_oai_completion(
             continue
         job = jobs[index]
         state.track(job, delta)
+        if delta.progress:
+            yield sse.events([
+                responses.with_progress(responses.oai_completion_chunk(ids, index, "", None), p,
+                                        req.timings_per_token)
+                for p in delta.progress
+            ])  # fmt: skip
         if (delta.text or delta.logprobs) and not job.discard_output:
             state.progress(job, delta)
             yield sse.events([
@@ -225,7 +237,14 @@ async def _stream_chat(
             continue
         job = jobs[index]
         state.track(job, delta)
-        chunks = []
+        chunks = [  # llama-server: each with the role delta
+            responses.with_progress(
+                responses.chat_chunk(ids, {"role": "assistant", "content": None}, None, index), p,
+                req.timings_per_token)
+            for p in delta.progress
+        ]  # fmt: skip
+        if chunks:
+            sent_role.add(index)
         if index not in sent_role and (delta.text or delta.logprobs or delta.output is not None):
             chunks.append(responses.chat_chunk(ids, {"role": "assistant", "content": None}, None,
                                                index))  # fmt: skip

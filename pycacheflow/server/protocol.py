@@ -106,6 +106,9 @@ class GenerationRequest:
         verbose: add llama-server's ``__verbose`` object (the rendered prompt) to the answer.
         cache_prompt: the client's ``cache_prompt`` (also in ``params``: False = this request
             neither reads nor fills the prefix cache).
+        timings_per_token: add ``timings`` to streamed chunks before the last (CacheFlow: to
+            the prompt progress chunks; ``params.return_progress`` is set when the request
+            streams and asked for ``return_progress``).
         ignored_fields: known llama.cpp options set to values CacheFlow does not implement.
         tools: chat: OpenAI tool definitions, passed to the chat template.
         template_kwargs: chat: the request's ``chat_template_kwargs``.
@@ -128,6 +131,7 @@ class GenerationRequest:
     num_choices: int = 1
     verbose: bool = False
     cache_prompt: bool = True
+    timings_per_token: bool = False
     ignored_fields: tuple[str, ...] = field(default_factory=tuple)
     tools: tuple[dict[str, object], ...] = ()
     template_kwargs: Mapping[str, object] = field(default_factory=dict)
@@ -525,12 +529,15 @@ def _generation(
     stream_options = body.get("stream_options")
     if stream_options is not None and not isinstance(stream_options, dict):
         raise _bad_type("stream_options", "an object", stream_options)
+    stream = read_bool(body, "stream", False)
+    # llama-server reports prompt progress on streams only
+    return_progress = stream and read_bool(body, "return_progress", False)
     return GenerationRequest(
         prompts=prompts,
         messages=messages,
         n_predict=n_predict,
-        params=_sampling(_with_defaults(body, defaults), max(1, n_predict), probs),
-        stream=read_bool(body, "stream", False),
+        params=_sampling(_with_defaults(body, defaults), max(1, n_predict), probs, return_progress),
+        stream=stream,
         include_usage=read_bool(stream_options or {}, "include_usage", False),
         priority=read_int(body, ("priority",), 0),
         return_tokens=read_bool(body, "return_tokens", False),
@@ -539,6 +546,7 @@ def _generation(
         num_choices=num_choices,
         verbose=read_bool(body, "verbose", False),
         cache_prompt=read_bool(body, "cache_prompt", True),
+        timings_per_token=read_bool(body, "timings_per_token", False),
         ignored_fields=_ignored(_with_defaults(body, defaults)),
     )
 
@@ -552,7 +560,10 @@ def _with_defaults(body: Mapping[str, object], defaults: RequestDefaults) -> dic
 
 
 def _sampling(
-    body: Mapping[str, object], max_tokens: int, probs: tuple[int | None, bool]
+    body: Mapping[str, object],
+    max_tokens: int,
+    probs: tuple[int | None, bool],
+    return_progress: bool = False,
 ) -> SamplingParams:
     read_str(body, "model", None)  # any model name is accepted (single-model server)
     seed = read_int(body, ("seed",), -1, low=-1, high=0xFFFFFFFF)
@@ -574,6 +585,7 @@ def _sampling(
             grammar=read_str(body, "grammar", None) or "",
             logprobs=probs[0],
             post_sampling_probs=probs[1],
+            return_progress=return_progress,
         )
     except (TypeError, ValueError) as exc:  # SamplingParams names the field
         raise ProtocolError(str(exc)) from None

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import pycacheflow
 
 if TYPE_CHECKING:
-    from pycacheflow.outputs import RequestMetrics, RequestOutput
+    from pycacheflow.outputs import PromptProgress, RequestMetrics, RequestOutput
     from pycacheflow.server.protocol import GenerationRequest
 
 def _system_fingerprint() -> str:
@@ -130,6 +130,48 @@ def timings(metrics: RequestMetrics) -> dict[str, float]:
             _MS_PER_S * decoded / predicted_ms if decoded > 0 and predicted_ms > 0 else 0.0
         ),
     }
+
+
+def prompt_progress(progress: PromptProgress) -> dict[str, int]:
+    """llama-server's ``prompt_progress``: prompt tokens in all, found in the cache, in the KV
+    so far (cache included), and milliseconds since the request was first scheduled."""
+    return {
+        "total": progress.total,
+        "cache": progress.cached,
+        "processed": progress.processed,
+        "time_ms": int(progress.elapsed_ms),
+    }
+
+
+def progress_timings(progress: PromptProgress) -> dict[str, float]:
+    """``timings`` at a prompt progress report (llama-server's slot stats then): the prompt
+    tokens computed so far (cache excluded) and the time from the first scheduling to the
+    report (0 on the first report, sent before any prompt token is computed); nothing
+    predicted yet."""
+    prompt_n = progress.processed - progress.cached
+    prompt_ms = max(0.0, progress.elapsed_ms)
+    return {
+        "cache_n": progress.cached,
+        "prompt_n": prompt_n,
+        "prompt_ms": prompt_ms,
+        "prompt_per_token_ms": prompt_ms / prompt_n if prompt_n else 0.0,
+        "prompt_per_second": _MS_PER_S * prompt_n / prompt_ms if prompt_ms > 0 else 0.0,
+        "predicted_n": 0,
+        "predicted_ms": 0.0,
+        "predicted_per_token_ms": 0.0,
+        "predicted_per_second": 0.0,
+    }
+
+
+def with_progress(
+    body: dict[str, object], progress: PromptProgress, timings_per_token: bool
+) -> dict[str, object]:
+    """``body`` (a stream chunk) as a prompt progress chunk: ``prompt_progress``, and
+    ``timings`` with ``timings_per_token``."""
+    if timings_per_token:
+        body["timings"] = progress_timings(progress)
+    body["prompt_progress"] = prompt_progress(progress)
+    return body
 
 
 def usage(outputs: list[RequestOutput]) -> dict[str, object]:

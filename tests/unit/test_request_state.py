@@ -3,11 +3,13 @@ one RequestChunk per request), without the native library."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
 from pycacheflow.engine import split_by_request
-from pycacheflow.outputs import FINISH_REASONS, TOKEN_NONE, FinalInfo, RequestChunk
+from pycacheflow.outputs import FINISH_REASONS, TOKEN_NONE, FinalInfo, PromptProgress, RequestChunk
 from pycacheflow.request_state import RequestState
 
 MS = 1_000_000
@@ -17,6 +19,7 @@ EVENT_DTYPE = np.dtype([
     ("num_prompt_tokens", np.int32), ("num_cached_tokens", np.int32),
     ("num_output_tokens", np.int32), ("num_preemptions", np.int32), ("slot_id", np.int32),
     ("text_len", np.int32), ("text_offset", np.int64), ("stop_string_index", np.int32),
+    ("prompt_progress", np.int32), ("num_prompt_processed", np.int32),
 ])  # fmt: skip
 
 
@@ -139,3 +142,35 @@ def test_split_by_request_gives_token_probabilities_to_the_requests_that_have_th
     delta = state.add(probs_chunk)
     assert delta.logprobs == (first, second) and delta.output.logprobs == (first, second)
     assert RequestState(5, None, [1]).add(plain_chunk).logprobs is None
+
+
+def test_split_by_request_gives_prompt_progress_to_the_requests_that_asked():
+    # request 5 (20-token prompt, 4 cached) reports before its first chunk, after each chunk
+    # (the last one in the step that samples its first token), then decodes; request 6 did not ask
+    array, text = events([
+        (5, TOKEN_NONE, 0, 1, 0, b""),
+        (6, 30, 0, 1, 1, b"x"),
+        (5, TOKEN_NONE, 0, 2, 0, b""),
+        (5, TOKEN_NONE, 0, 3, 0, b""),
+        (5, 10, 0, 3, 0, b"a"),
+        (5, 11, 0, 4, 0, b"b"),
+    ])  # fmt: skip
+    rows = [0, 2, 3]
+    array["prompt_progress"][rows] = 1
+    array["num_prompt_processed"][rows] = [4, 12, 20]
+    array["num_prompt_tokens"][rows], array["num_cached_tokens"][rows] = 20, 4
+    array["first_scheduled_ns"][rows] = 1 * MS
+    asked, plain = split_by_request(array, text)
+    assert (asked.token_ids, asked.text, plain.progress) == ([10, 11], "ab", ())
+    assert asked.token_times_ns == [3 * MS, 4 * MS]
+    assert asked.progress == tuple(
+        PromptProgress(20, 4, processed, t_ms * MS, 1 * MS)
+        for processed, t_ms in ((4, 1), (12, 2), (20, 3))
+    )
+    assert [p.elapsed_ms for p in asked.progress] == [0.0, 1.0, 2.0]
+    state = RequestState(5, None, [1] * 20)
+    first = state.add(RequestChunk(5, [], [], "", 0, progress=asked.progress[:1]))
+    rest = state.add(dataclasses.replace(asked, progress=asked.progress[1:]))
+    assert first.progress == asked.progress[:1] and first.token_ids == ()
+    assert rest.progress == asked.progress[1:] and rest.token_ids == (10, 11)
+    assert state.add(RequestChunk(5, [12], [5 * MS], "c", 0)).progress == ()

@@ -149,6 +149,10 @@ SamplingParams SamplingParams::from_c(const cf_sampling_params & p, int32_t n_vo
     }
     out.cache_prompt = p.cache_prompt == 1;
     copy_logprobs(p, n_vocab, out);
+    if (p.return_progress != 0 && p.return_progress != 1) {
+        fail_invalid("return_progress must be 0 or 1, got " + std::to_string(p.return_progress));
+    }
+    out.return_progress = p.return_progress == 1;
     return out;
 }
 

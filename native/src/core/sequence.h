@@ -49,6 +49,7 @@ struct SamplingParams {
     bool logprobs = false;           // report token probabilities (engine/logprobs.h)
     int32_t top_logprobs = 0;        // most likely tokens listed with each one, <= n_vocab
     bool post_sampling_probs = false;  // after the sampler chain instead of the raw logits
+    bool return_progress = false;    // queue prompt progress events (cf_output_event.prompt_progress)
 
     bool is_greedy() const { return temperature == 0.0f; }
     bool has_penalties() const {
@@ -113,6 +114,8 @@ struct Sequence {
     int32_t slot_id = CF_SLOT_ID_NONE;       // held while running (cf_output_event.slot_id)
     int32_t last_slot_id = CF_SLOT_ID_NONE;  // the slot id it held last (for its final event)
     int32_t stop_string_index = -1;          // params.stop_strings[i] ended it; -1 = none
+    // params.return_progress: num_prompt_processed of the last progress event queued; -1 = none yet.
+    int32_t prompt_progress_reported = -1;
     OpaqueHandle sampler{nullptr, opaque_handle_no_free};
 
     int32_t num_tokens() const { return (int32_t) tokens.size(); }

@@ -145,6 +145,7 @@ cf_sampling_params default_sampling_params() {
     p.logprobs = 0;
     p.top_logprobs = 0;
     p.post_sampling_probs = 0;
+    p.return_progress = 0;
     return p;
 }
 

@@ -101,6 +101,8 @@ class Engine {
     void fail_step(const StepPlan & out);
     void finish(Sequence * seq, cf_finish_reason reason, int32_t token_id, int64_t now_ns);
     void emit_final(Sequence & seq, int32_t token_id, int64_t now_ns);
+    void publish_progress_start(const StepPlan & plan);
+    void emit_progress(Sequence & seq);
     void emit_token(Sequence & seq, int32_t token_id, int64_t now_ns);
     void fail_everything(const std::string & why);
     void publish();
@@ -116,6 +118,7 @@ class Engine {
     std::vector<std::unique_ptr<Sequence>> inbox_adds_;  // swapped with pending_adds_
     std::vector<int64_t> inbox_aborts_;                   // swapped with pending_aborts_
     std::vector<cf_output_event> step_events_;
+    std::vector<cf_output_event> progress_events_;  // publish_progress_start's, queued before the decode
     std::string step_text_;               // text of step_events_ (their text_offset points here)
     std::vector<cf_token_logprob> step_logprobs_;  // probabilities of step_events_ (logprobs_offset)
     LogprobsCollector logprobs_;

@@ -48,6 +48,25 @@ cf_output_event make_event(Sequence & seq, int32_t token_id, cf_finish_reason re
     return ev;
 }
 
+// A prompt progress event (cacheflow.h): no token, no text; the prompt's counts so far.
+cf_output_event make_progress_event(const Sequence & seq, int32_t num_processed, int64_t first_scheduled_ns,
+                                    int64_t now_ns) {
+    cf_output_event ev{};
+    ev.request_id = seq.request_id;
+    ev.token_id = CF_TOKEN_NONE;
+    ev.finish_reason = CF_FINISH_REASON_NONE;
+    ev.time_ns = now_ns;
+    ev.arrival_ns = seq.arrival_ns;
+    ev.first_scheduled_ns = first_scheduled_ns;
+    ev.num_prompt_tokens = seq.num_prompt_tokens;
+    ev.num_cached_tokens = seq.num_cached_tokens;
+    ev.slot_id = seq.slot_id;
+    ev.stop_string_index = -1;
+    ev.prompt_progress = 1;
+    ev.num_prompt_processed = num_processed;
+    return ev;
+}
+
 }  // namespace
 
 StepResult Engine::step_guarded() {
@@ -78,6 +97,7 @@ StepResult Engine::step_locked() {
         totals_.num_steps += 1;
         profiler_.step_begin(totals_.num_steps, step_start_ns_, (int32_t) out.seqs.size(), out.num_decode_tokens,
                              out.num_prefill_tokens);
+        publish_progress_start(out);
         const int64_t decode_start_ns = clock_ns();
         const int32_t rc = decode_groups(out);
         update_preemption_costs(out, clock_ns() - decode_start_ns);
@@ -143,6 +163,9 @@ void Engine::run_decoded_step(const StepPlan & out) {
                 profiler_.request(CF_PROFILE_EVENT_REQUEST_PREFIX_HIT, totals_.num_steps, step_start_ns_,
                                   seq->request_id, seq->num_cached_tokens);
             }
+        }
+        if (seq->params.return_progress) {
+            emit_progress(*seq);  // before the token this step sampled, if any
         }
         if (!s.needs_sample) {
             continue;  // a prompt chunk that does not reach the end of the prompt
@@ -317,6 +340,37 @@ void Engine::finish(Sequence * seq, cf_finish_reason reason, int32_t token_id, i
     release_slot(*done);
     done->finish_ns = now_ns;
     emit_final(*done, token_id, now_ns);
+}
+
+// llama-server's first progress report, before any prompt token of the request is decoded: queued
+// (one push, only when a request asked) before this step's decode, not with the step's outputs.
+void Engine::publish_progress_start(const StepPlan & plan) {
+    progress_events_.clear();
+    for (const ScheduledSeq & s : plan.seqs) {
+        Sequence & seq = *s.seq;
+        if (!seq.params.return_progress || seq.prompt_progress_reported >= 0) {
+            continue;
+        }
+        take_slot_id(seq);  // the slot it runs in from this step on (run_decoded_step keeps it)
+        const int32_t processed = std::min(seq.num_computed_tokens, seq.num_prompt_tokens);
+        const int64_t scheduled_ns = seq.first_scheduled_ns != 0 ? seq.first_scheduled_ns : step_start_ns_;
+        progress_events_.push_back(make_progress_event(seq, processed, scheduled_ns, step_start_ns_));
+        seq.prompt_progress_reported = processed;
+    }
+    if (!progress_events_.empty()) {
+        events_.push(progress_events_, std::string());
+    }
+}
+
+// After a step computed some of seq's tokens: a progress event if its prompt got further than the
+// last one reported (never again once the whole prompt was reported, e.g. recomputed output).
+void Engine::emit_progress(Sequence & seq) {
+    const int32_t processed = std::min(seq.num_computed_tokens, seq.num_prompt_tokens);
+    if (processed <= seq.prompt_progress_reported) {
+        return;
+    }
+    step_events_.push_back(make_progress_event(seq, processed, seq.first_scheduled_ns, clock_ns()));
+    seq.prompt_progress_reported = processed;
 }
 
 void Engine::emit_token(Sequence & seq, int32_t token_id, int64_t now_ns) {
