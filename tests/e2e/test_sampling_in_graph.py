@@ -81,6 +81,16 @@ def test_top_k_candidates_for_a_seed_do_not_depend_on_the_batch(real_llm):
     assert together == alone
 
 
+def test_top_k_above_the_vocabulary_keeps_every_token(real_llm):
+    """top_k >= n_vocab is top_k off (llama.cpp's top_k clamps k to the candidates): the same tokens
+    for a seed, where the in-graph top-k would have aborted the process on k > n_vocab."""
+    n_vocab = real_llm.info.n_vocab
+    base = {"max_tokens": 12, "ignore_eos": True, "temperature": 0.8, "seed": 5}
+    off = real_llm.generate([PROMPTS[0]], SamplingParams(top_k=0, **base))[0].token_ids
+    for k in (n_vocab, n_vocab + 1, 10**6):
+        assert real_llm.generate([PROMPTS[0]], SamplingParams(top_k=k, **base))[0].token_ids == off
+
+
 def test_random_seed_sampling_varies(tiny_model_path, make_llm):
     llm = make_llm(tiny_model_path, max_num_seqs=8)
     params = SamplingParams(max_tokens=16, ignore_eos=True, temperature=2.0, top_k=50)

@@ -136,7 +136,9 @@ SamplingParams SamplingParams::from_c(const cf_sampling_params & p, int32_t n_vo
     SamplingParams out;
     out.max_tokens = p.max_tokens;
     out.temperature = p.temperature;
-    out.top_k = p.top_k;
+    // top_k at or above the vocabulary keeps every token: the same as off (llama.cpp's CPU top_k clamps k to the
+    // candidates; its in-graph top_k, ggml_top_k, asserts k <= n_vocab and would abort the process)
+    out.top_k = n_vocab > 0 && p.top_k >= n_vocab ? 0 : p.top_k;
     out.top_p = p.top_p;
     out.min_p = p.min_p;
     out.seed = p.seed;
