@@ -678,4 +678,6 @@ def _event(e: object) -> OutputEvent:
         e.stop_string_index,
         e.num_logprobs,
         e.logprobs_offset,
+        e.prompt_progress,
+        e.num_prompt_processed,
     )
