@@ -209,6 +209,9 @@ class EngineStats(NamedTuple):
     swap_in_bytes: int
     swap_out_ns: int
     swap_in_ns: int
+    num_rows_sampled_in_graph: int
+    num_rows_sampled_top_k: int
+    num_rows_sampled_host: int
 
     @property
     def prefix_cache_hit_rate(self) -> float:

@@ -230,6 +230,12 @@ typedef struct cf_engine_stats {
     int64_t swap_in_bytes;               /* KV bytes copied host -> device                     */
     int64_t swap_out_ns;                 /* time spent in those copies, ns                     */
     int64_t swap_in_ns;
+    /* Sampled rows by route, since init (llama_session.h): their sum is num_generated_tokens.  */
+    int64_t num_rows_sampled_in_graph;   /* token chosen in the graph (batched argmax, or a
+                                            backend sampler chain of the row's slot)          */
+    int64_t num_rows_sampled_top_k;      /* chosen on the CPU among the row's in-graph top-k
+                                            candidates (patch 0006)                           */
+    int64_t num_rows_sampled_host;       /* chosen on the CPU from the row's whole logits     */
 } cf_engine_stats;
 
 CF_API cf_status cf_engine_get_stats(cf_engine_t engine, cf_engine_stats * out_stats);

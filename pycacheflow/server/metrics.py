@@ -174,6 +174,16 @@ class _Collector:
             "Sequences swapped out to host memory now",
             value=s.num_swapped,
         )
+        routes = CounterMetricFamily(
+            "cacheflow:sampled_rows_total",
+            "Sampled rows by route: in_graph (batched argmax or a backend chain), top_k (on the CPU"
+            " among the row's in-graph top-k candidates), host (on the CPU from the whole row)",
+            labels=["route"],
+        )
+        routes.add_metric(["in_graph"], s.num_rows_sampled_in_graph)
+        routes.add_metric(["top_k"], s.num_rows_sampled_top_k)
+        routes.add_metric(["host"], s.num_rows_sampled_host)
+        yield routes
         finished = CounterMetricFamily(
             "cacheflow:requests_finished_total", "Finished requests by reason", labels=["reason"]
         )

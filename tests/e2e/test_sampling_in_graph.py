@@ -178,3 +178,42 @@ def test_ignore_eos_bias_takes_the_argmax_without_eog(real_model_path, make_llm,
     monkeypatch.setenv("CACHEFLOW_HOST_SAMPLING", "1")
     host = make_llm(real_model_path, max_num_seqs=4)
     assert host.generate([prompt], no_eog)[0].token_ids == outs[0].token_ids
+
+
+def _routes(llm) -> tuple[int, int, int]:
+    s = llm.stats()
+    return s.num_rows_sampled_in_graph, s.num_rows_sampled_top_k, s.num_rows_sampled_host
+
+
+def test_lowering_biases_sample_from_the_top_k_candidates(real_model_path, make_llm, monkeypatch):
+    """A row whose logit bias only lowers tokens (llama-server's ignore_eos bans the EOG tokens)
+    is still sampled from its 64 in-graph candidates when top_k + the biased tokens fit in 64
+    (a lowered token can only leave the top k, so the chain's picks are among the raw top 64):
+    seeded llama-server defaults with the EOG ban, with finite penalties on 3 more tokens, and
+    greedy rows with an -inf and a finite penalty get the same tokens as the chain over the whole
+    row on the CPU. A bias too large to fit (40 + 30 tokens) or a positive one takes the host route
+    and the same tokens."""
+    prompt = "List the numbers: one, two, three, one, two, three, one, two,"
+    llm = make_llm(real_model_path, max_num_seqs=8)
+    expected = llm.generate([prompt], SamplingParams(max_tokens=12, ignore_eos=True))[0].token_ids
+    eog = {t: float("-inf") for t in llm.eog_token_ids()}
+    lowered = {**eog, expected[0]: -2.0, expected[1]: -5.0, expected[2]: -1e4}
+    many = {**eog, **{t: -3.0 for t in range(1000, 1030)}}
+    base = {"max_tokens": 12, "ignore_eos": True}
+    fits = [SamplingParams(seed=11, logit_bias=eog, **base, **LLAMA_SERVER_DEFAULTS),
+            SamplingParams(seed=12, logit_bias=lowered, **base, **LLAMA_SERVER_DEFAULTS),
+            SamplingParams(logit_bias={expected[0]: float("-inf"), expected[3]: -0.5}, **base),
+            SamplingParams(logit_bias=lowered, **base)]  # fmt: skip
+    before = _routes(llm)
+    outs = [o.token_ids for o in llm.generate([prompt] * 4, fits)]
+    after = _routes(llm)
+    assert (after[0] - before[0], after[1] - before[1], after[2] - before[2]) == (0, 48, 0)
+    host_route = [SamplingParams(seed=13, logit_bias=many, **base, **LLAMA_SERVER_DEFAULTS),
+                  SamplingParams(seed=14, logit_bias={**eog, expected[0]: 0.5}, **base,
+                                 **LLAMA_SERVER_DEFAULTS)]  # fmt: skip
+    outs += [o.token_ids for o in llm.generate([prompt] * 2, host_route)]
+    assert _routes(llm)[1] == after[1]  # none of those from the candidates
+    monkeypatch.setenv("CACHEFLOW_HOST_SAMPLING", "1")
+    host = make_llm(real_model_path, max_num_seqs=8)
+    assert outs == [o.token_ids for o in host.generate([prompt] * 6, fits + host_route)]
+    assert expected[0] not in outs[2] and expected[2] not in outs[3]  # the biases applied

@@ -188,8 +188,8 @@ void Engine::run_decoded_step(const StepPlan & out) {
 }
 
 // Rows whose slot has an in-graph chain (greedy, or stochastic with a random seed) come back
-// sampled; stochastic rows reduced to their top-k candidates in-graph are sampled on the CPU from
-// those; the others (seeded ones the candidates do not serve, or a slot whose chain could not be
+// sampled; rows reduced to their top-k candidates in-graph (stochastic, or greedy with a lowering
+// logit bias) are sampled on the CPU from those; the others (seeded ones the candidates do not serve, or a slot whose chain could not be
 // offloaded) are sampled on the CPU from their logits row.
 int32_t Engine::sample(Sequence & seq, int32_t batch_index, int32_t slot) {
     const int32_t token_id = session_->sampled_token(batch_index, slot);  // in-graph: batched argmax or a chain
@@ -198,14 +198,17 @@ int32_t Engine::sample(Sequence & seq, int32_t batch_index, int32_t slot) {
             throw Error(CF_STATUS_INTERNAL, "request " + std::to_string(seq.request_id) +
                                                 " asked for token probabilities but was sampled in-graph");
         }
+        ++totals_.num_rows_sampled_in_graph;
         return token_id;
     }
     const int32_t * ids = nullptr;
     const float * candidate_logits = nullptr;
     const int32_t n = session_->top_k_candidates(batch_index, slot, &ids, &candidate_logits);
-    if (n > 0) {  // a stochastic row reduced in-graph to its top-k candidates (never one with logprobs)
+    if (n > 0) {  // a row reduced in-graph to its top-k candidates (never one with logprobs)
+        ++totals_.num_rows_sampled_top_k;
         return sampler_.sample_candidates(seq, ids, candidate_logits, n);
     }
+    ++totals_.num_rows_sampled_host;
     const float * logits = session_->logits(batch_index);
     const int32_t sampled = sampler_.sample(seq, logits);
     if (seq.params.logprobs) {

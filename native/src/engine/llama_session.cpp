@@ -491,14 +491,14 @@ void LlamaSession::set_seq_sampling(int32_t seq_id, const SamplingParams * param
     SlotChain & slot = slot_chains_[(size_t) seq_id];  // seq_id: a llama.cpp slot (batch_builder.h)
     // argmax: greedy without a logit bias, or with exactly the ban of every EOG token (the batched
     // argmax of patch 0005, plain or without EOG tokens: the same token as logit_bias -> greedy);
-    // candidates: a stochastic row, any seed, top_k in [1, kTopKCandidates], no logit bias (the
-    // bias could lift a token outside the candidates above them); chained: a greedy row with any
-    // other logit bias ([logit_bias ->] greedy) or another stochastic row with a random seed.
+    // candidates: a stochastic row, any seed, top_k in [1, kTopKCandidates], or a greedy row with
+    // another logit bias, whose picks the candidates cover (candidates_cover: no bias lifts a token
+    // from outside them); chained: any other greedy row with a logit bias ([logit_bias ->] greedy)
+    // or another stochastic row with a random seed.
     const bool in_graph = params != nullptr && !params->needs_host_samplers();
     const bool no_eog = in_graph && params->is_greedy() && bans_exactly_eog(params->logit_bias);
     const bool argmax = in_graph && params->is_greedy() && (params->logit_bias.empty() || no_eog);
-    const bool candidates = in_graph && !params->is_greedy() && params->logit_bias.empty() && params->top_k > 0 &&
-                            params->top_k <= kTopKCandidates;
+    const bool candidates = in_graph && !argmax && candidates_cover(*params);
     const bool chained =
         in_graph && !argmax && !candidates && (params->is_greedy() || params->seed == CF_SEED_RANDOM);
     if (candidates != slot.candidates) {
@@ -538,6 +538,24 @@ bool LlamaSession::bans_exactly_eog(const std::vector<std::pair<int32_t, float>>
     std::sort(banned.begin(), banned.end());
     banned.erase(std::unique(banned.begin(), banned.end()), banned.end());
     return banned == eog_token_ids_;
+}
+
+bool LlamaSession::candidates_cover(const SamplingParams & params) {
+    const int32_t k = params.is_greedy() ? 1 : params.top_k;
+    if (k <= 0 || k > kTopKCandidates) {
+        return false;  // top_k 0 (off) keeps the whole row
+    }
+    std::vector<int32_t> biased;
+    biased.reserve(params.logit_bias.size());
+    for (const auto & [token, bias] : params.logit_bias) {
+        if (!(bias <= 0.0f)) {
+            return false;  // a positive (or NaN) bias can lift a token from outside the candidates
+        }
+        biased.push_back(token);
+    }
+    std::sort(biased.begin(), biased.end());
+    const auto n_biased = (int32_t) (std::unique(biased.begin(), biased.end()) - biased.begin());
+    return k + n_biased <= kTopKCandidates;
 }
 
 // A chain is initialised for the backend once, so every attach gets a new one.

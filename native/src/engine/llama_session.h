@@ -13,7 +13,8 @@
 // row on the CPU. A step whose sampled rows are all argmax or chained copies back token ids
 // instead of [n_vocab] logits per row, and no sequence is sampled on the CPU one after the other.
 // A stochastic row whose chain starts with top_k of at most kTopKCandidates (llama-server's default
-// top_k is 40) and has no logit bias, penalty or grammar takes neither: the graph computes the
+// top_k is 40) and has no penalty or grammar, and no logit bias other than lowering ones (see
+// candidates_cover; llama-server's ignore_eos is one) takes neither: the graph computes the
 // kTopKCandidates largest logits of every output row in one top-k node (patch 0006; on CUDA one
 // launch for all rows, native/src/kernels/cuda/top_k_rows.cu) and copies their ids and logits back,
 // and the engine runs the sequence's own llama.cpp chain over those candidates on the CPU
@@ -163,6 +164,14 @@ class LlamaSession {
     void attach(int32_t seq_id, const SamplingParams * params);
     // True if logit_bias is -INFINITY on every EOG token of the vocab and nothing else (ignore_eos).
     bool bans_exactly_eog(const std::vector<std::pair<int32_t, float>> & logit_bias) const;
+    // True if the kTopKCandidates largest raw logits of a row hold every token the row's chain
+    // ([logit_bias ->] top_k(k) -> ... or [logit_bias ->] greedy, k = 1) can pick: no bias is positive
+    // and k + (number of biased tokens) <= kTopKCandidates. Why: a bias b <= 0 only moves a token
+    // down, so a token t in the top k after the bias has at most k - 1 tokens above it that are also
+    // in that top k, and any other token above t in the raw order must have been lowered below t,
+    // so t ranks at most k + n_biased in the raw logits. The chain then runs over the candidates
+    // (logit_bias applied to those present) and picks what it picks over the whole row.
+    static bool candidates_cover(const SamplingParams & params);
     std::vector<int32_t> eog_token_ids_;            // sorted; filled at open()
 
     bool backend_sampling_ = false;                 // in-graph sampling is on
