@@ -8,7 +8,10 @@
 # STAGES="build tests kernel decode profile" to run a subset; NPL="1 64 256" batches for the decode stage,
 # PROFILE_NPL for the profile stage: the engine's decode step under nsys, kernel + CUDA API summaries;
 # stage ncu: kernel time by kernel name of a few decode steps, NCU_NPL batches; stage serve: `cacheflow
-# serve` vs in-process LLM.generate on the same 128/128 requests at SERVE_STREAMS streams, issue 12).
+# serve` vs in-process LLM.generate on the same 128/128 requests at SERVE_STREAMS streams, issue 12;
+# stage gemm: paged decode at GEMM_NPL for each CACHEFLOW_CUDA_GEMM option of patch 0008; stage
+# vs_llama_server: `cacheflow bench serve` against cacheflow serve and llama-server at VS_NP streams,
+# with the load generator's own ceiling; needs BUILD_SERVER=1 at the build stage).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-results/h200_gpu}
@@ -29,7 +32,7 @@ if want build; then
   rm -rf vendor/llama.cpp
   python -m pip install -q --no-build-isolation --no-deps -C build-dir="$BUILD_DIR" . > "$OUT/build.log" 2>&1 \
       || { tail -40 "$OUT/build.log"; exit 1; }
-  cmake --build "$BUILD_DIR" --target llama-batched-bench -j 16 > "$OUT/build_tools.log" 2>&1
+  cmake --build "$BUILD_DIR" --target llama-batched-bench ${BUILD_SERVER:+llama-server} -j 16 > "$OUT/build_tools.log" 2>&1
   mkdir -p build && ln -sfn "$BUILD_DIR" build/cuda  # where the benchmarks look for llama-batched-bench
   log "built"
 fi
@@ -66,6 +69,16 @@ if want decode; then
     done
   done
 fi
+if want gemm; then  # patch 0008's options, A/B in one run (CACHEFLOW_CUDA_GEMM: 0 stock, 1 F32 output, 2 shared src1, 3 both)
+  for npl in ${GEMM_NPL:-64 256}; do
+    for opt in ${GEMM_OPTIONS:-0 1 2 3}; do
+      log "decode: cacheflow (paged KV), CACHEFLOW_CUDA_GEMM=$opt, npl $npl"
+      CACHEFLOW_CUDA_GEMM=$opt timeout 300 python scripts/bench_decode.py -m "$MODEL" --npp "${NPP:-128}" --ntg 128 \
+          --npl "$npl" -i ${ITER:-2} -t 8 -ngl 99 --kv-mode paged --out "$OUT/gemm_o${opt}_b${npl}" 2>&1 | tail -4 \
+          | tee -a "$OUT/run.log" || log "decode bench (gemm $opt, $npl) failed"
+    done
+  done
+fi
 if want profile; then
   NSYS=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1 || true)
   for npl in ${PROFILE_NPL:-64 256}; do
@@ -77,9 +90,12 @@ if want profile; then
           || log "nsys stats failed"
     else
       log "nsys not found: step times with CUDA graphs on, then off (GGML_CUDA_DISABLE_GRAPHS=1)"
-      python scripts/profile_gpu_step.py -m "$MODEL" --npl "$npl" 2>&1 | grep measured | tee -a "$OUT/run.log"
-      GGML_CUDA_DISABLE_GRAPHS=1 python scripts/profile_gpu_step.py -m "$MODEL" --npl "$npl" 2>&1 | grep measured \
-          | sed 's/^/graphs off: /' | tee -a "$OUT/run.log"
+      for sampling in ${PROFILE_SAMPLING:-greedy}; do
+        python scripts/profile_gpu_step.py -m "$MODEL" --npl "$npl" --sampling "$sampling" 2>&1 | grep measured \
+            | tee -a "$OUT/run.log"
+        GGML_CUDA_DISABLE_GRAPHS=1 python scripts/profile_gpu_step.py -m "$MODEL" --npl "$npl" --sampling "$sampling" \
+            2>&1 | grep measured | sed 's/^/graphs off: /' | tee -a "$OUT/run.log"
+      done
     fi
   done
 fi
@@ -108,6 +124,27 @@ if want serve; then
         --streams "$streams" --prompt-len 128 --output-len 128 --batch-tokens 32768 --repeats ${SERVE_REPEATS:-2} \
         --sampling llama-default --out "$OUT/serve_vs_generate_s${streams}_sampling.json" 2>&1 | tail -5 \
         | tee -a "$OUT/run.log" || log "serve bench ($streams, sampling) failed"
+  done
+fi
+if want vs_llama_server; then  # issue 11: cacheflow serve (defaults: paged on CUDA) vs llama-server, same build
+  SERVER_BIN=$(find "$BUILD_DIR" -name llama-server -type f | head -1)
+  for np in ${VS_NP:-64 256}; do
+    log "serve: cacheflow serve vs llama-server -np $np ($((np * ${VS_REQ_PER_STREAM:-2})) requests, 128/128)"
+    "$SERVER_BIN" -m "$MODEL" -ngl 99 -np "$np" -c $((np * 512)) -fa on --port 8081 --host 127.0.0.1 \
+        > "$OUT/llama_server_np$np.log" 2>&1 &
+    ls_pid=$!
+    cacheflow serve -m "$MODEL" -ngl 99 -np "$np" -c $((np * 512)) --port 8082 --host 127.0.0.1 \
+        > "$OUT/cacheflow_serve_np$np.log" 2>&1 &
+    cf_pid=$!
+    for port in 8081 8082; do
+      for _ in $(seq 1 120); do curl -sf "http://127.0.0.1:$port/health" > /dev/null && break; sleep 1; done
+    done
+    mkdir -p "$OUT/vs_llama_server_np$np"
+    timeout 300 cacheflow bench serve http://127.0.0.1:8082 --baseline http://127.0.0.1:8081 -m "$MODEL" \
+        -n $((np * ${VS_REQ_PER_STREAM:-2})) -p 128 -o 128 --max-concurrency "$np" --client-check \
+        --out "$OUT/vs_llama_server_np$np" 2>&1 | tail -25 | tee -a "$OUT/run.log" || log "serve bench (-np $np) failed"
+    kill $ls_pid $cf_pid 2>/dev/null || true
+    wait $ls_pid $cf_pid 2>/dev/null || true
   done
 fi
 log "done"

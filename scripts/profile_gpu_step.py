@@ -26,6 +26,9 @@ def main() -> None:
     ap.add_argument("--npl", type=int, default=256, help="concurrent requests")
     ap.add_argument("--kv-mode", default="paged")
     ap.add_argument("-ngl", "--n-gpu-layers", dest="ngl", type=int, default=99)
+    ap.add_argument("--sampling", choices=("greedy", "llama-default"), default="greedy",
+                    help="llama-default: llama-server's defaults (temperature 0.8, top_k 40, top_p 0.95,"
+                         " min_p 0.05, random seed)")
     args = ap.parse_args()
 
     # all prompts in the first step: every decode step then holds npl sequences
@@ -35,6 +38,8 @@ def main() -> None:
     rng = random.Random(0)
     n_vocab = llm.info.n_vocab
     params = SamplingParams(max_tokens=args.ntg, ignore_eos=True)
+    if args.sampling == "llama-default":
+        params = SamplingParams(max_tokens=args.ntg, ignore_eos=True, temperature=0.8, top_k=40, top_p=0.95, min_p=0.05)
     for label in ("warm-up", "measured"):
         prompts = [[rng.randrange(100, n_vocab) for _ in range(args.npp)] for _ in range(args.npl)]
         start = time.monotonic()
@@ -43,7 +48,7 @@ def main() -> None:
         tg_start = max(o.metrics.first_token_time_s for o in outs)
         tg_end = max(o.metrics.finish_time_s for o in outs)
         steps = args.ntg - 1
-        print(f"{label}: B={args.npl} {args.kv_mode}: decode {(tg_end - tg_start) / steps * 1e3:.3f} ms/step, "
+        print(f"{label}: B={args.npl} {args.kv_mode} {args.sampling}: decode {(tg_end - tg_start) / steps * 1e3:.3f} ms/step, "
               f"{args.npl * steps / (tg_end - tg_start):.0f} tok/s (wall {wall:.2f} s)", flush=True)
     llm.close()
 

@@ -113,11 +113,32 @@ std::string format_bytes(int64_t bytes) {
     return text;
 }
 
+// ggml-cuda's F16 GEMM options of patch 0008 (bit 1: F32 output, bit 2: one F16 copy of each src1 per
+// graph evaluation); all on unless CACHEFLOW_CUDA_GEMM (0-3) says otherwise, for A/B runs. A build
+// without the CUDA backend has no such function and nothing is set.
+void set_cuda_gemm_options() {
+    ggml_backend_reg_t cuda = ggml_backend_reg_by_name("CUDA");
+    if (cuda == nullptr) {
+        return;
+    }
+    using set_options_fn = void (*)(int);
+    auto set_options = (set_options_fn) ggml_backend_reg_get_proc_address(cuda, "ggml_backend_cuda_cf_set_gemm_options");
+    if (set_options == nullptr) {
+        return;
+    }
+    int options = 3;
+    if (const char * env = std::getenv("CACHEFLOW_CUDA_GEMM"); env != nullptr && *env != '\0') {
+        options = std::atoi(env) & 3;
+    }
+    set_options(options);
+}
+
 void init_backend_once() {
     static std::once_flag once;
     std::call_once(once, [] {
         llama_log_set(log_callback, nullptr);
         llama_backend_init();
+        set_cuda_gemm_options();
     });
 }
 
