@@ -428,7 +428,7 @@ class LLM:
         self, prompt: PromptInput, params: SamplingParams, use_chat_template: bool, index: int
     ) -> _Prepared:
         if isinstance(prompt, str):
-            encode_utf8(prompt, f"prompt {index}")
+            encode_utf8(prompt, f"prompts[{index}]")
             text = prompt
             if use_chat_template:
                 text = self.apply_chat_template([{"role": "user", "content": prompt}])
@@ -455,16 +455,16 @@ class LLM:
     def _validate_tokens(self, token_ids: list[int], index: int) -> None:
         n_vocab, limit = self._info.n_vocab, self._info.n_ctx_per_seq
         if not token_ids:
-            raise errors.InvalidArgumentError(f"prompt {index} is empty")
+            raise errors.InvalidArgumentError(f"prompts[{index}] is empty")
         if len(token_ids) >= limit:
             raise errors.PromptTooLongError(
-                f"prompt {index} has {len(token_ids)} tokens; a sequence holds at most "
+                f"prompts[{index}] has {len(token_ids)} tokens; a sequence holds at most "
                 f"{limit} (prompt + output), so prompts must be shorter than {limit} tokens"
             )
         bad = next((t for t in token_ids if not 0 <= t < n_vocab), None)
         if bad is not None:
             raise errors.InvalidArgumentError(
-                f"prompt {index}: token id {bad} out of range [0, {n_vocab})"
+                f"prompts[{index}]: token id {bad} out of range [0, {n_vocab})"
             )
 
 
@@ -503,10 +503,10 @@ def _normalize_prompts(prompts: PromptInput | Sequence[PromptInput]) -> list[Pro
     for i, p in enumerate(prompts):
         if isinstance(p, int):
             raise TypeError(
-                f"prompt {i} is an int; pass token-id prompts as a list of lists, e.g. [[1, 2, 3]]"
+                f"prompts[{i}] is an int; pass token-id prompts as a list of lists, e.g. [[1, 2, 3]]"
             )
         if not isinstance(p, str) and not all(isinstance(t, int) for t in p):
-            raise TypeError(f"prompt {i} must be a str or a list of int token ids, got {p!r:.80}")
+            raise TypeError(f"prompts[{i}] must be a str or a list of int token ids, got {p!r:.80}")
     return prompts
 
 

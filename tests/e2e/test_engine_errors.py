@@ -138,7 +138,7 @@ def test_too_long_prompt_does_not_disturb_a_running_request(tiny_model_path, mak
     with pytest.raises(PromptTooLongError):
         llm.add_request(too_long, greedy(4))
     # A batch with one bad prompt is refused whole, before anything is submitted.
-    with pytest.raises(PromptTooLongError, match="prompt 1"):
+    with pytest.raises(PromptTooLongError, match=r"prompts\[1\]"):
         llm.generate(["fine", too_long], greedy(4))
     out = list(llm.iter_outputs(request_id))[-1].output
     assert out.token_ids == expected.token_ids and out.finish_reason == "length"
@@ -162,7 +162,7 @@ def test_text_without_a_utf8_form(tiny_llm, tiny_model_path, tmp_path, make_llm)
     """Lone surrogates (undecodable bytes escaped by surrogateescape, or "\\ud800" in JSON) are
     an InvalidArgumentError naming the value, not a UnicodeEncodeError from deep inside."""
     undecodable = b"caf\xe9".decode("utf-8", errors="surrogateescape")
-    with pytest.raises(InvalidArgumentError, match="prompt 1 is not valid UTF-8 text: "
+    with pytest.raises(InvalidArgumentError, match=r"prompts\[1\] is not valid UTF-8 text: "
                        "undecodable byte 0xe9 at character 3"):  # fmt: skip
         tiny_llm.generate(["fine", undecodable], greedy(2))
     with pytest.raises(InvalidArgumentError, match="lone surrogate U\\+D800"):

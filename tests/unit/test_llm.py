@@ -123,7 +123,7 @@ def test_stream_splits_no_utf8_character(llm):
 
 def test_bad_prompt_raises_before_anything_is_submitted(llm):
     first = llm.generate("a", SamplingParams(max_tokens=1))[0].request_id
-    with pytest.raises(errors.PromptTooLongError, match="prompt 1 has 256 tokens"):
+    with pytest.raises(errors.PromptTooLongError, match=r"prompts\[1\] has 256 tokens"):
         llm.generate(["ok", "x" * FAKE_CTX_PER_SEQ])
     with pytest.raises(errors.InvalidArgumentError, match="out of range"):
         llm.generate([[1, 2], [999]])
