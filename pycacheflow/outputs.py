@@ -212,6 +212,8 @@ class EngineStats(NamedTuple):
     num_rows_sampled_in_graph: int
     num_rows_sampled_top_k: int
     num_rows_sampled_host: int
+    decode_ns: int
+    sample_ns: int
 
     @property
     def prefix_cache_hit_rate(self) -> float:

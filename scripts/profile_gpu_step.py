@@ -42,14 +42,19 @@ def main() -> None:
         params = SamplingParams(max_tokens=args.ntg, ignore_eos=True, temperature=0.8, top_k=40, top_p=0.95, min_p=0.05)
     for label in ("warm-up", "measured"):
         prompts = [[rng.randrange(100, n_vocab) for _ in range(args.npp)] for _ in range(args.npl)]
+        before = llm.stats()
         start = time.monotonic()
         outs = llm.generate(prompts, params)
         wall = time.monotonic() - start
+        after = llm.stats()
+        n_steps = max(1, after.num_steps - before.num_steps)
+        phases = (f"decode {(after.decode_ns - before.decode_ns) / n_steps / 1e6:.3f} + sample "
+                  f"{(after.sample_ns - before.sample_ns) / n_steps / 1e6:.3f} ms per step on average")
         tg_start = max(o.metrics.first_token_time_s for o in outs)
         tg_end = max(o.metrics.finish_time_s for o in outs)
         steps = args.ntg - 1
         print(f"{label}: B={args.npl} {args.kv_mode} {args.sampling}: decode {(tg_end - tg_start) / steps * 1e3:.3f} ms/step, "
-              f"{args.npl * steps / (tg_end - tg_start):.0f} tok/s (wall {wall:.2f} s)", flush=True)
+              f"{args.npl * steps / (tg_end - tg_start):.0f} tok/s (wall {wall:.2f} s; {phases})", flush=True)
     llm.close()
 
 

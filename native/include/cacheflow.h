@@ -236,6 +236,11 @@ typedef struct cf_engine_stats {
     int64_t num_rows_sampled_top_k;      /* chosen on the CPU among the row's in-graph top-k
                                             candidates (patch 0006)                           */
     int64_t num_rows_sampled_host;       /* chosen on the CPU from the row's whole logits     */
+    /* Where the steps that sample spent their time, ns since init (steady clock):              */
+    int64_t decode_ns;                   /* llama_decode until its device work and copies are
+                                            done (graph build, launches or graph replay, GPU) */
+    int64_t sample_ns;                   /* choosing the tokens after that (CPU samplers, reads
+                                            of in-graph results)                              */
 } cf_engine_stats;
 
 CF_API cf_status cf_engine_get_stats(cf_engine_t engine, cf_engine_stats * out_stats);

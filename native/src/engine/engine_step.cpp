@@ -261,16 +261,27 @@ int32_t Engine::decode_groups(const StepPlan & plan) {
             session_->set_seq_sampling(batch_.slot(i), &plan.seqs[i].seq->params);
         }
         session_->set_kv_plan(plan, begin, end, first_token);
+        const int64_t decode_start_ns = clock_ns();
         const int32_t rc = session_->decode(batch);
         if (rc != 0) {
             return rc;
         }
+        first_token += batch.n_tokens;
+        const bool samples = std::any_of(plan.seqs.begin() + (std::ptrdiff_t) begin,
+                                         plan.seqs.begin() + (std::ptrdiff_t) end,
+                                         [](const ScheduledSeq & s) { return s.needs_sample; });
+        if (!samples) {
+            continue;  // a prompt chunk only: its device work overlaps the next step's host work
+        }
+        session_->synchronize();  // the first read would wait here anyway; this splits the step's time
+        const int64_t sample_start_ns = clock_ns();
+        totals_.decode_ns += sample_start_ns - decode_start_ns;
         for (size_t i = begin; i < end; ++i) {
             if (plan.seqs[i].needs_sample) {
                 sampled_[i] = sample(*plan.seqs[i].seq, batch_.sample_index(i), batch_.slot(i));
             }
         }
-        first_token += batch.n_tokens;
+        totals_.sample_ns += clock_ns() - sample_start_ns;
     }
     return 0;
 }

@@ -475,6 +475,10 @@ int32_t LlamaSession::decode(const llama_batch & batch) {
     return rc;
 }
 
+void LlamaSession::synchronize() {
+    llama_synchronize(ctx_);
+}
+
 int32_t LlamaSession::sampled_token(int32_t batch_index, int32_t seq_id) {
     if (!backend_sampling_ || seq_id < 0 || (size_t) seq_id >= slot_chains_.size()) {
         return CF_TOKEN_NONE;

@@ -73,6 +73,8 @@ class LlamaSession {
 
     // llama_decode: 0 on success, else llama.cpp's error code.
     int32_t decode(const llama_batch & batch);
+    // Wait for the last decode's device work and copies (llama_synchronize).
+    void synchronize();
     // Logits row [n_vocab] float of batch token `batch_index` (which must have requested logits
     // and belong to a slot without an in-graph sampler, else the row holds stale data).
     const float * logits(int32_t batch_index);
