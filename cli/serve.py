@@ -106,7 +106,8 @@ def _env(name: str) -> str:
     type=click.IntRange(min=-1),
     default=-1,
     envvar=_env("N_PARALLEL"),
-    help="Sequences decoded at once (max_num_seqs); more requests wait in the scheduler. -1 = 16.",
+    help="Sequences decoded at once (max_num_seqs); more requests wait in the scheduler. -1 or 0 "
+    "= automatic (16).",
 )
 @click.option(
     "-b",

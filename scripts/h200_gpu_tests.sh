@@ -21,6 +21,9 @@ NPL=${NPL:-"64 256"}
 mkdir -p "$OUT"
 log() { echo "[$(date +%T)] $*" | tee -a "$OUT/run.log" >&2; }
 want() { [[ " $STAGES " == *" $1 "* ]]; }
+# the last line of run.log is always "[time] exit <rc>": a caller polling a nohup'd run waits for it
+# (grep -q '] exit ' run.log), never for a process name, which its own command line also matches
+trap 'log "exit $?"' EXIT
 
 if want build; then
   log "install wheels"
@@ -32,7 +35,8 @@ if want build; then
   rm -rf vendor/llama.cpp
   python -m pip install -q --no-build-isolation --no-deps -C build-dir="$BUILD_DIR" . > "$OUT/build.log" 2>&1 \
       || { tail -40 "$OUT/build.log"; exit 1; }
-  cmake --build "$BUILD_DIR" --target llama-batched-bench ${BUILD_SERVER:+llama-server} -j 16 > "$OUT/build_tools.log" 2>&1
+  cmake --build "$BUILD_DIR" --target llama-batched-bench ${BUILD_SERVER:+llama-server} -j 16 > "$OUT/build_tools.log" 2>&1 \
+      || { log "tools build failed:"; grep -m3 -A3 "Error\|error:" "$OUT/build_tools.log" | tee -a "$OUT/run.log"; exit 1; }
   mkdir -p build && ln -sfn "$BUILD_DIR" build/cuda  # where the benchmarks look for llama-batched-bench
   log "built"
 fi

@@ -26,8 +26,10 @@ PY
   for d in "$tree"/ggml/src/ggml-*/; do
     case "$(basename "$d")" in ggml-cpu|ggml-cuda|ggml-blas|ggml-rpc) ;; *) rm -rf "$d" ;; esac
   done
-  # tools/ui: only its CMake stub is configured (LLAMA_BUILD_UI=OFF)
-  find "$tree/tools/ui" -mindepth 1 -not -name CMakeLists.txt -not -path "*/cmake*" -delete 2>/dev/null || true
+  # tools/ui: only its CMake stub is configured (LLAMA_BUILD_UI=OFF); llama-server's build still reads the
+  # ui.h.in / ui.cpp.in templates (scripts/ui-assets.cmake)
+  find "$tree/tools/ui" -mindepth 1 -not -name CMakeLists.txt -not -name "*.in" -not -path "*/cmake*" -delete \
+      2>/dev/null || true
   mv "$tree" "$CARRY/llama.cpp"
   rm -rf "$tmp"
 fi
