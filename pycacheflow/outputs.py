@@ -214,6 +214,9 @@ class EngineStats(NamedTuple):
     num_rows_sampled_host: int
     decode_ns: int
     sample_ns: int
+    cuda_graphs_captured: int
+    cuda_graphs_replayed: int
+    cuda_graphs_direct: int
 
     @property
     def prefix_cache_hit_rate(self) -> float:

@@ -49,7 +49,11 @@ def main() -> None:
         after = llm.stats()
         n_steps = max(1, after.num_steps - before.num_steps)
         phases = (f"decode {(after.decode_ns - before.decode_ns) / n_steps / 1e6:.3f} + sample "
-                  f"{(after.sample_ns - before.sample_ns) / n_steps / 1e6:.3f} ms per step on average")
+                  f"{(after.sample_ns - before.sample_ns) / n_steps / 1e6:.3f} ms per step on average; CUDA graph "
+                  f"evaluations captured / replayed / direct "
+                  f"{after.cuda_graphs_captured - before.cuda_graphs_captured} / "
+                  f"{after.cuda_graphs_replayed - before.cuda_graphs_replayed} / "
+                  f"{after.cuda_graphs_direct - before.cuda_graphs_direct})")
         tg_start = max(o.metrics.first_token_time_s for o in outs)
         tg_end = max(o.metrics.finish_time_s for o in outs)
         steps = args.ntg - 1

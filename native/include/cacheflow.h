@@ -241,6 +241,13 @@ typedef struct cf_engine_stats {
                                             done (graph build, launches or graph replay, GPU) */
     int64_t sample_ns;                   /* choosing the tokens after that (CPU samplers, reads
                                             of in-graph results)                              */
+    /* ggml-cuda graph evaluations of the whole process since start (every engine and context; 0
+       without the CUDA backend), by how they ran: the share of replayed ones is the share of
+       steps that reuse a captured CUDA graph                                                    */
+    int64_t cuda_graphs_captured;        /* captured into a CUDA graph (then run)              */
+    int64_t cuda_graphs_replayed;        /* replayed from a captured graph                      */
+    int64_t cuda_graphs_direct;          /* launched kernel by kernel (warm-up, shape changed,
+                                            graphs off)                                        */
 } cf_engine_stats;
 
 CF_API cf_status cf_engine_get_stats(cf_engine_t engine, cf_engine_stats * out_stats);

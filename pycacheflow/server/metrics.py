@@ -184,6 +184,15 @@ class _Collector:
         routes.add_metric(["top_k"], s.num_rows_sampled_top_k)
         routes.add_metric(["host"], s.num_rows_sampled_host)
         yield routes
+        graphs = CounterMetricFamily(
+            "cacheflow:cuda_graph_evaluations_total",
+            "ggml-cuda graph evaluations of the process by how they ran (captured, replayed, direct)",
+            labels=["mode"],
+        )
+        graphs.add_metric(["captured"], s.cuda_graphs_captured)
+        graphs.add_metric(["replayed"], s.cuda_graphs_replayed)
+        graphs.add_metric(["direct"], s.cuda_graphs_direct)
+        yield graphs
         finished = CounterMetricFamily(
             "cacheflow:requests_finished_total", "Finished requests by reason", labels=["reason"]
         )

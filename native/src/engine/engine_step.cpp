@@ -459,6 +459,11 @@ void Engine::publish() {
         stats_.swap_in_bytes = swap.num_in_bytes;
         stats_.swap_out_ns = swap.out_ns;
         stats_.swap_in_ns = swap.in_ns;
+        int64_t graphs[3];
+        LlamaSession::cuda_graph_counts(graphs);
+        stats_.cuda_graphs_captured = graphs[0];
+        stats_.cuda_graphs_replayed = graphs[1];
+        stats_.cuda_graphs_direct = graphs[2];
     }
     events_.push(step_events_, step_text_, step_logprobs_);
     step_events_.clear();

@@ -116,6 +116,19 @@ std::string format_bytes(int64_t bytes) {
 // ggml-cuda's F16 GEMM options of patch 0008 (bit 1: F32 output, bit 2: one F16 copy of each src1 per
 // graph evaluation); all on unless CACHEFLOW_CUDA_GEMM (0-3) says otherwise, for A/B runs. A build
 // without the CUDA backend has no such function and nothing is set.
+using cuda_graph_counts_fn = void (*)(int64_t *);
+
+// patch 0009's counters, looked up once; nullptr without the CUDA backend
+cuda_graph_counts_fn cuda_graph_counts_getter() {
+    static const cuda_graph_counts_fn getter = [] {
+        ggml_backend_reg_t cuda = ggml_backend_reg_by_name("CUDA");
+        return cuda == nullptr ? nullptr
+                               : (cuda_graph_counts_fn) ggml_backend_reg_get_proc_address(
+                                     cuda, "ggml_backend_cuda_cf_graph_counts");
+    }();
+    return getter;
+}
+
 void set_cuda_gemm_options() {
     ggml_backend_reg_t cuda = ggml_backend_reg_by_name("CUDA");
     if (cuda == nullptr) {
@@ -473,6 +486,13 @@ int32_t LlamaSession::decode(const llama_batch & batch) {
     }
     retired_chains_.clear();
     return rc;
+}
+
+void LlamaSession::cuda_graph_counts(int64_t out[3]) {
+    out[0] = out[1] = out[2] = 0;
+    if (const cuda_graph_counts_fn getter = cuda_graph_counts_getter()) {
+        getter(out);
+    }
 }
 
 void LlamaSession::synchronize() {

@@ -121,6 +121,9 @@ class LlamaSession {
     int32_t n_ctx_per_seq() const { return n_ctx_per_seq_; }  // max tokens of one sequence
     int32_t n_batch() const { return n_batch_; }              // per-step token budget
     int64_t kv_bytes_per_token() const { return kv_bytes_per_token_; }
+    // ggml-cuda's graph evaluations of this process since start (patch 0009): out = {captured into a CUDA
+    // graph, replayed from one, launched directly}; all 0 without the CUDA backend.
+    static void cuda_graph_counts(int64_t out[3]);
     int32_t num_blocks() const { return num_blocks_; }  // paged mode: blocks in the pool, else 0
     // llama.cpp's n_seq_max: the most sequences of one decode (stock: max_num_seqs; paged:
     // min(max_num_seqs, 256), larger steps run as several decodes).
