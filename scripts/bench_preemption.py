@@ -1,0 +1,130 @@
+#!/usr/bin/env python3
+"""Memory pressure: swap vs recompute vs auto preemption vs llama.cpp's stock KV, same command.
+
+Issue 13's memory-pressure workload: --num-requests requests of --prompt-len random prompt tokens
+(distinct prompts, so no prefix is shared) and --output-len output tokens (EOS ignored), all
+submitted at once to an engine whose KV pool holds only --pool-fraction of their total
+prompt + output tokens. Paged modes admit every request they can and preempt under pressure, by
+swapping KV blocks to host memory (swap), dropping them to recompute later (recompute), or
+choosing per victim by cost (auto: bytes to move at the measured copy rate vs tokens to recompute
+at the measured prefill rate). The stock mode is llama.cpp's split KV cache of the same size: it
+never preempts, so it runs as many requests at once as have a full slot and queues the rest.
+
+For each prompt length and mode: output tokens/s over the whole run, TTFT and TPOT p50/p99, and
+the engine's preemption counters. The modes run one after the other per prompt length, in the
+same process (same machine load). Prints a Markdown table and writes JSON to --out.
+
+    python scripts/bench_preemption.py --prompt-lens 64 256 1024 -n 16 -o 64
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import time
+from pathlib import Path
+
+from pycacheflow import LLM, SamplingParams
+from pycacheflow.model_hub import default_model_path
+
+MODES = ("swap", "recompute", "auto", "stock")
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile (q in [0, 100]) of a non-empty list."""
+    ordered = sorted(values)
+    rank = max(1, min(len(ordered), round(q / 100 * len(ordered) + 0.5)))
+    return ordered[rank - 1]
+
+
+def run_mode(model: str, mode: str, prompts: list[list[int]], output_len: int, pool_tokens: int,
+             threads: int) -> dict:  # fmt: skip
+    per_request = len(prompts[0]) + output_len
+    if mode == "stock":
+        slots = max(1, pool_tokens // per_request)  # each split slot holds one whole request
+        kwargs = {"kv_mode": "stock", "max_num_seqs": slots, "n_ctx": slots * per_request}
+    else:
+        kwargs = {"kv_mode": "paged", "max_num_seqs": len(prompts), "n_ctx": pool_tokens,
+                  "preemption_mode": mode, "enable_prefix_caching": False}  # fmt: skip
+    llm = LLM(model, n_threads=threads, max_num_batched_tokens=512, **kwargs)
+    try:
+        params = SamplingParams(max_tokens=output_len, ignore_eos=True)
+        start = time.monotonic()
+        outs = llm.generate(prompts, params)
+        wall = time.monotonic() - start
+        stats = llm.stats()
+    finally:
+        llm.close()
+    lengths = [len(o.token_ids) for o in outs]
+    if lengths != [output_len] * len(prompts):
+        raise RuntimeError(f"{mode}: outputs of {sorted(set(lengths))} tokens, expected {output_len}")
+    ttft = [o.metrics.ttft_s for o in outs]
+    tpot = [o.metrics.tpot_s for o in outs if o.metrics.tpot_s is not None]
+    return {
+        "mode": mode,
+        "prompt_len": len(prompts[0]),
+        "output_tok_s": sum(lengths) / wall,
+        "wall_s": wall,
+        "ttft_p50_s": statistics.median(ttft),
+        "ttft_p99_s": percentile(ttft, 99),
+        "tpot_p50_s": statistics.median(tpot),
+        "tpot_p99_s": percentile(tpot, 99),
+        "preemptions_swap": stats.num_preemptions_swap,
+        "preemptions_recompute": stats.num_preemptions_recompute,
+        "recomputed_tokens": stats.num_recomputed_tokens,
+        "swap_out_bytes": stats.swap_out_bytes,
+        "swap_s": (stats.swap_out_ns + stats.swap_in_ns) / 1e9,
+        "concurrent_slots": kwargs["max_num_seqs"],
+        "pool_tokens": kwargs["n_ctx"],
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("-m", "--model", default=None, help="GGUF path (default model if unset)")
+    ap.add_argument("--prompt-lens", type=int, nargs="+", default=[64, 256, 1024])
+    ap.add_argument("-n", "--num-requests", type=int, default=16)
+    ap.add_argument("-o", "--output-len", type=int, default=64)
+    ap.add_argument("--pool-fraction", type=float, default=0.35,
+                    help="KV pool size as a share of the requests' total prompt + output tokens")
+    ap.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
+    ap.add_argument("-t", "--threads", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", type=Path, default=Path("results/scheduler/preemption_summary.json"))
+    args = ap.parse_args()
+    model = args.model or str(default_model_path())
+
+    rows = []
+    probe = LLM(model, max_num_seqs=1, n_ctx=512)
+    n_vocab = probe.info.n_vocab
+    probe.close()
+    for prompt_len in args.prompt_lens:
+        rng = random.Random(args.seed + prompt_len)
+        prompts = [[rng.randrange(100, n_vocab) for _ in range(prompt_len)] for _ in range(args.num_requests)]
+        # llama.cpp allocates KV rows in multiples of 256: the pool is rounded down to one (one
+        # request must still fit whole)
+        pool = int(args.pool_fraction * args.num_requests * (prompt_len + args.output_len)) // 256 * 256
+        pool = max(pool, (prompt_len + args.output_len + 16 + 255) // 256 * 256)
+        for mode in args.modes:
+            row = run_mode(model, mode, prompts, args.output_len, pool, args.threads)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+
+    print("\n| prompt | mode | output tok/s | TTFT p50 / p99 (s) | TPOT p50 / p99 (ms) | preemptions swap / recompute"
+          " | recomputed tokens |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['prompt_len']} | {r['mode']} | {r['output_tok_s']:.1f} | {r['ttft_p50_s']:.2f} / "
+              f"{r['ttft_p99_s']:.2f} | {r['tpot_p50_s'] * 1e3:.1f} / {r['tpot_p99_s'] * 1e3:.1f} | "
+              f"{r['preemptions_swap']} / {r['preemptions_recompute']} | {r['recomputed_tokens']} |")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    env = {"load_avg": os.getloadavg(), "cpus": os.cpu_count(), "model": model}
+    args.out.write_text(json.dumps({"params": vars(args) | {"out": str(args.out)}, "env": env, "rows": rows},
+                                   indent=1, default=str))  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
