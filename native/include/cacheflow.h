@@ -73,7 +73,10 @@ typedef enum cf_kv_mode {
 typedef enum cf_sched_policy {
     CF_SCHED_POLICY_FCFS = 0,     /* first come, first served                                 */
     CF_SCHED_POLICY_SJF = 1,      /* shortest predicted remaining work first                  */
-    CF_SCHED_POLICY_PRIORITY = 2  /* lower priority value first, ties by arrival              */
+    CF_SCHED_POLICY_PRIORITY = 2  /* lower priority value first (smaller = more urgent), ties by
+                                     arrival; a more urgent request preempts a less urgent
+                                     running one it cannot otherwise get in beside; waiting
+                                     ages the effective priority (priority_aging_ms)          */
 } cf_sched_policy;
 
 typedef enum cf_preemption_mode {
@@ -147,6 +150,10 @@ typedef struct cf_engine_config {
                                         (>= 0), default 4 GiB, allocated at init (pages are
                                         touched only when used); 0 = no swap space (swap falls
                                         back to recompute). Ignored in the stock modes.        */
+    int32_t priority_aging_ms;       /* CF_SCHED_POLICY_PRIORITY: a queued request's effective
+                                        priority drops by 1 (more urgent) per priority_aging_ms
+                                        it has waited (not counting time running), so none
+                                        waits forever; >= 0, default 1000; 0 = no aging.       */
 } cf_engine_config;
 
 typedef struct cf_engine * cf_engine_t;

@@ -52,6 +52,7 @@ SchedulerConfig scheduler_config(const LlamaSession & session) {
     c.n_ctx_per_seq = session.n_ctx_per_seq();
     c.policy = session.config().policy;
     c.preemption_mode = session.config().preemption_mode;
+    c.priority_aging_ns = (int64_t) session.config().priority_aging_ms * 1'000'000;
     return c;
 }
 

@@ -87,7 +87,7 @@ StepResult Engine::step_locked() {
     finished_ids_.clear();
     step_start_ns_ = clock_ns();
     consume_inbox();
-    const StepPlan & out = scheduler_.schedule();
+    const StepPlan & out = scheduler_.schedule(step_start_ns_);
     handle_block_shortage(out);
     StepResult result;
     result.num_scheduled_tokens = out.num_scheduled_tokens;
