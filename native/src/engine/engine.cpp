@@ -248,6 +248,13 @@ bool Engine::has_work() const {
     return !live_ids_.empty();
 }
 
+int32_t Engine::get_ttft_by_priority(cf_priority_ttft * out, int32_t capacity) const {
+    std::lock_guard<std::mutex> lock(stats_mu_);
+    const int32_t n = (int32_t) ttft_by_priority_published_.size();
+    std::copy_n(ttft_by_priority_published_.begin(), std::min(n, capacity), out);
+    return n;
+}
+
 cf_engine_stats Engine::get_stats() const {
     cf_engine_stats out;
     {
