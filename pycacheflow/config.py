@@ -110,7 +110,8 @@ class EngineConfig:
         if not isinstance(self.model, (str, os.PathLike)) or not os.fspath(self.model):
             raise ValueError(f"model must be a non-empty path, got {self.model!r}")
         for name in ("n_ctx", "max_num_seqs", "max_num_batched_tokens", "n_threads",
-                     "n_gpu_layers", "block_size", "profile_capacity", "priority_aging_ms"):
+                     "n_gpu_layers", "block_size", "profile_capacity",
+                     "priority_aging_ms"):
             _check_int(name, getattr(self, name))  # int32_t in cf_engine_config
         _check_int("kv_cache_bytes", self.kv_cache_bytes, limit_bits=62)
         _check_choice("kv_mode", self.kv_mode, KV_MODES)

@@ -4,14 +4,15 @@
 1. priority: a burst of --num-low low-priority long requests (priority 10; --low-prompt prompt
    tokens, --low-tokens output tokens) at t = 0 saturates the engine (--max-num-seqs running,
    a KV pool of --n-ctx rows smaller than they want), then --num-urgent urgent short requests
-   (priority 0; --urgent-prompt, --urgent-tokens) arrive one every --urgent-interval-ms. Figure: the urgent requests' TTFT (p50, p99, mean)
-   under policy "priority" vs "fcfs"; both runs preempt by swap and see the same requests at the
-   same times. The issue's target is urgent p99 TTFT at least 5x lower under "priority".
+   (priority 0; --urgent-prompt, --urgent-tokens) arrive one every --urgent-interval-ms.
+   Figure: the urgent requests' TTFT (p50, p99, mean) under policy "priority" vs "fcfs"; both
+   runs preempt by swap and see the same requests at the same times. The issue's target is
+   urgent p99 TTFT at least 5x lower under "priority".
 2. sjf: --num-mixed requests of mixed lengths (half short: --urgent-tokens output tokens, half
    long: --low-tokens; prompts of 16 to 64 tokens) submitted at once to an engine of
-   --mixed-seqs sequences.
-The defaults are small so that a run takes about a minute on a shared 2-core CPU. Figure: mean TTFT over all
-   requests under "sjf" vs "fcfs" (SJF: shortest predicted remaining work first, scheduler.h).
+   --mixed-seqs sequences. Figure: mean TTFT over all requests under "sjf" vs "fcfs" (SJF:
+   shortest predicted remaining work first, native/src/core/scheduler.h).
+The defaults are small so that a run takes about a minute on a shared 2-core CPU.
 
 TTFT = first token - request accepted (RequestMetrics.ttft_s). Outputs are greedy with EOS
 ignored, so every request generates exactly its max_tokens. Prints a table and writes
@@ -90,7 +91,8 @@ def priority_workload(args: argparse.Namespace) -> list[tuple[float, list[int], 
                 for _ in range(args.num_low)]  # fmt: skip
     for i in range(args.num_urgent):
         t_s = args.urgent_start_ms / 1e3 + i * args.urgent_interval_ms / 1e3
-        arrivals.append((t_s, random_prompt(rng, args.urgent_prompt), args.urgent_tokens, URGENT_PRIORITY))
+        prompt = random_prompt(rng, args.urgent_prompt)
+        arrivals.append((t_s, prompt, args.urgent_tokens, URGENT_PRIORITY))
     return arrivals
 
 
@@ -105,8 +107,8 @@ def mixed_workload(args: argparse.Namespace) -> list[tuple[float, list[int], int
 
 def engine(args: argparse.Namespace, policy: str, max_num_seqs: int, n_ctx: int) -> LLM:
     return LLM(
-        args.model, kv_mode="paged", policy=policy, preemption_mode="swap", max_num_seqs=max_num_seqs,
-        n_ctx=n_ctx, n_threads=args.threads, max_num_batched_tokens=128,
+        args.model, kv_mode="paged", policy=policy, preemption_mode="swap",
+        max_num_seqs=max_num_seqs, n_ctx=n_ctx, n_threads=args.threads, max_num_batched_tokens=128,
     )  # fmt: skip
 
 
@@ -122,7 +124,8 @@ def bench_priority(args: argparse.Namespace) -> dict[str, object]:
         low = [o for o, a in zip(outputs, arrivals) if a[3] == LOW_PRIORITY]
         rows[policy] = {
             "urgent_ttft": ttft_stats(urgent), "low_ttft": ttft_stats(low), "wall_s": wall_s,
-            "preemptions": stats.num_preemptions, "preemptions_priority": stats.num_preemptions_priority,
+            "preemptions": stats.num_preemptions,
+            "preemptions_priority": stats.num_preemptions_priority,
             "engine_ttft_by_priority": [e._asdict() for e in stats.ttft_by_priority],
         }  # fmt: skip
     p99 = rows["fcfs"]["urgent_ttft"]["p99_ms"] / rows["priority"]["urgent_ttft"]["p99_ms"]
@@ -181,12 +184,15 @@ def main() -> None:
     for policy, r in pr.items():
         u, lo = r["urgent_ttft"], r["low_ttft"]
         print(f"  {policy:9s}  {u['p50_ms']:9.1f} {u['p99_ms']:9.1f} {u['mean_ms']:9.1f}   |"
-              f" {lo['mean_ms']:8.1f} {r['wall_s']:7.1f}  {r['preemptions']} ({r['preemptions_priority']})")
-    print(f"urgent p99 TTFT fcfs / priority: {summary['priority']['urgent_p99_ttft_fcfs_over_priority']:.1f}x")
+              f" {lo['mean_ms']:8.1f} {r['wall_s']:7.1f}  {r['preemptions']}"
+              f" ({r['preemptions_priority']})")
+    ratio = summary["priority"]["urgent_p99_ttft_fcfs_over_priority"]
+    print(f"urgent p99 TTFT fcfs / priority: {ratio:.1f}x")
     print("mixed lengths TTFT (ms)   mean      p50      p99   wall s")
     for policy, r in sj.items():
         t = r["ttft"]
-        print(f"  {policy:9s}  {t['mean_ms']:9.1f} {t['p50_ms']:8.1f} {t['p99_ms']:8.1f} {r['wall_s']:7.1f}")
+        print(f"  {policy:9s}  {t['mean_ms']:9.1f} {t['p50_ms']:8.1f} {t['p99_ms']:8.1f}"
+              f" {r['wall_s']:7.1f}")
     print(f"mean TTFT fcfs / sjf: {summary['sjf']['mean_ttft_fcfs_over_sjf']:.2f}x")
     print(f"wrote {args.out / 'priority_summary.json'}")
 

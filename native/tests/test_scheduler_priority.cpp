@@ -302,7 +302,8 @@ void test_storm_of_urgent_arrivals() {
             for (int32_t k = 0; k < 2 && step >= 2; ++k) {
                 const int32_t max = 2 + (int32_t) (next_id % 5);
                 max_tokens[next_id] = max;
-                add(sched, log, make_request(next_id, 3 + (int32_t) (next_id % 3), max, (int32_t) (next_id % 2), now_ns));
+                const int32_t prompt_len = 3 + (int32_t) (next_id % 3);
+                add(sched, log, make_request(next_id, prompt_len, max, (int32_t) (next_id % 2), now_ns));
                 ++next_id;
             }
             run_step(sched, log, now_ns);

@@ -38,9 +38,10 @@
 // the running sequence that comes last is preempted first). Ties always go by request id, which
 // grows with arrival, so every policy is FCFS among equals.
 //   FCFS:     arrival order.
-//   SJF:      shortest predicted remaining work first (vLLM's and Orca's "shortest job first"
-//             literature; here work = uncomputed tokens + tokens still to generate, i.e.
-//             num_uncomputed_tokens() + params.max_tokens - num_output_tokens(), in tokens).
+//   SJF:      shortest predicted remaining work first (the classic shortest-job-first rule; the
+//             prediction is the request's own max_tokens, no learned output-length model):
+//             work = num_uncomputed_tokens() + params.max_tokens - num_output_tokens(), tokens
+//             (the prompt left, or prompt and output again after a recompute, + tokens to go).
 //   PRIORITY: the more urgent first. Urgency is the request's priority value, and a SMALLER value
 //             is MORE urgent (as in vLLM's priority scheduling; cf_request.priority, default 0).
 //
@@ -48,15 +49,16 @@
 // one level per SchedulerConfig::priority_aging_ns it has waited in a queue:
 //   effective_priority = priority - floor(wait / priority_aging_ns)   (0 = aging off)
 // where wait counts the time spent WAITING or SWAPPED since arrival (Sequence::wait_ns plus the
-// current stay), never the time spent running. Aging orders the queues: a request of priority p
-// comes before every priority-q request that arrived more than (p - q) * priority_aging_ns after
-// it, so behind a stream of priority-q arrivals it gets the first place that frees up after about
-// that long (it does not preempt for it; see below). Time is the step's clock (schedule(now_ns)):
+// current stay), never the time spent running. Aging orders the queues: of two requests queued
+// since they arrived, one of priority p comes before one of priority q that arrived at least
+// (p - q) * priority_aging_ns after it (ties go to the older), so behind a stream of priority-q
+// arrivals it gets the first place that frees up once it has waited about that long (it does
+// not preempt for it; see below). Time is the step's clock (schedule(now_ns)):
 // effective priorities do not change within a step. SchedulerConfig default: 1 s per level
 // (cf_engine_config.priority_aging_ms = 1000).
 //
-// Priority preemption (PRIORITY only; vLLM's priority scheduling does the same in spirit: a more
-// urgent arrival preempts the least urgent running request): before running sequences are
+// Priority preemption (PRIORITY only; the idea of vLLM v0's priority policy, where waiting
+// requests of higher priority preempt running ones of lower priority): before running sequences are
 // scheduled, the first queued sequence U (waiting or swapped, policy order) that cannot be
 // admitted now (max_num_seqs or KV) preempts running sequences V, the one that comes last in
 // policy order first, until it fits. V qualifies only when U is STRICTLY more urgent both ways:
@@ -65,8 +67,8 @@
 // counts these). So an equally or less urgent request never preempts, and there is no thrash: V
 // can never preempt U back (that would need V.priority < U.priority), equal priorities never
 // preempt each other however long they wait, and a low-priority request that aged its way in keeps
-// its (frozen: it is not waiting now) effective priority while it runs, so fresh urgent arrivals
-// cannot push it out again. Effective priorities do not change within a step, and a sequence
+// its (frozen: it is not waiting now) effective priority while it runs, so fresh arrivals of the
+// priorities it overtook cannot push it out again. Effective priorities do not change within a step, and a sequence
 // preempted in a step is not admitted again in that step. One queued sequence gets this help per
 // step; preemption frees blocks and slots, not the step's token budget (a running prompt's chunk
 // can still delay an urgent admission by a step).
