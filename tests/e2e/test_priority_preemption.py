@@ -14,6 +14,7 @@ import time
 import pytest
 
 from pycacheflow import SamplingParams
+from pycacheflow.profiler import REQUEST_PRIORITY_PREEMPT, REQUEST_SWAP_OUT
 
 pytestmark = pytest.mark.e2e
 
@@ -48,7 +49,7 @@ def test_urgent_requests_overtake_a_saturated_pool(tiny_model_path, make_llm):
     # 16 blocks of 16 rows: 4 running low requests want 4 * 180 rows, so the pool is saturated
     llm = make_llm(
         tiny_model_path, kv_mode="paged", max_num_seqs=4, n_ctx=256, policy="priority",
-        preemption_mode="swap", priority_aging_ms=60_000,
+        preemption_mode="swap", priority_aging_ms=60_000, profile=True,
     )  # fmt: skip
     results: dict[int, object] = {}
     threads = []
@@ -90,3 +91,10 @@ def test_urgent_requests_overtake_a_saturated_pool(tiny_model_path, make_llm):
     assert table[URGENT].num_requests == NUM_URGENT and table[LOW].num_requests == NUM_LOW
     assert table[URGENT].ttft_mean_s < table[LOW].ttft_mean_s
     assert s.kv_blocks_used == 0 and s.num_swapped == 0 and s.swap_blocks_used == 0
+    # the profiler marks each priority preemption right after its swap-out, for a low request
+    events = llm.profile().events
+    marks = [e for e in events if e.kind == REQUEST_PRIORITY_PREEMPT]
+    assert len(marks) == s.num_preemptions_priority
+    assert all(m.request_id in low_ids for m in marks)
+    swap_outs = {(e.request_id, e.time_ns) for e in events if e.kind == REQUEST_SWAP_OUT}
+    assert all((m.request_id, m.time_ns) in swap_outs for m in marks)
