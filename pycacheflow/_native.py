@@ -26,7 +26,7 @@ from pycacheflow.config import (
     PREEMPTION_MODES,
     c_enum_name,
 )
-from pycacheflow.outputs import EngineStats, ModelInfo, OutputEvent
+from pycacheflow.outputs import EngineStats, ModelInfo, OutputEvent, PriorityTTFT
 from pycacheflow.profiler import ProfileEvent
 from pycacheflow.text import encode_utf8
 
@@ -171,6 +171,7 @@ def _engine_config(config: EngineConfig, keep: list) -> object:
     c.enable_prefix_caching = int(config.enable_prefix_caching)
     c.preemption_mode = _PREEMPTION_MODE_VALUES[config.preemption_mode]
     c.swap_space_bytes = config.swap_space_bytes
+    c.priority_aging_ms = config.priority_aging_ms
     return c
 
 
@@ -336,7 +337,19 @@ class Engine:
         """Engine-wide counters (``cf_engine_get_stats``)."""
         out = ffi.new("cf_engine_stats *")
         self._call(self._lib.cf_engine_get_stats, out)
-        return EngineStats(*(getattr(out, name) for name in EngineStats._fields))
+        counters = [getattr(out, name) for name in EngineStats._fields[:-1]]
+        return EngineStats(*counters, ttft_by_priority=self.ttft_by_priority())
+
+    def ttft_by_priority(self) -> tuple[PriorityTTFT, ...]:
+        """TTFT per request priority since init (``cf_engine_get_ttft_by_priority``), ascending."""
+        capacity = self._lib.CF_TTFT_PRIORITIES_MAX
+        out = ffi.new("cf_priority_ttft[]", capacity)
+        num = ffi.new("int32_t *")
+        self._call(self._lib.cf_engine_get_ttft_by_priority, out, capacity, num)
+        return tuple(
+            PriorityTTFT(e.priority, e.num_requests, e.ttft_sum_ns / 1e9, e.ttft_max_ns / 1e9)
+            for e in out[0 : min(num[0], capacity)]
+        )
 
     # ------------------------------------------------------------------ requests
 

@@ -43,7 +43,8 @@ class EngineConfig:
             "paged" (CacheFlow's block-table KV cache).
         block_size: tokens per KV block in paged mode, >= 1.
         policy: scheduling policy, "fcfs", "sjf" (shortest predicted work first) or "priority"
-            (smaller priority value first).
+            (smaller priority value first; a more urgent request preempts a less urgent running
+            one when it cannot get in otherwise, see native/src/core/scheduler.h).
         flash_attn: None = auto, True/False = force on/off (stock modes).
         log_level: "none", "error", "warn", "info" or "debug" (llama.cpp and CacheFlow logs).
         profile_capacity: events the native profiler ring holds, >= 0; 0 = profiling off (see
@@ -76,6 +77,9 @@ class EngineConfig:
         swap_space_bytes: paged mode: host memory for swapped-out KV blocks, bytes (>= 0;
             default 4 GiB, reserved lazily: pages are backed only when a swap writes them).
             0 = none (swap falls back to recompute).
+        priority_aging_ms: "priority" policy: a queued request's effective priority drops by 1
+            (more urgent) per this many ms it has waited (time running does not count), so a
+            low-priority request cannot wait forever; >= 0, default 1000; 0 = no aging.
 
     Raises:
         ValueError: on construction, for a value that cannot cross the C ABI (an int of 2**31 or
@@ -100,12 +104,14 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     preemption_mode: str = "auto"
     swap_space_bytes: int = DEFAULT_SWAP_SPACE_BYTES
+    priority_aging_ms: int = 1000
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, (str, os.PathLike)) or not os.fspath(self.model):
             raise ValueError(f"model must be a non-empty path, got {self.model!r}")
         for name in ("n_ctx", "max_num_seqs", "max_num_batched_tokens", "n_threads",
-                     "n_gpu_layers", "block_size", "profile_capacity"):
+                     "n_gpu_layers", "block_size", "profile_capacity",
+                     "priority_aging_ms"):
             _check_int(name, getattr(self, name))  # int32_t in cf_engine_config
         _check_int("kv_cache_bytes", self.kv_cache_bytes, limit_bits=62)
         _check_choice("kv_mode", self.kv_mode, KV_MODES)

@@ -179,8 +179,27 @@ class ModelInfo(NamedTuple):
     kv_mode_name: str = ""
 
 
+class PriorityTTFT(NamedTuple):
+    """cf_priority_ttft: time to first token of the requests of one priority value, since init.
+
+    TTFT = first output token sampled - request accepted. Seconds on the engine clock.
+    """
+
+    priority: int
+    num_requests: int
+    ttft_sum_s: float
+    ttft_max_s: float
+
+    @property
+    def ttft_mean_s(self) -> float:
+        """Mean TTFT in seconds (0 when no request counted)."""
+        return self.ttft_sum_s / self.num_requests if self.num_requests else 0.0
+
+
 class EngineStats(NamedTuple):
-    """cf_engine_stats: engine-wide counters since init (see cacheflow.h for each field)."""
+    """cf_engine_stats: engine-wide counters since init (see cacheflow.h for each field), plus
+    ``ttft_by_priority`` (cf_engine_get_ttft_by_priority: ascending priority, at most
+    CF_TTFT_PRIORITIES_MAX values)."""
 
     num_steps: int
     num_running: int
@@ -209,6 +228,7 @@ class EngineStats(NamedTuple):
     swap_in_bytes: int
     swap_out_ns: int
     swap_in_ns: int
+    num_preemptions_priority: int
     num_rows_sampled_in_graph: int
     num_rows_sampled_top_k: int
     num_rows_sampled_host: int
@@ -217,6 +237,7 @@ class EngineStats(NamedTuple):
     cuda_graphs_captured: int
     cuda_graphs_replayed: int
     cuda_graphs_direct: int
+    ttft_by_priority: tuple[PriorityTTFT, ...] = ()
 
     @property
     def prefix_cache_hit_rate(self) -> float:

@@ -40,6 +40,7 @@ REQUEST_PREEMPT = 7
 REQUEST_SWAP_OUT = 8
 REQUEST_SWAP_IN = 9
 REQUEST_PREFIX_HIT = 10
+REQUEST_PRIORITY_PREEMPT = 11  # the PREEMPT / SWAP_OUT just before was for a more urgent request
 EVENT_KIND_NAMES = {
     STEP_BEGIN: "step_begin",
     STEP_END: "step_end",
@@ -51,6 +52,7 @@ EVENT_KIND_NAMES = {
     REQUEST_SWAP_OUT: "request_swap_out",
     REQUEST_SWAP_IN: "request_swap_in",
     REQUEST_PREFIX_HIT: "request_prefix_hit",
+    REQUEST_PRIORITY_PREEMPT: "request_priority_preempt",
 }
 
 _ENGINE_PID = 1

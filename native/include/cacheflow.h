@@ -73,7 +73,10 @@ typedef enum cf_kv_mode {
 typedef enum cf_sched_policy {
     CF_SCHED_POLICY_FCFS = 0,     /* first come, first served                                 */
     CF_SCHED_POLICY_SJF = 1,      /* shortest predicted remaining work first                  */
-    CF_SCHED_POLICY_PRIORITY = 2  /* lower priority value first, ties by arrival              */
+    CF_SCHED_POLICY_PRIORITY = 2  /* lower priority value first (smaller = more urgent), ties by
+                                     arrival; a more urgent request preempts a less urgent
+                                     running one it cannot otherwise get in beside; waiting
+                                     ages the effective priority (priority_aging_ms)          */
 } cf_sched_policy;
 
 typedef enum cf_preemption_mode {
@@ -147,6 +150,10 @@ typedef struct cf_engine_config {
                                         (>= 0), default 4 GiB, allocated at init (pages are
                                         touched only when used); 0 = no swap space (swap falls
                                         back to recompute). Ignored in the stock modes.        */
+    int32_t priority_aging_ms;       /* CF_SCHED_POLICY_PRIORITY: a queued request's effective
+                                        priority drops by 1 (more urgent) per priority_aging_ms
+                                        it has waited (not counting time running), so none
+                                        waits forever; >= 0, default 1000; 0 = no aging.       */
 } cf_engine_config;
 
 typedef struct cf_engine * cf_engine_t;
@@ -230,6 +237,9 @@ typedef struct cf_engine_stats {
     int64_t swap_in_bytes;               /* KV bytes copied host -> device                     */
     int64_t swap_out_ns;                 /* time spent in those copies, ns                     */
     int64_t swap_in_ns;
+    int64_t num_preemptions_priority;    /* of num_preemptions, those that made room for a more
+                                            urgent request (CF_SCHED_POLICY_PRIORITY) rather
+                                            than for blocks a running sequence needed          */
     /* Sampled rows by route, since init (llama_session.h): their sum is num_generated_tokens.  */
     int64_t num_rows_sampled_in_graph;   /* token chosen in the graph (batched argmax, or a
                                             backend sampler chain of the row's slot)          */
@@ -251,6 +261,30 @@ typedef struct cf_engine_stats {
 } cf_engine_stats;
 
 CF_API cf_status cf_engine_get_stats(cf_engine_t engine, cf_engine_stats * out_stats);
+
+/* Time to first token (TTFT) by request priority, since init, under every policy. TTFT of a
+ * request = the time its first output token was sampled - the time it was accepted (the
+ * cf_output_event time_ns of its first token - arrival_ns), in ns; requests that end without a
+ * token are not counted. One entry per priority value, for the first CF_TTFT_PRIORITIES_MAX
+ * distinct values seen; requests of further values are not counted here. */
+#define CF_TTFT_PRIORITIES_MAX 32
+
+typedef struct cf_priority_ttft {
+    int32_t priority;                    /* cf_engine_add_request's priority value             */
+    int64_t num_requests;                /* requests of that priority with a first token        */
+    int64_t ttft_sum_ns;                 /* sum of their TTFTs, ns (mean = sum / num_requests)  */
+    int64_t ttft_max_ns;                 /* the largest of them, ns                             */
+} cf_priority_ttft;
+
+/* Copy the TTFT-by-priority table, ascending by priority, into out[0, min(capacity, n)), where
+ * n = *out_num_priorities = the entries the engine holds (<= CF_TTFT_PRIORITIES_MAX, so an
+ * array of that many always suffices; with a smaller one, call again with n). out is
+ * caller-owned and may be NULL when capacity is 0. The table is the snapshot published with
+ * cf_engine_get_stats at the end of each step. Returns CF_STATUS_INVALID_ARGUMENT (NULL engine
+ * or out_num_priorities, capacity < 0, out NULL with capacity > 0; nothing written).
+ * Thread-safe. */
+CF_API cf_status cf_engine_get_ttft_by_priority(cf_engine_t engine, cf_priority_ttft * out, int32_t capacity,
+                                                int32_t * out_num_priorities);
 
 /* ---------------------------------------------------------------- requests */
 
@@ -554,7 +588,10 @@ typedef enum cf_profile_event_kind {
                                                       and recomputes); num_tokens = its tokens   */
     CF_PROFILE_EVENT_REQUEST_SWAP_OUT = 8,         /* preempted by swap: KV blocks to host memory */
     CF_PROFILE_EVENT_REQUEST_SWAP_IN = 9,          /* swapped in: KV blocks copied back           */
-    CF_PROFILE_EVENT_REQUEST_PREFIX_HIT = 10       /* prompt tokens found in the prefix cache    */
+    CF_PROFILE_EVENT_REQUEST_PREFIX_HIT = 10,      /* prompt tokens found in the prefix cache    */
+    CF_PROFILE_EVENT_REQUEST_PRIORITY_PREEMPT = 11 /* the reason of the PREEMPT or SWAP_OUT event
+                                                      just before it: room for a more urgent
+                                                      request (priority policy), not blocks    */
 } cf_profile_event_kind;
 
 /* One profiler event. Fields a kind does not list are 0.
@@ -572,6 +609,8 @@ typedef enum cf_profile_event_kind {
  *                             (recorded with FIRST_SCHEDULED, when there were any).
  *   REQUEST_PREEMPT / SWAP_* (reserved): request_id, num_tokens (tokens recomputed), num_bytes
  *                             (bytes copied).
+ *   REQUEST_PRIORITY_PREEMPT: request_id (the victim), num_tokens = its tokens; recorded right
+ *                             after its PREEMPT or SWAP_OUT event (same step and time).
  * step_id = cf_engine_stats.num_steps when the event was recorded: the 1-based number of the
  * step it belongs to, or of the previous step for events recorded while a step reads its inbox
  * (arrivals, aborts), before it begins. */

@@ -103,6 +103,16 @@ cf_status cf_engine_get_stats(cf_engine_t engine, cf_engine_stats * out_stats) {
     });
 }
 
+cf_status cf_engine_get_ttft_by_priority(cf_engine_t engine, cf_priority_ttft * out, int32_t capacity,
+                                         int32_t * out_num_priorities) {
+    return guarded("cf_engine_get_ttft_by_priority", [&] {
+        require(engine != nullptr && out_num_priorities != nullptr, "engine and out_num_priorities must be non-NULL");
+        require(capacity >= 0, "capacity must be >= 0");
+        require(out != nullptr || capacity == 0, "out is NULL but capacity is > 0");
+        *out_num_priorities = engine->engine.get_ttft_by_priority(out, capacity);
+    });
+}
+
 cf_status cf_engine_add_request(cf_engine_t engine, const int32_t * prompt_tokens, int32_t num_prompt_tokens,
                                 const cf_sampling_params * params, int32_t priority, int64_t * out_request_id) {
     return guarded("cf_engine_add_request", [&] {

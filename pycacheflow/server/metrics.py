@@ -9,7 +9,10 @@ counter), the speculative-decoding counters at 0, and the throughput gauges
 (prompt_tokens_seconds, predicted_tokens_seconds) over the window since the previous scrape,
 which a scrape resets, as llama-server's do. CacheFlow adds (``cacheflow:`` prefix) TTFT,
 TPOT and end-to-end latency histograms, KV block and token use, the prefix-cache hit rate,
-preemptions (by mode), recomputed tokens, swap bytes and time, and finished requests by reason.
+preemptions (by mode, and those made for a more urgent request), recomputed tokens, swap bytes
+and time, finished requests by reason, and TTFT by request priority (a summary: count and sum
+in seconds, labelled ``priority``, plus the largest TTFT of each priority as a gauge), from the
+engine's own table (``EngineStats.ttft_by_priority``, cf_engine_get_ttft_by_priority).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from prometheus_client.core import (
     GaugeMetricFamily,
     HistogramMetricFamily,
     Metric,
+    SummaryMetricFamily,
 )
 
 if TYPE_CHECKING:
@@ -167,8 +171,12 @@ class _Collector:
             ("swap_in_bytes_total", "KV bytes swapped back from host memory", s.swap_in_bytes),
             ("swap_seconds_total", "Time spent copying swapped KV blocks, both directions",
              (s.swap_out_ns + s.swap_in_ns) / 1e9),
+            ("preemptions_priority_total",
+             "Sequences preempted to make room for a more urgent request (priority policy)",
+             s.num_preemptions_priority),
         ):  # fmt: skip
             yield CounterMetricFamily(f"cacheflow:{name}", doc, value=value)
+        yield from _ttft_by_priority(s)
         yield GaugeMetricFamily(
             "cacheflow:swapped_sequences",
             "Sequences swapped out to host memory now",
@@ -199,6 +207,25 @@ class _Collector:
         for reason in ("stop", "length", "abort", "error"):
             finished.add_metric([reason], m.finished_by_reason[reason])
         yield finished
+
+
+def _ttft_by_priority(s: EngineStats) -> Iterator[Metric]:
+    """TTFT per request priority (the engine's table; a smaller priority is more urgent)."""
+    summary = SummaryMetricFamily(
+        "cacheflow:time_to_first_token_by_priority_seconds",
+        "Time to first token by request priority (smaller = more urgent)",
+        labels=["priority"],
+    )
+    largest = GaugeMetricFamily(
+        "cacheflow:time_to_first_token_by_priority_max_seconds",
+        "Largest time to first token by request priority",
+        labels=["priority"],
+    )
+    for e in s.ttft_by_priority:
+        summary.add_metric([str(e.priority)], count_value=e.num_requests, sum_value=e.ttft_sum_s)
+        largest.add_metric([str(e.priority)], e.ttft_max_s)
+    yield summary
+    yield largest
 
 
 def _llamacpp_text(m: ServerMetrics, s: EngineStats, window: list) -> str:

@@ -302,6 +302,15 @@ cf_status cf_engine_get_stats(cf_engine_t e, cf_engine_stats * out) {
     return CF_STATUS_OK;
 }
 
+cf_status cf_engine_get_ttft_by_priority(cf_engine_t e, cf_priority_ttft * out, int32_t capacity,
+                                         int32_t * out_num_priorities) {
+    (void) e;
+    (void) out;
+    (void) capacity;
+    *out_num_priorities = 0;  /* the fake keeps no per-priority table */
+    return CF_STATUS_OK;
+}
+
 cf_status cf_sampling_params_check(const cf_sampling_params * params) {
     if (params->max_tokens < 1) return fail(CF_STATUS_INVALID_ARGUMENT, "max_tokens must be >= 1");
     return CF_STATUS_OK;  /* the real engine checks every range; the fake only this one */

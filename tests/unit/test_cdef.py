@@ -94,7 +94,7 @@ def test_config_names_map_onto_c_enums(consts, prefix, names):
     ("struct", "tuple_type", "extra"),
     [
         ("cf_output_event", outputs.OutputEvent, ()),
-        ("cf_engine_stats", outputs.EngineStats, ()),
+        ("cf_engine_stats", outputs.EngineStats, ("ttft_by_priority",)),
         ("cf_model_info", outputs.ModelInfo, ("kv_mode_name",)),
         ("cf_profile_event", profiler.ProfileEvent, ()),
     ],

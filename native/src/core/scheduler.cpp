@@ -24,18 +24,22 @@ Scheduler::Scheduler(const SchedulerConfig & config, std::unique_ptr<KvCacheMana
 bool Scheduler::comes_before(const Sequence & a, const Sequence & b) const {
     switch (config_.policy) {
         case CF_SCHED_POLICY_SJF: {
-            const int64_t work_a = (int64_t) a.num_prompt_tokens - a.num_computed_tokens + a.params.max_tokens;
-            const int64_t work_b = (int64_t) b.num_prompt_tokens - b.num_computed_tokens + b.params.max_tokens;
+            // predicted remaining work, tokens: what is left to compute + what is left to generate
+            const int64_t work_a = (int64_t) a.num_uncomputed_tokens() + a.params.max_tokens - a.num_output_tokens();
+            const int64_t work_b = (int64_t) b.num_uncomputed_tokens() + b.params.max_tokens - b.num_output_tokens();
             if (work_a != work_b) {
                 return work_a < work_b;
             }
             break;
         }
-        case CF_SCHED_POLICY_PRIORITY:
-            if (a.priority != b.priority) {
-                return a.priority < b.priority;
+        case CF_SCHED_POLICY_PRIORITY: {
+            const int64_t urgency_a = effective_priority(a);
+            const int64_t urgency_b = effective_priority(b);
+            if (urgency_a != urgency_b) {
+                return urgency_a < urgency_b;
             }
             break;
+        }
         default:
             break;
     }
@@ -56,19 +60,33 @@ void Scheduler::add(std::unique_ptr<Sequence> seq) {
     waiting_.insert(pos, std::move(seq));
 }
 
-const StepPlan & Scheduler::schedule() {
+const StepPlan & Scheduler::schedule(int64_t now_ns) {
+    assert(now_ns >= now_ns_);
     out_.clear();
+    now_ns_ = now_ns;
     for (const auto & seq : running_) {
         seq->scheduled = false;
     }
+    const bool by_priority = config_.policy == CF_SCHED_POLICY_PRIORITY;
+    if (by_priority) {
+        sort_queues();  // aging moved effective priorities since the last step
+    }
     fork_choices();
+    if (by_priority) {
+        preempt_for_urgent();
+    }
+    const size_t num_preempted_for_priority = out_.preempted.size();
     int32_t budget = config_.max_num_batched_tokens;
     schedule_running(/*decoding=*/true, &budget);
     schedule_running(/*decoding=*/false, &budget);
-    if (out_.preempted.empty()) {  // blocks are short: let the preempted go first when they free up
-        swap_in_swapped(&budget);
-        if (swapped_.empty()) {
-            admit_waiting(&budget);
+    if (out_.preempted.size() == num_preempted_for_priority) {  // blocks are short: no admission
+        if (by_priority) {
+            admit_by_priority(&budget);
+        } else {
+            swap_in_swapped(&budget);
+            if (swapped_.empty()) {
+                admit_waiting(&budget);
+            }
         }
     }
     std::sort(out_.seqs.begin(), out_.seqs.end(),
@@ -85,21 +103,27 @@ const StepPlan & Scheduler::schedule() {
 // Swapped sequences come back in policy order while their blocks and next chunk fit; the first
 // that does not fit stops the rest (they keep their order, nothing overtakes it).
 void Scheduler::swap_in_swapped(int32_t * budget) {
-    while (*budget > 0 && !swapped_.empty() && num_running() < config_.max_num_seqs) {
-        Sequence * seq = swapped_.front().get();
-        if (!kv_->can_swap_in(*seq, num_running(), chunk_size(*seq, *budget))) {
-            return;
-        }
-        std::unique_ptr<Sequence> owned = std::move(swapped_.front());
-        swapped_.pop_front();
-        kv_->swap_in(*owned, &out_.blocks_to_swap_in);
-        owned->status = SequenceStatus::RUNNING;
-        owned->scheduled = false;
-        owned->holds_kv = true;
-        out_.swapped_in.push_back(seq);
-        running_.push_back(std::move(owned));
-        push_scheduled(seq, *budget, budget);  // its blocks for this chunk are free (can_swap_in)
+    while (*budget > 0 && !swapped_.empty() && swap_in_front(budget)) {
     }
+}
+
+// Swap in and schedule the front of the swapped queue if it fits now; false (nothing changed) if not.
+bool Scheduler::swap_in_front(int32_t * budget) {
+    Sequence * seq = swapped_.front().get();
+    if (num_running() >= config_.max_num_seqs || !kv_->can_swap_in(*seq, num_running(), chunk_size(*seq, *budget))) {
+        return false;
+    }
+    std::unique_ptr<Sequence> owned = std::move(swapped_.front());
+    swapped_.pop_front();
+    kv_->swap_in(*owned, &out_.blocks_to_swap_in);
+    owned->status = SequenceStatus::RUNNING;
+    owned->scheduled = false;
+    owned->holds_kv = true;
+    end_wait(*owned);
+    out_.swapped_in.push_back(seq);
+    running_.push_back(std::move(owned));
+    push_scheduled(seq, *budget, budget);  // its blocks for this chunk are free (can_swap_in)
+    return true;
 }
 
 void Scheduler::set_preemption_costs(double swap_ns_per_byte, double recompute_ns_per_token) {
@@ -187,6 +211,7 @@ void Scheduler::fork_choices() {
             waiting_.erase(waiting_.begin() + (std::ptrdiff_t) i);
             owned->status = SequenceStatus::RUNNING;
             owned->scheduled = false;
+            end_wait(*owned);
             kv_->fork(*parent, *owned);
             owned->holds_kv = true;
             owned->num_computed_tokens = parent->num_computed_tokens;
@@ -281,7 +306,7 @@ bool Scheduler::should_swap(const Sequence & victim) const {
     return swap_ns <= recompute_ns;
 }
 
-void Scheduler::preempt(Sequence * seq) {
+void Scheduler::preempt(Sequence * seq, bool for_priority) {
     size_t index = 0;
     while (running_[index].get() != seq) {
         ++index;
@@ -289,14 +314,16 @@ void Scheduler::preempt(Sequence * seq) {
     std::unique_ptr<Sequence> owned = std::move(running_[index]);
     running_.erase(running_.begin() + (std::ptrdiff_t) index);
     owned->num_preemptions += 1;
+    owned->queued_since_ns = now_ns_;  // its effective priority stays what it was while running
     num_preemptions_ += 1;
+    preemption_stats_.num_priority += for_priority ? 1 : 0;
     if (should_swap(*owned)) {
         // Its KV moves to host slots; num_computed_tokens stays: it resumes where it stopped.
         kv_->swap_out(*owned, &out_.blocks_to_swap_out);
         owned->holds_kv = false;
         owned->status = SequenceStatus::SWAPPED;
         preemption_stats_.num_swap += 1;
-        out_.preempted.push_back({owned.get(), /*swapped=*/true});
+        out_.preempted.push_back({owned.get(), /*swapped=*/true, for_priority});
         auto pos = std::upper_bound(swapped_.begin(), swapped_.end(), owned,
                                     [this](const std::unique_ptr<Sequence> & x, const std::unique_ptr<Sequence> & y) {
                                         return comes_before(*x, *y);
@@ -309,7 +336,7 @@ void Scheduler::preempt(Sequence * seq) {
     preemption_stats_.num_recomputed_tokens += owned->num_computed_tokens;
     owned->status = SequenceStatus::WAITING;
     owned->num_computed_tokens = 0;
-    out_.preempted.push_back({owned.get(), /*swapped=*/false});
+    out_.preempted.push_back({owned.get(), /*swapped=*/false, for_priority});
     add(std::move(owned));
 }
 
@@ -329,6 +356,7 @@ void Scheduler::admit_at(size_t waiting_index) {
     waiting_.erase(waiting_.begin() + (std::ptrdiff_t) waiting_index);
     seq->status = SequenceStatus::RUNNING;
     seq->scheduled = false;
+    end_wait(*seq);
     // A prefix-cache hit: computing starts after the cached tokens (never all of them).
     seq->num_computed_tokens = kv_->admit(*seq);
     assert(seq->num_uncomputed_tokens() >= 1);
@@ -470,7 +498,7 @@ std::string Scheduler::dump() const {
     }
     for (const auto & seq : waiting_) {
         os << "  waiting req=" << seq->request_id << " prompt=" << seq->num_prompt_tokens
-           << " priority=" << seq->priority << "\n";
+           << " priority=" << seq->priority << " effective=" << effective_priority(*seq) << "\n";
     }
     os << kv_->dump();
     return os.str();

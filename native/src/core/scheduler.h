@@ -34,6 +34,47 @@
 // AUTO swaps when moving its bytes out and back costs less than computing its tokens again
 // (set_preemption_costs: the engine's measured rates). Only the paged KV manager can swap.
 //
+// Policies (SchedulerConfig::policy; the order of the waiting and swapped queues, and of victims:
+// the running sequence that comes last is preempted first). Ties always go by request id, which
+// grows with arrival, so every policy is FCFS among equals.
+//   FCFS:     arrival order.
+//   SJF:      shortest predicted remaining work first (the classic shortest-job-first rule; the
+//             prediction is the request's own max_tokens, no learned output-length model):
+//             work = num_uncomputed_tokens() + params.max_tokens - num_output_tokens(), tokens
+//             (the prompt left, or prompt and output again after a recompute, + tokens to go).
+//   PRIORITY: the more urgent first. Urgency is the request's priority value, and a SMALLER value
+//             is MORE urgent (as in vLLM's priority scheduling; cf_request.priority, default 0).
+//
+// Aging (PRIORITY only; starvation freedom): a queued sequence's effective priority improves by
+// one level per SchedulerConfig::priority_aging_ns it has waited in a queue:
+//   effective_priority = priority - floor(wait / priority_aging_ns)   (0 = aging off)
+// where wait counts the time spent WAITING or SWAPPED since arrival (Sequence::wait_ns plus the
+// current stay), never the time spent running. Aging orders the queues: of two requests queued
+// since they arrived, one of priority p comes before one of priority q that arrived at least
+// (p - q) * priority_aging_ns after it (ties go to the older), so behind a stream of priority-q
+// arrivals it gets the first place that frees up once it has waited about that long (it does
+// not preempt for it; see below). Time is the step's clock (schedule(now_ns)):
+// effective priorities do not change within a step. SchedulerConfig default: 1 s per level
+// (cf_engine_config.priority_aging_ms = 1000).
+//
+// Priority preemption (PRIORITY only; the idea of vLLM v0's priority policy, where waiting
+// requests of higher priority preempt running ones of lower priority): before running sequences are
+// scheduled, the first queued sequence U (waiting or swapped, policy order) that cannot be
+// admitted now (max_num_seqs or KV) preempts running sequences V, the one that comes last in
+// policy order first, until it fits. V qualifies only when U is STRICTLY more urgent both ways:
+//   U.priority < V.priority  and  effective_priority(U) < effective_priority(V).
+// The victim is swapped or recomputed as preemption_mode decides (PreemptionStats::num_priority
+// counts these). So an equally or less urgent request never preempts, and there is no thrash: V
+// can never preempt U back (that would need V.priority < U.priority), equal priorities never
+// preempt each other however long they wait, and a low-priority request that aged its way in keeps
+// its (frozen: it is not waiting now) effective priority while it runs, so fresh arrivals of the
+// priorities it overtook cannot push it out again. Effective priorities do not change within a step, and a sequence
+// preempted in a step is not admitted again in that step. One queued sequence gets this help per
+// step; preemption frees blocks and slots, not the step's token budget (a running prompt's chunk
+// can still delay an urgent admission by a step).
+// Under PRIORITY admission takes swapped and waiting sequences together in policy order (under
+// FCFS and SJF every swapped sequence comes back before any waiting one is admitted).
+//
 // Choices of one prompt (cf_request.num_forks; paged mode only): the parent's prefill stops one
 // token short of its prompt while its choices wait; at the start of the next step each choice
 // forks the parent's blocks (KvCacheManager::fork) and then parent and choices each compute that
@@ -70,6 +111,8 @@ struct SchedulerConfig {
     // token computed again.
     double swap_ns_per_byte = 0.2;
     double recompute_ns_per_token = 1e5;
+    // PRIORITY aging (see above): ns of queue time per level of effective priority; 0 = off.
+    int64_t priority_aging_ns = 1'000'000'000;
 };
 
 // Preemption counters since construction.
@@ -77,6 +120,7 @@ struct PreemptionStats {
     int64_t num_swap = 0;
     int64_t num_recompute = 0;
     int64_t num_recomputed_tokens = 0;  // computed tokens whose KV a recompute preemption dropped
+    int64_t num_priority = 0;  // of num_swap + num_recompute, those made for a more urgent request
 };
 
 class Scheduler {
@@ -92,9 +136,11 @@ class Scheduler {
     // prompt fits n_ctx_per_seq.
     void add(std::unique_ptr<Sequence> seq);
 
-    // Plan the next step. The returned reference stays valid until the next schedule() call; its
-    // arrays are refilled in place (no allocation once they have grown to the largest step).
-    const StepPlan & schedule();
+    // Plan the next step. now_ns: the step's time, on the clock of Sequence::arrival_ns
+    // (cf_clock_ns in the engine); only the PRIORITY policy's aging reads it, and it must not go
+    // back. The returned reference stays valid until the next schedule() call; its arrays are
+    // refilled in place (no allocation once they have grown to the largest step).
+    const StepPlan & schedule(int64_t now_ns = 0);
 
     // The engine computed every token of `out`: advance num_computed_tokens.
     void commit_step(const StepPlan & out);
@@ -124,6 +170,10 @@ class Scheduler {
     // Ids of every running, swapped and waiting sequence (in that order); allocates, not for the hot path.
     std::vector<int64_t> request_ids() const;
 
+    // priority - floor(queue time / priority_aging_ns) as of the current step (see above);
+    // seq.priority when aging is off. Smaller is more urgent.
+    int64_t effective_priority(const Sequence & seq) const;
+
     // Aborts with a message naming the broken invariant (debug aid; tests call it every op).
     void check_invariants() const;
     std::string dump() const;
@@ -137,7 +187,16 @@ class Scheduler {
     void push_scheduled(Sequence * seq, int32_t budget_left, int32_t * budget);
     bool allocate_or_preempt(Sequence * seq, int32_t num_new_tokens);
     Sequence * preemption_victim(const Sequence & needy) const;
-    void preempt(Sequence * seq);
+    void preempt(Sequence * seq, bool for_priority = false);
+    // scheduler_priority.cpp: the PRIORITY policy's queue order, preemption and admission.
+    void sort_queues();
+    Sequence * first_queued();
+    bool fits_now(const Sequence & queued) const;
+    void preempt_for_urgent();
+    void admit_by_priority(int32_t * budget);
+    bool swap_in_front(int32_t * budget);
+    bool preempted_this_step(const Sequence & seq) const;
+    void end_wait(Sequence & seq) const;
     bool should_swap(const Sequence & victim) const;
     int32_t chunk_size(const Sequence & seq, int32_t budget_left) const;
     void swap_in_swapped(int32_t * budget);
@@ -152,6 +211,7 @@ class Scheduler {
     std::deque<std::unique_ptr<Sequence>> swapped_;    // policy order, front swaps in first
     std::unique_ptr<KvCacheManager> kv_;
     std::vector<Sequence *> order_;                    // scratch: running_ at the start of a pass
+    int64_t now_ns_ = 0;                               // the step being planned (schedule)
     int64_t num_preemptions_ = 0;
     PreemptionStats preemption_stats_;
     StepPlan out_;

@@ -187,7 +187,8 @@ Sequence::Sequence(int64_t request_id_, const int32_t * prompt, int32_t num_prom
       priority(priority_),
       params(std::move(params_)),
       num_prompt_tokens(num_prompt_tokens_),
-      arrival_ns(arrival_ns_) {
+      arrival_ns(arrival_ns_),
+      queued_since_ns(arrival_ns_) {
     // Reserve once so that appending output tokens never reallocates in the step loop.
     tokens.reserve((size_t) std::max(max_tokens_capacity, num_prompt_tokens_));
     tokens.assign(prompt, prompt + num_prompt_tokens_);

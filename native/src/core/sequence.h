@@ -101,6 +101,11 @@ struct Sequence {
     cf_finish_reason finish_reason = CF_FINISH_REASON_NONE;
 
     int64_t arrival_ns;
+    // Queue time, for the priority policy's aging (Scheduler::effective_priority): the sequence
+    // entered WAITING or SWAPPED last at queued_since_ns (arrival, then each preemption) and had
+    // waited wait_ns in earlier stays in a queue; time spent running does not count.
+    int64_t queued_since_ns;
+    int64_t wait_ns = 0;
     int64_t first_scheduled_ns = 0;
     int64_t first_token_ns = 0;
     int64_t finish_ns = 0;

@@ -75,6 +75,9 @@ struct StepPlan {
     struct Preempted {
         Sequence * seq;
         bool swapped;
+        // The reason: true = it made room for a more urgent request (PRIORITY policy, before the
+        // step's sequences were scheduled); false = a running sequence needed a block.
+        bool for_priority = false;
     };
     // Sequences swapped in this step (their blocks in blocks_to_swap_in), now running.
     std::vector<Sequence *> swapped_in;

@@ -54,6 +54,9 @@ EngineConfig EngineConfig::from_c(const cf_engine_config & c) {
     check_range("paged_attention", c.paged_attention, CF_PAGED_ATTENTION_INVARIANT, CF_PAGED_ATTENTION_GGML);
     check_range("enable_prefix_caching", c.enable_prefix_caching, 0, 1);
     check_range("preemption_mode", c.preemption_mode, CF_PREEMPTION_MODE_AUTO, CF_PREEMPTION_MODE_SWAP);
+    if (c.priority_aging_ms < 0) {
+        fail_invalid("priority_aging_ms must be >= 0, got " + std::to_string(c.priority_aging_ms));
+    }
     if (c.swap_space_bytes < 0) {
         fail_invalid("swap_space_bytes must be >= 0, got " + std::to_string(c.swap_space_bytes));
     }
@@ -95,6 +98,7 @@ EngineConfig EngineConfig::from_c(const cf_engine_config & c) {
     out.enable_prefix_caching = c.enable_prefix_caching == 1;
     out.preemption_mode = (cf_preemption_mode) c.preemption_mode;
     out.swap_space_bytes = c.swap_space_bytes;
+    out.priority_aging_ms = c.priority_aging_ms;
     return out;
 }
 
@@ -117,6 +121,7 @@ cf_engine_config default_engine_config() {
     c.enable_prefix_caching = 1;
     c.preemption_mode = CF_PREEMPTION_MODE_AUTO;
     c.swap_space_bytes = (int64_t) 4 << 30;  // vLLM's default swap space
+    c.priority_aging_ms = 1000;
     return c;
 }
 

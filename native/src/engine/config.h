@@ -30,6 +30,7 @@ struct EngineConfig {
     bool enable_prefix_caching = true;  // paged mode: share cached prompt prefixes across requests
     cf_preemption_mode preemption_mode = CF_PREEMPTION_MODE_AUTO;  // paged mode (stock never preempts)
     int64_t swap_space_bytes = (int64_t) 4 << 30;  // paged mode: host memory for swapped-out blocks
+    int32_t priority_aging_ms = 1000;              // PRIORITY policy aging, ms per level; 0 = off
 
     bool kv_unified() const { return kv_mode == CF_KV_MODE_STOCK_UNIFIED; }
     bool paged() const { return kv_mode == CF_KV_MODE_PAGED; }

@@ -52,6 +52,7 @@ SchedulerConfig scheduler_config(const LlamaSession & session) {
     c.n_ctx_per_seq = session.n_ctx_per_seq();
     c.policy = session.config().policy;
     c.preemption_mode = session.config().preemption_mode;
+    c.priority_aging_ns = (int64_t) session.config().priority_aging_ms * 1'000'000;
     return c;
 }
 
@@ -245,6 +246,13 @@ int32_t Engine::drain(cf_output_event * events, int32_t capacity, int32_t timeou
 bool Engine::has_work() const {
     std::lock_guard<std::mutex> lock(inbox_mu_);
     return !live_ids_.empty();
+}
+
+int32_t Engine::get_ttft_by_priority(cf_priority_ttft * out, int32_t capacity) const {
+    std::lock_guard<std::mutex> lock(stats_mu_);
+    const int32_t n = (int32_t) ttft_by_priority_published_.size();
+    std::copy_n(ttft_by_priority_published_.begin(), std::min(n, capacity), out);
+    return n;
 }
 
 cf_engine_stats Engine::get_stats() const {

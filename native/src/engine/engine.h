@@ -75,6 +75,8 @@ class Engine {
 
     void get_info(cf_model_info * info) const { session_->fill_info(info); }
     cf_engine_stats get_stats() const;
+    // See cf_engine_get_ttft_by_priority: copies min(capacity, n) entries, returns n.
+    int32_t get_ttft_by_priority(cf_priority_ttft * out, int32_t capacity) const;
     const LlamaSession & session() const { return *session_; }
     Profiler & profiler() { return profiler_; }  // drain is thread-safe; see profiler.h
 
@@ -104,6 +106,7 @@ class Engine {
     void publish_progress_start(const StepPlan & plan);
     void emit_progress(Sequence & seq);
     void emit_token(Sequence & seq, int32_t token_id, int64_t now_ns);
+    void record_ttft(const Sequence & seq);
     void fail_everything(const std::string & why);
     void publish();
     void run_loop();
@@ -128,6 +131,7 @@ class Engine {
     int64_t step_start_ns_ = 0;
     double recompute_ns_per_token_ = 0.0;  // measured (update_preemption_costs); 0 = none yet
     cf_engine_stats totals_{};  // cumulative counters (num_steps, num_finished, token counts)
+    std::vector<cf_priority_ttft> ttft_by_priority_;  // ascending priority, <= CF_TTFT_PRIORITIES_MAX
     std::mutex step_mu_;
 
     // Inbox, guarded by inbox_mu_; work_cv_ wakes the step thread.
@@ -151,6 +155,7 @@ class Engine {
 
     mutable std::mutex stats_mu_;
     cf_engine_stats stats_{};  // snapshot published at the end of each step
+    std::vector<cf_priority_ttft> ttft_by_priority_published_;  // ttft_by_priority_'s, with stats_
 };
 
 }  // namespace cf

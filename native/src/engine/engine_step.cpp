@@ -87,7 +87,7 @@ StepResult Engine::step_locked() {
     finished_ids_.clear();
     step_start_ns_ = clock_ns();
     consume_inbox();
-    const StepPlan & out = scheduler_.schedule();
+    const StepPlan & out = scheduler_.schedule(step_start_ns_);
     handle_block_shortage(out);
     StepResult result;
     result.num_scheduled_tokens = out.num_scheduled_tokens;
@@ -176,6 +176,7 @@ void Engine::run_decoded_step(const StepPlan & out) {
         const int64_t now_ns = clock_ns();
         if (seq->first_token_ns == 0) {
             seq->first_token_ns = now_ns;
+            record_ttft(*seq);
             profiler_.request(CF_PROFILE_EVENT_REQUEST_FIRST_TOKEN, totals_.num_steps, now_ns, seq->request_id, 1);
         }
         const cf_finish_reason reason = stop_checker_.check(*seq, token_id);
@@ -235,6 +236,10 @@ void Engine::handle_block_shortage(const StepPlan & out) {
         release_slot(*p.seq);
         profiler_.request(p.swapped ? CF_PROFILE_EVENT_REQUEST_SWAP_OUT : CF_PROFILE_EVENT_REQUEST_PREEMPT,
                           totals_.num_steps, step_start_ns_, p.seq->request_id, p.seq->num_tokens());
+        if (p.for_priority) {
+            profiler_.request(CF_PROFILE_EVENT_REQUEST_PRIORITY_PREEMPT, totals_.num_steps, step_start_ns_,
+                              p.seq->request_id, p.seq->num_tokens());
+        }
     }
     for (const Sequence * seq : out.swapped_in) {
         profiler_.request(CF_PROFILE_EVENT_REQUEST_SWAP_IN, totals_.num_steps, step_start_ns_, seq->request_id,
@@ -387,6 +392,25 @@ void Engine::emit_progress(Sequence & seq) {
     seq.prompt_progress_reported = processed;
 }
 
+// seq just got its first token: add its TTFT (first_token_ns - arrival_ns) to its priority's entry,
+// created in priority order while fewer than CF_TTFT_PRIORITIES_MAX exist.
+void Engine::record_ttft(const Sequence & seq) {
+    auto it = std::lower_bound(ttft_by_priority_.begin(), ttft_by_priority_.end(), seq.priority,
+                               [](const cf_priority_ttft & e, int32_t priority) { return e.priority < priority; });
+    if (it == ttft_by_priority_.end() || it->priority != seq.priority) {
+        if (ttft_by_priority_.size() >= (size_t) CF_TTFT_PRIORITIES_MAX) {
+            return;
+        }
+        cf_priority_ttft entry{};
+        entry.priority = seq.priority;
+        it = ttft_by_priority_.insert(it, entry);
+    }
+    const int64_t ttft_ns = std::max<int64_t>(0, seq.first_token_ns - seq.arrival_ns);
+    it->num_requests += 1;
+    it->ttft_sum_ns += ttft_ns;
+    it->ttft_max_ns = std::max(it->ttft_max_ns, ttft_ns);
+}
+
 void Engine::emit_token(Sequence & seq, int32_t token_id, int64_t now_ns) {
     step_events_.push_back(make_event(seq, token_id, CF_FINISH_REASON_NONE, now_ns, step_text_));
 }
@@ -451,6 +475,8 @@ void Engine::publish() {
         stats_.num_preemptions_swap = pre.num_swap;
         stats_.num_preemptions_recompute = pre.num_recompute;
         stats_.num_recomputed_tokens = pre.num_recomputed_tokens;
+        stats_.num_preemptions_priority = pre.num_priority;
+        ttft_by_priority_published_ = ttft_by_priority_;  // no allocation once it stopped growing
         stats_.num_swapped = scheduler_.num_swapped();
         stats_.swap_blocks_total = scheduler_.kv().num_host_blocks_total();
         stats_.swap_blocks_used = scheduler_.kv().num_host_blocks_used();
