@@ -237,7 +237,8 @@ def _run_router(
     import uvicorn
 
     from pycacheflow.server.http_protocol import protocol_class
-    from pycacheflow.server.router import Replica, Router, RouterConfig, create_router_app
+    from pycacheflow.server.router import Replica, Router, RouterConfig
+    from pycacheflow.server.router_app import create_router_app
 
     verbose = bool(options["verbose"])
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,

@@ -22,7 +22,8 @@ in flight end at once with an OpenAI-style error naming it (502 before the answe
 SSE ``data: {"error": ...}`` event after it); a request that could not even connect is sent to
 another live replica once. With no live replica every request gets 503.
 
-The router holds no engine; all state lives on the event loop thread (no locks).
+The router holds no engine; all state lives on the event loop thread (no locks). The routes and
+the gathered answers are in server/router_app.py.
 """
 
 from __future__ import annotations
@@ -34,15 +35,11 @@ from dataclasses import dataclass, field
 
 import httpx
 import orjson
-from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
-from starlette.routing import Route
 
 from pycacheflow.server import responses
-from pycacheflow.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from pycacheflow.server.router_policy import DEFAULT_SLACK, make_policy, routing_keys
 
 logger = logging.getLogger("cacheflow.router")
@@ -60,7 +57,6 @@ _REQUEST_DROP = frozenset({b"host", b"content-length", b"connection", b"keep-ali
                            b"transfer-encoding", b"upgrade"})  # fmt: skip
 _RESPONSE_DROP = frozenset({b"connection", b"keep-alive", b"transfer-encoding", b"date",
                             b"server"})  # fmt: skip
-_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 
 
 @dataclass
@@ -236,13 +232,13 @@ class Router:
                 self.take_out(replica, first.message)
                 continue
             replica.num_failed += 1
-            return _error(first.message, 502, "server_error", replica)
+            return error_response(first.message, 502, "server_error", replica)
         raise AssertionError("unreachable")
 
     def none_alive(self) -> JSONResponse:
         """503: no replica left, with why each one went."""
         why = "; ".join(f"replica {r.replica_id}: {r.death_reason}" for r in self.replicas)
-        return _error(f"no replica is alive ({why})", 503, "unavailable_error")
+        return error_response(f"no replica is alive ({why})", 503, "unavailable_error")
 
     def _start(self, replica: Replica, request: Request, body: bytes) -> _Forward:
         forward = _Forward(replica)
@@ -298,7 +294,7 @@ class Router:
                     forward.replica.num_failed += 1
                     logger.warning("%s", item.message)
                     if head.is_sse:  # the status went out already: end the stream with an error
-                        body = _error_body(item.message, 502, "server_error", forward.replica)
+                        body = error_body(item.message, 502, "server_error", forward.replica)
                         yield b"data: " + orjson.dumps(body) + b"\n\n"
                     return
                 yield item
@@ -385,153 +381,6 @@ class Router:
                                   "Share of routed requests that were prefix hits", value=hit_rate)]
 
 
-# ---------------------------------------------------------------------------- the app
-
-
-def create_router_app(router: Router) -> Starlette:
-    """The ASGI app in front of ``router``'s replicas (call ``router.start_monitors()`` on the
-    loop that serves it)."""
-    from pycacheflow.server.app import ApiKeyMiddleware
-
-    routes = [
-        Route("/health", _health(router), methods=["GET"]),
-        Route("/v1/health", _health(router), methods=["GET"]),
-        Route("/router", _stats(router), methods=["GET"]),
-        Route("/props", _props(router), methods=["GET"]),
-        Route("/slots", _slots(router), methods=["GET"]),
-        Route("/metrics", _metrics(router), methods=["GET"]),
-        Route("/{path:path}", router.forward, methods=_METHODS),
-    ]
-    app = Starlette(routes=routes)
-    app.state.router = router
-    if router.config.api_keys:
-        app.add_middleware(ApiKeyMiddleware, api_keys=router.config.api_keys,
-                           public_paths=PUBLIC_PATHS)  # fmt: skip
-    return app
-
-
-def _health(router: Router) -> Callable:
-    async def health(request: Request) -> Response:
-        if not router.live():
-            return router.none_alive()
-        return JSONResponse({"status": "ok"})
-
-    return health
-
-
-def _stats(router: Router) -> Callable:
-    async def stats(request: Request) -> Response:
-        return JSONResponse(router.stats())
-
-    return stats
-
-
-def _props(router: Router) -> Callable:
-    async def props(request: Request) -> Response:
-        answers = await router.fan_out(request, "/props")
-        if not answers:
-            return router.none_alive()
-        first = answers[0][1]
-        if first.status_code != 200:
-            return _passed_through(first)
-        merged = first.json()
-        good = [a.json() for _, a in answers if a.status_code == 200]
-        merged["total_slots"] = sum(int(p.get("total_slots", 0)) for p in good)
-        merged.setdefault("cacheflow", {})["data_parallel"] = {
-            "num_replicas": len(router.replicas),
-            "num_live": len(router.live()),
-            "policy": router.policy.name,
-        }
-        return JSONResponse(merged)
-
-    return props
-
-
-def _slots(router: Router) -> Callable:
-    async def slots(request: Request) -> Response:
-        answers = await router.fan_out(request, "/slots")
-        if not answers:
-            return router.none_alive()
-        good = [(r, a) for r, a in answers if a.status_code == 200]
-        if not good:  # all refused alike (--no-slots: 501; fail_on_no_slot: 503)
-            return _passed_through(answers[0][1])
-        merged: list[dict[str, object]] = []
-        for replica, answer in good:
-            for slot in answer.json():
-                slot["replica"] = replica.replica_id
-                slot["replica_slot_id"] = slot.get("id")
-                slot["id"] = len(merged)
-                merged.append(slot)
-        return JSONResponse(merged)
-
-    return slots
-
-
-def _metrics(router: Router) -> Callable:
-    async def metrics(request: Request) -> Response:
-        if not router.config.enable_metrics:
-            return _error("This server does not support metrics endpoint.", 501,
-                          "not_supported_error")  # fmt: skip
-        answers = await router.fan_out(request, "/metrics")
-        texts = [(r.replica_id, a.text) for r, a in answers if a.status_code == 200]
-        registry = CollectorRegistry(auto_describe=False)
-        registry.register(_Families(router.metric_families()))
-        text = merge_metrics(texts).encode() + generate_latest(registry)
-        return Response(text, media_type=METRICS_CONTENT_TYPE)
-
-    return metrics
-
-
-class _Families:
-    def __init__(self, families: list[Metric]) -> None:
-        self._families = families
-
-    def collect(self) -> list[Metric]:
-        return self._families
-
-
-def merge_metrics(texts: list[tuple[int, str]]) -> str:
-    """Prometheus texts of several replicas as one: every sample gets a ``replica`` label, and
-    the samples of one family stay together under its HELP and TYPE lines (the first replica's).
-
-    Args:
-        texts: (replica id, its /metrics text) in replica order.
-    """
-    headers: dict[str, list[str]] = {}  # family name -> HELP/TYPE lines, first seen order
-    samples: dict[str, list[str]] = {}
-    owner: dict[str, int] = {}  # family name -> the replica whose HELP/TYPE lines are kept
-    for replica_id, text in texts:
-        family = ""
-        for line in text.splitlines():
-            if line.startswith(("# HELP ", "# TYPE ")):
-                family = line.split(" ", 3)[2]
-                if owner.setdefault(family, replica_id) == replica_id:
-                    headers.setdefault(family, []).append(line)
-            elif line and not line.startswith("#"):
-                headers.setdefault(family, [])
-                samples.setdefault(family, []).append(_labelled(line, replica_id))
-    lines: list[str] = []
-    for family, header in headers.items():
-        lines += header + samples.get(family, [])
-    return "\n".join(lines) + ("\n" if lines else "")
-
-
-def _labelled(sample: str, replica_id: int) -> str:
-    """``name{a="b"} 1`` -> ``name{replica="0",a="b"} 1`` (and ``name 1`` -> ``name{...} 1``)."""
-    label = f'replica="{replica_id}"'
-    end = len(sample)
-    for sep in ("{", " "):
-        pos = sample.find(sep)
-        if pos != -1:
-            end = min(end, pos)
-    name, rest = sample[:end], sample[end:]
-    if rest.startswith("{}"):
-        return f"{name}{{{label}}}{rest[2:]}"
-    if rest.startswith("{"):
-        return f"{name}{{{label},{rest[1:]}"
-    return f"{name}{{{label}}}{rest}"
-
-
 def _json_or_none(body: bytes) -> object:
     try:
         return orjson.loads(body)
@@ -539,17 +388,12 @@ def _json_or_none(body: bytes) -> object:
         return None
 
 
-def _error_body(message: str, status: int, error_type: str, replica: Replica | None) -> dict:
+def error_body(message: str, status: int, error_type: str, replica: Replica | None) -> dict:
     extra = {"replica": replica.replica_id} if replica is not None else None
     return responses.error_body(message, status, error_type, extra)
 
 
-def _error(
+def error_response(
     message: str, status: int, error_type: str, replica: Replica | None = None
 ) -> JSONResponse:
-    return JSONResponse(_error_body(message, status, error_type, replica), status)
-
-
-def _passed_through(answer: httpx.Response) -> Response:
-    return Response(answer.content, answer.status_code,
-                    media_type=answer.headers.get("content-type"))  # fmt: skip
+    return JSONResponse(error_body(message, status, error_type, replica), status)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from prometheus_client.parser import text_string_to_metric_families
 
 from cli.serve_router import replica_args
-from pycacheflow.server.router import merge_metrics
+from pycacheflow.server.router_app import merge_metrics
 
 TEXT = """# HELP llamacpp:requests_processing Number of requests processing.
 # TYPE llamacpp:requests_processing gauge
