@@ -40,6 +40,7 @@ from cli.serve_flags import (
 )
 from pycacheflow.config import KV_MODES, POLICIES
 from pycacheflow.errors import CacheFlowError
+from pycacheflow.server.router_policy import DEFAULT_SLACK, POLICY_NAMES
 
 if TYPE_CHECKING:
     import uvicorn
@@ -313,6 +314,31 @@ def _env(name: str) -> str:
     help="On SIGINT/SIGTERM: seconds in-flight requests may still run before they are aborted.",
 )
 @click.option(
+    "-dp",
+    "--data-parallel",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Engine replicas, each a serve process of its own (on GPU i of a GPU machine; the CPU "
+    "threads split between them without -t), behind a router on --host/--port.",
+)
+@click.option(
+    "--router-policy",
+    type=click.Choice(POLICY_NAMES),
+    default="prefix",
+    show_default=True,
+    help="With -dp > 1: which replica takes a request; prefix = the one that last served the "
+    "longest shared start of the prompt, unless it is busier than the least-loaded one by more "
+    "than --router-slack.",
+)
+@click.option(
+    "--router-slack",
+    type=click.IntRange(min=0),
+    default=DEFAULT_SLACK,
+    show_default=True,
+    help="Requests in flight a prefix-matched replica may carry above the least-loaded one.",
+)
+@click.option(
     "-v", "--verbose", "--log-verbose", is_flag=True, help="Access log, llama.cpp and engine logs."
 )
 @serve_flag_options
@@ -328,7 +354,13 @@ def serve(**options: object) -> None:
     Examples:
       cacheflow serve -m model.gguf --port 8080 -np 32 --metrics
       cacheflow serve --alias smollm2 --api-key secret --policy priority
+      cacheflow serve -dp 2 --metrics     # two replicas behind a prefix-aware router
     """
+    if int(options["data_parallel"]) > 1:
+        from cli.serve_router import RAW_ARGS_KEY, serve_data_parallel
+
+        serve_data_parallel(options, click.get_current_context().meta[RAW_ARGS_KEY])
+        return
     config_kwargs = _engine_kwargs(options)
     defaults = request_defaults(options)
     chat_template = chat_template_option(options)

@@ -79,6 +79,7 @@ class ServeCommand(click.Command):
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         args = [_dashed(arg) for arg in args]
+        ctx.meta["cacheflow.serve.raw_args"] = list(args)  # for the replicas of --data-parallel
         try:
             return super().parse_args(ctx, args)
         except click.NoSuchOption as exc:

@@ -6,7 +6,9 @@
 Modules: ``app`` (routes, auth, errors, lifespan), ``protocol`` (request parsing and
 validation), ``responses`` (response bodies), ``sse`` (event framing), ``streams`` (engine
 output on the asyncio loop), ``metrics`` (Prometheus text), ``slots`` (the /slots view),
-``config`` (ServerConfig). Needs starlette (and uvicorn to run).
+``config`` (ServerConfig); for ``serve --data-parallel``: ``router_policy`` (which replica
+takes a request), ``router`` (forwarding, replica health, statistics) and ``router_app`` (its
+routes). Needs starlette (and uvicorn to run; httpx for the router).
 """
 
 from __future__ import annotations
