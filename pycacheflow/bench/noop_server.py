@@ -1,10 +1,10 @@
 """A no-op streaming server: measures what the load client itself can take.
 
-It answers POST /completion and /v1/completions like a llama-server compatible server, streaming
-``n_predict`` (or ``max_tokens``) SSE chunks of one token each with chunked transfer coding, as
-uvicorn does, but without any model: every chunk is precomputed and written at once, one chunk
-per stream per turn of its event loop (streams interleave as on a real server). Anything else
-is answered 404. It runs in its own process (plain asyncio streams, no HTTP framework), so its
+It answers POST /completion, /v1/completions and /v1/chat/completions like a llama-server
+compatible server, streaming ``n_predict`` (or ``max_tokens``) SSE chunks of one token each with
+chunked transfer coding, as uvicorn does, but without any model: every chunk is precomputed and
+written at once, one chunk per stream per turn of its event loop (streams interleave as on a
+real server); chat streams end with OpenAI's usage chunk. Anything else is answered 404. It runs in its own process (plain asyncio streams, no HTTP framework), so its
 cost is not counted against the client's; a run against it is the client's ceiling.
 """
 
@@ -18,7 +18,7 @@ import time
 
 import orjson
 
-ENDPOINTS = ("/completion", "/v1/completions")
+ENDPOINTS = ("/completion", "/v1/completions", "/v1/chat/completions")
 
 
 def _chunk(data: bytes) -> bytes:
@@ -35,12 +35,20 @@ _NOT_FOUND = b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\nconnection: close\
 _TOKEN = {
     "/completion": _event({"content": "x", "tokens": [1], "stop": False}),
     "/v1/completions": _event({"choices": [{"index": 0, "text": "x", "finish_reason": None}]}),
+    "/v1/chat/completions": _event(
+        {"choices": [{"index": 0, "delta": {"content": "x"}, "finish_reason": None}]}
+    ),
 }
 
 
 def _last(path: str, n: int) -> bytes:
     if path == "/completion":
         return _event({"content": "", "stop": True, "tokens_predicted": n}) + b"0\r\n\r\n"
+    if path == "/v1/chat/completions":  # the finish chunk, then OpenAI's usage chunk
+        finish = {"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]}
+        last = {"choices": [], "usage": {"completion_tokens": n, "prompt_tokens": 0,
+                                         "prompt_tokens_details": {"cached_tokens": 0}}}
+        return _event(finish) + _event(last) + _chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n"
     last = {"choices": [{"index": 0, "text": "", "finish_reason": "length"}],
             "usage": {"completion_tokens": n}}  # fmt: skip
     return _event(last) + _chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n"

@@ -71,27 +71,34 @@ def arrival_offsets_s(num: int, rate: float, arrivals: str, seed: int = 0) -> li
     return out
 
 
-def request_body(req: BenchRequest, endpoint: str, model: str = "") -> dict[str, object]:
-    """The JSON body: token ids on /completion (text when the workload has text)."""
+def request_body(
+    req: BenchRequest, endpoint: str, model: str = "", cache_prompt: bool = False
+) -> dict[str, object]:
+    """The JSON body: the prompt as text where the workload has text, else as token ids.
+
+    cache_prompt is llama-server's per-request switch of prompt reuse (also CacheFlow's); off by
+    default, so that workloads without shared prefixes measure the full prompt work.
+    """
+    prompt: object = req.prompt if req.prompt is not None else list(req.prompt_token_ids)
     if endpoint == "/completion":
-        prompt: object = req.prompt if req.prompt is not None else list(req.prompt_token_ids)
         return {
             "prompt": prompt,
             "n_predict": req.max_tokens,
             "stream": True,
             "ignore_eos": True,
             "temperature": 0,
-            "cache_prompt": False,
+            "cache_prompt": cache_prompt,
             "return_tokens": True,
         }
-    prompt = req.prompt if req.prompt is not None else list(req.prompt_token_ids)
     return {
         "model": model or "default",
         "prompt": prompt,
         "max_tokens": req.max_tokens,
         "stream": True,
+        "stream_options": {"include_usage": True},
         "ignore_eos": True,
         "temperature": 0,
+        "cache_prompt": cache_prompt,
     }
 
 
@@ -126,6 +133,7 @@ def run_load(
     on_finish: Callable[[], None] | None = None,
     num_procs: int = 1,
     sampling: Mapping[str, object] | None = None,
+    cache_prompt: bool = False,
 ) -> OnlineRun:
     """Send the workload to a server and measure every request on the client.
 
@@ -145,6 +153,7 @@ def run_load(
         sampling: body fields that replace the greedy default (``temperature: 0``), e.g.
             llama-server's defaults {"temperature": 0.8, "top_k": 40, "top_p": 0.95,
             "min_p": 0.05}.
+        cache_prompt: the requests' ``cache_prompt`` (prompt reuse on the server).
 
     Raises:
         ValueError: unknown endpoint or arrivals, or a URL that is not http://host:port.
@@ -160,7 +169,7 @@ def run_load(
     run = load_client.run_requests(
         base_url,
         endpoint,
-        [{**request_body(r, endpoint, model), **(sampling or {})} for r in requests],
+        [{**request_body(r, endpoint, model, cache_prompt), **(sampling or {})} for r in requests],
         offsets,
         [r.num_prompt_tokens for r in requests],
         concurrency,

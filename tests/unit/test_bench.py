@@ -117,6 +117,93 @@ def test_shared_prefix_requests_share_the_prefix():
     assert all(r.max_tokens == 5 for r in reqs)
 
 
+def test_multi_turn_conversations_are_deterministic():
+    convs = datasets.multi_turn_conversations(3, 4, 30, 12, 7, fake_tokenize, seed=5)
+    assert convs == datasets.multi_turn_conversations(3, 4, 30, 12, 7, fake_tokenize, seed=5)
+    assert convs != datasets.multi_turn_conversations(3, 4, 30, 12, 7, fake_tokenize, seed=6)
+    assert len(convs) == 3 and all(c.num_turns == 4 and c.max_tokens == 7 for c in convs)
+    assert len({c.system for c in convs}) == 1 and len(fake_tokenize(convs[0].system)) >= 30
+    messages = [m for c in convs for m in c.user_messages]
+    assert len(set(messages)) == 12
+    # at least user_len tokens, less than one more sentence (the longest is 14 words)
+    assert all(12 <= len(fake_tokenize(m)) < 12 + 14 for m in messages)
+
+
+@pytest.mark.parametrize("bad", [(0, 1, 1, 1, 1), (1, 0, 1, 1, 1), (1, 1, 1, 0, 1)])
+def test_multi_turn_conversations_reject_zero_sizes(bad):
+    with pytest.raises(ValueError, match=">= 1"):
+        datasets.multi_turn_conversations(*bad, fake_tokenize)
+
+
+def test_chat_messages_resend_the_conversation_so_far():
+    conv = datasets.Conversation("sys", ("u0", "u1", "u2"), 4)
+    assert datasets.chat_messages(conv, []) == [
+        {"role": "system", "content": "sys"},
+        {"role": "user", "content": "u0"},
+    ]
+    turn2 = datasets.chat_messages(conv, ["r0", "r1"])
+    assert [m["role"] for m in turn2] == ["system"] + ["user", "assistant"] * 2 + ["user"]
+    assert [m["content"] for m in turn2] == ["sys", "u0", "r0", "u1", "r1", "u2"]
+    with pytest.raises(ValueError, match="3 turns"):
+        datasets.chat_messages(conv, ["r0", "r1", "r2"])
+
+
+def test_chat_body():
+    from pycacheflow.bench import multi_turn
+
+    conv = datasets.Conversation("sys", ("u0", "u1"), 9)
+    body = multi_turn.chat_body(conv, ["r0"], model="m", cache_prompt=False)
+    assert body["messages"][-2:] == [
+        {"role": "assistant", "content": "r0"},
+        {"role": "user", "content": "u1"},
+    ]
+    assert body["max_tokens"] == 9 and body["model"] == "m" and body["cache_prompt"] is False
+    assert body["stream"] and body["ignore_eos"] and body["temperature"] == 0
+    assert body["stream_options"] == {"include_usage": True}
+
+
+def test_multi_turn_sends_each_turn_after_the_reply(monkeypatch):
+    """With a fake exchange: every turn carries the replies of the earlier ones, conversations
+    are taken in order by at most `concurrency` drivers, and a failed turn ends its conversation."""
+    from pycacheflow.bench import load_client, multi_turn
+
+    sent: list[list[dict]] = []
+    in_flight = {"now": 0, "max": 0}
+
+    async def fake_one(self, job, keep_text=False):
+        import asyncio
+
+        messages = json.loads(job.body)["messages"]
+        sent.append(messages)
+        in_flight["now"] += 1
+        in_flight["max"] = max(in_flight["max"], in_flight["now"])
+        await asyncio.sleep(0.001)
+        in_flight["now"] -= 1
+        if messages[1]["content"].startswith("fail") and len(messages) == 4:
+            return None  # the second turn of this conversation fails
+        stream = load_client._Stream(self.endpoint, self.run, keep_text=True)
+        stream.text_parts = [f"reply to {messages[-1]['content']}"]
+        return stream
+
+    monkeypatch.setattr(load_client._Client, "one", fake_one)
+    convs = [
+        datasets.Conversation("s", (f"c{i} t0", f"c{i} t1", f"c{i} t2"), 2) for i in range(3)
+    ]
+    convs.append(datasets.Conversation("s", ("fail t0", "fail t1", "fail t2"), 2))
+    finished = []
+    multi_turn.run_conversations(
+        "http://127.0.0.1:1", convs, concurrency=2, on_finish=lambda: finished.append(1)
+    )
+    assert in_flight["max"] == 2 and len(finished) == len(sent) == 3 * 3 + 2
+    for messages in sent:
+        turn = (len(messages) - 2) // 2
+        conv_tag = messages[1]["content"].split()[0]
+        assert messages[-1]["content"] == f"{conv_tag} t{turn}"
+        for k in range(turn):
+            assert messages[2 + 2 * k]["content"] == f"reply to {conv_tag} t{k}"
+    assert [m[1]["content"].split()[0] for m in sent if len(m) == 2] == ["c0", "c1", "c2", "fail"]
+
+
 # ---------------------------------------------------------------------------- HTTP client
 
 
@@ -135,6 +222,8 @@ def test_request_bodies():
     assert body["stream"] and body["ignore_eos"]
     oai = online.request_body(text, "/v1/completions", model="m")
     assert oai["prompt"] == "hello" and oai["max_tokens"] == 3 and oai["model"] == "m"
+    assert body["cache_prompt"] is False and oai["cache_prompt"] is False
+    assert online.request_body(text, "/completion", cache_prompt=True)["cache_prompt"] is True
 
 
 def test_chunk_tokens():
@@ -143,6 +232,18 @@ def test_chunk_tokens():
     assert online.chunk_tokens({"content": "", "stop": True}, "/completion") == 0
     assert online.chunk_tokens({"choices": [{"text": "a"}]}, "/v1/completions") == 1
     assert online.chunk_tokens({"choices": [{"text": ""}]}, "/v1/completions") == 0
+    chat = "/v1/chat/completions"
+    assert online.chunk_tokens({"choices": [{"delta": {"content": "a"}}]}, chat) == 1
+    assert online.chunk_tokens({"choices": [{"delta": {"role": "assistant"}}]}, chat) == 0
+    assert online.chunk_tokens({"choices": [], "usage": {"completion_tokens": 3}}, chat) == 0
+
+
+def test_cached_prompt_tokens():
+    from pycacheflow.bench.load_client import cached_prompt_tokens
+
+    assert cached_prompt_tokens({"usage": {"prompt_tokens_details": {"cached_tokens": 7}}}) == 7
+    assert cached_prompt_tokens({"timings": {"cache_n": 5}, "tokens_cached": 99}) == 5
+    assert cached_prompt_tokens({"tokens_cached": 99}) is None  # slot KV length, not reuse
 
 
 def test_noop_server_round_trip():
@@ -156,6 +257,17 @@ def test_noop_server_round_trip():
         assert not r.errors and len(r.metrics) == 6
         assert all(m.num_output_tokens == 5 for m in r.metrics)
         assert r.client_busy_s < r.wall_s
+
+
+def test_noop_server_multi_turn_round_trip():
+    pytest.importorskip("uvicorn")
+    from pycacheflow.bench import multi_turn
+
+    convs = datasets.multi_turn_conversations(3, 2, 10, 5, 4, fake_tokenize, seed=0)
+    with online.NoopServer() as server:
+        run = multi_turn.run_conversations(server.url, convs, concurrency=2)
+    assert not run.errors and len(run.metrics) == 6
+    assert all(m.num_output_tokens == 4 and m.ttft_s is not None for m in run.metrics)
 
 
 # ---------------------------------------------------------------------------- results
