@@ -182,31 +182,33 @@ class _Collector:
             "Sequences swapped out to host memory now",
             value=s.num_swapped,
         )
-        routes = CounterMetricFamily(
+        yield _labelled_counter(
             "cacheflow:sampled_rows_total",
             "Sampled rows by route: in_graph (batched argmax or a backend chain), top_k (on the CPU"
             " among the row's in-graph top-k candidates), host (on the CPU from the whole row)",
-            labels=["route"],
-        )
-        routes.add_metric(["in_graph"], s.num_rows_sampled_in_graph)
-        routes.add_metric(["top_k"], s.num_rows_sampled_top_k)
-        routes.add_metric(["host"], s.num_rows_sampled_host)
-        yield routes
-        graphs = CounterMetricFamily(
+            "route",
+            {"in_graph": s.num_rows_sampled_in_graph, "top_k": s.num_rows_sampled_top_k,
+             "host": s.num_rows_sampled_host},
+        )  # fmt: skip
+        yield _labelled_counter(
             "cacheflow:cuda_graph_evaluations_total",
             "ggml-cuda graph evaluations of the process by how they ran (captured, replayed, direct)",
-            labels=["mode"],
-        )
-        graphs.add_metric(["captured"], s.cuda_graphs_captured)
-        graphs.add_metric(["replayed"], s.cuda_graphs_replayed)
-        graphs.add_metric(["direct"], s.cuda_graphs_direct)
-        yield graphs
-        finished = CounterMetricFamily(
-            "cacheflow:requests_finished_total", "Finished requests by reason", labels=["reason"]
-        )
-        for reason in ("stop", "length", "abort", "error"):
-            finished.add_metric([reason], m.finished_by_reason[reason])
-        yield finished
+            "mode",
+            {"captured": s.cuda_graphs_captured, "replayed": s.cuda_graphs_replayed,
+             "direct": s.cuda_graphs_direct},
+        )  # fmt: skip
+        yield _labelled_counter(
+            "cacheflow:requests_finished_total", "Finished requests by reason", "reason",
+            {r: m.finished_by_reason[r] for r in ("stop", "length", "abort", "error")},
+        )  # fmt: skip
+
+
+def _labelled_counter(name: str, doc: str, label: str, values: dict[str, float]) -> Metric:
+    """One counter family with a sample per label value (values: label value -> count)."""
+    family = CounterMetricFamily(name, doc, labels=[label])
+    for key, value in values.items():
+        family.add_metric([key], value)
+    return family
 
 
 def _ttft_by_priority(s: EngineStats) -> Iterator[Metric]:
