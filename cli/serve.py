@@ -435,8 +435,10 @@ def _n_ctx_slot(options: dict[str, object]) -> int:
     """llama-server's context per slot: -c split over -np slots (the whole -c with -kvu, or
     when -np is automatic). With -c 0 the total is -np x min(trained context, 2048), so a slot
     holds 2048 tokens (less where the engine's context per sequence is smaller); 0 = the engine's
-    context per sequence (-np automatic, or -kvu)."""
+    context per sequence (-np automatic, or -kvu). -c counts as llama.cpp allocates it, rounded up
+    to a multiple of 256 tokens (so -c 5 -np 4 gives slots of 64, as the start-up notice says)."""
     ctx_size, parallel = int(options["ctx_size"]), int(options["parallel"])
+    ctx_size = (ctx_size + 255) // 256 * 256  # llama.cpp's KV padding (0 stays 0)
     if ctx_size == 0:
         return 0 if parallel <= 0 or options["kv_unified"] else _DEFAULT_N_CTX_SLOT
     if parallel <= 0 or options["kv_unified"]:

@@ -232,7 +232,8 @@ def test_server_wide_sampling_defaults_and_chat_flags(server_configs, tmp_path):
 @pytest.mark.parametrize(
     "args,n_ctx_slot",
     [(["-c", "512", "-np", "2", "-kvu"], 512), (["-c", "512"], 512), ([], 0),
-     (["-np", "4"], 2048)],  # -c 0: -np x min(trained context, 2048) in all, 2048 per slot
+     (["-np", "4"], 2048), (["-c", "5", "-np", "4"], 64)],  # -c 0: -np x min(trained context,
+    # 2048) in all, 2048 per slot; -c 5 is allocated as 256 rows, 64 per slot
 )
 def test_context_per_slot(server_configs, args, n_ctx_slot):
     result = invoke(*args)
