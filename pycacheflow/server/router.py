@@ -188,9 +188,10 @@ class Router:
 
     async def _watch_processes(self) -> None:
         while True:
-            for replica in self.live():
+            # every replica, also those already out of rotation: polling reaps an exited child
+            for replica in self.replicas:
                 status = replica.exit_status()
-                if status is not None:
+                if status is not None and replica.alive:
                     self.take_out(replica, f"its process exited with status {status}")
             await asyncio.sleep(PROCESS_POLL_S)
 
