@@ -108,6 +108,20 @@ void copy_penalties_and_bias(const cf_sampling_params & p, int32_t n_vocab, Samp
         }
         out.logit_bias.emplace_back(token, bias);
     }
+    std::vector<int32_t> biased;
+    biased.reserve(out.logit_bias.size());
+    for (const auto & [token, bias] : out.logit_bias) {
+        biased.push_back(token);
+    }
+    std::sort(biased.begin(), biased.end());
+    biased.erase(std::unique(biased.begin(), biased.end()), biased.end());
+    const auto all_biases = [&out](auto pred) {
+        return std::all_of(out.logit_bias.begin(), out.logit_bias.end(), [&](const auto & b) { return pred(b.second); });
+    };
+    out.num_lowered_tokens = all_biases([](float b) { return b <= 0.0f; }) ? (int32_t) biased.size() : -1;
+    if (!biased.empty() && all_biases([](float b) { return b == -INFINITY; })) {
+        out.banned_tokens = std::move(biased);
+    }
     out.grammar = p.grammar != nullptr ? p.grammar : "";
 }
 

@@ -44,6 +44,11 @@ struct SamplingParams {
     float presence_penalty = 0.0f;   // 0 = disabled
     float frequency_penalty = 0.0f;  // 0 = disabled
     std::vector<std::pair<int32_t, float>> logit_bias;  // (token id, added to its logit)
+    // Set with logit_bias by from_c, read per row per step by LlamaSession::set_seq_sampling: the
+    // number of distinct tokens it biases when no bias is positive (it only lowers), else -1; and the
+    // distinct tokens it bans, ascending, when every bias is -INFINITY, else empty.
+    int32_t num_lowered_tokens = 0;
+    std::vector<int32_t> banned_tokens;
     std::string grammar;             // GBNF, rule "root"; "" = none
     bool cache_prompt = true;        // reuse and fill the prefix cache (paged mode)
     bool logprobs = false;           // report token probabilities (engine/logprobs.h)

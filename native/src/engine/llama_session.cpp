@@ -541,7 +541,7 @@ void LlamaSession::set_seq_sampling(int32_t seq_id, const SamplingParams * param
     // from outside them); chained: any other greedy row with a logit bias ([logit_bias ->] greedy)
     // or another stochastic row with a random seed.
     const bool in_graph = params != nullptr && !params->needs_host_samplers();
-    const bool no_eog = in_graph && params->is_greedy() && bans_exactly_eog(params->logit_bias);
+    const bool no_eog = in_graph && params->is_greedy() && bans_exactly_eog(*params);
     const bool argmax = in_graph && params->is_greedy() && (params->logit_bias.empty() || no_eog);
     const bool candidates = in_graph && !argmax && candidates_cover(*params);
     const bool chained =
@@ -568,39 +568,14 @@ void LlamaSession::set_seq_sampling(int32_t seq_id, const SamplingParams * param
     }
 }
 
-bool LlamaSession::bans_exactly_eog(const std::vector<std::pair<int32_t, float>> & logit_bias) const {
-    if (logit_bias.empty() || eog_token_ids_.empty()) {
-        return false;
-    }
-    std::vector<int32_t> banned;
-    banned.reserve(logit_bias.size());
-    for (const auto & [token, bias] : logit_bias) {
-        if (!(std::isinf(bias) && bias < 0)) {
-            return false;  // any other bias needs the chain
-        }
-        banned.push_back(token);
-    }
-    std::sort(banned.begin(), banned.end());
-    banned.erase(std::unique(banned.begin(), banned.end()), banned.end());
-    return banned == eog_token_ids_;
+bool LlamaSession::bans_exactly_eog(const SamplingParams & params) const {
+    return !eog_token_ids_.empty() && params.banned_tokens == eog_token_ids_;
 }
 
 bool LlamaSession::candidates_cover(const SamplingParams & params) {
-    const int32_t k = params.is_greedy() ? 1 : params.top_k;
-    if (k <= 0 || k > kTopKCandidates) {
-        return false;  // top_k 0 (off) keeps the whole row
-    }
-    std::vector<int32_t> biased;
-    biased.reserve(params.logit_bias.size());
-    for (const auto & [token, bias] : params.logit_bias) {
-        if (!(bias <= 0.0f)) {
-            return false;  // a positive (or NaN) bias can lift a token from outside the candidates
-        }
-        biased.push_back(token);
-    }
-    std::sort(biased.begin(), biased.end());
-    const auto n_biased = (int32_t) (std::unique(biased.begin(), biased.end()) - biased.begin());
-    return k + n_biased <= kTopKCandidates;
+    const int32_t k = params.is_greedy() ? 1 : params.top_k;  // top_k 0 (off) keeps the whole row
+    return k > 0 && k <= kTopKCandidates && params.num_lowered_tokens >= 0 &&
+           k + params.num_lowered_tokens <= kTopKCandidates;
 }
 
 // A chain is initialised for the backend once, so every attach gets a new one.

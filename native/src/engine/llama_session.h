@@ -168,7 +168,7 @@ class LlamaSession {
     };
     void attach(int32_t seq_id, const SamplingParams * params);
     // True if logit_bias is -INFINITY on every EOG token of the vocab and nothing else (ignore_eos).
-    bool bans_exactly_eog(const std::vector<std::pair<int32_t, float>> & logit_bias) const;
+    bool bans_exactly_eog(const SamplingParams & params) const;
     // True if the kTopKCandidates largest raw logits of a row hold every token the row's chain
     // ([logit_bias ->] top_k(k) -> ... or [logit_bias ->] greedy, k = 1) can pick: no bias is positive
     // and k + (number of biased tokens) <= kTopKCandidates. Why: a bias b <= 0 only moves a token
