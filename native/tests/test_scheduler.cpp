@@ -14,6 +14,7 @@
 
 using namespace cf;
 using cf::test::make_seq;
+using cf::test::sample_rows;
 using cf::test::tokens;
 
 namespace {
@@ -67,17 +68,7 @@ std::vector<int64_t> run_step(Scheduler & sched, const StepPlan ** out_plan = nu
         assert(out.seqs[i - 1].seq->request_id < out.seqs[i].seq->request_id);  // batch order
     }
     sched.commit_step(out);
-    std::vector<Sequence *> done;
-    for (const ScheduledSeq & s : out.seqs) {
-        if (!s.needs_sample) {
-            continue;
-        }
-        s.seq->append_token(kToken);
-        if (s.seq->num_output_tokens() >= s.seq->params.max_tokens ||
-            s.seq->num_tokens() >= sched.config().n_ctx_per_seq) {
-            done.push_back(s.seq);
-        }
-    }
+    const std::vector<Sequence *> done = sample_rows(out, kToken, sched.config().n_ctx_per_seq);
     for (Sequence * seq : done) {
         ids.push_back(sched.finish(seq, CF_FINISH_REASON_LENGTH)->request_id);
     }

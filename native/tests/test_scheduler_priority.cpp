@@ -16,6 +16,7 @@
 
 using namespace cf;
 using cf::test::make_seq;
+using cf::test::sample_rows;
 
 namespace {
 
@@ -91,16 +92,7 @@ const StepPlan & run_step(Scheduler & sched, Log & log, int64_t now_ns) {
         }
     }
     sched.commit_step(out);
-    std::vector<Sequence *> done;
-    for (const ScheduledSeq & s : out.seqs) {
-        if (s.needs_sample) {
-            s.seq->append_token(kToken);
-            if (s.seq->num_output_tokens() >= s.seq->params.max_tokens ||
-                s.seq->num_tokens() >= sched.config().n_ctx_per_seq) {
-                done.push_back(s.seq);
-            }
-        }
-    }
+    const std::vector<Sequence *> done = sample_rows(out, kToken, sched.config().n_ctx_per_seq);
     for (Sequence * seq : done) {
         assert(log.num_output.count(seq->request_id) == 0);  // finishes exactly once
         log.num_output[seq->request_id] = seq->num_output_tokens();

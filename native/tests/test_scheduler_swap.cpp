@@ -15,6 +15,7 @@
 
 using namespace cf;
 using cf::test::make_seq;
+using cf::test::sample_rows;
 
 namespace {
 
@@ -53,16 +54,7 @@ const StepPlan & run_step(Scheduler & sched, StepLog & log) {
         log.num_computed[s.seq->request_id] += s.num_new_tokens;
     }
     sched.commit_step(out);
-    std::vector<Sequence *> done;
-    for (const ScheduledSeq & s : out.seqs) {
-        if (s.needs_sample) {
-            s.seq->append_token(kToken);
-            if (s.seq->num_output_tokens() >= s.seq->params.max_tokens ||
-                s.seq->num_tokens() >= sched.config().n_ctx_per_seq) {
-                done.push_back(s.seq);
-            }
-        }
-    }
+    const std::vector<Sequence *> done = sample_rows(out, kToken, sched.config().n_ctx_per_seq);
     for (Sequence * seq : done) {
         log.finished.push_back(sched.finish(seq, CF_FINISH_REASON_LENGTH)->request_id);
     }
