@@ -237,6 +237,7 @@ class EngineStats(NamedTuple):
     cuda_graphs_captured: int
     cuda_graphs_replayed: int
     cuda_graphs_direct: int
+    num_padding_tokens: int
     ttft_by_priority: tuple[PriorityTTFT, ...] = ()
 
     @property

@@ -11,7 +11,8 @@
 # serve` vs in-process LLM.generate on the same 128/128 requests at SERVE_STREAMS streams, issue 12;
 # stage gemm: paged decode at GEMM_NPL for each CACHEFLOW_CUDA_GEMM option of patch 0008; stage
 # vs_llama_server: `cacheflow bench serve` against cacheflow serve and llama-server at VS_NP streams,
-# with the load generator's own ceiling; needs BUILD_SERVER=1 at the build stage).
+# with the load generator's own ceiling, the CUDA graph counts and padding from /metrics, and with
+# VS_PADDING_AB=1 cacheflow serve again without step padding / per-shape graphs; needs BUILD_SERVER=1).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-results/h200_gpu}
@@ -146,9 +147,27 @@ if want vs_llama_server; then  # issue 11: cacheflow serve (defaults: paged on C
     mkdir -p "$OUT/vs_llama_server_np$np"
     timeout 300 cacheflow bench serve http://127.0.0.1:8082 --baseline http://127.0.0.1:8081 -m "$MODEL" \
         -n $((np * ${VS_REQ_PER_STREAM:-2})) -p 128 -o 128 --max-concurrency "$np" --client-check \
-        --out "$OUT/vs_llama_server_np$np" 2>&1 | tail -25 | tee -a "$OUT/run.log" || log "serve bench (-np $np) failed"
+        --out "$OUT/vs_llama_server_np$np" 2>&1 | grep -v 'req/s' | tail -8 | tee -a "$OUT/run.log" \
+        || log "serve bench (-np $np) failed"
+    # the share of steps that replayed a CUDA graph while serving, and the padding it took
+    curl -s http://127.0.0.1:8082/metrics | grep -E '^cacheflow:(cuda_graph_evaluations|padding_tokens|steps)' \
+        | tee -a "$OUT/run.log" || true
     kill $ls_pid $cf_pid 2>/dev/null || true
     wait $ls_pid $cf_pid 2>/dev/null || true
+    if [ -n "${VS_PADDING_AB:-}" ]; then  # the same cacheflow serve without step padding and per-shape graphs
+      log "serve: cacheflow serve -np $np without step padding (CACHEFLOW_STEP_PADDING=0 CACHEFLOW_CUDA_GRAPH_PER_SHAPE=0)"
+      CACHEFLOW_STEP_PADDING=0 CACHEFLOW_CUDA_GRAPH_PER_SHAPE=0 cacheflow serve -m "$MODEL" -ngl 99 -np "$np" \
+          -c $((np * 512)) --port 8083 --host 127.0.0.1 > "$OUT/cacheflow_serve_nopad_np$np.log" 2>&1 &
+      cf_pid=$!
+      for _ in $(seq 1 120); do curl -sf "http://127.0.0.1:8083/health" > /dev/null && break; sleep 1; done
+      timeout 300 cacheflow bench serve http://127.0.0.1:8083 -m "$MODEL" -n $((np * ${VS_REQ_PER_STREAM:-2})) -p 128 \
+          -o 128 --max-concurrency "$np" --out "$OUT/vs_nopad_np$np" 2>&1 | grep -v 'req/s' | tail -3 \
+          | tee -a "$OUT/run.log" || log "serve bench (-np $np, no padding) failed"
+      curl -s http://127.0.0.1:8083/metrics | grep -E '^cacheflow:(cuda_graph_evaluations|padding_tokens)' \
+          | tee -a "$OUT/run.log" || true
+      kill $cf_pid 2>/dev/null || true
+      wait $cf_pid 2>/dev/null || true
+    fi
   done
 fi
 log "done"

@@ -258,6 +258,9 @@ typedef struct cf_engine_stats {
     int64_t cuda_graphs_replayed;        /* replayed from a captured graph                      */
     int64_t cuda_graphs_direct;          /* launched kernel by kernel (warm-up, shape changed,
                                             graphs off)                                        */
+    int64_t num_padding_tokens;          /* padding tokens decoded so that steps keep a few
+                                            shapes whose CUDA graphs replay (batch_builder.h;
+                                            paged mode on CUDA), since init                   */
 } cf_engine_stats;
 
 CF_API cf_status cf_engine_get_stats(cf_engine_t engine, cf_engine_stats * out_stats);

@@ -78,11 +78,64 @@ void test_per_decode_rows() {
     assert(builder.release(12) == CF_SLOT_NONE);  // nothing is kept between decodes
 }
 
+// The buckets: 1, 2, 4, 8, multiples of 8 to 256, of 16 to 512, none past it.
+void test_padded_step_tokens() {
+    const int32_t cases[][2] = {{1, 1}, {2, 2}, {3, 4}, {5, 8}, {8, 8}, {9, 16}, {57, 64}, {64, 64},
+                                {65, 72}, {255, 256}, {256, 256}, {257, 272}, {500, 512}, {512, 512},
+                                {513, 513}, {2048, 2048}};
+    for (const auto & c : cases) {
+        assert(padded_step_tokens(c[0]) == c[1]);
+    }
+}
+
+// Paged, padding on: 4 decode rows and a 6-token prompt (10 tokens, 5 outputs) become 16 tokens:
+// 6 padding tokens in slot 5 at positions 0..5, of which 3 ask for logits (8 outputs in all).
+// A step already at a bucket, a step past max_padded_tokens and a group filling every slot stay
+// as they are.
+void test_padding() {
+    BatchBuilder builder(64, SlotMode::PER_DECODE, 6);
+    builder.set_padding(12);  // 10 -> 16 is past 12: nothing
+    std::vector<std::unique_ptr<Sequence>> owned;
+    std::vector<Sequence *> seqs;
+    for (int64_t id = 1; id <= 4; ++id) {
+        owned.push_back(make_seq(id, 1));
+        seqs.push_back(owned.back().get());
+    }
+    owned.push_back(make_seq(5, 6));
+    seqs.push_back(owned.back().get());
+    StepPlan plan = plan_of(seqs);
+    assert(builder.build(plan, 0, 5).n_tokens == 10 && builder.num_padding_tokens() == 0);
+
+    builder.set_padding(64);
+    const llama_batch & batch = builder.build(plan, 0, 5);
+    assert(batch.n_tokens == 16 && builder.num_padding_tokens() == 6 && builder.padding_slot() == 5);
+    int32_t outputs = 0;
+    for (int32_t t = 0; t < batch.n_tokens; ++t) {
+        outputs += batch.logits[t] != 0;
+    }
+    assert(outputs == 8);
+    for (int32_t p = 0; p < 6; ++p) {
+        assert(batch.seq_id[10 + p][0] == 5 && batch.pos[10 + p] == p && (batch.logits[10 + p] != 0) == (p < 3));
+    }
+    assert(builder.sample_index(4) == 9);  // the real rows are where they were
+
+    StepPlan four = plan_of({seqs[0], seqs[1], seqs[2], seqs[3]});  // 4 tokens: a bucket
+    assert(builder.build(four, 0, 4).n_tokens == 4 && builder.num_padding_tokens() == 0);
+    StepPlan six = plan_of({seqs[0], seqs[1], seqs[2], seqs[3], seqs[0], seqs[1]});  // 6 tokens, every slot taken
+    assert(builder.build(six, 0, 6).n_tokens == 6 && builder.num_padding_tokens() == 0);
+
+    BatchBuilder stable(64, SlotMode::STABLE, 6);
+    stable.set_padding(64);  // stock modes keep their slots: never padded
+    assert(stable.build(plan, 0, 5).n_tokens == 10 && stable.num_padding_tokens() == 0);
+}
+
 }  // namespace
 
 int main() {
     test_stable_slots();
     test_per_decode_rows();
+    test_padded_step_tokens();
+    test_padding();
     std::printf("test_batch_builder: ok\n");
     return 0;
 }

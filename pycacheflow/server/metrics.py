@@ -197,6 +197,11 @@ class _Collector:
             {"captured": s.cuda_graphs_captured, "replayed": s.cuda_graphs_replayed,
              "direct": s.cuda_graphs_direct},
         )  # fmt: skip
+        yield CounterMetricFamily(
+            "cacheflow:padding_tokens",
+            "Padding tokens decoded so that steps keep the few shapes whose CUDA graphs replay",
+            value=s.num_padding_tokens,
+        )
         yield _labelled_counter(
             "cacheflow:requests_finished_total", "Finished requests by reason", "reason",
             {r: m.finished_by_reason[r] for r in ("stop", "length", "abort", "error")},

@@ -274,7 +274,8 @@ def test_metrics_text_parses(client):
                  "cacheflow:swap_bytes_total", "cacheflow:preemptions_swap_total",
                  "cacheflow:recomputed_tokens_total", "cacheflow:swapped_sequences",
                  'cacheflow:sampled_rows_total{route="top_k"}',
-                 'cacheflow:cuda_graph_evaluations_total{mode="replayed"}'):  # fmt: skip
+                 'cacheflow:cuda_graph_evaluations_total{mode="replayed"}',
+                 "cacheflow:padding_tokens_total"):  # fmt: skip
         assert name in samples, name
     assert samples["llamacpp:tokens_predicted_total"] >= 3
 

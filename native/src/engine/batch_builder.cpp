@@ -21,6 +21,28 @@ BatchBuilder::~BatchBuilder() {
     llama_batch_free(batch_);
 }
 
+int32_t padded_step_tokens(int32_t n) {
+    if (n <= 8) {
+        int32_t b = 1;
+        while (b < n) {
+            b *= 2;
+        }
+        return b;
+    }
+    if (n <= 256) {
+        return (n + 7) / 8 * 8;
+    }
+    if (n <= 512) {
+        return (n + 15) / 16 * 16;
+    }
+    return n;
+}
+
+void BatchBuilder::set_padding(int32_t max_padded_tokens) {
+    assert(max_padded_tokens >= 0);
+    max_padded_tokens_ = mode_ == SlotMode::PER_DECODE ? std::min(max_padded_tokens, capacity_) : 0;
+}
+
 int32_t BatchBuilder::num_groups(const StepPlan & plan) const {
     return (int32_t) ((plan.seqs.size() + (size_t) num_slots_ - 1) / (size_t) num_slots_);
 }
@@ -95,6 +117,26 @@ const llama_batch & BatchBuilder::build(const StepPlan & plan, size_t begin, siz
         if (s.needs_sample) {
             batch_.logits[n - 1] = 1;
             sample_index_[i] = n - 1;
+        }
+    }
+    num_padding_ = 0;
+    padding_slot_ = CF_SLOT_NONE;
+    const int32_t padded = n <= max_padded_tokens_ ? padded_step_tokens(n) : n;
+    if (padded > n && padded <= max_padded_tokens_ && end - begin < (size_t) num_slots_) {
+        int32_t n_outputs = 0;
+        for (int32_t t = 0; t < n; ++t) {
+            n_outputs += batch_.logits[t] != 0;
+        }
+        num_padding_ = padded - n;
+        padding_slot_ = (int32_t) (end - begin);
+        const int32_t padding_outputs = std::min(num_padding_, padded_step_tokens(n_outputs) - n_outputs);
+        for (int32_t p = 0; p < num_padding_; ++p) {
+            batch_.token[n] = 0;
+            batch_.pos[n] = p;
+            batch_.n_seq_id[n] = 1;
+            batch_.seq_id[n][0] = padding_slot_;
+            batch_.logits[n] = p < padding_outputs ? 1 : 0;
+            ++n;
         }
     }
     batch_.n_tokens = n;

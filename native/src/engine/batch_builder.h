@@ -21,6 +21,18 @@
 // per-token arrays), each sequence's tokens in position order; only the last token of a chunk
 // that ends at the sequence's last known token asks for logits. The llama_batch is allocated once
 // (n_batch tokens) and refilled: no allocation in the step loop.
+//
+// Step padding (paged mode, set_padding). A CUDA graph replays only a step of the shape it was
+// captured for, and a continuous batcher's token count changes whenever a request arrives or
+// ends. With padding on, a decode of n <= max_padded_tokens tokens is filled up to
+// padded_step_tokens(n) with padding tokens: one extra sequence in the next free slot (which must
+// exist) at positions 0, 1, ..., whose outputs also pad the number of logit rows to its own
+// bucket where they can. Their KV rows go to a scratch block the block manager never hands out
+// (LlamaSession::set_kv_plan) and their outputs are never read. A real row's arithmetic changes
+// with padding only as with any other change of the step's token count: not at all where matmuls
+// are row-invariant (the CPU's quantized matmuls with the invariant paged kernel; tested), within
+// the GEMM's rounding where a library picks its kernel by shape (cuBLAS). The buckets (after vLLM's CUDA graph capture sizes): 1, 2, 4, 8, then
+// multiples of 8 up to 256 and of 16 up to 512: at most 7 (15 past 256) padding tokens.
 #pragma once
 
 #include "core/step_plan.h"
@@ -38,6 +50,9 @@ constexpr int32_t CF_BATCH_INDEX_NONE = -1;
 constexpr int32_t CF_SLOT_NONE = -1;
 
 enum class SlotMode { STABLE, PER_DECODE };
+
+// The token count a decode of n tokens is padded to (see above); n itself past 512.
+int32_t padded_step_tokens(int32_t n);
 
 class BatchBuilder {
   public:
@@ -63,6 +78,12 @@ class BatchBuilder {
     int32_t slot(size_t i) const { return slots_[i]; }
     int32_t sample_index(size_t i) const { return sample_index_[i]; }
 
+    // Pad decodes of at most max_padded_tokens tokens (0: never, the default). PER_DECODE only.
+    void set_padding(int32_t max_padded_tokens);
+    // Padding tokens of the last build() (0 if it was not padded) and the slot holding them.
+    int32_t num_padding_tokens() const { return num_padding_; }
+    int32_t padding_slot() const { return padding_slot_; }
+
     // The request left the running set: its stable slot (whose KV the caller clears) is free
     // again; CF_SLOT_NONE if it held none (paged mode, or never scheduled).
     int32_t release(int64_t request_id);
@@ -74,6 +95,9 @@ class BatchBuilder {
     int32_t capacity_;
     SlotMode mode_;
     int32_t num_slots_;
+    int32_t max_padded_tokens_ = 0;
+    int32_t num_padding_ = 0;
+    int32_t padding_slot_ = CF_SLOT_NONE;
     std::vector<int32_t> slots_;         // [plan.seqs.size()] slot of each scheduled sequence
     std::vector<int32_t> sample_index_;  // [plan.seqs.size()]
     std::vector<size_t> order_;          // plan indices of the group by ascending slot

@@ -75,6 +75,7 @@ Engine::Engine(const EngineConfig & config)
         free_slot_ids_.push_back(slot_id);
     }
     std::make_heap(free_slot_ids_.begin(), free_slot_ids_.end(), std::greater<int32_t>());
+    batch_.set_padding(session_->max_padded_tokens());
     stats_.kv_tokens_capacity = session_->n_ctx();
     stats_.kv_blocks_total = session_->num_blocks();
 }

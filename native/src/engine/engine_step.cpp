@@ -265,13 +265,19 @@ int32_t Engine::decode_groups(const StepPlan & plan) {
         for (size_t i = begin; i < end; ++i) {
             session_->set_seq_sampling(batch_.slot(i), &plan.seqs[i].seq->params);
         }
-        session_->set_kv_plan(plan, begin, end, first_token);
+        const int32_t num_padding = batch_.num_padding_tokens();
+        if (num_padding > 0) {  // plain argmax rows, never read (batch_builder.h)
+            static const SamplingParams padding_params;
+            session_->set_seq_sampling(batch_.padding_slot(), &padding_params);
+            totals_.num_padding_tokens += num_padding;
+        }
+        session_->set_kv_plan(plan, begin, end, first_token, num_padding);
         const int64_t decode_start_ns = clock_ns();
         const int32_t rc = session_->decode(batch);
         if (rc != 0) {
             return rc;
         }
-        first_token += batch.n_tokens;
+        first_token += batch.n_tokens - num_padding;
         const bool samples = std::any_of(plan.seqs.begin() + (std::ptrdiff_t) begin,
                                          plan.seqs.begin() + (std::ptrdiff_t) end,
                                          [](const ScheduledSeq & s) { return s.needs_sample; });

@@ -146,12 +146,29 @@ void set_cuda_gemm_options() {
     set_options(options);
 }
 
+// ggml-cuda keeps one CUDA graph per step shape (patch 0010), the shapes step padding produces;
+// CACHEFLOW_CUDA_GRAPH_PER_SHAPE=0 keeps stock's one graph per context, for A/B runs.
+void set_cuda_graph_per_shape() {
+    ggml_backend_reg_t cuda = ggml_backend_reg_by_name("CUDA");
+    if (cuda == nullptr) {
+        return;
+    }
+    using set_fn = void (*)(bool);
+    auto set = (set_fn) ggml_backend_reg_get_proc_address(cuda, "ggml_backend_cuda_cf_set_graph_per_shape");
+    if (set == nullptr) {
+        return;  // a build without CUDA graphs
+    }
+    const char * env = std::getenv("CACHEFLOW_CUDA_GRAPH_PER_SHAPE");
+    set(env == nullptr || std::strcmp(env, "0") != 0);
+}
+
 void init_backend_once() {
     static std::once_flag once;
     std::call_once(once, [] {
         llama_log_set(log_callback, nullptr);
         llama_backend_init();
         set_cuda_gemm_options();
+        set_cuda_graph_per_shape();
     });
 }
 
@@ -171,6 +188,23 @@ llama_flash_attn_type flash_attn_type(int32_t flash_attn) {
         return LLAMA_FLASH_ATTN_TYPE_AUTO;
     }
     return flash_attn ? LLAMA_FLASH_ATTN_TYPE_ENABLED : LLAMA_FLASH_ATTN_TYPE_DISABLED;
+}
+
+// Step padding's default (llama_session.h): in paged mode, where some layers run on a CUDA device
+// whose graphs are not turned off; CACHEFLOW_STEP_PADDING=0 / 1 decides instead when set.
+bool step_padding_wanted(int32_t n_gpu_layers) {
+    if (const char * env = std::getenv("CACHEFLOW_STEP_PADDING"); env != nullptr && *env != '\0') {
+        return std::strcmp(env, "0") != 0;
+    }
+    if (n_gpu_layers == 0 || std::getenv("GGML_CUDA_DISABLE_GRAPHS") != nullptr) {
+        return false;
+    }
+    for (ggml_backend_dev_t dev : attention_devices(n_gpu_layers)) {
+        if (std::strncmp(ggml_backend_dev_name(dev), "CUDA", 4) == 0) {
+            return true;
+        }
+    }
+    return false;
 }
 
 bool host_sampling_forced() {
@@ -409,6 +443,10 @@ void LlamaSession::create_context() {
     if (config_.paged()) {
         // no slices: one sequence may grow over the whole pool, up to the trained context
         num_blocks_ = llama_paged_n_blocks(ctx_);
+        if (num_blocks_ >= 2 && step_padding_wanted(config_.n_gpu_layers)) {
+            scratch_block_ = --num_blocks_;  // where padding tokens write their KV rows
+            max_padded_tokens_ = std::min(512, n_batch_);
+        }
         n_ctx_ = num_blocks_ * config_.block_size;
         n_ctx_per_seq_ = n_ctx_train > 0 ? std::min(n_ctx_train, n_ctx_) : n_ctx_;
     }
@@ -608,7 +646,8 @@ void LlamaSession::clear_seq(int32_t seq_id) {
     llama_memory_seq_rm(llama_get_memory(ctx_), seq_id, -1, -1);
 }
 
-void LlamaSession::set_kv_plan(const StepPlan & step, size_t begin, size_t end, int32_t first_token) {
+void LlamaSession::set_kv_plan(const StepPlan & step, size_t begin, size_t end, int32_t first_token,
+                               int32_t num_padding) {
     if (!config_.paged()) {
         return;  // llama.cpp places the rows itself
     }
@@ -638,10 +677,48 @@ void LlamaSession::set_kv_plan(const StepPlan & step, size_t begin, size_t end, 
     plan.n_tokens = n_tokens;
     plan.n_seqs = (int32_t) (end - begin);
     plan.max_blocks = step.max_blocks;
+    if (num_padding > 0) {
+        pad_kv_plan(plan, num_padding);
+    }
     if (llama_set_paged_plan(ctx_, &plan) != 0) {
         throw Error(CF_STATUS_INTERNAL, "llama_set_paged_plan refused the plan of " + std::to_string(plan.n_tokens) +
                                             " tokens over " + std::to_string(plan.n_seqs) + " sequences");
     }
+}
+
+// The padding sequence (batch_builder.h) appended to a decode's plan: index plan.n_seqs, positions
+// 0..num_padding-1, every block of its table the scratch block (so position p writes the scratch
+// block's row p % block_size; rows written twice hold garbage no real sequence reads). Reuses the
+// session's arrays; the table widens when the padding needs more blocks than the widest sequence.
+void LlamaSession::pad_kv_plan(llama_paged_plan & plan, int32_t num_padding) {
+    if (scratch_block_ < 0 || num_padding < 1) {
+        throw Error(CF_STATUS_INTERNAL, "a padded decode without a scratch block");
+    }
+    const int32_t bs = config_.block_size;
+    const int32_t width = std::max(plan.max_blocks, (num_padding + bs - 1) / bs);
+    const int32_t * group_seq_idx = plan.token_seq_idx;
+    padded_slot_mapping_.assign(plan.slot_mapping, plan.slot_mapping + plan.n_tokens);
+    if (group_seq_idx != group_seq_idx_.data()) {
+        group_seq_idx_.assign(group_seq_idx, group_seq_idx + plan.n_tokens);
+    }
+    for (int32_t p = 0; p < num_padding; ++p) {
+        padded_slot_mapping_.push_back(scratch_block_ * bs + p % bs);
+        group_seq_idx_.push_back(plan.n_seqs);
+    }
+    padded_block_tables_.assign((size_t) (plan.n_seqs + 1) * (size_t) width, scratch_block_);
+    for (int32_t s = 0; s < plan.n_seqs; ++s) {
+        std::copy_n(plan.block_tables + (size_t) s * (size_t) plan.max_blocks, plan.max_blocks,
+                    padded_block_tables_.begin() + (std::ptrdiff_t) ((size_t) s * (size_t) width));
+    }
+    padded_seq_lens_.assign(plan.seq_lens, plan.seq_lens + plan.n_seqs);
+    padded_seq_lens_.push_back(num_padding);
+    plan.slot_mapping = padded_slot_mapping_.data();
+    plan.token_seq_idx = group_seq_idx_.data();
+    plan.block_tables = padded_block_tables_.data();
+    plan.seq_lens = padded_seq_lens_.data();
+    plan.n_tokens += num_padding;
+    plan.n_seqs += 1;
+    plan.max_blocks = width;
 }
 
 void LlamaSession::copy_blocks(const std::vector<BlockCopy> & copies) {

@@ -103,8 +103,14 @@ class LlamaSession {
     // context lengths; stock modes: nothing to do), and block copies (copy-on-write) to perform
     // before it. Both throw INTERNAL when llama.cpp refuses them (a bug: the message is in
     // llama.cpp's log).
-    // One decode group of the plan: seqs [begin, end), whose tokens start at first_token.
-    void set_kv_plan(const StepPlan & plan, size_t begin, size_t end, int32_t first_token);
+    // One decode group of the plan: seqs [begin, end), whose tokens start at first_token, then
+    // num_padding padding tokens (batch_builder.h) of one more sequence, at positions
+    // 0..num_padding-1, all in the scratch block.
+    void set_kv_plan(const StepPlan & plan, size_t begin, size_t end, int32_t first_token, int32_t num_padding = 0);
+    // Step padding (batch_builder.h): decodes of at most this many tokens are padded, 0 for none.
+    // On in paged mode when layers are offloaded to a CUDA device that may use CUDA graphs;
+    // CACHEFLOW_STEP_PADDING=0 / 1 turns it off / on (on: any backend, for tests and A/B runs).
+    int32_t max_padded_tokens() const { return max_padded_tokens_; }
     void copy_blocks(const std::vector<BlockCopy> & copies);
     // Swap whole blocks (patches/0007): to_host copies block block_ids[i] into bufs[i], else bufs[i]
     // into block block_ids[i]; each buffer holds paged_block_bytes(). Throws INTERNAL if refused.
@@ -124,7 +130,9 @@ class LlamaSession {
     // ggml-cuda's graph evaluations of this process since start (patch 0009): out = {captured into a CUDA
     // graph, replayed from one, launched directly}; all 0 without the CUDA backend.
     static void cuda_graph_counts(int64_t out[3]);
-    int32_t num_blocks() const { return num_blocks_; }  // paged mode: blocks in the pool, else 0
+    // paged mode: blocks in the pool the block manager owns (without the scratch block of step
+    // padding), else 0
+    int32_t num_blocks() const { return num_blocks_; }
     // llama.cpp's n_seq_max: the most sequences of one decode (stock: max_num_seqs; paged:
     // min(max_num_seqs, 256), larger steps run as several decodes).
     int32_t n_seq_max() const { return n_seq_max_; }
@@ -132,6 +140,7 @@ class LlamaSession {
 
   private:
     explicit LlamaSession(const EngineConfig & config) : config_(config) {}
+    void pad_kv_plan(llama_paged_plan & plan, int32_t num_padding);
     void load_model();
     void resolve_kv_mode();
     void create_context();
@@ -184,7 +193,11 @@ class LlamaSession {
     std::vector<llama_sampler *> retired_chains_;   // detached; freed after the next decode
     int32_t num_blocks_ = 0;
     int32_t n_seq_max_ = 0;
+    int32_t max_padded_tokens_ = 0;
+    int32_t scratch_block_ = -1;  // step padding: the pool's last block, never given to the block manager
     std::vector<int32_t> group_seq_idx_;  // set_kv_plan scratch: token_seq_idx of a later decode group
+    // set_kv_plan scratch of a padded decode: the plan's arrays with the padding sequence appended
+    std::vector<int32_t> padded_slot_mapping_, padded_block_tables_, padded_seq_lens_;
     std::vector<int32_t> copy_src_;  // copy_blocks scratch
     std::vector<int32_t> copy_dst_;
 };

@@ -1,0 +1,45 @@
+"""Step padding (native/src/engine/batch_builder.h) changes no greedy output.
+
+In paged mode on CUDA the engine pads each decode of at most 512 tokens to a few token counts, so
+that its CUDA graphs replay; CACHEFLOW_STEP_PADDING=1 turns the same padding on here, on the CPU,
+where the default model's quantized matmuls and the invariant paged kernel are row-invariant: a
+real row must come out bit-identical, and so must every greedy token. The requests arrive while
+others decode and their prompts are chunked (a small token budget), so padded steps hold decode
+rows, prompt chunks and the padding sequence together, with logit rows padded too.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from pycacheflow import SamplingParams
+
+pytestmark = [pytest.mark.e2e]
+
+PROMPTS = [("step %d padding " % i) * (2 + 9 * i) for i in range(11)]  # 11 prompts, 7 to ~400 tokens
+
+
+def run(make_llm, model, monkeypatch, padding: str):
+    monkeypatch.setenv("CACHEFLOW_STEP_PADDING", padding)
+    llm = make_llm(model, kv_mode="paged", max_num_seqs=16, n_ctx=8192, max_num_batched_tokens=96)
+    params = SamplingParams(max_tokens=20, ignore_eos=True)
+    first = [llm.add_request(p, params) for p in PROMPTS[:5]]
+    streams = [llm.iter_outputs(i, timeout=120) for i in first]
+    tokens = [list(next(streams[0]).token_ids)]  # the first request decodes: the rest arrive now
+    later = [llm.add_request(p, params) for p in PROMPTS[5:]]
+    tokens[0] += [t for delta in streams[0] for t in delta.token_ids]
+    for stream in streams[1:]:
+        tokens.append([t for delta in stream for t in delta.token_ids])
+    for i in later:
+        tokens.append([t for delta in llm.iter_outputs(i, timeout=120) for t in delta.token_ids])
+    return tokens, llm.stats()
+
+
+def test_padded_steps_give_the_unpadded_greedy_tokens(real_model_path, make_llm, monkeypatch):
+    want, plain = run(make_llm, real_model_path, monkeypatch, "0")
+    got, padded = run(make_llm, real_model_path, monkeypatch, "1")
+    assert plain.num_padding_tokens == 0 and padded.num_padding_tokens > 0
+    assert padded.kv_blocks_total == plain.kv_blocks_total - 1  # the scratch block of the padding
+    assert all(len(t) == 20 for t in got)
+    for i, (g, w) in enumerate(zip(got, want)):
+        assert g == w, f"prompt {i}"
