@@ -113,6 +113,15 @@ if want ncu; then
         python scripts/profile_gpu_step.py -m "$MODEL" --npl "$npl" --npp 16 --ntg 32 > "/tmp/ncu_b$npl.csv" 2> /dev/null || true
     python scripts/ncu_summary.py "/tmp/ncu_b$npl.csv" > "$OUT/ncu_b$npl.txt" 2>&1 || true
     head -22 "$OUT/ncu_b$npl.txt" | tee -a "$OUT/run.log"; tail -2 "$OUT/ncu_b$npl.txt" | tee -a "$OUT/run.log"
+    if [ -n "${NCU_STOCK:-}" ]; then  # the same breakdown for llama-batched-bench (stock KV, flash attention)
+      log "ncu: llama-batched-bench decode steps at B=$npl (stock KV, -fa on)"
+      BB=$(find "$BUILD_DIR" -name llama-batched-bench -type f | head -1)
+      "$NCU" --csv --metrics gpu__time_duration.sum -s "${NCU_SKIP:-6000}" -c "${NCU_COUNT:-1500}" \
+          "$BB" -m "$MODEL" -c $((npl * 512)) -b 2048 -ub 512 -npp 16 -ntg 64 -npl "$npl" -ngl 99 -fa on \
+          > "/tmp/ncu_stock_b$npl.csv" 2> /dev/null || true
+      python scripts/ncu_summary.py --per-step-kernel flash_attn "/tmp/ncu_stock_b$npl.csv" > "$OUT/ncu_stock_b$npl.txt" 2>&1 || true
+      head -22 "$OUT/ncu_stock_b$npl.txt" | tee -a "$OUT/run.log"; tail -2 "$OUT/ncu_stock_b$npl.txt" | tee -a "$OUT/run.log"
+    fi
   done
 fi
 if want serve; then
