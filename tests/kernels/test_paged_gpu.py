@@ -96,3 +96,52 @@ def test_paged_kv_runs_on_the_gpu(gpu_model: Path) -> None:
     print("greedy sequences equal (fraction of", N_PROMPTS, "):", figures)
     if os.environ.get("CACHEFLOW_GPU_RESULTS"):
         Path(os.environ["CACHEFLOW_GPU_RESULTS"]).write_text(json.dumps(figures, indent=1))
+
+
+def _record(figures: dict) -> None:
+    """Merge figures into $CACHEFLOW_GPU_RESULTS (a JSON file) when set."""
+    path = os.environ.get("CACHEFLOW_GPU_RESULTS")
+    if not path:
+        return
+    old = json.loads(Path(path).read_text()) if Path(path).is_file() else {}
+    Path(path).write_text(json.dumps({**old, **figures}, indent=1))
+
+
+def _shared_prefix_prompts(n_vocab: int) -> list[list[int]]:
+    """16 prompts: one 200-token system prompt (12.5 blocks of 16) + a distinct 20-60 token question."""
+    rng = random.Random(2)
+    system = [rng.randrange(100, n_vocab) for _ in range(200)]
+    return [system + [rng.randrange(100, n_vocab) for _ in range(rng.randrange(20, 60))] for _ in range(16)]
+
+
+def test_prefix_cache_and_step_padding_on_the_gpu(gpu_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 14 on CUDA (cache on vs off, a warm repeat vs the cold run) and step padding on vs off
+    (batch_builder.h): exact lengths and hits are asserted; greedy agreement is reported, since
+    cuBLAS may pick another GEMM kernel for another token count (0.9 is a sanity floor)."""
+    from pycacheflow import LLM, SamplingParams
+
+    params = SamplingParams(max_tokens=N_OUT, ignore_eos=True)
+    results = {}
+    for padding in ("1", "0"):
+        monkeypatch.setenv("CACHEFLOW_STEP_PADDING", padding)
+        for cache in (True, False):
+            with LLM(model=str(gpu_model), n_gpu_layers=99, kv_mode="paged", max_num_seqs=16, n_ctx=16 * 512,
+                     enable_prefix_caching=cache) as llm:
+                prompts = _shared_prefix_prompts(llm.info.n_vocab)
+                first = [list(o.token_ids) for o in llm.generate(prompts[:1], params)]  # fills the cache
+                rest = [list(o.token_ids) for o in llm.generate(prompts[1:], params)]
+                warm = [list(o.token_ids) for o in llm.generate(prompts[:1], params)]
+                stats = llm.stats()
+            assert all(len(t) == N_OUT for t in first + rest + warm)
+            assert (stats.prefix_cache_hit_tokens > 0) == cache
+            assert (stats.num_padding_tokens > 0) == (padding == "1")
+            results[(padding, cache)] = (first + rest, warm)
+    figures = {
+        "prefix_cache_on_vs_off": _agreement(results[("1", True)][0], results[("1", False)][0]),
+        "prefix_cache_warm_repeat_vs_cold": _agreement(results[("1", True)][1], results[("1", True)][0][:1]),
+        "step_padding_on_vs_off": _agreement(results[("1", False)][0], results[("0", False)][0]),
+        "step_padding_on_vs_off_with_prefix_cache": _agreement(results[("1", True)][0], results[("0", True)][0]),
+    }
+    print("greedy sequences equal (fraction of 16):", figures)
+    _record(figures)
+    assert min(figures.values()) >= 0.9, figures
