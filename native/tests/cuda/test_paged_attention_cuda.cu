@@ -223,7 +223,7 @@ std::vector<float> rows_of(const std::vector<float> & all, const Model & m, size
 
 void test_shape(int D, int n_head, int n_head_kv, int block_size, unsigned seed) {
     std::mt19937 rng(seed);
-    const std::vector<int> lens = {1, 17, 200, 511, 512, 513, 1300, 2100};
+    const std::vector<int> lens = {1, 17, 70, 200, 511, 512, 513, 1030, 1300, 2100};  // chunks cross 64, 512, 1024
     Model m = make_model(D, n_head, n_head_kv, block_size, lens, rng);
     Layout lay = make_layout(m, seed + 1);
     // Each sequence: a prefill chunk of its last min(len, 40) positions, plus a decode row at len - 1.

@@ -23,6 +23,36 @@ constexpr int kMaxGqa = 8;
 #define CF_PA_ROWS_IN_FLIGHT 4
 #endif
 __host__ __device__ constexpr int threads_for(int D) { return D <= 128 ? CF_PA_THREADS : 128; }
+
+// Split length by the row's own context length (paged_attention.cuh): rows of at most
+// 8 * kShortSplitKeys keys use splits of kShortSplitKeys, rows of at most 8 * 2 * kShortSplitKeys
+// splits of 2 * kShortSplitKeys, longer rows kPagedSplitKeys. A short row is then spread over up to
+// 8 CTAs per KV head instead of one, which cuts a lone short row's latency (one CTA walked all its
+// keys one load round trip after another), while long rows keep the split that streams best. The
+// choice depends on ctx alone, never on the batch, so batch invariance holds. CF_PA_SHORT_SPLIT
+// (a power of two in [32, kPagedSplitKeys]; kPagedSplitKeys turns it off): a knob for the benchmark.
+#ifndef CF_PA_SHORT_SPLIT
+#define CF_PA_SHORT_SPLIT 64
+#endif
+constexpr int kShortSplitKeys = CF_PA_SHORT_SPLIT;
+static_assert(kShortSplitKeys >= 32 && kShortSplitKeys <= kPagedSplitKeys &&
+                  (kShortSplitKeys & (kShortSplitKeys - 1)) == 0,
+              "CF_PA_SHORT_SPLIT must be a power of two in [32, 256]");
+
+__host__ __device__ inline int split_keys_for(int ctx) {
+    if (ctx <= 8 * kShortSplitKeys) {
+        return kShortSplitKeys;
+    }
+    if (2 * kShortSplitKeys <= kPagedSplitKeys && ctx <= 16 * kShortSplitKeys) {
+        return 2 * kShortSplitKeys;
+    }
+    return kPagedSplitKeys;
+}
+
+__host__ __device__ inline int split_count(int ctx) {
+    const int keys = split_keys_for(ctx);
+    return (ctx + keys - 1) / keys;
+}
 // K/V rows each thread group loads before using any of them.
 constexpr int kRowsInFlight = CF_PA_ROWS_IN_FLIGHT;
 
@@ -80,7 +110,8 @@ __device__ void block_reduce(float (&v)[G], float (*scratch)[G] /* [kWarps][G] *
     __syncthreads();  // scratch is reused by the next call
 }
 
-// One CTA: KV head blockIdx.y, token blockIdx.z, keys [split * kPagedSplitKeys, +kPagedSplitKeys).
+// One CTA: KV head blockIdx.y, token blockIdx.z, keys [split * S, (split + 1) * S) with S =
+// split_keys_for(the row's context length) <= kPagedSplitKeys.
 // D: head size; G: query heads per KV head.
 template <int D, int G>
 __global__ void __launch_bounds__(threads_for(D))
@@ -107,11 +138,12 @@ paged_attention_split_kernel(const PagedAttentionCudaArgs a, float * part_o /* [
     const int t = blockIdx.z;
     const int tid = threadIdx.x;
     const int ctx = a.token_ctx_len[t];
-    const int k0 = split * kPagedSplitKeys;
+    const int split_keys = split_keys_for(ctx);
+    const int k0 = split * split_keys;
     if (k0 >= ctx) {
-        return;  // beyond this row's context (the grid covers the longest row of the step)
+        return;  // beyond this row's context (the grid covers the most splits any row may have)
     }
-    const int nkeys = min(kPagedSplitKeys, ctx - k0);
+    const int nkeys = min(split_keys, ctx - k0);
     const int32_t * table = a.block_tables + (int64_t) a.token_seq_idx[t] * a.block_table_stride;
 
     for (int i = tid; i < G * D; i += kThreads) {
@@ -277,7 +309,7 @@ paged_attention_split_kernel(const PagedAttentionCudaArgs a, float * part_o /* [
     }
     __syncthreads();
 
-    const bool one_split = ctx <= kPagedSplitKeys;
+    const bool one_split = ctx <= split_keys;
     for (int i = tid; i < G * D; i += kThreads) {
         const int h = i / D;
         const int d = i % D;
@@ -307,11 +339,10 @@ __global__ void paged_attention_combine_kernel(const PagedAttentionCudaArgs a, c
     const int head = blockIdx.x;
     const int t = blockIdx.y;
     const int d = threadIdx.x;
-    const int ctx = a.token_ctx_len[t];
-    if (ctx <= kPagedSplitKeys) {
+    const int ns = split_count(a.token_ctx_len[t]);
+    if (ns == 1) {
         return;  // written by the split kernel
     }
-    const int ns = (ctx + kPagedSplitKeys - 1) / kPagedSplitKeys;
     const int64_t base = ((int64_t) t * a.n_head + head) * n_splits;
     float mx = -INFINITY;
     for (int s = 0; s < ns; ++s) {
@@ -327,9 +358,16 @@ __global__ void paged_attention_combine_kernel(const PagedAttentionCudaArgs a, c
     a.out[((int64_t) t * a.n_head + head) * D + d] = o / l;
 }
 
+// Splits of the grid: the most split_count(ctx) of any ctx the block table width allows (a
+// function of the width alone, so a captured CUDA graph stays valid while rows grow within it).
 int num_splits(const PagedAttentionCudaArgs & a) {
     const int64_t max_ctx = a.block_table_stride * a.block_size;
-    return (int) ((max_ctx + kPagedSplitKeys - 1) / kPagedSplitKeys);
+    const int64_t short_max = 8 * (int64_t) kShortSplitKeys;  // split_count(ctx) <= 8 up to twice that
+    if (max_ctx <= short_max) {
+        return (int) ((max_ctx + kShortSplitKeys - 1) / kShortSplitKeys);
+    }
+    const int64_t long_splits = (max_ctx + kPagedSplitKeys - 1) / kPagedSplitKeys;
+    return (int) (long_splits > 8 ? long_splits : 8);
 }
 
 template <int D, int G>

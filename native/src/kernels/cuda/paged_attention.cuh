@@ -10,9 +10,12 @@
 //   - one CTA computes all n_head / n_head_kv query heads of one KV head for one token, so each
 //     K/V row is loaded once per GQA group (FlashInfer's GQA decode; vLLM's legacy kernel loads it
 //     once per query head instead);
-//   - keys are cut into splits of kPagedSplitKeys (256) positions at ABSOLUTE boundaries [256 s, 256 s + 256)
-//     (flash-decoding, Dao et al. 2023); a row with one split writes its output directly, longer rows
-//     write (max, sum, partial output) per split and a combine kernel merges them in split order.
+//   - keys are cut into splits of S positions at ABSOLUTE boundaries [S s, S s + S) (flash-decoding,
+//     Dao et al. 2023), S chosen by the row's own context length: 64 up to 512 keys, 128 up to 1,024,
+//     kPagedSplitKeys (256) beyond (paged_attention.cu, split_keys_for), so that a short row is spread
+//     over several CTAs and a long one streams in long splits; a row with one split writes its output
+//     directly, longer rows write (max, sum, partial output) per split and a combine kernel merges
+//     them in split order.
 // Batch invariance (shared/ARCHITECTURE.md, "Outputs that do not depend on the load"): every
 // reduction over keys (scores, max, sum, P.V) runs in an order fixed by the row's own context length
 // alone: not by the number of tokens in the step, the other sequences, the grid's split count or where
@@ -30,7 +33,8 @@
 namespace cf {
 namespace cuda {
 
-// Keys per split (absolute position boundaries; also the score buffer of one CTA).
+// Keys per split of long rows, the most of any split (absolute position boundaries; also the score
+// buffer of one CTA).
 constexpr int kPagedSplitKeys = 256;
 
 struct PagedAttentionCudaArgs {
@@ -60,7 +64,7 @@ struct PagedAttentionCudaArgs {
 const char * paged_attention_cuda_unsupported(const PagedAttentionCudaArgs & args);
 
 // Bytes of device workspace paged_attention_cuda needs (partial results of multi-split rows; 0 when
-// block_table_stride * block_size <= kPagedSplitKeys).
+// block_table_stride * block_size <= 64, where every row has one split).
 size_t paged_attention_cuda_workspace_bytes(const PagedAttentionCudaArgs & args);
 
 // Launch on `stream` (asynchronous; capturable in a CUDA graph: the grid depends only on n_tokens,
