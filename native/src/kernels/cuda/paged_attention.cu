@@ -26,13 +26,15 @@ __host__ __device__ constexpr int threads_for(int D) { return D <= 128 ? CF_PA_T
 
 // Split length by the row's own context length (paged_attention.cuh): rows of at most
 // 8 * kShortSplitKeys keys use splits of kShortSplitKeys, rows of at most 8 * 2 * kShortSplitKeys
-// splits of 2 * kShortSplitKeys, longer rows kPagedSplitKeys. A short row is then spread over up to
-// 8 CTAs per KV head instead of one, which cuts a lone short row's latency (one CTA walked all its
-// keys one load round trip after another), while long rows keep the split that streams best. The
-// choice depends on ctx alone, never on the batch, so batch invariance holds. CF_PA_SHORT_SPLIT
-// (a power of two in [32, kPagedSplitKeys]; kPagedSplitKeys turns it off): a knob for the benchmark.
+// splits of 2 * kShortSplitKeys, longer rows kPagedSplitKeys. The choice depends on ctx alone, never
+// on the batch, so batch invariance holds. CF_PA_SHORT_SPLIT (a power of two in [32, 256]) is a knob
+// for scripts/cuda_kernel_variants.sh, and 256, every row in 256-key splits, is the default: on the
+// H200 (results/h200_gpu/stop24/kernel_short_splits.txt) 64-key splits cut a lone 200-key row from
+// 12.4 to 9.5 us per layer but cost B=64 15.5 -> 26.0 us and B=256 57.2 -> 86.1 us at the same
+// length (4x the CTAs, each loading its query heads and reducing, plus the combine), and since the
+// rule may not look at the batch, short rows of big batches would pay for it.
 #ifndef CF_PA_SHORT_SPLIT
-#define CF_PA_SHORT_SPLIT 64
+#define CF_PA_SHORT_SPLIT 256
 #endif
 constexpr int kShortSplitKeys = CF_PA_SHORT_SPLIT;
 static_assert(kShortSplitKeys >= 32 && kShortSplitKeys <= kPagedSplitKeys &&

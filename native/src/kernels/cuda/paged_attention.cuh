@@ -11,11 +11,10 @@
 //     K/V row is loaded once per GQA group (FlashInfer's GQA decode; vLLM's legacy kernel loads it
 //     once per query head instead);
 //   - keys are cut into splits of S positions at ABSOLUTE boundaries [S s, S s + S) (flash-decoding,
-//     Dao et al. 2023), S chosen by the row's own context length: 64 up to 512 keys, 128 up to 1,024,
-//     kPagedSplitKeys (256) beyond (paged_attention.cu, split_keys_for), so that a short row is spread
-//     over several CTAs and a long one streams in long splits; a row with one split writes its output
-//     directly, longer rows write (max, sum, partial output) per split and a combine kernel merges
-//     them in split order.
+//     Dao et al. 2023), S a function of the row's own context length (paged_attention.cu,
+//     split_keys_for; by default kPagedSplitKeys = 256 for every row, shorter splits for short rows
+//     behind a build knob); a row with one split writes its output directly, longer rows write (max,
+//     sum, partial output) per split and a combine kernel merges them in split order.
 // Batch invariance (shared/ARCHITECTURE.md, "Outputs that do not depend on the load"): every
 // reduction over keys (scores, max, sum, P.V) runs in an order fixed by the row's own context length
 // alone: not by the number of tokens in the step, the other sequences, the grid's split count or where
@@ -64,7 +63,7 @@ struct PagedAttentionCudaArgs {
 const char * paged_attention_cuda_unsupported(const PagedAttentionCudaArgs & args);
 
 // Bytes of device workspace paged_attention_cuda needs (partial results of multi-split rows; 0 when
-// block_table_stride * block_size <= 64, where every row has one split).
+// block_table_stride * block_size <= one split, where every row has one split).
 size_t paged_attention_cuda_workspace_bytes(const PagedAttentionCudaArgs & args);
 
 // Launch on `stream` (asynchronous; capturable in a CUDA graph: the grid depends only on n_tokens,
