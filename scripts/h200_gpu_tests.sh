@@ -5,7 +5,9 @@
 #
 # Prepare here first: bash scripts/prepare_gpu_carry.sh (fills the git-ignored _carry/ folder).
 # On the machine: bash scripts/h200_gpu_tests.sh   (OUT=results/h200_gpu, BUILD_DIR=/tmp/cf-cuda-build,
-# STAGES="build tests kernel decode profile" to run a subset; NPL="1 64 256" batches for the decode stage,
+# STAGES="build tests kernel decode profile" to run a subset; NPL="1 64 256" batches for the decode stage
+# (DECODE_MODES="paged stock" the engine's KV modes there), PROFILE_GRAPHS_OFF=0 skips the profile's
+# runs without CUDA graphs,
 # PROFILE_NPL for the profile stage: the engine's decode step under nsys, kernel + CUDA API summaries;
 # stage ncu: kernel time by kernel name of a few decode steps, NCU_NPL batches; stage serve: `cacheflow
 # serve` vs in-process LLM.generate on the same 128/128 requests at SERVE_STREAMS streams, issue 12;
@@ -65,7 +67,7 @@ fi
 
 if want decode; then
   for npl in $NPL; do
-    for mode in paged stock; do
+    for mode in ${DECODE_MODES:-paged stock}; do
       log "decode: cacheflow ($mode KV) vs llama-batched-bench, npl $npl"
       mkdir -p "$OUT/decode_${mode}_b${npl}_p${NPP:-128}"
       timeout 300 python scripts/bench_decode.py -m "$MODEL" --npp "${NPP:-128}" --ntg 128 --npl "$npl" -i ${ITER:-2} -t 8 \
@@ -98,8 +100,8 @@ if want profile; then
       for sampling in ${PROFILE_SAMPLING:-greedy}; do
         python scripts/profile_gpu_step.py -m "$MODEL" --npl "$npl" --sampling "$sampling" 2>&1 | grep measured \
             | tee -a "$OUT/run.log"
-        GGML_CUDA_DISABLE_GRAPHS=1 python scripts/profile_gpu_step.py -m "$MODEL" --npl "$npl" --sampling "$sampling" \
-            2>&1 | grep measured | sed 's/^/graphs off: /' | tee -a "$OUT/run.log"
+        [ "${PROFILE_GRAPHS_OFF:-1}" = 1 ] && { GGML_CUDA_DISABLE_GRAPHS=1 python scripts/profile_gpu_step.py -m "$MODEL" \
+            --npl "$npl" --sampling "$sampling" 2>&1 | grep measured | sed 's/^/graphs off: /' | tee -a "$OUT/run.log"; }
       done
     fi
   done
