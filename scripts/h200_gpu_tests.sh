@@ -100,8 +100,10 @@ if want profile; then
       for sampling in ${PROFILE_SAMPLING:-greedy}; do
         python scripts/profile_gpu_step.py -m "$MODEL" --npl "$npl" --sampling "$sampling" 2>&1 | grep measured \
             | tee -a "$OUT/run.log"
-        [ "${PROFILE_GRAPHS_OFF:-1}" = 1 ] && { GGML_CUDA_DISABLE_GRAPHS=1 python scripts/profile_gpu_step.py -m "$MODEL" \
-            --npl "$npl" --sampling "$sampling" 2>&1 | grep measured | sed 's/^/graphs off: /' | tee -a "$OUT/run.log"; }
+        if [ "${PROFILE_GRAPHS_OFF:-1}" = 1 ]; then
+          GGML_CUDA_DISABLE_GRAPHS=1 python scripts/profile_gpu_step.py -m "$MODEL" --npl "$npl" --sampling "$sampling" \
+              2>&1 | grep measured | sed 's/^/graphs off: /' | tee -a "$OUT/run.log"
+        fi
       done
     fi
   done
