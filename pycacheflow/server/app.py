@@ -192,11 +192,14 @@ async def props(request: Request, state: ServerState) -> Response:
             "endpoint_slots": config.enable_slots,
             "endpoint_props": False,
             "endpoint_metrics": config.enable_metrics,
-            "chat_template": config.chat_template or "",
+            "ui": config.enable_ui,
+            "ui_settings": {},  # llama-server's --ui-config, which serve does not take
+            **state.chat_template_props(),
             "bos_token": _token_text(state, info.token_bos),
             "eos_token": _token_text(state, info.token_eos),
             "build_info": responses.SYSTEM_FINGERPRINT,
             "is_sleeping": False,
+            "cors_proxy_enabled": False,  # llama-server's --ui-mcp-proxy, not implemented
             "cacheflow": {
                 "kv_mode": info.kv_mode_name,
                 "block_size": info.block_size,

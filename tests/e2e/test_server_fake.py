@@ -471,3 +471,36 @@ def test_system_fingerprint_is_the_build(client):
                client.post("/v1/completions", json={"prompt": "ab", "max_tokens": 2}).json()]
     answers += stream_events(client, "/v1/chat/completions", {**chat, "stream": True})[:-1]
     assert {a["system_fingerprint"] for a in answers} == {"bfake"}
+
+
+def test_props_show_the_template_chat_requests_are_rendered_with(client, fake_env, fake_model,
+                                                                  tmp_path):  # fmt: skip
+    """llama-server's /props: the template text (here the fake GGUF's metadata cannot be read,
+    so "" and no caps beyond plain text), and with --chat-template-file that file's text,
+    its capabilities and the fields a llama.cpp UI reads."""
+    props = client.get("/props").json()
+    assert props["chat_template"] == "" and props["ui"] is True and props["ui_settings"] == {}
+    assert props["build_info"] == "bfake" and props["cors_proxy_enabled"] is False
+    assert "chat_template_tool_use" not in props
+    template = tmp_path / "t.jinja"
+    template.write_text("{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}")
+    proc = start(fake_env, fake_model, "--chat-template-file", str(template))
+    try:
+        with httpx.Client(base_url=proc.base_url, timeout=30) as c:
+            props = c.get("/props").json()
+            assert props["chat_template"] == template.read_text()
+            caps = props["chat_template_caps"]
+            assert caps["supports_system_role"] and caps["supports_string_content"]
+            assert not caps["supports_tools"] and not caps["supports_typed_content"]
+            body = {"messages": [{"role": "user", "content": "x"}]}
+            assert c.post("/apply-template", json=body).json() == {"prompt": "user: x\n"}
+    finally:
+        assert proc.stop() == 0
+        proc.close()
+    proc = start(fake_env, fake_model, "--chat-template", "chatml")
+    try:
+        props = httpx.get(proc.base_url + "/props", timeout=30).json()
+        assert props["chat_template"].startswith("{% for message in messages %}<|im_start|>")
+    finally:
+        assert proc.stop() == 0
+        proc.close()
