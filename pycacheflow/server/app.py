@@ -129,9 +129,15 @@ async def _http_exception(request: Request, exc: Exception) -> Response:
 async def _json(request: Request) -> object:
     raw = await request.body()
     try:
-        return json.loads(raw)
+        return json.loads(raw, parse_constant=_reject_constant)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ProtocolError(f"Invalid JSON in request body: {exc}") from None
+
+
+def _reject_constant(name: str) -> object:
+    """Python's json module reads NaN, Infinity and -Infinity, which JSON does not have (and
+    llama-server's parser refuses): a NaN would pass every range check of a field."""
+    raise ProtocolError(f"Invalid JSON in request body: {name} is not a JSON value")
 
 
 class ApiKeyMiddleware:

@@ -154,6 +154,11 @@ def test_chat_json_and_stream_with_usage(client):
 
 BAD_REQUESTS = [
     ("/completion", b"{not json", "Invalid JSON"),
+    # Python's json reads NaN and Infinity; JSON (and llama-server's parser) has neither
+    ("/completion", b'{"prompt": "a", "temperature": NaN}', "NaN is not a JSON value"),
+    ("/completion", b'{"prompt": "a", "logit_bias": {"5": -Infinity}}', "-Infinity is not"),
+    ("/completion", b'{"prompt": "a", "logit_bias": [[5, 1e400]]}',
+     "Field 'logit_bias': a bias must be a finite number or false"),
     ("/completion", b"[1, 2]", "JSON object"),
     ("/completion", b'{"prompt": "a", "n_predict": -5}', "n_predict"),
     ("/completion", b'{"prompt": "a", "n_predict": "ten"}', "n_predict"),
