@@ -509,3 +509,24 @@ def test_props_show_the_template_chat_requests_are_rendered_with(client, fake_en
     finally:
         assert proc.stop() == 0
         proc.close()
+
+
+def test_several_listen_addresses_no_slots_and_the_default_n_predict(fake_env, fake_model):
+    """llama-server's --host A,B (one socket each, same port), --no-slots (/slots is 501) and
+    -n (the output limit of a request that sets none)."""
+    server = ServerProcess(["-m", str(fake_model), "-np", "2", "--no-slots", "-n", "5"],
+                           env=fake_env, host="127.0.0.1,127.0.0.2")  # fmt: skip
+    try:
+        server.wait_ready()
+        for host in ("127.0.0.1", "127.0.0.2"):
+            assert httpx.get(f"http://{host}:{server.port}/health").json() == {"status": "ok"}
+        with httpx.Client(base_url=server.base_url, timeout=30) as c:
+            slots = c.get("/slots")
+            assert slots.status_code == 501 and slots.json()["error"]["code"] == 501
+            assert c.get("/props").json()["endpoint_slots"] is False
+            assert c.post("/completion", json={"prompt": "ab"}).json()["content"] == "ababa"
+            limited = c.post("/completion", json={"prompt": "ab", "n_predict": 2}).json()
+            assert limited["content"] == "ab"
+    finally:
+        assert server.stop() == 0, server.log()
+        server.close()
