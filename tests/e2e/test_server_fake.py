@@ -530,3 +530,15 @@ def test_several_listen_addresses_no_slots_and_the_default_n_predict(fake_env, f
     finally:
         assert server.stop() == 0, server.log()
         server.close()
+
+
+def test_token_array_and_mixed_prompts_and_the_slot_context(client):
+    """llama-server's prompts as token ids, or text pieces and ids mixed; /slots shows each
+    slot's context (the fake's tokens are bytes: 104 = "h", 105 = "i")."""
+    ids = client.post("/completion", json={"prompt": [104, 105], "n_predict": 3}).json()
+    assert ids["content"] == "hih" and ids["tokens_evaluated"] == 2
+    mixed = client.post("/completion", json={"prompt": ["h", 105, "!"], "n_predict": 4}).json()
+    assert mixed["content"] == "hi!h" and mixed["tokens_evaluated"] == 3
+    oai = client.post("/v1/completions", json={"prompt": [[104, 105], "ab"], "max_tokens": 2})
+    assert [c["text"] for c in oai.json()["choices"]] == ["hi", "ab"]
+    assert {s["n_ctx"] for s in client.get("/slots").json()} == {FAKE_CTX_PER_SEQ}
