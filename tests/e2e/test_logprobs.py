@@ -130,6 +130,10 @@ def test_oai_endpoints_report_logprobs(client):
     body = {"prompt": PROMPTS[1], "max_tokens": 4, "temperature": 0, "logprobs": 2}
     choice = client.post("/v1/completions", json=body).json()["choices"][0]
     assert len(choice["logprobs"]["content"]) == 4
+    events = stream_events(client, "/v1/completions", {**body, "stream": True})
+    streamed = [c for e in events[:-1] if e["choices"] and e["choices"][0]["logprobs"]
+                for c in e["choices"][0]["logprobs"]["content"]]  # fmt: skip
+    assert streamed == choice["logprobs"]["content"]
     chat = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, "temperature": 0,
             "logprobs": True, "top_logprobs": 2}  # fmt: skip
     choice = client.post("/v1/chat/completions", json=chat).json()["choices"][0]
