@@ -13,7 +13,9 @@ last message's content, so the model continues that text (llama-server's own rul
 depend on how a template closes a turn).
 
 llama.cpp's built-in template matcher (``llama_chat_apply_template``) remains available through
-``LLM.apply_chat_template(..., jinja=False)`` for ``--no-jinja`` and the built-in names.
+``LLM.apply_chat_template(..., jinja=False)`` for ``--no-jinja`` and the built-in names. A model
+whose GGUF has no template gets ChatML, as in llama-server (``CHATML_SOURCE`` with Jinja, the
+built-in "chatml" without).
 """
 
 from __future__ import annotations
@@ -23,11 +25,21 @@ import functools
 import json
 from collections.abc import Callable, Mapping, Sequence
 
+from pycacheflow.chat_template_caps import template_caps
 from pycacheflow.errors import InvalidArgumentError, UnsupportedError
-from pycacheflow.gguf_metadata import chat_template_of
+from pycacheflow.gguf_metadata import KEY_CHAT_TEMPLATE, read_string_metadata
 from pycacheflow.text import encode_utf8
 
 Message = Mapping[str, object]
+
+KEY_CHAT_TEMPLATE_TOOL_USE = KEY_CHAT_TEMPLATE + ".tool_use"
+CHATML = "chatml"  # llama.cpp's built-in name of the ChatML format
+# ChatML as Jinja: what llama-server renders (and reports in /props) for a model without a
+# template, or for --chat-template chatml
+CHATML_SOURCE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}"
+    "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 
 
 class TemplateRenderError(InvalidArgumentError):
@@ -56,10 +68,25 @@ class ChatTemplate:
         self.source = source
         self.bos_token = bos_token
         self.eos_token = eos_token
+        self._caps: dict[str, bool] | None = None
         try:
             self._template = _environment().from_string(source)
         except _jinja_errors() as exc:
             raise TemplateRenderError(f"chat template does not compile: {exc}") from None
+
+    @property
+    def caps(self) -> dict[str, bool]:
+        """llama-server's ``chat_template_caps`` (pycacheflow.chat_template_caps), computed on
+        first use."""
+        if self._caps is None:
+            self._caps = template_caps(self)
+        return self._caps
+
+    def variables(self) -> frozenset[str]:
+        """The names the template reads from its context (``messages``, ``tools``, ...)."""
+        import jinja2.meta
+
+        return frozenset(jinja2.meta.find_undeclared_variables(_environment().parse(self.source)))
 
     def render(
         self,
@@ -111,6 +138,11 @@ class ChatTemplate:
             return self._template.render(**context)
         except _jinja_errors() as exc:
             raise TemplateRenderError(f"chat template failed: {exc}") from None
+        except (TypeError, ValueError, LookupError, ArithmeticError, AttributeError) as exc:
+            # Python errors of an expression on this input (a list added to a string, a
+            # missing key, ...): the request's messages do not fit the template, a 400
+            message = f"chat template failed: {type(exc).__name__}: {exc}"
+            raise TemplateRenderError(message) from None
 
 
 @functools.lru_cache(maxsize=1)
@@ -173,29 +205,81 @@ class ChatFormatter:
         self._native_apply = native_apply
         self._tokens = (bos_token, eos_token)
         self._compiled: dict[str, ChatTemplate] = {}
-        self._model_template: str | None = None
-        self._model_template_read = False
+        self._metadata: dict[str, str] | None = None  # the GGUF's template keys, when read
+        self._metadata_read = False
+
+    def _templates(self) -> dict[str, str] | None:
+        """The GGUF's template entries (default and tool_use, those present), or None when its
+        metadata cannot be read here (llama.cpp, which loaded the model, then decides)."""
+        if not self._metadata_read:
+            try:
+                self._metadata = read_string_metadata(
+                    self._model_path, [KEY_CHAT_TEMPLATE, KEY_CHAT_TEMPLATE_TOOL_USE]
+                )
+            except (InvalidArgumentError, OSError):
+                self._metadata = None
+            self._metadata_read = True
+        return self._metadata
 
     @property
     def model_template(self) -> str | None:
         """The GGUF's own Jinja template, or None when it has none (or its metadata cannot be
-        read here: llama.cpp, which loaded the model, then decides)."""
-        if not self._model_template_read:
-            try:
-                self._model_template = chat_template_of(self._model_path)
-            except (InvalidArgumentError, OSError):
-                self._model_template = None
-            self._model_template_read = True
-        return self._model_template
+        read here)."""
+        return (self._templates() or {}).get(KEY_CHAT_TEMPLATE)
 
-    def template_source(self, template: str | None, jinja: bool = True) -> str | None:
-        """The Jinja text ``apply`` renders with for ``template``, or None when llama.cpp's
-        built-in matcher renders it."""
+    def _default_source(self, tools: bool = False) -> str | None:
+        """llama-server's choice among the GGUF's templates: the tool_use variant for a
+        request with tools (when there is one), else the default one, else the tool_use one,
+        else ChatML; None when the metadata cannot be read."""
+        found = self._templates()
+        if found is None:
+            return None
+        default, tool_use = found.get(KEY_CHAT_TEMPLATE), found.get(KEY_CHAT_TEMPLATE_TOOL_USE)
+        if tools and tool_use:
+            return tool_use
+        return default or tool_use or CHATML_SOURCE
+
+    def template_source(
+        self, template: str | None, jinja: bool = True, tools: bool = False
+    ) -> str | None:
+        """The Jinja text ``apply`` renders with for ``template`` (and a request with
+        ``tools`` or not), or None when llama.cpp's built-in matcher renders it."""
         if not jinja:
             return None
         if template is not None:
             return template if looks_like_jinja(template) else None
-        return self.model_template
+        return self._default_source(tools)
+
+    def reported_source(self, template: str | None) -> str:
+        """The template text llama-server's /props shows as ``chat_template``: ``template``
+        as given (a built-in name stays a name, but "chatml" is ChatML's Jinja text), else the
+        model's default template (ChatML when it has none); "" when the model's metadata
+        cannot be read here."""
+        if template is not None:
+            return CHATML_SOURCE if template == CHATML else template
+        return self._default_source() or ""
+
+    def tool_use_source(self) -> str | None:
+        """The GGUF's tool_use template (/props' ``chat_template_tool_use``), if it has one."""
+        return (self._templates() or {}).get(KEY_CHAT_TEMPLATE_TOOL_USE)
+
+    def caps(self, template: str | None) -> dict[str, bool]:
+        """llama-server's ``chat_template_caps`` for ``template`` (as ``apply``'s): of the
+        tool_use template when there is one (the more capable), else of the reported one.
+
+        Raises:
+            TemplateRenderError: the template does not compile.
+        """
+        source = (self.tool_use_source() if template is None else None) or self.reported_source(
+            template
+        )
+        return self._compile(source).caps
+
+    def _compile(self, source: str) -> ChatTemplate:
+        compiled = self._compiled.get(source)
+        if compiled is None:
+            compiled = self._compiled[source] = ChatTemplate(source, *self._tokens)
+        return compiled
 
     def apply(
         self,
@@ -220,13 +304,12 @@ class ChatFormatter:
             for key, what in (("role", "chat role"), ("content", "chat message")):
                 if isinstance(message.get(key), str):
                     encode_utf8(message[key], what)  # InvalidArgumentError naming the value
-        source = self.template_source(template, jinja)
+        source = self.template_source(template, jinja, bool(tools))
         if source is not None:
-            compiled = self._compiled.get(source)
-            if compiled is None:
-                compiled = self._compiled[source] = ChatTemplate(source, *self._tokens)
-            return compiled.render(messages, add_generation_prompt, tools=tools, kwargs=kwargs,
-                                   continue_final_message=continue_final_message)  # fmt: skip
+            return self._compile(source).render(
+                messages, add_generation_prompt, tools=tools, kwargs=kwargs,
+                continue_final_message=continue_final_message,
+            )  # fmt: skip
         if tools:
             raise InvalidArgumentError("tools need a Jinja chat template (--jinja)")
         if continue_final_message:
@@ -238,6 +321,8 @@ class ChatFormatter:
             return head + _text(messages[-1].get("content")) if messages else head
         roles = [_text(m.get("role")) for m in messages]
         contents = [_text(m.get("content")) for m in messages]
+        if template is None and self._templates() is not None and not self.model_template:
+            template = CHATML  # llama-server's format for a model without a template
         return self._native_apply(roles, contents, add_generation_prompt, template)
 
 

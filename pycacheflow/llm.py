@@ -179,7 +179,8 @@ class LLM:
             messages: [{"role": "system"|"user"|"assistant"|..., "content": str, ...}, ...].
             add_generation_prompt: end with the assistant turn opener.
             template: a llama.cpp built-in template name ("chatml", "llama3", ...) or template
-                text; None = the model's own.
+                text; None = the model's own (its tool_use variant for a request with tools,
+                when the GGUF has one; ChatML when it has no template, as llama-server).
             jinja: render Jinja templates with jinja2 (False: llama.cpp's matcher).
             continue_final_message: the model continues the last (assistant) message; needs
                 ``add_generation_prompt=False``.
@@ -187,15 +188,17 @@ class LLM:
             chat_template_kwargs: more template variables (Jinja only).
 
         Raises:
-            UnsupportedError: the model has no chat template, or ``template`` is unknown.
+            UnsupportedError: llama.cpp's matcher does not know the template.
             InvalidArgumentError: conflicting arguments, or the template raised.
         """
-        return self._chat.apply(messages, add_generation_prompt, template, jinja=jinja,
-                                continue_final_message=continue_final_message, tools=tools,
-                                kwargs=chat_template_kwargs)  # fmt: skip
+        return self.chat_formatter.apply(messages, add_generation_prompt, template, jinja=jinja,
+                                         continue_final_message=continue_final_message,
+                                         tools=tools, kwargs=chat_template_kwargs)  # fmt: skip
 
     @property
-    def _chat(self) -> ChatFormatter:
+    def chat_formatter(self) -> ChatFormatter:
+        """The model's chat renderer (also says which template text it renders with and what
+        that template supports, for the server's /props)."""
         if self._chat_formatter is None:
             bos, eos = (self.detokenize([t], skip_special=False) if t >= 0 else ""
                         for t in (self._info.token_bos, self._info.token_eos))  # fmt: skip

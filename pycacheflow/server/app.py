@@ -129,9 +129,15 @@ async def _http_exception(request: Request, exc: Exception) -> Response:
 async def _json(request: Request) -> object:
     raw = await request.body()
     try:
-        return json.loads(raw)
+        return json.loads(raw, parse_constant=_reject_constant)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ProtocolError(f"Invalid JSON in request body: {exc}") from None
+
+
+def _reject_constant(name: str) -> object:
+    """Python's json module reads NaN, Infinity and -Infinity, which JSON does not have (and
+    llama-server's parser refuses): a NaN would pass every range check of a field."""
+    raise ProtocolError(f"Invalid JSON in request body: {name} is not a JSON value")
 
 
 class ApiKeyMiddleware:
@@ -192,11 +198,14 @@ async def props(request: Request, state: ServerState) -> Response:
             "endpoint_slots": config.enable_slots,
             "endpoint_props": False,
             "endpoint_metrics": config.enable_metrics,
-            "chat_template": config.chat_template or "",
+            "ui": config.enable_ui,
+            "ui_settings": {},  # llama-server's --ui-config, which serve does not take
+            **state.chat_template_props(),
             "bos_token": _token_text(state, info.token_bos),
             "eos_token": _token_text(state, info.token_eos),
             "build_info": responses.SYSTEM_FINGERPRINT,
             "is_sleeping": False,
+            "cors_proxy_enabled": False,  # llama-server's --ui-mcp-proxy, not implemented
             "cacheflow": {
                 "kv_mode": info.kv_mode_name,
                 "block_size": info.block_size,

@@ -22,34 +22,51 @@ if TYPE_CHECKING:
     from pycacheflow.llm import LLM
     from pycacheflow.outputs import TokenLogprobs
 
-MAX_TOP_LOGPROBS = 20  # OpenAI's bound on top_logprobs
 DEFAULT_TOP_LOGPROBS = 20  # llama-server's top_logprobs when a chat request sets logprobs only
 
 
 def read_completion_logprobs(body: Mapping[str, object]) -> tuple[int | None, bool]:
     """(``SamplingParams.logprobs``, ``post_sampling_probs``) of a /completion or
     /v1/completions body: ``n_probs``, or OpenAI's integer ``logprobs`` when n_probs is absent
-    (llama-server's alias); 0 = none.
+    (llama-server's alias); None = no probabilities.
+
+    As llama-server (tools/server/server-schema.cpp, "If greater than 0"): a count <= 0 asks
+    for none, a boolean counts as 0 or 1 (its JSON library converts them; clients send
+    ``"logprobs": false`` to /v1/completions), and there is no upper limit: the engine lists
+    at most the vocabulary (post-sampling: the candidates left). A number with a fraction is a
+    400 here (llama-server truncates it): "2.5 tokens" is a client bug worth naming.
 
     Raises:
-        ProtocolError: not an integer, negative, or a non-boolean post_sampling_probs.
+        ProtocolError: not a number, a fractional one, or a non-boolean post_sampling_probs.
     """
     from pycacheflow.server.protocol import INT32_MAX, read_bool, read_int
 
-    n_probs = read_int(body, ("n_probs", "logprobs"), 0, low=0, high=INT32_MAX)
+    names = tuple(name for name in ("n_probs", "logprobs") if body.get(name) is not None)
+    if names and isinstance(body[names[0]], bool):
+        n_probs = int(body[names[0]])
+    else:
+        n_probs = read_int(body, names, 0, high=INT32_MAX)
     post_sampling = read_bool(body, "post_sampling_probs", False)
-    return (n_probs or None), post_sampling
+    return (n_probs if n_probs > 0 else None), post_sampling
 
 
 def read_chat_logprobs(body: Mapping[str, object]) -> int | None:
-    """``SamplingParams.logprobs`` of a chat body: ``top_logprobs`` (in [0, 20], default 20 as
+    """``SamplingParams.logprobs`` of a chat body: ``top_logprobs`` (default 20 as
     llama-server) when ``logprobs`` is true, else None.
 
+    Where llama-server is silent, this follows OpenAI, which a chat client is written for:
+    top_logprobs 0 gives each sampled token's logprob with no alternatives (llama-server
+    returns no logprobs at all), a negative top_logprobs is a 400 (llama-server returns none),
+    and a top_logprobs or logprobs of the wrong type is a 400 (llama-server uses its default,
+    20, or reads a numeric logprobs as n_probs). As llama-server, and unlike OpenAI (at most
+    20), top_logprobs has no upper limit: the engine lists at most the vocabulary.
+
     Raises:
-        ProtocolError: a non-boolean logprobs, top_logprobs out of range or without logprobs,
-            or logprobs with tools in a stream (llama-server's rules and messages).
+        ProtocolError: a non-boolean logprobs, top_logprobs negative, not an integer or
+            without logprobs, or logprobs with tools in a stream (llama-server's rules and
+            messages).
     """
-    from pycacheflow.server.protocol import ProtocolError, _present, read_bool, read_int
+    from pycacheflow.server.protocol import INT32_MAX, ProtocolError, _present, read_bool, read_int
 
     if not read_bool(body, "logprobs", False):
         if _present(body, "top_logprobs"):
@@ -57,7 +74,7 @@ def read_chat_logprobs(body: Mapping[str, object]) -> int | None:
         return None
     if body.get("tools") and read_bool(body, "stream", False):
         raise ProtocolError("logprobs is not supported with tools + stream")
-    return read_int(body, ("top_logprobs",), DEFAULT_TOP_LOGPROBS, low=0, high=MAX_TOP_LOGPROBS)
+    return read_int(body, ("top_logprobs",), DEFAULT_TOP_LOGPROBS, low=0, high=INT32_MAX)
 
 
 def _valid_utf8_prefix(data: bytes) -> bytes:

@@ -19,6 +19,7 @@ Field rules follow llama-server (tools/server/server-schema.cpp of the pinned tr
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Union
@@ -592,13 +593,20 @@ def _sampling(
 
 
 def read_logit_bias(body: Mapping[str, object]) -> tuple[tuple[int | str, float], ...]:
-    """``logit_bias`` as llama-server reads it: [[token id or text, bias], ...] or OpenAI's
-    {"token id or text": bias}; a bias of ``false`` bans the token (-inf). Entries of another
-    shape are skipped, as llama-server does; texts are tokenized later (each of their tokens
-    gets the bias).
+    """``logit_bias`` as llama-server reads it (tools/server/server-schema.cpp): [[token id or
+    text, bias], ...] or OpenAI's {"token id or text": bias}; a bias of ``false`` bans the
+    token (-inf). As llama-server: entries of another shape, and biases that are neither a
+    number nor false, are skipped; an object key is a token id when it reads whole as a C
+    ``strtol`` integer (" 12", "+12"; "12 " and "1_2" are texts); texts are tokenized later
+    (each of their tokens gets the bias) and ids outside the vocabulary dropped.
+
+    Where llama-server is silent, a client bug gets a 400 instead: a value that is neither an
+    array nor an object (llama-server ignores the field), and a bias of +inf or NaN (JSON
+    cannot spell them, but 1e400 overflows to inf). llama-server reads the key "" as token 0
+    (an artefact of strtol); here it is an empty text, which biases nothing.
 
     Raises:
-        ProtocolError: the field is neither an array nor an object.
+        ProtocolError: the field is neither an array nor an object, or a bias is not finite.
     """
     if not _present(body, "logit_bias"):
         return ()
@@ -615,17 +623,22 @@ def read_logit_bias(body: Mapping[str, object]) -> tuple[tuple[int | str, float]
             bias = -math.inf
         elif isinstance(bias, bool) or not isinstance(bias, (int, float)):
             continue
+        elif math.isnan(bias) or bias == math.inf:
+            raise ProtocolError(f"Field 'logit_bias': a bias must be a finite number or false, "
+                                f"got {bias} for {key!r}")  # fmt: skip
         is_id = isinstance(key, int) and not isinstance(key, bool)
         if is_id or isinstance(key, str):
             out.append((key, float(bias)))
     return tuple(out)
 
 
+_STRTOL_INTEGER = re.compile(r"[ \t\n\v\f\r]*[+-]?[0-9]+")
+
+
 def _token_or_text(key: str) -> int | str:
-    try:
-        return int(key)
-    except ValueError:
-        return key
+    """An object key of logit_bias: a token id when all of it is a base-10 integer as C's
+    strtol reads one (leading white space and a sign allowed), else a text."""
+    return int(key) if _STRTOL_INTEGER.fullmatch(key) else key
 
 
 def read_str_list(body: Mapping[str, object], name: str) -> list[str]:

@@ -88,6 +88,7 @@ class ServerState:
         self._warned_fields: set[str] = set()
         self._eog_token_ids: tuple[int, ...] | None = None  # the model's, on first ignore_eos
         self.pieces = TokenPieces(llm)  # token texts of probabilities
+        self._template_props: dict[str, object] | None = None  # /props' template fields
 
     def waker(self) -> LoopWaker:
         """The event loop's shared LoopWaker (call on the loop)."""
@@ -106,6 +107,25 @@ class ServerState:
 
         request = parse_completion({"prompt": ""}, self.config.n_predict, self.config.defaults)
         return generation_settings(request, self.n_ctx_slot, self.model_name)
+
+    def chat_template_props(self) -> dict[str, object]:
+        """/props' template fields, as llama-server's: ``chat_template`` (the text chat
+        requests are rendered with; a built-in name stays a name), ``chat_template_caps`` and,
+        with --jinja and the model's own template, ``chat_template_tool_use`` when the GGUF has
+        that variant. Computed once (the caps render probe conversations)."""
+        if self._template_props is None:
+            formatter, template = self.llm.chat_formatter, self.config.chat_template
+            try:
+                caps = formatter.caps(template)
+            except errors.InvalidArgumentError:  # not Jinja text jinja2 compiles (--no-jinja)
+                caps = {}
+            props = {"chat_template": formatter.reported_source(template),
+                     "chat_template_caps": caps}  # fmt: skip
+            tool_use = formatter.tool_use_source() if template is None else None
+            if self.config.jinja and tool_use:
+                props["chat_template_tool_use"] = tool_use
+            self._template_props = props
+        return self._template_props
 
     def render_chat(
         self,

@@ -36,18 +36,22 @@ class ServerProcess:
     Args:
         args: serve arguments (model, engine options).
         env: extra environment variables (e.g. CACHEFLOW_LIB).
+        host: the --host value (llama-server's: one address or several, comma-separated);
+            ``base_url`` is on the first.
     """
 
-    def __init__(self, args: Sequence[str], env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, args: Sequence[str], env: dict[str, str] | None = None, host: str = "127.0.0.1"
+    ) -> None:
         self.port = free_port()
-        self.base_url = f"http://127.0.0.1:{self.port}"
+        self.base_url = f"http://{host.split(',')[0]}:{self.port}"
         log_fd, self._log_path = tempfile.mkstemp(prefix="cacheflow-serve-", suffix=".log")
         child_env = {**os.environ, **(env or {})}
         child_env["PYTHONPATH"] = os.pathsep.join(
             p for p in (str(PACKAGE_ROOT), child_env.get("PYTHONPATH", "")) if p
         )
         cmd = [sys.executable, "-m", "cli", "serve", *args,
-               "--host", "127.0.0.1", "--port", str(self.port)]  # fmt: skip
+               "--host", host, "--port", str(self.port)]  # fmt: skip
         self.proc = subprocess.Popen(
             cmd, stdout=log_fd, stderr=subprocess.STDOUT, env=child_env, cwd=PACKAGE_ROOT
         )

@@ -214,3 +214,22 @@ def test_corrupt_model_is_one_error_without_llama_cpp_log_lines(tmp_path, capfd)
     result = run_cli("generate", "-v", "-m", str(bad), "hi")  # -v shows llama.cpp's own lines
     assert result.exit_code == 1
     assert "llama_model_load" in capfd.readouterr().err
+
+
+def test_generate_chat_renders_the_gguf_template(tiny_model_path, tiny_llm):
+    """--chat renders the GGUF's own Jinja template (SmolLM2's, copied into the tiny model:
+    it adds the default system prompt the built-in matcher drops), the same text as
+    LLM.apply_chat_template and the server's chat route (issue 15: the README's first
+    command)."""
+    from pycacheflow.gguf_metadata import chat_template_of
+
+    rendered = tiny_llm.apply_chat_template([{"role": "user", "content": "Hi"}])
+    assert "You are a helpful AI assistant named SmolLM" in rendered
+    assert "You are a helpful AI assistant named SmolLM" in chat_template_of(tiny_model_path)
+    result = run_cli("generate", "-m", str(tiny_model_path), "--json", "-q", "-n", "3",
+                     "--ignore-eos", "--chat", "Hi")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    (record,) = [json.loads(line) for line in result.stdout.splitlines()]
+    expected = tiny_llm.generate([rendered], SamplingParams(max_tokens=3, ignore_eos=True))[0]
+    assert record["token_ids"] == list(expected.token_ids)
+    assert record["metrics"]["num_prompt_tokens"] == len(expected.prompt_token_ids)

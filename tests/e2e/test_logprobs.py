@@ -130,6 +130,10 @@ def test_oai_endpoints_report_logprobs(client):
     body = {"prompt": PROMPTS[1], "max_tokens": 4, "temperature": 0, "logprobs": 2}
     choice = client.post("/v1/completions", json=body).json()["choices"][0]
     assert len(choice["logprobs"]["content"]) == 4
+    events = stream_events(client, "/v1/completions", {**body, "stream": True})
+    streamed = [c for e in events[:-1] if e["choices"] and e["choices"][0]["logprobs"]
+                for c in e["choices"][0]["logprobs"]["content"]]  # fmt: skip
+    assert streamed == choice["logprobs"]["content"]
     chat = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, "temperature": 0,
             "logprobs": True, "top_logprobs": 2}  # fmt: skip
     choice = client.post("/v1/chat/completions", json=chat).json()["choices"][0]
@@ -142,12 +146,37 @@ def test_oai_endpoints_report_logprobs(client):
     assert streamed == content
 
 
+def test_probability_counts_follow_llama_server(client):
+    """No upper limit but the vocabulary (post-sampling: the candidates left); a count <= 0
+    or false asks for none; OpenAI's chat top_logprobs may exceed OpenAI's 20."""
+    body = {"prompt": PROMPTS[2], "n_predict": 1, "temperature": 0}
+    many = client.post("/completion", json={**body, "n_probs": 1000}).json()
+    assert len(many["completion_probabilities"][0]["top_logprobs"]) == 1000
+    sampled = {**body, "n_probs": 1000, "post_sampling_probs": True, "temperature": 0.8,
+               "top_k": 5, "top_p": 1.0, "min_p": 0.0, "seed": 3}  # fmt: skip
+    top = client.post("/completion", json=sampled).json()["completion_probabilities"][0]
+    assert len(top["top_probs"]) == 5  # the candidates top_k left
+    for none in ({"n_probs": -3}, {"n_probs": False}, {"logprobs": 0}):
+        assert "completion_probabilities" not in client.post("/completion",
+                                                              json={**body, **none}).json()
+    oai = {"prompt": PROMPTS[2], "max_tokens": 1, "temperature": 0}
+    choice = client.post("/v1/completions", json={**oai, "logprobs": False}).json()["choices"][0]
+    assert choice["logprobs"] is None
+    choice = client.post("/v1/completions", json={**oai, "logprobs": True}).json()["choices"][0]
+    assert len(choice["logprobs"]["content"][0]["top_logprobs"]) == 1  # true = 1, as llama-server
+    chat = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 1, "temperature": 0,
+            "logprobs": True, "top_logprobs": 50}  # fmt: skip
+    content = client.post("/v1/chat/completions", json=chat).json()["choices"][0]["logprobs"]
+    assert len(content["content"][0]["top_logprobs"]) == 50
+
+
 @pytest.mark.parametrize(
     "path,body,fragment",
     [
-        ("/completion", {"prompt": "x", "n_probs": -3}, "Field 'n_probs'"),
+        ("/completion", {"prompt": "x", "n_probs": 2.5}, "Field 'n_probs': expected an integer"),
+        ("/completion", {"prompt": "x", "n_probs": "3"}, "Field 'n_probs'"),
         ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
-                                  "logprobs": True, "top_logprobs": 50}, "Field 'top_logprobs'"),
+                                  "logprobs": True, "top_logprobs": -1}, "Field 'top_logprobs'"),
         ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
                                   "top_logprobs": 5}, "requires logprobs"),
     ],

@@ -17,6 +17,7 @@ import pytest
 from serve_helpers import ServerProcess, parse_metrics, sse_data, stream_events
 
 from pycacheflow import SamplingParams
+from pycacheflow.gguf_metadata import chat_template_of
 
 pytestmark = pytest.mark.e2e
 
@@ -67,6 +68,14 @@ def test_health_props_models(client):
     # llama-server's context per slot: -c split over the -np slots (the pool is shared anyway)
     assert props["default_generation_settings"]["n_ctx"] == CTX_PER_SEQ
     assert props["eos_token"] == "<|im_end|>"
+    # the template chat requests are rendered with: the GGUF's own, as llama-server shows it
+    assert props["chat_template"] == chat_template_of(props["model_path"])
+    assert props["chat_template"].startswith("{% for message in messages %}")
+    caps = props["chat_template_caps"]
+    assert caps["supports_system_role"] and caps["supports_string_content"]
+    assert not caps["supports_tools"] and not caps["supports_tool_calls"]
+    assert props["modalities"] == {"vision": False, "video": False, "audio": False}
+    assert props["model_path"].endswith(".gguf") and props["build_info"].startswith("b")
     for path in ("/models", "/v1/models"):
         assert client.get(path).json()["data"][0]["id"] == "smollm2"
 

@@ -154,6 +154,11 @@ def test_chat_json_and_stream_with_usage(client):
 
 BAD_REQUESTS = [
     ("/completion", b"{not json", "Invalid JSON"),
+    # Python's json reads NaN and Infinity; JSON (and llama-server's parser) has neither
+    ("/completion", b'{"prompt": "a", "temperature": NaN}', "NaN is not a JSON value"),
+    ("/completion", b'{"prompt": "a", "logit_bias": {"5": -Infinity}}', "-Infinity is not"),
+    ("/completion", b'{"prompt": "a", "logit_bias": [[5, 1e400]]}',
+     "Field 'logit_bias': a bias must be a finite number or false"),
     ("/completion", b"[1, 2]", "JSON object"),
     ("/completion", b'{"prompt": "a", "n_predict": -5}', "n_predict"),
     ("/completion", b'{"prompt": "a", "n_predict": "ten"}', "n_predict"),
@@ -472,3 +477,69 @@ def test_system_fingerprint_is_the_build(client):
                client.post("/v1/completions", json={"prompt": "ab", "max_tokens": 2}).json()]
     answers += stream_events(client, "/v1/chat/completions", {**chat, "stream": True})[:-1]
     assert {a["system_fingerprint"] for a in answers} == {"bfake"}
+
+
+def test_props_show_the_template_chat_requests_are_rendered_with(client, fake_env, fake_model,
+                                                                  tmp_path):  # fmt: skip
+    """llama-server's /props: the template text (here the fake GGUF's metadata cannot be read,
+    so "" and no caps beyond plain text), and with --chat-template-file that file's text,
+    its capabilities and the fields a llama.cpp UI reads."""
+    props = client.get("/props").json()
+    assert props["chat_template"] == "" and props["ui"] is True and props["ui_settings"] == {}
+    assert props["build_info"] == "bfake" and props["cors_proxy_enabled"] is False
+    assert "chat_template_tool_use" not in props
+    template = tmp_path / "t.jinja"
+    template.write_text("{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}")
+    proc = start(fake_env, fake_model, "--chat-template-file", str(template))
+    try:
+        with httpx.Client(base_url=proc.base_url, timeout=30) as c:
+            props = c.get("/props").json()
+            assert props["chat_template"] == template.read_text()
+            caps = props["chat_template_caps"]
+            assert caps["supports_system_role"] and caps["supports_string_content"]
+            assert not caps["supports_tools"] and not caps["supports_typed_content"]
+            body = {"messages": [{"role": "user", "content": "x"}]}
+            assert c.post("/apply-template", json=body).json() == {"prompt": "user: x\n"}
+    finally:
+        assert proc.stop() == 0
+        proc.close()
+    proc = start(fake_env, fake_model, "--chat-template", "chatml")
+    try:
+        props = httpx.get(proc.base_url + "/props", timeout=30).json()
+        assert props["chat_template"].startswith("{% for message in messages %}<|im_start|>")
+    finally:
+        assert proc.stop() == 0
+        proc.close()
+
+
+def test_several_listen_addresses_no_slots_and_the_default_n_predict(fake_env, fake_model):
+    """llama-server's --host A,B (one socket each, same port), --no-slots (/slots is 501) and
+    -n (the output limit of a request that sets none)."""
+    server = ServerProcess(["-m", str(fake_model), "-np", "2", "--no-slots", "-n", "5"],
+                           env=fake_env, host="127.0.0.1,127.0.0.2")  # fmt: skip
+    try:
+        server.wait_ready()
+        for host in ("127.0.0.1", "127.0.0.2"):
+            assert httpx.get(f"http://{host}:{server.port}/health").json() == {"status": "ok"}
+        with httpx.Client(base_url=server.base_url, timeout=30) as c:
+            slots = c.get("/slots")
+            assert slots.status_code == 501 and slots.json()["error"]["code"] == 501
+            assert c.get("/props").json()["endpoint_slots"] is False
+            assert c.post("/completion", json={"prompt": "ab"}).json()["content"] == "ababa"
+            limited = c.post("/completion", json={"prompt": "ab", "n_predict": 2}).json()
+            assert limited["content"] == "ab"
+    finally:
+        assert server.stop() == 0, server.log()
+        server.close()
+
+
+def test_token_array_and_mixed_prompts_and_the_slot_context(client):
+    """llama-server's prompts as token ids, or text pieces and ids mixed; /slots shows each
+    slot's context (the fake's tokens are bytes: 104 = "h", 105 = "i")."""
+    ids = client.post("/completion", json={"prompt": [104, 105], "n_predict": 3}).json()
+    assert ids["content"] == "hih" and ids["tokens_evaluated"] == 2
+    mixed = client.post("/completion", json={"prompt": ["h", 105, "!"], "n_predict": 4}).json()
+    assert mixed["content"] == "hi!h" and mixed["tokens_evaluated"] == 3
+    oai = client.post("/v1/completions", json={"prompt": [[104, 105], "ab"], "max_tokens": 2})
+    assert [c["text"] for c in oai.json()["choices"]] == ["hi", "ab"]
+    assert {s["n_ctx"] for s in client.get("/slots").json()} == {FAKE_CTX_PER_SEQ}

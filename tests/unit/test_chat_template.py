@@ -7,7 +7,12 @@ import struct
 
 import pytest
 
-from pycacheflow.chat_template import ChatFormatter, ChatTemplate, TemplateRenderError
+from pycacheflow.chat_template import (
+    CHATML_SOURCE,
+    ChatFormatter,
+    ChatTemplate,
+    TemplateRenderError,
+)
 from pycacheflow.errors import InvalidArgumentError
 from pycacheflow.gguf_metadata import chat_template_of, read_string_metadata
 
@@ -123,3 +128,76 @@ def test_formatter_without_readable_metadata_uses_llama_cpp(tmp_path):
     path.write_bytes(b"GGUF")  # llama.cpp loaded it somehow; we cannot read its template
     formatter = ChatFormatter(str(path), lambda r, c, a, t: "native", "", "")
     assert formatter.model_template is None and formatter.apply(USER) == "native"
+
+
+def test_a_model_without_a_template_gets_chatml_as_in_llama_server(tmp_path):
+    path = tmp_path / "m.gguf"
+    write_gguf(path, [("general.architecture", 8, _gguf_string("llama"))])
+    calls = []
+    formatter = ChatFormatter(str(path), lambda r, c, a, t: calls.append(t) or "native", "", "")
+    assert formatter.apply(USER) == "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    assert formatter.apply(USER, jinja=False) == "native" and calls == ["chatml"]
+    assert formatter.reported_source(None) == CHATML_SOURCE
+
+
+def test_a_tool_use_variant_renders_requests_with_tools(tmp_path):
+    path = tmp_path / "m.gguf"
+    tool_use = _gguf_string("{{ 'tools' }}")
+    write_gguf(path, [("tokenizer.chat_template", 8, _gguf_string("plain")),
+                      ("tokenizer.chat_template.tool_use", 8, tool_use)])  # fmt: skip
+    formatter = ChatFormatter(str(path), lambda r, c, a, t: "native", "", "")
+    assert formatter.apply(USER, template="{{ 'x' }}") == "x"
+    assert formatter.apply(USER, tools=[{"type": "function"}]) == "tools"
+    assert formatter.reported_source(None) == "plain"
+    assert formatter.tool_use_source() == "{{ 'tools' }}"
+
+
+def test_reported_source_follows_llama_servers_props(tmp_path):
+    path = tmp_path / "m.gguf"
+    write_gguf(path, [("tokenizer.chat_template", 8, _gguf_string(SMOL))])
+    formatter = ChatFormatter(str(path), lambda r, c, a, t: "native", "", "")
+    assert formatter.reported_source(None) == SMOL
+    assert formatter.reported_source("llama3") == "llama3"  # a built-in name stays a name
+    assert formatter.reported_source("chatml") == CHATML_SOURCE
+    unreadable = tmp_path / "fake.gguf"
+    unreadable.write_bytes(b"GGUF")
+    assert ChatFormatter(str(unreadable), lambda r, c, a, t: "", "", "").reported_source(None) == ""
+
+
+NO_CAPS = dict.fromkeys(
+    ("supports_typed_content", "supports_tools", "supports_tool_calls",
+     "supports_parallel_tool_calls", "supports_preserve_reasoning", "supports_reasoning_effort",
+     "supports_object_arguments"), False)  # fmt: skip
+# A template that renders every probe: typed parts, tools, object arguments, several calls,
+# reasoning kept in the history, and a reasoning_effort variable.
+CAPABLE = (
+    "{% for t in tools or [] %}{{ t.function.name }}{% endfor %}"
+    "{% for m in messages %}{{ m.role }}:"
+    "{% if m.content is string %}{{ m.content }}{% else %}"
+    "{% for p in m.content %}{{ p.text }}{% endfor %}{% endif %}"
+    "{% for c in m.tool_calls or [] %}{{ c.function.name }}{{ c.function.arguments.arg }}"
+    "{% endfor %}{{ m.reasoning_content or '' }}{% endfor %}"
+    "{% if reasoning_effort %}{{ reasoning_effort }}{% endif %}"
+)
+
+
+def test_caps_of_plain_and_capable_templates():
+    assert ChatTemplate(SMOL).caps == {
+        "supports_string_content": True, "supports_system_role": True, **NO_CAPS}  # fmt: skip
+    # a built-in name read as Jinja is plain text: it reads nothing (llama-server's answer too)
+    assert ChatTemplate("llama3").caps == {
+        "supports_string_content": True, "supports_system_role": False, **NO_CAPS}  # fmt: skip
+    assert all(ChatTemplate(CAPABLE).caps.values())
+    # content used only as parts: string content fails (no Python repr of a list counts)
+    parts_only = ("{% for m in messages %}{% for p in m.content %}{{ p.text }}{% endfor %}"
+                  "{% endfor %}")
+    caps = ChatTemplate(parts_only).caps
+    assert caps["supports_typed_content"] and not caps["supports_string_content"]
+
+
+def test_python_errors_of_a_template_are_render_errors():
+    template = ChatTemplate("{{ messages[0]['content'] + 1 }}")  # str + int: a TypeError
+    with pytest.raises(TemplateRenderError, match="TypeError"):
+        template.render(USER)
+    with pytest.raises(TemplateRenderError, match="chat template failed"):
+        ChatTemplate("{{ messages[5]['content'] }}").render(USER)

@@ -31,6 +31,15 @@ def test_completion_n_probs_and_its_openai_alias():
     assert completion(n_probs=2, logprobs=7).logprobs == 2  # n_probs wins
     p = completion(n_probs=4, post_sampling_probs=True)
     assert p.logprobs == 4 and p.post_sampling_probs
+    # as llama-server: <= 0 asks for none, booleans count 0 / 1, no upper limit but int32
+    assert completion(n_probs=-3).logprobs is None and completion(logprobs=False).logprobs is None
+    assert completion(logprobs=True).logprobs == 1 and completion(n_probs=True).logprobs == 1
+    assert completion(n_probs=None, logprobs=6).logprobs == 6  # null = not set
+    assert completion(n_probs=100_000).logprobs == 100_000  # the engine caps at the vocabulary
+    for bad, fragment in ((2.5, "expected an integer, got 2.5"), ("3", "expected an integer"),
+                          (2**31, "value must be between")):  # fmt: skip
+        with pytest.raises(ProtocolError, match=f"Field 'n_probs': {fragment}"):
+            completion(n_probs=bad)
 
 
 def test_chat_logprobs_and_top_logprobs():
@@ -39,14 +48,15 @@ def test_chat_logprobs_and_top_logprobs():
     assert chat(logprobs=True).logprobs == 20  # llama-server's default top_logprobs
     assert chat(logprobs=True, top_logprobs=3).logprobs == 3
     assert chat(logprobs=True, top_logprobs=0).logprobs == 0  # the sampled token's only
+    assert chat(logprobs=True, top_logprobs=50).logprobs == 50  # no 20 cap, as llama-server
 
 
 @pytest.mark.parametrize(
     "body,fragment",
     [
         ({"logprobs": 3}, "Field 'logprobs': expected a boolean, got number"),
-        ({"logprobs": True, "top_logprobs": 21},
-         "Field 'top_logprobs': value must be between 0 and 20"),
+        ({"logprobs": True, "top_logprobs": 2**31},
+         "Field 'top_logprobs': value must be between 0 and 2147483647"),
         ({"logprobs": True, "top_logprobs": -1}, "Field 'top_logprobs'"),
         ({"logprobs": True, "top_logprobs": "5"}, "Field 'top_logprobs': expected an integer"),
         ({"top_logprobs": 5}, "top_logprobs requires logprobs to be set to true"),

@@ -49,9 +49,7 @@ def test_n_predict_aliases_and_server_default():
         ({"seed": -7}, "Field 'seed'"),
         ({"stop": [1]}, "Field 'stop'"),
         ({"n": 129}, "Field 'n': value must be between 1 and 128"),
-        ({"n_probs": -1}, "Field 'n_probs': value must be between 0 and"),
         ({"n_probs": "5"}, "Field 'n_probs': expected an integer, got string"),
-        ({"logprobs": True}, "Field 'logprobs': expected an integer, got boolean"),
         ({"post_sampling_probs": 1}, "Field 'post_sampling_probs': expected a boolean"),
         ({"json_schema": {"type": "hiccup"}}, "(?s)json_schema: .*unrecognized type hiccup"),
         ({"json_schema": 123}, "(?s)json_schema: .*schema must be an object"),
@@ -172,6 +170,22 @@ def test_logit_bias_shapes():
     assert read({"12": 2, "hi": False}) == ((12, 2.0), ("hi", float("-inf")))
     with pytest.raises(ProtocolError, match="logit_bias"):
         read("nope")
+
+
+def test_logit_bias_keys_and_biases_as_llama_server_reads_them():
+    def read(value: object) -> tuple:
+        return parse_completion({"prompt": "x", "logit_bias": value}).logit_bias
+
+    # object keys: an id when strtol reads all of the key, else a text to tokenize
+    keys = {" 7": 1, "+8": 1, "-1": 1, "9 ": 1, "1_0": 1, "\u0663": 1, "": 1, "0x5": 1}
+    assert [k for k, _ in read(keys)] == [7, 8, -1, "9 ", "1_0", "\u0663", "", "0x5"]
+    # array keys: integers are ids, strings always texts; floats, bools, others skipped
+    assert read([[5.0, 1], [True, 1], [" 7", 1], [None, 1]]) == ((" 7", 1.0),)
+    # biases: numbers, false = ban; true, strings, null skipped; -inf (-1e400) also bans
+    assert read([[1, True], [2, "1"], [3, None], [4, -1e400]]) == ((4, float("-inf")),)
+    for bad in (float("inf"), float("nan")):  # JSON 1e400 overflows to inf
+        with pytest.raises(ProtocolError, match="Field 'logit_bias': a bias must be a finite"):
+            read({"5": bad})
 
 
 def test_chat_options():
