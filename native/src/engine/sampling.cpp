@@ -3,6 +3,7 @@
 
 #include "core/error.h"
 
+
 namespace cf {
 
 namespace {
@@ -14,6 +15,23 @@ void free_sampler(void * ptr) {
 uint32_t seed_of(int64_t seed) {
     // CF_SEED_RANDOM maps to llama.cpp's "random seed"; other seeds are taken modulo 2^32.
     return seed == CF_SEED_RANDOM ? LLAMA_DEFAULT_SEED : (uint32_t) (uint64_t) seed;
+}
+
+// cur->selected of a chain that has been applied: the token, accepted by the chain.
+int32_t accept_selected(Sequence & seq, llama_sampler * chain, const llama_token_data_array & cur) {
+    if (cur.selected < 0 || (size_t) cur.selected >= cur.size) {
+        throw Error(CF_STATUS_INTERNAL, "sampler chain selected no token for request " + std::to_string(seq.request_id));
+    }
+    const int32_t token = cur.data[cur.selected].id;
+    llama_sampler_accept(chain, token);
+    return token;
+}
+
+// seq's chain over cur: the chosen token, accepted by the chain (cur keeps the chain's candidates).
+int32_t apply_chain(Sequence & seq, llama_token_data_array * cur) {
+    auto * chain = static_cast<llama_sampler *>(seq.sampler.get());
+    llama_sampler_apply(chain, cur);
+    return accept_selected(seq, chain, *cur);
 }
 
 }  // namespace
@@ -101,33 +119,27 @@ int32_t TokenSampler::sample(Sequence & seq, const float * logits) {
     for (int32_t i = 0; i < n_vocab_; ++i) {
         candidates_[(size_t) i] = llama_token_data{i, logits[i], 0.0f};
     }
-    return apply_chain(seq, candidates_.size());
-}
-
-int32_t TokenSampler::sample_candidates(Sequence & seq, const int32_t * ids, const float * logits, int32_t n) {
-    last_drawn_ = false;
-    if (seq.sampler == nullptr || n <= 0 || n > n_vocab_) {
-        throw Error(CF_STATUS_INTERNAL, "request " + std::to_string(seq.request_id) +
-                                            " was given top-k candidates without a sampler chain");
-    }
-    for (int32_t i = 0; i < n; ++i) {
-        candidates_[(size_t) i] = llama_token_data{ids[i], logits[i], 0.0f};
-    }
-    return apply_chain(seq, (size_t) n);
-}
-
-int32_t TokenSampler::apply_chain(Sequence & seq, size_t n) {
-    llama_token_data_array cur = {candidates_.data(), n, -1, false};
-    auto * chain = static_cast<llama_sampler *>(seq.sampler.get());
-    llama_sampler_apply(chain, &cur);
-    if (cur.selected < 0 || (size_t) cur.selected >= cur.size) {
-        throw Error(CF_STATUS_INTERNAL, "sampler chain selected no token for request " + std::to_string(seq.request_id));
-    }
-    const int32_t token = cur.data[cur.selected].id;
-    llama_sampler_accept(chain, token);
-    last_ = cur;
+    last_ = {candidates_.data(), candidates_.size(), -1, false};
+    const int32_t token = apply_chain(seq, &last_);
     last_drawn_ = !seq.params.is_greedy();
     return token;
+}
+
+CandidateScratch::CandidateScratch(int32_t max_candidates) : data((size_t) max_candidates) {}
+
+int32_t sample_candidates(Sequence & seq, const int32_t * ids, const float * logits, int32_t n,
+                          CandidateScratch & scratch) {
+    if (seq.sampler == nullptr || n <= 0 || (size_t) n > scratch.data.size()) {
+        throw Error(CF_STATUS_INTERNAL, "request " + std::to_string(seq.request_id) + " was given " +
+                                            std::to_string(n) + " top-k candidates without a sampler chain or "
+                                            "more than its scratch holds");
+    }
+    llama_token_data * data = scratch.data.data();
+    for (int32_t i = 0; i < n; ++i) {
+        data[i] = llama_token_data{ids[i], logits[i], 0.0f};
+    }
+    llama_token_data_array cur = {data, (size_t) n, -1, false};
+    return apply_chain(seq, &cur);
 }
 
 }  // namespace cf
