@@ -1,5 +1,7 @@
-// test_sampling_pool.cpp - SamplingPool (engine/sampling_pool.h): the same tokens on 1, 2 and 4
-// threads, a failing row reported once every thread let go.
+// test_sampling_pool.cpp - sample_candidates (engine/sampling.h) against the sequence's llama.cpp
+// chain applied to the same unsorted candidates (llama.cpp's own top_k sort), with and without a
+// logit bias; equal logits whatever the candidates' order; and SamplingPool (engine/sampling_pool.h):
+// the same tokens on 1 and on 4 threads, a failing row reported once every thread let go.
 #undef NDEBUG  // the checks must run in Release builds too
 #include "core/error.h"
 #include "engine/config.h"
@@ -62,11 +64,122 @@ SamplingParams llama_server_defaults(int64_t seed) {
     return SamplingParams::from_c(p, 0);
 }
 
+// The chain make_sampler_chain builds, which needs a vocab only for the logit bias's n_vocab.
+llama_sampler * chain_for(const SamplingParams & p) {
+    if (p.logit_bias.empty()) {
+        return make_sampler_chain(p);
+    }
+    llama_sampler_chain_params cp = llama_sampler_chain_default_params();
+    cp.no_perf = true;
+    llama_sampler * chain = llama_sampler_chain_init(cp);
+    std::vector<llama_logit_bias> biases;
+    for (const auto & [token, bias] : p.logit_bias) {
+        biases.push_back(llama_logit_bias{token, bias});
+    }
+    llama_sampler_chain_add(chain, llama_sampler_init_logit_bias(kVocab, (int32_t) biases.size(), biases.data()));
+    if (p.is_greedy()) {
+        llama_sampler_chain_add(chain, llama_sampler_init_greedy());
+        return chain;
+    }
+    llama_sampler_chain_add(chain, llama_sampler_init_top_k(p.top_k));
+    llama_sampler_chain_add(chain, llama_sampler_init_top_p(p.top_p, 1));
+    llama_sampler_chain_add(chain, llama_sampler_init_min_p(p.min_p, 1));
+    llama_sampler_chain_add(chain, llama_sampler_init_temp(p.temperature));
+    llama_sampler_chain_add(chain, llama_sampler_init_dist((uint32_t) p.seed));
+    return chain;
+}
+
+void free_chain(void * ptr) {
+    llama_sampler_free(static_cast<llama_sampler *>(ptr));
+}
+
 std::unique_ptr<Sequence> make_seq(const SamplingParams & p, int64_t request_id = 1) {
     const int32_t prompt[1] = {1};
     auto seq = std::make_unique<Sequence>(request_id, prompt, 1, p, 0, 0, 16);
-    seq->sampler = make_sampler(p, nullptr);
+    seq->sampler = OpaqueHandle(chain_for(p), free_chain);
     return seq;
+}
+
+// The reference: seq's whole chain over the unsorted candidates, as before sample_candidates sorted.
+int32_t llama_chain_token(Sequence & seq, const Row & r) {
+    std::vector<llama_token_data> data;
+    for (int32_t i = 0; i < kN; ++i) {
+        data.push_back(llama_token_data{r.ids[(size_t) i], r.logits[(size_t) i], 0.0f});
+    }
+    llama_token_data_array cur = {data.data(), data.size(), -1, false};
+    auto * chain = static_cast<llama_sampler *>(seq.sampler.get());
+    llama_sampler_apply(chain, &cur);
+    const int32_t token = cur.data[cur.selected].id;
+    llama_sampler_accept(chain, token);
+    return token;
+}
+
+// Both routes, one sequence each with the same parameters, over the same rows, step after step.
+void check_same_tokens_as_the_llama_chain(const SamplingParams & p, uint32_t data_seed) {
+    std::mt19937 rng(data_seed);
+    auto ours = make_seq(p);
+    auto theirs = make_seq(p);
+    CandidateScratch scratch(kN);
+    for (int32_t step = 0; step < 200; ++step) {
+        Row r = make_row(rng);
+        for (const auto & [token, bias] : p.logit_bias) {  // the biased tokens among the candidates
+            r.ids[(size_t) (token % kN)] = token;
+        }
+        const int32_t expected = llama_chain_token(*theirs, r);
+        assert(sample_candidates(*ours, r.ids.data(), r.logits.data(), kN, scratch) == expected);
+    }
+}
+
+void test_candidates_sample_what_the_llama_chain_samples() {
+    for (int64_t seed : {1, 42, 1234567}) {
+        check_same_tokens_as_the_llama_chain(llama_server_defaults(seed), (uint32_t) seed);
+    }
+}
+
+void test_a_lowering_logit_bias_is_applied_before_the_sort() {
+    SamplingParams p = llama_server_defaults(7);
+    p.logit_bias = {{5, -INFINITY}, {70001 % kVocab, -INFINITY}, {130, -3.0f}, {131, -0.5f}};
+    check_same_tokens_as_the_llama_chain(p, 7);
+    SamplingParams greedy = p;  // greedy with a bias: [logit_bias ->] greedy, no top_k
+    greedy.temperature = 0.0f;
+    check_same_tokens_as_the_llama_chain(greedy, 8);
+}
+
+// Equal logits are ranked by token id, so the candidates' order does not change the token.
+void test_equal_logits_do_not_depend_on_the_candidates_order() {
+    std::mt19937 rng(3);
+    Row r = make_row(rng);
+    for (size_t i = 0; i < r.logits.size(); i += 2) {
+        r.logits[i + 1] = r.logits[i];  // pairs of equal logits
+    }
+    CandidateScratch scratch(kN);
+    for (int32_t round = 0; round < 20; ++round) {
+        const SamplingParams p = llama_server_defaults(100 + round);
+        auto a = make_seq(p);
+        auto b = make_seq(p);
+        Row shuffled = r;
+        std::vector<size_t> order((size_t) kN);
+        for (size_t i = 0; i < order.size(); ++i) {
+            order[i] = i;
+        }
+        std::shuffle(order.begin(), order.end(), rng);
+        for (size_t i = 0; i < order.size(); ++i) {
+            shuffled.ids[i] = r.ids[order[i]];
+            shuffled.logits[i] = r.logits[order[i]];
+        }
+        assert(sample_candidates(*a, r.ids.data(), r.logits.data(), kN, scratch) ==
+               sample_candidates(*b, shuffled.ids.data(), shuffled.logits.data(), kN, scratch));
+    }
+}
+
+void test_nan_logits_leave_the_row_to_llama_cpp() {
+    std::mt19937 rng(5);
+    Row r = make_row(rng);
+    r.logits[10] = NAN;
+    auto ours = make_seq(llama_server_defaults(9));
+    auto theirs = make_seq(llama_server_defaults(9));
+    CandidateScratch scratch(kN);
+    assert(sample_candidates(*ours, r.ids.data(), r.logits.data(), kN, scratch) == llama_chain_token(*theirs, r));
 }
 
 // Rows of a fixed set of sequences over several steps: every token, in row order.
@@ -145,6 +258,10 @@ void test_a_failing_row_is_reported_and_the_pool_goes_on() {
 }  // namespace
 
 int main() {
+    test_candidates_sample_what_the_llama_chain_samples();
+    test_a_lowering_logit_bias_is_applied_before_the_sort();
+    test_equal_logits_do_not_depend_on_the_candidates_order();
+    test_nan_logits_leave_the_row_to_llama_cpp();
     test_threads_give_the_serial_tokens();
     test_a_failing_row_is_reported_and_the_pool_goes_on();
     std::printf("test_sampling_pool: ok\n");

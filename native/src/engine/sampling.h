@@ -42,14 +42,19 @@ llama_sampler * make_sampler_chain(const SamplingParams & params, const llama_vo
 struct CandidateScratch {
     explicit CandidateScratch(int32_t max_candidates);
     std::vector<llama_token_data> data;  // [max_candidates] the chain's candidates
+    std::vector<int32_t> ids;            // [max_candidates] a biased row's candidates, to sort them
+    std::vector<float> logits;           // [max_candidates]
 };
 
 // seq's chain over n candidates (ids [n], logits [n], any order: LlamaSession::top_k_candidates):
 // the chosen token, accepted by the chain. The same token as TokenSampler::sample() over the whole
 // row when the chain starts with top_k(k), k <= n, and the candidates are the row's n largest
-// logits (top_k keeps the same k tokens from either; ties at the k-th logit aside). seq must have
-// a chain (a stochastic sequence, or a greedy one with a logit bias) and n <= scratch's size;
-// throws Error(INTERNAL) otherwise. Touches only seq (its chain and generator) and scratch: rows of distinct sequences
+// logits (top_k keeps the same k tokens from either; ties at the k-th logit aside). The candidates
+// reach top_k sorted (descending logits, equal logits by ascending token id), which spares it its
+// partial sort: the same k tokens in the same order for distinct logits, and an order of equal
+// logits that does not depend on the candidates' order. seq must have a chain (a stochastic
+// sequence, or a greedy one with a logit bias) and n <= scratch's size; throws Error(INTERNAL)
+// otherwise. Touches only seq (its chain and generator) and scratch: rows of distinct sequences
 // may be sampled on distinct threads at once (SamplingPool), each sequence's tokens the same as
 // sampled one row after the other.
 int32_t sample_candidates(Sequence & seq, const int32_t * ids, const float * logits, int32_t n,

@@ -1,9 +1,10 @@
 // sampling_pool.h - samples a step's top-k candidate rows on a small persistent thread pool.
 //
 // A stochastic row reduced in-graph to its top-k candidates (LlamaSession::top_k_candidates) is
-// sampled on the CPU by its sequence's own llama.cpp chain (sample_candidates, sampling.h): about a
-// microsecond or more per row, which one thread spent row after row adds up to a large part of a
-// step at a few hundred sequences (0.4 ms of a 3.3 ms step at 64 on an H200 host). The rows are independent (each sequence has its own chain and
+// sampled on the CPU by its sequence's own llama.cpp chain (sample_candidates, sampling.h): 0.5 to
+// 2 us per row (bench_sampling), which one thread spent row after row adds up to a large part of a
+// step at a few hundred sequences (0.4 ms of a 3.3 ms step at 64 on an H200 host, before the
+// candidates were sorted for top_k). The rows are independent (each sequence has its own chain and
 // generator, and no chain element the candidate rows use shares state across sequences: top_k,
 // top_p, min_p, temp, dist, logit_bias, greedy; penalties and grammars keep a row off this path),
 // so they are split over threads:
