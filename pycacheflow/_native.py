@@ -172,6 +172,7 @@ def _engine_config(config: EngineConfig, keep: list) -> object:
     c.preemption_mode = _PREEMPTION_MODE_VALUES[config.preemption_mode]
     c.swap_space_bytes = config.swap_space_bytes
     c.priority_aging_ms = config.priority_aging_ms
+    c.sampling_threads = config.sampling_threads
     return c
 
 

@@ -80,6 +80,11 @@ class EngineConfig:
         priority_aging_ms: "priority" policy: a queued request's effective priority drops by 1
             (more urgent) per this many ms it has waited (time running does not count), so a
             low-priority request cannot wait forever; >= 0, default 1000; 0 = no aging.
+        sampling_threads: threads that sample a step's top-k candidate rows on the CPU (the
+            stochastic rows reduced in-graph to their 64 largest logits, e.g. llama-server's
+            default sampling), the stepping thread included; in [0, 64]; 0 (the default) =
+            min(8, hardware threads / 2), at least 1; 1 = all on the stepping thread. Steps with
+            fewer than 8 such rows use the stepping thread alone. Outputs do not depend on it.
 
     Raises:
         ValueError: on construction, for a value that cannot cross the C ABI (an int of 2**31 or
@@ -105,13 +110,14 @@ class EngineConfig:
     preemption_mode: str = "auto"
     swap_space_bytes: int = DEFAULT_SWAP_SPACE_BYTES
     priority_aging_ms: int = 1000
+    sampling_threads: int = 0
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, (str, os.PathLike)) or not os.fspath(self.model):
             raise ValueError(f"model must be a non-empty path, got {self.model!r}")
         for name in ("n_ctx", "max_num_seqs", "max_num_batched_tokens", "n_threads",
                      "n_gpu_layers", "block_size", "profile_capacity",
-                     "priority_aging_ms"):
+                     "priority_aging_ms", "sampling_threads"):
             _check_int(name, getattr(self, name))  # int32_t in cf_engine_config
         _check_int("kv_cache_bytes", self.kv_cache_bytes, limit_bits=62)
         _check_choice("kv_mode", self.kv_mode, KV_MODES)

@@ -29,12 +29,15 @@ def main() -> None:
     ap.add_argument("--sampling", choices=("greedy", "llama-default"), default="greedy",
                     help="llama-default: llama-server's defaults (temperature 0.8, top_k 40, top_p 0.95,"
                          " min_p 0.05, random seed)")
+    ap.add_argument("--sampling-threads", type=int, default=0,
+                    help="EngineConfig.sampling_threads (top-k candidate rows); 0 = the engine's default")
     args = ap.parse_args()
 
     # all prompts in the first step: every decode step then holds npl sequences
     llm = LLM(args.model, max_num_seqs=args.npl, max_num_batched_tokens=min(32768, max(512, args.npl * args.npp)),
               kv_mode=args.kv_mode,
-              n_gpu_layers=args.ngl, n_ctx=args.npl * (args.npp + args.ntg + 16))
+              n_gpu_layers=args.ngl, n_ctx=args.npl * (args.npp + args.ntg + 16),
+              sampling_threads=args.sampling_threads)
     rng = random.Random(0)
     n_vocab = llm.info.n_vocab
     params = SamplingParams(max_tokens=args.ntg, ignore_eos=True)

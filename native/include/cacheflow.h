@@ -154,6 +154,13 @@ typedef struct cf_engine_config {
                                         priority drops by 1 (more urgent) per priority_aging_ms
                                         it has waited (not counting time running), so none
                                         waits forever; >= 0, default 1000; 0 = no aging.       */
+    int32_t sampling_threads;        /* threads that sample a step's top-k candidate rows on the
+                                        CPU (stochastic rows reduced in-graph to their 64
+                                        largest logits), the stepping thread included; in
+                                        [0, 64], default 0 = min(8, hardware threads / 2), at
+                                        least 1; 1 = all on the stepping thread. Steps with
+                                        fewer than 8 such rows sample them on the stepping
+                                        thread alone. Tokens do not depend on it.              */
 } cf_engine_config;
 
 typedef struct cf_engine * cf_engine_t;

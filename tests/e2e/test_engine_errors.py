@@ -98,6 +98,8 @@ def test_bad_engine_config_names_the_field(tiny_model_path, make_llm):
         ({"n_gpu_layers": -2}, "n_gpu_layers must be >= -1, got -2"),
         ({"block_size": 0}, "block_size must be >= 1, got 0"),
         ({"profile_capacity": -1}, "profile_capacity must be >= 0, got -1"),
+        ({"sampling_threads": -1}, "sampling_threads must be in [0, 64], got -1"),
+        ({"sampling_threads": 65}, "sampling_threads must be in [0, 64], got 65"),
         ({"kv_cache_bytes": -1}, "kv_cache_bytes must be >= 0, got -1"),
         ({"max_num_batched_tokens": 4}, "max_num_batched_tokens (4) must be at least max_num_seqs (16)"),
         ({"n_ctx": 512, "kv_cache_bytes": 2**20}, "set n_ctx or kv_cache_bytes, not both"),

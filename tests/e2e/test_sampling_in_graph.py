@@ -71,6 +71,31 @@ def test_top_k_candidates_sample_what_the_whole_row_samples(real_model_path, mak
     assert candidates[12:] == [o.token_ids for o in llm.generate(PROMPTS, greedy)]
 
 
+def test_sampling_threads_do_not_change_the_tokens(real_model_path, make_llm, monkeypatch):
+    """The top-k candidate rows of a step are sampled on the engine's sampling pool, each by its own
+    chain on one thread (sampling_pool.h): 20 seeded requests with llama-server's defaults and 4
+    more with its ignore_eos bias (more than the pool's 16-row threshold each step), beside greedy
+    rows and a penalties row (both off the pool), get the same tokens on 1 and on 4 threads, and
+    the seeded plain ones the same as from their whole logits row on the CPU."""
+    prompts = [f"{PROMPTS[i % 4]} {'and ' * (i // 4)}" for i in range(29)]
+    base = {"max_tokens": 16, "ignore_eos": True}
+    seeded = [SamplingParams(seed=300 + i, **base, **LLAMA_SERVER_DEFAULTS) for i in range(20)]
+    llm = make_llm(real_model_path, max_num_seqs=32, sampling_threads=1)
+    eog = {t: float("-inf") for t in llm.eog_token_ids()}
+    biased = [SamplingParams(seed=400 + i, logit_bias=eog, **base, **LLAMA_SERVER_DEFAULTS)
+              for i in range(4)]  # fmt: skip
+    penalized = SamplingParams(seed=9, repeat_penalty=1.3, **base, **LLAMA_SERVER_DEFAULTS)
+    params = seeded + biased + [SamplingParams(**base)] * 4 + [penalized]
+    serial = [o.token_ids for o in llm.generate(prompts, params)]
+    assert llm.stats().num_rows_sampled_top_k == 24 * 16  # every token of the 24, the first included
+    pooled = make_llm(real_model_path, max_num_seqs=32, sampling_threads=4)
+    assert [o.token_ids for o in pooled.generate(prompts, params)] == serial
+    assert len({tuple(t) for t in serial[:24]}) > 12  # the seeds drew different continuations
+    monkeypatch.setenv("CACHEFLOW_HOST_SAMPLING", "1")
+    host = make_llm(real_model_path, max_num_seqs=32, sampling_threads=4)
+    assert [o.token_ids for o in host.generate(prompts[:20], seeded)] == serial[:20]
+
+
 def test_top_k_candidates_for_a_seed_do_not_depend_on_the_batch(real_llm):
     """The candidates of a row, and so a seeded row's tokens, are the same alone and among 8."""
     params = [SamplingParams(max_tokens=16, ignore_eos=True, seed=7 + i, **LLAMA_SERVER_DEFAULTS)

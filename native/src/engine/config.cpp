@@ -24,6 +24,14 @@ void check_at_least(const char * name, int32_t value, int32_t lo) {
     }
 }
 
+int32_t resolve_sampling_threads(int32_t sampling_threads) {
+    if (sampling_threads > 0) {
+        return sampling_threads;
+    }
+    const int32_t half = (int32_t) std::thread::hardware_concurrency() / 2;
+    return std::max(1, std::min(kAutoSamplingThreads, half));
+}
+
 cf_kv_mode resolve_kv_mode(int32_t kv_mode) {
     check_range("kv_mode", kv_mode, CF_KV_MODE_AUTO, CF_KV_MODE_PAGED);
     return (cf_kv_mode) kv_mode;  // AUTO: LlamaSession picks PAGED or STOCK once the model is loaded
@@ -57,6 +65,7 @@ EngineConfig EngineConfig::from_c(const cf_engine_config & c) {
     if (c.priority_aging_ms < 0) {
         fail_invalid("priority_aging_ms must be >= 0, got " + std::to_string(c.priority_aging_ms));
     }
+    check_range("sampling_threads", c.sampling_threads, 0, kMaxSamplingThreads);
     if (c.swap_space_bytes < 0) {
         fail_invalid("swap_space_bytes must be >= 0, got " + std::to_string(c.swap_space_bytes));
     }
@@ -99,6 +108,7 @@ EngineConfig EngineConfig::from_c(const cf_engine_config & c) {
     out.preemption_mode = (cf_preemption_mode) c.preemption_mode;
     out.swap_space_bytes = c.swap_space_bytes;
     out.priority_aging_ms = c.priority_aging_ms;
+    out.sampling_threads = resolve_sampling_threads(c.sampling_threads);
     return out;
 }
 
@@ -122,6 +132,7 @@ cf_engine_config default_engine_config() {
     c.preemption_mode = CF_PREEMPTION_MODE_AUTO;
     c.swap_space_bytes = (int64_t) 4 << 30;  // vLLM's default swap space
     c.priority_aging_ms = 1000;
+    c.sampling_threads = 0;
     return c;
 }
 

@@ -11,6 +11,10 @@ namespace cf {
 // llama.cpp's LLAMA_MAX_SEQ: its sequence ids (slots) are below this. The stock KV modes run at
 // most this many sequences; paged mode has no such cap (batch_builder.h).
 constexpr int32_t kLlamaMaxSeq = 256;
+// cf_engine_config.sampling_threads: at most this many; 0 resolves to min(kAutoSamplingThreads,
+// hardware threads / 2), at least 1.
+constexpr int32_t kMaxSamplingThreads = 64;
+constexpr int32_t kAutoSamplingThreads = 8;
 
 struct EngineConfig {
     std::string model_path;
@@ -31,6 +35,7 @@ struct EngineConfig {
     cf_preemption_mode preemption_mode = CF_PREEMPTION_MODE_AUTO;  // paged mode (stock never preempts)
     int64_t swap_space_bytes = (int64_t) 4 << 30;  // paged mode: host memory for swapped-out blocks
     int32_t priority_aging_ms = 1000;              // PRIORITY policy aging, ms per level; 0 = off
+    int32_t sampling_threads = 1;  // threads sampling top-k candidate rows (SamplingPool), resolved: >= 1
 
     bool kv_unified() const { return kv_mode == CF_KV_MODE_STOCK_UNIFIED; }
     bool paged() const { return kv_mode == CF_KV_MODE_PAGED; }

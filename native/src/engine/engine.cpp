@@ -65,11 +65,13 @@ Engine::Engine(const EngineConfig & config)
       batch_(session_->n_batch(), session_->config().paged() ? SlotMode::PER_DECODE : SlotMode::STABLE,
              session_->n_seq_max()),
       sampler_(session_->n_vocab()),
+      sampling_pool_(config.sampling_threads, LlamaSession::kTopKCandidates),
       stop_checker_(session_->vocab(), session_->n_ctx_per_seq()),
       profiler_(config.profile_capacity) {
     const size_t max_seqs = (size_t) config.max_num_seqs;
     step_events_.reserve(2 * max_seqs + 64);
     sampled_.reserve(max_seqs);
+    candidate_rows_.reserve(max_seqs);
     finished_ids_.reserve(2 * max_seqs + 64);
     for (int32_t slot_id = (int32_t) max_seqs - 1; slot_id >= 0; --slot_id) {
         free_slot_ids_.push_back(slot_id);

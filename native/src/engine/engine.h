@@ -23,6 +23,7 @@
 #include "engine/llama_session.h"
 #include "engine/logprobs.h"
 #include "engine/sampling.h"
+#include "engine/sampling_pool.h"
 #include "engine/swapper.h"
 #include "engine/stop_checker.h"
 
@@ -92,7 +93,8 @@ class Engine {
     void link_choices(const cf_request * requests, std::vector<std::unique_ptr<Sequence>> & seqs);
     void enqueue(std::vector<std::unique_ptr<Sequence>> & seqs, int64_t * out_ids);
     void run_decoded_step(const StepPlan & out);
-    int32_t sample(Sequence & seq, int32_t batch_index, int32_t slot);
+    void sample_group(const StepPlan & plan, size_t begin, size_t end);
+    int32_t sample_host(Sequence & seq, int32_t batch_index);
     void collect_logprobs(Sequence & seq, const float * logits, int32_t token_id);
     void handle_block_shortage(const StepPlan & out);
     void execute_block_ops(const StepPlan & plan);
@@ -117,6 +119,7 @@ class Engine {
     Swapper swapper_;  // host memory of the paged manager's swap slots
     BatchBuilder batch_;
     TokenSampler sampler_;
+    SamplingPool sampling_pool_;  // top-k candidate rows (sampling_threads of the config)
     StopChecker stop_checker_;
     std::vector<std::unique_ptr<Sequence>> inbox_adds_;  // swapped with pending_adds_
     std::vector<int64_t> inbox_aborts_;                   // swapped with pending_aborts_
@@ -128,6 +131,7 @@ class Engine {
     std::vector<int32_t> free_slot_ids_;  // min-heap of the slot ids no running request holds
     std::vector<int64_t> finished_ids_;
     std::vector<int32_t> sampled_;  // [plan.seqs.size()] token sampled for each scheduled sequence
+    std::vector<CandidateRow> candidate_rows_;  // a decode group's top-k candidate rows (sample_group)
     int64_t step_start_ns_ = 0;
     double recompute_ns_per_token_ = 0.0;  // measured (update_preemption_costs); 0 = none yet
     cf_engine_stats totals_{};  // cumulative counters (num_steps, num_finished, token counts)

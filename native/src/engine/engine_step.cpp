@@ -188,27 +188,54 @@ void Engine::run_decoded_step(const StepPlan & out) {
     }
 }
 
-// Rows whose slot has an in-graph chain (greedy, or stochastic with a random seed) come back
-// sampled; rows reduced to their top-k candidates in-graph (stochastic, or greedy with a lowering
-// logit bias) are sampled on the CPU from those; the others (seeded ones the candidates do not serve, or a slot whose chain could not be
-// offloaded) are sampled on the CPU from their logits row.
-int32_t Engine::sample(Sequence & seq, int32_t batch_index, int32_t slot) {
-    const int32_t token_id = session_->sampled_token(batch_index, slot);  // in-graph: batched argmax or a chain
-    if (token_id != CF_TOKEN_NONE) {
-        if (seq.params.logprobs) {  // needs_host_samplers() keeps such rows out of the graph
-            throw Error(CF_STATUS_INTERNAL, "request " + std::to_string(seq.request_id) +
-                                                " asked for token probabilities but was sampled in-graph");
+// The tokens of the group's sampled rows [begin, end) into sampled_. Rows whose slot has an
+// in-graph chain (greedy, or stochastic with a random seed) come back sampled; rows reduced to their
+// top-k candidates in-graph (stochastic, or greedy with a lowering logit bias) are gathered, then
+// sampled together on the sampling pool from those (their own chains: the same tokens as one after
+// the other); the others (seeded ones the candidates do not serve, a slot whose chain could not be
+// offloaded, rows with token probabilities) are sampled on the CPU from their logits row, one after
+// the other (sample_host).
+void Engine::sample_group(const StepPlan & plan, size_t begin, size_t end) {
+    candidate_rows_.clear();
+    for (size_t i = begin; i < end; ++i) {
+        if (!plan.seqs[i].needs_sample) {
+            continue;
         }
-        ++totals_.num_rows_sampled_in_graph;
-        return token_id;
+        Sequence & seq = *plan.seqs[i].seq;
+        const int32_t batch_index = batch_.sample_index(i);
+        const int32_t slot = batch_.slot(i);
+        const int32_t token_id = session_->sampled_token(batch_index, slot);  // in-graph: batched argmax or a chain
+        if (token_id != CF_TOKEN_NONE) {
+            if (seq.params.logprobs) {  // needs_host_samplers() keeps such rows out of the graph
+                throw Error(CF_STATUS_INTERNAL, "request " + std::to_string(seq.request_id) +
+                                                    " asked for token probabilities but was sampled in-graph");
+            }
+            ++totals_.num_rows_sampled_in_graph;
+            sampled_[i] = token_id;
+            continue;
+        }
+        CandidateRow row;
+        row.n = session_->top_k_candidates(batch_index, slot, &row.ids, &row.logits);
+        if (row.n > 0) {  // never a row with logprobs (needs_host_samplers keeps it on the host)
+            row.seq = &seq;
+            row.index = i;
+            candidate_rows_.push_back(row);  // reserved for max_num_seqs rows: no allocation
+            continue;
+        }
+        sampled_[i] = sample_host(seq, batch_index);
     }
-    const int32_t * ids = nullptr;
-    const float * candidate_logits = nullptr;
-    const int32_t n = session_->top_k_candidates(batch_index, slot, &ids, &candidate_logits);
-    if (n > 0) {  // a row reduced in-graph to its top-k candidates (never one with logprobs)
-        ++totals_.num_rows_sampled_top_k;
-        return sampler_.sample_candidates(seq, ids, candidate_logits, n);
+    if (candidate_rows_.empty()) {
+        return;
     }
+    sampling_pool_.sample(candidate_rows_.data(), candidate_rows_.size());
+    totals_.num_rows_sampled_top_k += (int64_t) candidate_rows_.size();
+    for (const CandidateRow & row : candidate_rows_) {
+        sampled_[row.index] = row.token;
+    }
+}
+
+// seq's token from its logits row [n_vocab] on the CPU, and its probabilities if it asked.
+int32_t Engine::sample_host(Sequence & seq, int32_t batch_index) {
     ++totals_.num_rows_sampled_host;
     const float * logits = session_->logits(batch_index);
     const int32_t sampled = sampler_.sample(seq, logits);
@@ -287,11 +314,7 @@ int32_t Engine::decode_groups(const StepPlan & plan) {
         session_->synchronize();  // the first read would wait here anyway; this splits the step's time
         const int64_t sample_start_ns = clock_ns();
         totals_.decode_ns += sample_start_ns - decode_start_ns;
-        for (size_t i = begin; i < end; ++i) {
-            if (plan.seqs[i].needs_sample) {
-                sampled_[i] = sample(*plan.seqs[i].seq, batch_.sample_index(i), batch_.slot(i));
-            }
-        }
+        sample_group(plan, begin, end);
         totals_.sample_ns += clock_ns() - sample_start_ns;
     }
     return 0;

@@ -18,8 +18,9 @@
 // kTopKCandidates largest logits of every output row in one top-k node (patch 0006; on CUDA one
 // launch for all rows, native/src/kernels/cuda/top_k_rows.cu) and copies their ids and logits back,
 // and the engine runs the sequence's own llama.cpp chain over those candidates on the CPU
-// (TokenSampler::sample_candidates): the same token as the chain over the full row, for any seed,
-// at [kTopKCandidates] floats per row instead of [n_vocab], and no sampler kernels per row.
+// (sample_candidates, on SamplingPool's threads): the same token as the chain over the full row,
+// for any seed, at [kTopKCandidates] floats per row instead of [n_vocab], and no sampler kernels
+// per row.
 // Other seeded sequences sample on the CPU with their own chain (the same tokens for a seed whatever
 // the slot's history), so their slot's chain is detached and llama.cpp copies the logits of the
 // ubatch as before. Attaching or detaching a chain makes llama.cpp re-reserve its graph on the

@@ -3,6 +3,10 @@
 
 #include "core/error.h"
 
+#include <algorithm>
+#include <cassert>
+#include <cstring>
+
 namespace cf {
 
 namespace {
@@ -14,6 +18,107 @@ void free_sampler(void * ptr) {
 uint32_t seed_of(int64_t seed) {
     // CF_SEED_RANDOM maps to llama.cpp's "random seed"; other seeds are taken modulo 2^32.
     return seed == CF_SEED_RANDOM ? LLAMA_DEFAULT_SEED : (uint32_t) (uint64_t) seed;
+}
+
+// Index of the top_k sampler in the chain make_sampler_chain builds for params (which it must
+// mirror: [logit_bias] [penalties] [grammar] top_k ...), or -1 when the chain has none.
+int32_t top_k_position(const SamplingParams & params) {
+    if (params.is_greedy() || params.top_k <= 0) {
+        return -1;
+    }
+    return (int32_t) !params.logit_bias.empty() + (int32_t) params.has_penalties() + (int32_t) !params.grammar.empty();
+}
+
+// Equal logits by ascending token id: a total order (for logits that are not NaN).
+struct RanksBefore {
+    bool operator()(const llama_token_data & a, const llama_token_data & b) const {
+        return a.logit > b.logit || (a.logit == b.logit && a.id < b.id);
+    }
+};
+
+// The rank sort's size: LlamaSession::kTopKCandidates (64), the n of every candidate row.
+constexpr int32_t kRankSortSize = 64;
+
+// out [N] = the candidates ids [N] / logits [N] by descending logit, equal logits by ascending id
+// (RanksBefore): each one's rank counted over all N with no branch (a vector loop, N^2 / lanes
+// comparisons) and written to its place. For N = 64 about 7x faster than llama.cpp's partial sort
+// of the same row on a Xeon with AVX-512. Compiled for AVX-512 and AVX2 too, picked at load time
+// (exact comparisons and integer counts: the same result on every ISA). Logits must not be NaN and
+// ids must be distinct (ggml_top_k's are), else two candidates could share a rank.
+template <int32_t N>
+#if defined(__GNUC__) && defined(__x86_64__) && defined(__linux__)
+__attribute__((target_clones("avx512f", "avx2", "default")))
+#endif
+void rank_sort(const int32_t * ids, const float * logits, llama_token_data * out) {
+    float l[N];
+    int32_t d[N];
+    int32_t rank[N] = {};
+    for (int32_t i = 0; i < N; ++i) {
+        l[i] = logits[i];
+        d[i] = ids[i];
+    }
+    for (int32_t j = 0; j < N; ++j) {
+        const float lj = l[j];
+        const int32_t dj = d[j];
+        for (int32_t i = 0; i < N; ++i) {
+            rank[i] += (int32_t) ((lj > l[i]) | ((lj == l[i]) & (dj < d[i])));
+        }
+    }
+    for (int32_t i = 0; i < N; ++i) {
+        out[rank[i]] = llama_token_data{d[i], l[i], 0.0f};
+    }
+}
+
+// out [n] = the n candidates sorted as rank_sort sorts them, for llama.cpp's top_k to find sorted:
+// then it keeps the first k, the same k tokens in the same order as its own partial sort whenever
+// the logits are distinct (that heap was most of a candidate row's sampling time), and the order
+// of equal logits no longer depends on the order the candidates came in. Returns false (out
+// untouched) when a logit is NaN: no order, the caller leaves the row to llama.cpp's top_k.
+bool sort_candidates(const int32_t * ids, const float * logits, int32_t n, llama_token_data * out) {
+    bool has_nan = false;
+    for (int32_t i = 0; i < n; ++i) {
+        has_nan |= logits[i] != logits[i];
+    }
+    if (has_nan) {
+        return false;
+    }
+    if (n == kRankSortSize) {
+        rank_sort<kRankSortSize>(ids, logits, out);
+        return true;
+    }
+    for (int32_t i = 0; i < n; ++i) {
+        out[i] = llama_token_data{ids[i], logits[i], 0.0f};
+    }
+    std::sort(out, out + n, RanksBefore());
+    return true;
+}
+
+// sort_candidates over cur (unsorted, after the samplers before top_k, e.g. a logit bias), in
+// place by way of scratch's ids and logits.
+void sort_in_place(llama_token_data_array * cur, CandidateScratch & scratch) {
+    const int32_t n = (int32_t) cur->size;
+    for (int32_t i = 0; i < n; ++i) {
+        scratch.ids[(size_t) i] = cur->data[i].id;
+        scratch.logits[(size_t) i] = cur->data[i].logit;
+    }
+    cur->sorted = sort_candidates(scratch.ids.data(), scratch.logits.data(), n, cur->data);
+}
+
+// cur->selected of a chain that has been applied: the token, accepted by the chain.
+int32_t accept_selected(Sequence & seq, llama_sampler * chain, const llama_token_data_array & cur) {
+    if (cur.selected < 0 || (size_t) cur.selected >= cur.size) {
+        throw Error(CF_STATUS_INTERNAL, "sampler chain selected no token for request " + std::to_string(seq.request_id));
+    }
+    const int32_t token = cur.data[cur.selected].id;
+    llama_sampler_accept(chain, token);
+    return token;
+}
+
+// seq's chain over cur: the chosen token, accepted by the chain (cur keeps the chain's candidates).
+int32_t apply_chain(Sequence & seq, llama_token_data_array * cur) {
+    auto * chain = static_cast<llama_sampler *>(seq.sampler.get());
+    llama_sampler_apply(chain, cur);
+    return accept_selected(seq, chain, *cur);
 }
 
 }  // namespace
@@ -101,33 +206,48 @@ int32_t TokenSampler::sample(Sequence & seq, const float * logits) {
     for (int32_t i = 0; i < n_vocab_; ++i) {
         candidates_[(size_t) i] = llama_token_data{i, logits[i], 0.0f};
     }
-    return apply_chain(seq, candidates_.size());
-}
-
-int32_t TokenSampler::sample_candidates(Sequence & seq, const int32_t * ids, const float * logits, int32_t n) {
-    last_drawn_ = false;
-    if (seq.sampler == nullptr || n <= 0 || n > n_vocab_) {
-        throw Error(CF_STATUS_INTERNAL, "request " + std::to_string(seq.request_id) +
-                                            " was given top-k candidates without a sampler chain");
-    }
-    for (int32_t i = 0; i < n; ++i) {
-        candidates_[(size_t) i] = llama_token_data{ids[i], logits[i], 0.0f};
-    }
-    return apply_chain(seq, (size_t) n);
-}
-
-int32_t TokenSampler::apply_chain(Sequence & seq, size_t n) {
-    llama_token_data_array cur = {candidates_.data(), n, -1, false};
-    auto * chain = static_cast<llama_sampler *>(seq.sampler.get());
-    llama_sampler_apply(chain, &cur);
-    if (cur.selected < 0 || (size_t) cur.selected >= cur.size) {
-        throw Error(CF_STATUS_INTERNAL, "sampler chain selected no token for request " + std::to_string(seq.request_id));
-    }
-    const int32_t token = cur.data[cur.selected].id;
-    llama_sampler_accept(chain, token);
-    last_ = cur;
+    last_ = {candidates_.data(), candidates_.size(), -1, false};
+    const int32_t token = apply_chain(seq, &last_);
     last_drawn_ = !seq.params.is_greedy();
     return token;
+}
+
+CandidateScratch::CandidateScratch(int32_t max_candidates)
+    : data((size_t) max_candidates), ids((size_t) max_candidates), logits((size_t) max_candidates) {}
+
+int32_t sample_candidates(Sequence & seq, const int32_t * ids, const float * logits, int32_t n,
+                          CandidateScratch & scratch) {
+    if (seq.sampler == nullptr || n <= 0 || (size_t) n > scratch.data.size()) {
+        throw Error(CF_STATUS_INTERNAL, "request " + std::to_string(seq.request_id) + " was given " +
+                                            std::to_string(n) + " top-k candidates without a sampler chain or "
+                                            "more than its scratch holds");
+    }
+    llama_token_data * data = scratch.data.data();
+    auto * chain = static_cast<llama_sampler *>(seq.sampler.get());
+    const int32_t top_k_at = top_k_position(seq.params);
+    // A chain starting with top_k (no logit bias): sorted straight from the candidates.
+    llama_token_data_array cur = {data, (size_t) n, -1, top_k_at == 0 && sort_candidates(ids, logits, n, data)};
+    if (!cur.sorted) {
+        for (int32_t i = 0; i < n; ++i) {
+            data[i] = llama_token_data{ids[i], logits[i], 0.0f};
+        }
+    }
+    if (top_k_at <= 0) {
+        llama_sampler_apply(chain, &cur);  // no top_k (greedy with a bias), or sorted for it (or NaN)
+        return accept_selected(seq, chain, cur);
+    }
+    // Samplers before top_k (a logit bias): the chain's samplers one by one, as
+    // llama_sampler_chain_apply runs a CPU chain, sorted for top_k after those before it.
+    const int32_t num_samplers = llama_sampler_chain_n(chain);
+    for (int32_t i = 0; i < num_samplers; ++i) {
+        llama_sampler * sampler = llama_sampler_chain_get(chain, i);
+        if (i == top_k_at) {
+            assert(std::strcmp(llama_sampler_name(sampler), "top-k") == 0);
+            sort_in_place(&cur, scratch);
+        }
+        llama_sampler_apply(sampler, &cur);
+    }
+    return accept_selected(seq, chain, cur);
 }
 
 }  // namespace cf
