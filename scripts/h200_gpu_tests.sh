@@ -151,7 +151,7 @@ if want vs_llama_server; then  # issue 11: cacheflow serve (defaults: paged on C
     "$SERVER_BIN" -m "$MODEL" -ngl 99 -np "$np" -c $((np * 512)) -fa on --port 8081 --host 127.0.0.1 \
         > "$OUT/llama_server_np$np.log" 2>&1 &
     ls_pid=$!
-    cacheflow serve -m "$MODEL" -ngl 99 -np "$np" -c $((np * 512)) --port 8082 --host 127.0.0.1 \
+    cacheflow serve -m "$MODEL" -ngl 99 -np "$np" -c $((np * 512)) --metrics --port 8082 --host 127.0.0.1 \
         > "$OUT/cacheflow_serve_np$np.log" 2>&1 &
     cf_pid=$!
     for port in 8081 8082; do
@@ -169,7 +169,7 @@ if want vs_llama_server; then  # issue 11: cacheflow serve (defaults: paged on C
     wait $ls_pid $cf_pid 2>/dev/null || true
     if [ -n "${VS_PADDING_AB:-}" ]; then  # the same cacheflow serve without step padding and per-shape graphs
       log "serve: cacheflow serve -np $np without step padding (CACHEFLOW_STEP_PADDING=0 CACHEFLOW_CUDA_GRAPH_PER_SHAPE=0)"
-      CACHEFLOW_STEP_PADDING=0 CACHEFLOW_CUDA_GRAPH_PER_SHAPE=0 cacheflow serve -m "$MODEL" -ngl 99 -np "$np" \
+      CACHEFLOW_STEP_PADDING=0 CACHEFLOW_CUDA_GRAPH_PER_SHAPE=0 cacheflow serve -m "$MODEL" -ngl 99 -np "$np" --metrics \
           -c $((np * 512)) --port 8083 --host 127.0.0.1 > "$OUT/cacheflow_serve_nopad_np$np.log" 2>&1 &
       cf_pid=$!
       for _ in $(seq 1 120); do curl -sf "http://127.0.0.1:8083/health" > /dev/null && break; sleep 1; done
