@@ -46,7 +46,9 @@ constexpr int32_t kRankSortSize = 64;
 // (exact comparisons and integer counts: the same result on every ISA). Logits must not be NaN and
 // ids must be distinct (ggml_top_k's are), else two candidates could share a rank.
 template <int32_t N>
-#if defined(__GNUC__) && defined(__x86_64__) && defined(__linux__)
+// (Not under a sanitizer: its ifunc resolver would run instrumented before the runtime is up.)
+#if defined(__GNUC__) && defined(__x86_64__) && defined(__linux__) && !defined(__SANITIZE_THREAD__) && \
+    !defined(__SANITIZE_ADDRESS__)
 __attribute__((target_clones("avx512f", "avx2", "default")))
 #endif
 void rank_sort(const int32_t * ids, const float * logits, llama_token_data * out) {
