@@ -1,4 +1,5 @@
-"""llama-server's flags in ``cacheflow serve``: those it does not implement fail by name.
+"""llama-server's flags in ``cacheflow serve``: those it does not implement fail by name; a few
+that change nothing CacheFlow does (``IGNORED``) are accepted with a note.
 
 click reads an unknown multi-letter short flag as a cluster of one-letter flags: llama-server's
 ``-ctk q8_0`` became ``-c tk``, ``-mg 0`` became ``-m g`` and ``-hf`` printed the help. So every
@@ -39,6 +40,16 @@ _WHY: dict[str, str] = {
     "when its slot's context is full, as llama-server's default --no-context-shift",
     **dict.fromkeys(("--embedding", "--rerank", "--pooling", "--mmproj"), _TEXT_ONLY),
 }
+# llama-server flags whose meaning CacheFlow already has, or that change nothing it does: accepted
+# with a note on stderr, so that llama-server launch scripts keep working; keyed by any of their names.
+IGNORED: dict[str, str] = {
+    "--log-disable": "cacheflow serve logs only errors unless -v is given",
+    "--threads-http": "one asyncio event loop serves every connection, whatever the count",
+    "--cache-reuse": "the prefix cache already reuses every cached block of a prompt's prefix "
+    "across requests; llama-server's chunk shifting within a slot is not needed",
+    "--keep": "tokens kept when the context shifts, and CacheFlow never shifts the context "
+    "(as llama-server's default --no-context-shift)",
+}
 # Flags of earlier llama-server releases, still common in scripts (the pinned one replaced them
 # with -lm/--load-mode); they fail by name too.
 _EARLIER_FLAGS: tuple[tuple[tuple[str, ...], int], ...] = ((("--mlock",), 0), (("--no-mmap",), 0))
@@ -65,7 +76,13 @@ class ServeCommand(click.Command):
         defined = set(self._defined_flags())
         for index, (names, num_values) in enumerate(LLAMA_SERVER_FLAGS + _EARLIER_FLAGS):
             missing = [name for name in names if name not in defined]
-            if missing:
+            why_ignored = next((IGNORED[name] for name in names if name in IGNORED), None)
+            if missing and why_ignored is not None:
+                spelled = missing[0] + (f" ({', '.join(missing[1:])})" if len(missing) > 1 else "")
+                note = f"note: llama-server flag {spelled} accepted and ignored: {why_ignored}"
+                self.params.append(_ignored_option(f"llama_server_flag_{index}", missing,
+                                                   num_values, note))  # fmt: skip
+            elif missing:
                 message = unsupported_message(missing)
                 self._unsupported.update(dict.fromkeys(missing, message))
                 self.params.append(_failing_option(f"llama_server_flag_{index}", missing,
@@ -104,6 +121,19 @@ def _dashed(arg: str) -> str:
         return arg
     name, sep, value = arg.partition("=")
     return name.replace("_", "-") + sep + value
+
+
+def _ignored_option(name: str, flags: list[str], num_values: int, note: str) -> click.Option:
+    def warn(ctx: click.Context, param: click.Parameter, value: object) -> object:
+        if value is not None and value is not False:  # given
+            click.echo(note, err=True)
+        return value
+
+    if num_values == 0:
+        return click.Option([name, *flags], is_flag=True, hidden=True, expose_value=False,
+                            callback=warn)  # fmt: skip
+    return click.Option([name, *flags], nargs=num_values, hidden=True, expose_value=False,
+                        callback=warn)  # fmt: skip
 
 
 def _failing_option(name: str, flags: list[str], num_values: int, message: str) -> click.Option:

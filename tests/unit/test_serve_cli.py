@@ -14,6 +14,7 @@ from click.testing import CliRunner
 import cli.serve
 from cli.llama_server_flags import LLAMA_SERVER_FLAGS
 from cli.main import cacheflow
+from cli.serve_compat import IGNORED
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 README = REPO_ROOT / "vendor" / "llama.cpp" / "tools" / "server" / "README.md"
@@ -126,12 +127,22 @@ def test_every_llama_server_flag_is_accepted_or_named(engine_kwargs):
                for opt in (*p.opts, *p.secondary_opts)} | {"-h", "--help", "--usage"}  # fmt: skip
     for names, num_values in LLAMA_SERVER_FLAGS:
         for name in names:
-            if name in defined:
+            if name in defined or any(n in IGNORED for n in names):
                 continue
             result = invoke(name, *["1"] * num_values)
             assert result.exit_code == 2, (name, result.output)
             assert "unsupported llama-server flag " in result.output and name in result.output
     assert engine_kwargs == []
+
+
+def test_flags_that_change_nothing_are_accepted_with_a_note(engine_kwargs):
+    """llama-server launch scripts pass --log-disable, --threads-http, --cache-reuse, --keep: the
+    server starts, with one note per flag saying why it is ignored."""
+    result = invoke("--log-disable", "--threads-http", "4", "--cache-reuse", "256", "--keep", "10")
+    assert isinstance(result.exception, Loaded), result.output
+    for flag in ("--log-disable", "--threads-http", "--cache-reuse", "--keep"):
+        assert f"note: llama-server flag {flag} accepted and ignored: " in result.output, flag
+    assert len(engine_kwargs) == 1
 
 
 @pytest.mark.parametrize(
