@@ -113,29 +113,27 @@ std::string format_bytes(int64_t bytes) {
     return text;
 }
 
-// ggml-cuda's F16 GEMM options of patch 0008 (bit 1: F32 output, bit 2: one F16 copy of each src1 per
-// graph evaluation); all on unless CACHEFLOW_CUDA_GEMM (0-3) says otherwise, for A/B runs. A build
-// without the CUDA backend has no such function and nothing is set.
 using cuda_graph_counts_fn = void (*)(int64_t *);
+
+// A CacheFlow function of ggml-cuda's registry (patches 0008-0010), nullptr without the CUDA backend
+// or without that function (a build without CUDA graphs has no per-shape switch).
+void * cuda_proc_address(const char * name) {
+    ggml_backend_reg_t cuda = ggml_backend_reg_by_name("CUDA");
+    return cuda == nullptr ? nullptr : ggml_backend_reg_get_proc_address(cuda, name);
+}
 
 // patch 0009's counters, looked up once; nullptr without the CUDA backend
 cuda_graph_counts_fn cuda_graph_counts_getter() {
-    static const cuda_graph_counts_fn getter = [] {
-        ggml_backend_reg_t cuda = ggml_backend_reg_by_name("CUDA");
-        return cuda == nullptr ? nullptr
-                               : (cuda_graph_counts_fn) ggml_backend_reg_get_proc_address(
-                                     cuda, "ggml_backend_cuda_cf_graph_counts");
-    }();
+    static const cuda_graph_counts_fn getter =
+        (cuda_graph_counts_fn) cuda_proc_address("ggml_backend_cuda_cf_graph_counts");
     return getter;
 }
 
+// ggml-cuda's F16 GEMM options of patch 0008 (bit 1: F32 output, bit 2: one F16 copy of each src1 per
+// graph evaluation); all on unless CACHEFLOW_CUDA_GEMM (0-3) says otherwise, for A/B runs. A build
+// without the CUDA backend has no such function and nothing is set.
 void set_cuda_gemm_options() {
-    ggml_backend_reg_t cuda = ggml_backend_reg_by_name("CUDA");
-    if (cuda == nullptr) {
-        return;
-    }
-    using set_options_fn = void (*)(int);
-    auto set_options = (set_options_fn) ggml_backend_reg_get_proc_address(cuda, "ggml_backend_cuda_cf_set_gemm_options");
+    auto set_options = (void (*)(int)) cuda_proc_address("ggml_backend_cuda_cf_set_gemm_options");
     if (set_options == nullptr) {
         return;
     }
@@ -149,14 +147,9 @@ void set_cuda_gemm_options() {
 // ggml-cuda keeps one CUDA graph per step shape (patch 0010), the shapes step padding produces;
 // CACHEFLOW_CUDA_GRAPH_PER_SHAPE=0 keeps stock's one graph per context, for A/B runs.
 void set_cuda_graph_per_shape() {
-    ggml_backend_reg_t cuda = ggml_backend_reg_by_name("CUDA");
-    if (cuda == nullptr) {
-        return;
-    }
-    using set_fn = void (*)(bool);
-    auto set = (set_fn) ggml_backend_reg_get_proc_address(cuda, "ggml_backend_cuda_cf_set_graph_per_shape");
+    auto set = (void (*)(bool)) cuda_proc_address("ggml_backend_cuda_cf_set_graph_per_shape");
     if (set == nullptr) {
-        return;  // a build without CUDA graphs
+        return;
     }
     const char * env = std::getenv("CACHEFLOW_CUDA_GRAPH_PER_SHAPE");
     set(env == nullptr || std::strcmp(env, "0") != 0);
