@@ -89,6 +89,7 @@ def cacheflow() -> None:
 )
 @click.option(
     "--temperature",
+    "--temp",
     type=float,
     default=0.0,
     show_default=True,
@@ -160,7 +161,7 @@ def cacheflow() -> None:
     help="Token budget per engine step (max_num_batched_tokens).",
 )
 @click.option(
-    "--threads", type=int, default=0, help="CPU threads; 0 = all cores (n_threads)."
+    "-t", "--threads", type=int, default=0, help="CPU threads; 0 = all cores (n_threads)."
 )
 @click.option(
     "--gpu-layers",

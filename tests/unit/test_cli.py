@@ -45,6 +45,8 @@ def test_model_path(runner, tmp_path, monkeypatch):
     [
         (["generate", "-m", "/no/such.gguf", "hi"], "does not exist"),
         (["generate", "--temperature", "-1", "hi"], "--temperature"),
+        (["generate", "--temp", "-1", "hi"], "--temperature"),  # llama.cpp's spelling
+        (["generate", "-t", "two", "hi"], "--threads"),
         (["generate", "-n", "0", "hi"], "--max-tokens"),
         (["generate", "--kv-mode", "fast", "hi"], "--kv-mode"),
         (["generate", "--stream", "--json", "hi"], "cannot be combined"),
