@@ -138,6 +138,7 @@ def load_llm(
     option_names: dict[str, str] | None = None,
     explicit: set[str] | frozenset[str] = frozenset(),
     hints: dict[str, str] | None = None,
+    n_ctx_slot: int = 0,
 ) -> LLM:
     """Build the engine for a command (model None = the default model, fetched if needed).
 
@@ -183,7 +184,7 @@ def load_llm(
         raise click.UsageError(_under_option(str(exc), option_names, explicit, hints)) from None
     except CacheFlowError as exc:
         raise to_click_error(exc) from None
-    notice = ctx_size_notice(config.n_ctx, llm.info)
+    notice = ctx_size_notice(config.n_ctx, llm.info, n_ctx_slot)
     if notice:
         click.echo(notice, err=True)
     return llm
@@ -226,7 +227,7 @@ def explicit_fields(param_of_field: dict[str, str]) -> set[str]:
     return {f for f, name in param_of_field.items() if ctx.get_parameter_source(name) in given}
 
 
-def ctx_size_notice(n_ctx: int, info: ModelInfo) -> str | None:
+def ctx_size_notice(n_ctx: int, info: ModelInfo, n_ctx_slot: int = 0) -> str | None:
     """The line that says what a rounded --ctx-size became, or None if it was used as given.
 
     llama.cpp allocates the KV cache in multiples of 256 rows (per sequence in the stock split
@@ -235,11 +236,15 @@ def ctx_size_notice(n_ctx: int, info: ModelInfo) -> str | None:
     Args:
         n_ctx: the requested KV capacity in tokens; 0 = the default (no notice).
         info: the engine's resolved capacity.
+        n_ctx_slot: the server's context per slot (-c / -np, from the rounded -c), which then
+            bounds a request instead of the engine's context per sequence; 0 = none.
     """
     if n_ctx <= 0 or info.n_ctx == n_ctx:
         return None
     per_seq = " per sequence" if info.kv_mode_name == "stock" else ""
+    limit = (f"at most {min(n_ctx_slot, info.n_ctx_per_seq)} tokens per slot" if n_ctx_slot > 0
+             else f"at most {info.n_ctx_per_seq} tokens per sequence")  # fmt: skip
     return (
         f"cacheflow: --ctx-size {n_ctx} rounded to {info.n_ctx} tokens of KV cache (llama.cpp "
-        f"allocates multiples of 256{per_seq}); at most {info.n_ctx_per_seq} tokens per sequence"
+        f"allocates multiples of 256{per_seq}); {limit}"
     )

@@ -373,7 +373,8 @@ def serve(**options: object) -> None:
         if model is None and options["offline"]:
             model = _cached_default_model()
         llm = load_llm(model, config_kwargs, "-c/--ctx-size, --kv-cache-memory or -np",
-                       SERVE_OPTION_NAMES, explicit_fields(SERVE_PARAMS))
+                       SERVE_OPTION_NAMES, explicit_fields(SERVE_PARAMS),
+                       n_ctx_slot=_n_ctx_slot(options))  # fmt: skip
         try:
             app = _make_app(llm, options, defaults, chat_template, template_kwargs)
             _run(app, socks, options)

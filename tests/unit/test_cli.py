@@ -146,6 +146,14 @@ def test_ctx_size_notice(n_ctx, info, notice):
     assert ctx_size_notice(n_ctx, model_info) == notice
 
 
+def test_ctx_size_notice_of_serve_names_the_slot_context():
+    """serve -c 100 -np 4: the pool is rounded to 256 tokens, a slot holds 64 (as /slots says)."""
+    info = SimpleNamespace(kv_mode_name="paged", n_ctx=256, n_ctx_per_seq=256)
+    assert ctx_size_notice(100, info, n_ctx_slot=64) == (
+        "cacheflow: --ctx-size 100 rounded to 256 tokens of KV cache (llama.cpp allocates "
+        "multiples of 256); at most 64 tokens per slot")
+
+
 def test_prompts_that_are_not_utf8_are_usage_errors(runner, tmp_path):
     model = tmp_path / "m.gguf"
     model.write_bytes(b"GGUF")  # never loaded: prompts are checked first

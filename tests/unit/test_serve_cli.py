@@ -28,7 +28,7 @@ class Loaded(Exception):
 def engine_kwargs(monkeypatch) -> list[dict[str, object]]:
     seen: list[dict[str, object]] = []
 
-    def stub(model, config_kwargs, memory_options="", *option_args):
+    def stub(model, config_kwargs, memory_options="", *option_args, **option_kwargs):
         seen.append(config_kwargs)
         raise Loaded
 
@@ -214,7 +214,7 @@ def server_configs(monkeypatch) -> list[object]:
         seen.append(config)
         raise Loaded
 
-    monkeypatch.setattr(cli.serve, "load_llm", lambda model, kwargs, memory_options="", *option_args: _StubLLM())
+    monkeypatch.setattr(cli.serve, "load_llm", lambda *args, **kwargs: _StubLLM())
     monkeypatch.setattr(pycacheflow.server, "create_app", fake_create_app)
     return seen
 
