@@ -596,6 +596,13 @@ def _fmt(value: object, suffix: str = "") -> str:
     "reported beside each server's throughput (headroom = ceiling / throughput).",
 )
 @click.option(
+    "--api-key",
+    default=None,
+    metavar="KEY",
+    help="Send `Authorization: Bearer KEY` with every request (servers started with --api-key; "
+    "the same key for every URL).",
+)
+@click.option(
     "--client-procs",
     type=click.IntRange(min=0),
     default=0,
@@ -617,7 +624,12 @@ def serve(url: str, baselines: tuple[str, ...], client_check: bool, **opts: obje
     Exits 1 if a server cannot be reached, or if every request to one of them failed.
     """
     from pycacheflow.bench import online, results
+    from pycacheflow.bench.load_client import API_KEY_ENV
     from pycacheflow.metrics import prompt_cache_hit_rate, run_metrics
+
+    api_key = opts.pop("api_key")
+    if api_key:
+        os.environ[API_KEY_ENV] = str(api_key)  # read by the client processes
 
     for target in (url, *baselines):  # before the workload is built: a dead URL fails at once
         try:

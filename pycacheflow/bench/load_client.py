@@ -17,6 +17,7 @@ their stdin (no multiprocessing: it would re-import the caller's main script).
 from __future__ import annotations
 
 import asyncio
+import os
 import pickle
 import queue as queue_module
 import subprocess
@@ -188,14 +189,21 @@ async def _body_pieces(reader: asyncio.StreamReader, headers: dict[bytes, bytes]
             yield data
 
 
+# A bearer token sent with every request when set (`cacheflow bench serve --api-key`, for servers
+# started with --api-key); the client's worker processes inherit it from the environment.
+API_KEY_ENV = "CACHEFLOW_BENCH_API_KEY"
+
+
 class _Client:
     def __init__(self, host: str, port: int, path: str, endpoint: str, timeout_s: float) -> None:
         self.host, self.port, self.path, self.endpoint = host, port, path, endpoint
         self.timeout_s = timeout_s
         self.run = ClientRun()
+        key = os.environ.get(API_KEY_ENV, "")
+        self._auth = f"Authorization: Bearer {key}\r\n" if key else ""
 
     def request_bytes(self, body: bytes) -> bytes:
-        head = (f"POST {self.path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
+        head = (f"POST {self.path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n{self._auth}"
                 f"Content-Type: application/json\r\nAccept: text/event-stream\r\n"
                 f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n")  # fmt: skip
         return head.encode() + body

@@ -461,3 +461,17 @@ def test_commit_of_an_installed_package_comes_from_the_library(tmp_path, monkeyp
     assert environment.git_commit(tmp_path) == "1a2b3c4-dirty"  # not a checkout
     monkeypatch.setattr(_native, "version", lambda: "0.1.0 (llama.cpp 0c1e570)")
     assert environment.git_commit(tmp_path) == ""
+
+
+def test_api_key_is_sent_as_a_bearer_token(monkeypatch):
+    """`bench serve --api-key KEY` (through the client processes' environment): every request
+    carries `Authorization: Bearer KEY`; without a key, no such header."""
+    from pycacheflow.bench import load_client
+
+    monkeypatch.delenv(load_client.API_KEY_ENV, raising=False)
+    plain = load_client.make_client("http://127.0.0.1:9", "/v1/completions", 5.0)
+    assert b"Authorization" not in plain.request_bytes(b"{}")
+    monkeypatch.setenv(load_client.API_KEY_ENV, "sekret")
+    keyed = load_client.make_client("http://127.0.0.1:9", "/v1/completions", 5.0)
+    head = keyed.request_bytes(b"{}").split(b"\r\n\r\n")[0]
+    assert b"\r\nAuthorization: Bearer sekret\r\n" in head
