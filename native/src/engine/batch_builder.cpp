@@ -102,6 +102,7 @@ const llama_batch & BatchBuilder::build(const StepPlan & plan, size_t begin, siz
         std::sort(order_.begin(), order_.end(), [this](size_t a, size_t b) { return slots_[a] < slots_[b]; });
     }
     int32_t n = 0;
+    int32_t n_outputs = 0;
     for (const size_t i : order_) {
         const ScheduledSeq & s = plan.seqs[i];
         const Sequence & seq = *s.seq;
@@ -117,16 +118,13 @@ const llama_batch & BatchBuilder::build(const StepPlan & plan, size_t begin, siz
         if (s.needs_sample) {
             batch_.logits[n - 1] = 1;
             sample_index_[i] = n - 1;
+            ++n_outputs;
         }
     }
     num_padding_ = 0;
     padding_slot_ = CF_SLOT_NONE;
     const int32_t padded = n <= max_padded_tokens_ ? padded_step_tokens(n) : n;
     if (padded > n && padded <= max_padded_tokens_ && end - begin < (size_t) num_slots_) {
-        int32_t n_outputs = 0;
-        for (int32_t t = 0; t < n; ++t) {
-            n_outputs += batch_.logits[t] != 0;
-        }
         num_padding_ = padded - n;
         padding_slot_ = (int32_t) (end - begin);
         const int32_t padding_outputs = std::min(num_padding_, padded_step_tokens(n_outputs) - n_outputs);
