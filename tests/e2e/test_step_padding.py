@@ -39,7 +39,20 @@ def test_padded_steps_give_the_unpadded_greedy_tokens(real_model_path, make_llm,
     want, plain = run(make_llm, real_model_path, monkeypatch, "0")
     got, padded = run(make_llm, real_model_path, monkeypatch, "1")
     assert plain.num_padding_tokens == 0 and padded.num_padding_tokens > 0
-    assert padded.kv_blocks_total == plain.kv_blocks_total - 1  # the scratch block of the padding
+    # the scratch block of the padding is taken on top of the 8,192 tokens asked for
+    assert plain.kv_blocks_total == 8192 // 16 and padded.kv_blocks_total >= plain.kv_blocks_total
     assert all(len(t) == 20 for t in got)
     for i, (g, w) in enumerate(zip(got, want)):
         assert g == w, f"prompt {i}"
+
+
+def test_padding_keeps_every_token_of_a_context_asked_for(real_model_path, make_llm, monkeypatch):
+    """n_ctx=256 for one 128-token prompt and 128 output tokens: llama.cpp's 256 rows leave no spare
+    block for the scratch block, so the engine asks for one more rather than cut the request short
+    (it stopped at 112 output tokens when padding took the 16th of 16 blocks)."""
+    monkeypatch.setenv("CACHEFLOW_STEP_PADDING", "1")
+    llm = make_llm(real_model_path, kv_mode="paged", max_num_seqs=1, n_ctx=256, max_num_batched_tokens=512)
+    prompt = [100 + (7 * i) % 5000 for i in range(128)]
+    (out,) = llm.generate([prompt], SamplingParams(max_tokens=128, ignore_eos=True))
+    assert len(out.token_ids) == 128 and out.finish_reason == "length"
+    assert llm.stats().kv_blocks_total * 16 >= 256

@@ -402,6 +402,14 @@ void LlamaSession::create_context() {
     cp.greedy_argmax = backend_sampling_;  // chains are attached per slot later (set_seq_sampling)
     cp.top_k_candidates = backend_sampling_ ? kTopKCandidates : 0;  // built only while a slot samples from them
     if (config_.paged()) {
+        // Step padding takes the pool's last block as its scratch block (below). A context asked for in
+        // tokens keeps every one of them: where llama.cpp's rounding to 256 rows leaves no spare block,
+        // one more block is asked for (a budget in bytes pays for the scratch block itself).
+        const int64_t asked = cp.n_ctx;
+        if (config_.kv_cache_bytes == 0 && step_padding_wanted(config_.n_gpu_layers) &&
+            (asked + 255) / 256 * 256 < asked + config_.block_size) {
+            cp.n_ctx = (uint32_t) (asked + config_.block_size);
+        }
         const int64_t kv_rows = ((int64_t) cp.n_ctx + 255) / 256 * 256;  // llama.cpp pads n_ctx to 256
         if ((int64_t) config_.block_size > kv_rows) {
             throw Error(CF_STATUS_INVALID_ARGUMENT,
