@@ -238,6 +238,8 @@ class EngineStats(NamedTuple):
     cuda_graphs_replayed: int
     cuda_graphs_direct: int
     num_padding_tokens: int
+    swap_on_copy_stream: int
+    block_copy_bytes: int
     ttft_by_priority: tuple[PriorityTTFT, ...] = ()
 
     @property

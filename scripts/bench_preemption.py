@@ -31,7 +31,9 @@ from pathlib import Path
 from pycacheflow import LLM, SamplingParams
 from pycacheflow.model_hub import default_model_path
 
-MODES = ("swap", "recompute", "auto", "stock")
+# swap-llama: swap through llama.cpp's per-block copies (CACHEFLOW_SWAP_ASYNC=0), the A/B partner of swap on
+# CUDA, where swaps otherwise run on CacheFlow's copy stream (engine/swapper.h); on the CPU both are the same.
+MODES = ("swap", "recompute", "auto", "stock", "swap-llama")
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -42,15 +44,23 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def run_mode(model: str, mode: str, prompts: list[list[int]], output_len: int, pool_tokens: int,
-             threads: int) -> dict:  # fmt: skip
+             threads: int, ngl: int = 0, batch_tokens: int = 512) -> dict:  # fmt: skip
     per_request = len(prompts[0]) + output_len
     if mode == "stock":
         slots = max(1, pool_tokens // per_request)  # each split slot holds one whole request
         kwargs = {"kv_mode": "stock", "max_num_seqs": slots, "n_ctx": slots * per_request}
     else:
         kwargs = {"kv_mode": "paged", "max_num_seqs": len(prompts), "n_ctx": pool_tokens,
-                  "preemption_mode": mode, "enable_prefix_caching": False}  # fmt: skip
-    llm = LLM(model, n_threads=threads, max_num_batched_tokens=512, **kwargs)
+                  "preemption_mode": mode.removesuffix("-llama"), "enable_prefix_caching": False}  # fmt: skip
+    saved = os.environ.get("CACHEFLOW_SWAP_ASYNC")
+    os.environ["CACHEFLOW_SWAP_ASYNC"] = "0" if mode == "swap-llama" else "1"
+    try:
+        llm = LLM(model, n_threads=threads, max_num_batched_tokens=batch_tokens, n_gpu_layers=ngl, **kwargs)
+    finally:
+        if saved is None:
+            del os.environ["CACHEFLOW_SWAP_ASYNC"]
+        else:
+            os.environ["CACHEFLOW_SWAP_ASYNC"] = saved
     try:
         params = SamplingParams(max_tokens=output_len, ignore_eos=True)
         start = time.monotonic()
@@ -78,6 +88,7 @@ def run_mode(model: str, mode: str, prompts: list[list[int]], output_len: int, p
         "recomputed_tokens": stats.num_recomputed_tokens,
         "swap_out_bytes": stats.swap_out_bytes,
         "swap_s": (stats.swap_out_ns + stats.swap_in_ns) / 1e9,
+        "swap_on_copy_stream": stats.swap_on_copy_stream,
         "concurrent_slots": kwargs["max_num_seqs"],
         "pool_tokens": kwargs["n_ctx"],
     }
@@ -93,6 +104,8 @@ def main() -> None:
                     help="KV pool size as a share of the requests' total prompt + output tokens")
     ap.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
     ap.add_argument("-t", "--threads", type=int, default=0)
+    ap.add_argument("-ngl", "--n-gpu-layers", type=int, default=0, help="layers offloaded (99: all)")
+    ap.add_argument("--batch-tokens", type=int, default=512, help="max_num_batched_tokens")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--repeats", type=int, default=1,
                     help="rounds over the modes (interleaved, so load changes hit every mode); each "
@@ -115,7 +128,8 @@ def main() -> None:
         rounds: dict[str, list[dict]] = {mode: [] for mode in args.modes}
         for _ in range(args.repeats):
             for mode in args.modes:
-                row = run_mode(model, mode, prompts, args.output_len, pool, args.threads)
+                row = run_mode(model, mode, prompts, args.output_len, pool, args.threads,
+                               args.n_gpu_layers, args.batch_tokens)
                 rounds[mode].append(row)
                 print(json.dumps(row), flush=True)
         for mode, runs in rounds.items():
@@ -125,12 +139,13 @@ def main() -> None:
             rows.append(median)
 
     print("\n| prompt | mode | output tok/s | TTFT p50 / p99 (s) | TPOT p50 / p99 (ms) | preemptions swap / recompute"
-          " | recomputed tokens |")
-    print("|---|---|---|---|---|---|---|")
+          " | recomputed tokens | swapped MB out / copy ms |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['prompt_len']} | {r['mode']} | {r['output_tok_s']:.1f} | {r['ttft_p50_s']:.2f} / "
               f"{r['ttft_p99_s']:.2f} | {r['tpot_p50_s'] * 1e3:.1f} / {r['tpot_p99_s'] * 1e3:.1f} | "
-              f"{r['preemptions_swap']} / {r['preemptions_recompute']} | {r['recomputed_tokens']} |")
+              f"{r['preemptions_swap']} / {r['preemptions_recompute']} | {r['recomputed_tokens']} | "
+              f"{r['swap_out_bytes'] / 1e6:.1f} / {r['swap_s'] * 1e3:.1f} |")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     env = {"load_avg": os.getloadavg(), "cpus": os.cpu_count(), "model": model}
     args.out.write_text(json.dumps({"params": vars(args) | {"out": str(args.out)}, "env": env, "rows": rows},

@@ -54,7 +54,8 @@ fi
 if want tests; then
   log "GPU tests (pytest -m gpu)"
   CACHEFLOW_TOKENIZER_GGUF=$PWD/_carry/tokenizer.gguf CACHEFLOW_GPU_RESULTS=$OUT/gpu_agreement.json \
-      python -m pytest -q -s -m gpu -p no:cacheprovider tests/kernels 2>&1 | tail -15 | tee -a "$OUT/run.log" \
+      python -m pytest -q -s -m gpu -p no:cacheprovider tests/kernels 2>&1 | tee "$OUT/gpu_tests.log" \
+      | grep -E "measured|swap on CUDA|greedy sequences|passed|failed|FAIL|Error" | tail -20 | tee -a "$OUT/run.log" \
       || log "GPU tests failed"
 fi
 
@@ -143,6 +144,12 @@ if want serve; then
         --sampling llama-default --out "$OUT/serve_vs_generate_s${streams}_sampling.json" 2>&1 | tail -5 \
         | tee -a "$OUT/run.log" || log "serve bench ($streams, sampling) failed"
   done
+fi
+if want preemption; then  # issue 13: memory pressure on the GPU, swap (copy stream / llama copies) vs recompute vs auto vs stock
+  log "preemption: bench_preemption.py on the GPU (prompts ${PREEMPT_LENS:-128 1024}, ${PREEMPT_N:-64} requests)"
+  python scripts/bench_preemption.py -m "$MODEL" -ngl 99 --batch-tokens 2048 --prompt-lens ${PREEMPT_LENS:-128 1024} \
+      -n "${PREEMPT_N:-64}" -o 128 --modes swap swap-llama recompute auto stock --repeats "${PREEMPT_REPEATS:-2}" \
+      --out "$OUT/preemption_gpu.json" 2>&1 | grep -v '^{' | tail -14 | tee -a "$OUT/run.log" || log "preemption bench failed"
 fi
 if want vs_llama_server; then  # issue 11: cacheflow serve (defaults: paged on CUDA) vs llama-server, same build
   SERVER_BIN=$(find "$BUILD_DIR" -name llama-server -type f | head -1)

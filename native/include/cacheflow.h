@@ -268,6 +268,12 @@ typedef struct cf_engine_stats {
     int64_t num_padding_tokens;          /* padding tokens decoded so that steps keep a few
                                             shapes whose CUDA graphs replay (batch_builder.h;
                                             paged mode on CUDA), since init                   */
+    /* How swaps and copy-on-write copies move KV blocks (paged mode; engine/swapper.h):         */
+    int32_t swap_on_copy_stream;         /* 1: one kernel per batch on CacheFlow's CUDA side
+                                            stream, host pool pinned, no host wait (swap_*_ns
+                                            are device times); 0: llama.cpp's per-block copies,
+                                            host pool in pageable memory (host wall times)    */
+    int64_t block_copy_bytes;            /* copy-on-write bytes copied device -> device        */
 } cf_engine_stats;
 
 CF_API cf_status cf_engine_get_stats(cf_engine_t engine, cf_engine_stats * out_stats);

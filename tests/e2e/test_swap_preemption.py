@@ -44,6 +44,7 @@ def test_32_swapped_requests_match_their_unconstrained_runs(tiny_model_path, mak
     assert s.num_recomputed_tokens == 0 and s.num_preemptions == s.num_preemptions_swap
     assert sum(o.metrics.num_preemptions for o in outs) == s.num_preemptions
     assert s.swap_out_bytes > 0 and s.swap_in_bytes == s.swap_out_bytes  # all came back
+    assert s.swap_on_copy_stream == 0  # the CPU: llama.cpp's copies (the CUDA copy stream: tests/kernels)
     assert s.num_swapped == 0 and s.swap_blocks_used == 0 and s.kv_blocks_used == 0
     assert s.num_running == 0 and s.num_waiting == 0
 

@@ -145,3 +145,51 @@ def test_prefix_cache_and_step_padding_on_the_gpu(gpu_model: Path, monkeypatch: 
     print("greedy sequences equal (fraction of 16):", figures)
     _record(figures)
     assert min(figures.values()) >= 0.9, figures
+
+
+def _pressure_run(model: Path, route: str, monkeypatch: pytest.MonkeyPatch, n_ctx: int) -> tuple[list, object]:
+    """32 requests of 20-51 prompt tokens + 48 output tokens, then 4 prompts with 3 greedy choices each
+    (forks: copy-on-write copies of the shared last block), in a pool of n_ctx rows, preemption by swap;
+    route "1" = CacheFlow's CUDA copy stream, "0" = llama.cpp's per-block copies."""
+    from pycacheflow import LLM, SamplingParams
+
+    monkeypatch.setenv("CACHEFLOW_SWAP_ASYNC", route)
+    params = SamplingParams(max_tokens=48, ignore_eos=True)
+    with LLM(model=str(model), n_gpu_layers=99, kv_mode="paged", max_num_seqs=32, n_ctx=n_ctx,
+             preemption_mode="swap", swap_space_bytes=64 << 20) as llm:
+        prompts = [list(range(500 + 97 * i, 520 + 97 * i + i)) for i in range(32)]
+        tokens = [list(o.token_ids) for o in llm.generate(prompts, params)]
+        for p in prompts[:4]:
+            ids = llm.add_choices(p, [params] * 3)
+            tokens += [[t for d in llm.iter_outputs(i, timeout=120) for t in d.token_ids] for i in ids]
+        return tokens, llm.stats()
+
+
+def test_swap_on_the_cuda_copy_stream(gpu_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 13 on CUDA: swaps and copy-on-write copies as one kernel per batch on CacheFlow's side stream
+    (engine/swapper.h, patches/0011), from and to pinned host memory, give the same greedy tokens as
+    llama.cpp's per-block copies under the same (deterministic) schedule; nothing is lost or recomputed."""
+    stream_tokens, s = _pressure_run(gpu_model, "1", monkeypatch, n_ctx=1024)
+    llama_tokens, s_llama = _pressure_run(gpu_model, "0", monkeypatch, n_ctx=1024)
+    roomy_tokens, s_roomy = _pressure_run(gpu_model, "1", monkeypatch, n_ctx=32 * 256)
+    assert s.swap_on_copy_stream == 1 and s_llama.swap_on_copy_stream == 0
+    assert all(len(t) == 48 for t in stream_tokens + llama_tokens)
+    assert s.num_preemptions_swap > 0 and s.num_preemptions_recompute == 0 and s.num_recomputed_tokens == 0
+    assert s.swap_out_bytes > 0 and s.swap_in_bytes == s.swap_out_bytes and s.swap_out_ns > 0
+    assert s.block_copy_bytes > 0 and s_llama.block_copy_bytes > 0
+    assert (s.swap_out_bytes, s.num_preemptions_swap) == (s_llama.swap_out_bytes, s_llama.num_preemptions_swap)
+    assert stream_tokens == llama_tokens
+    assert s.kv_blocks_used == 0 and s.swap_blocks_used == 0
+    gbs = lambda b, ns: round(b / ns, 2) if ns else None  # noqa: E731  bytes per ns = GB/s
+    figures = {
+        "swap_copy_stream_vs_llama_copies": _agreement(stream_tokens, llama_tokens),
+        "swap_pressure_vs_roomy": _agreement(stream_tokens, roomy_tokens),
+        "swap_out_GBps_copy_stream_device": gbs(s.swap_out_bytes, s.swap_out_ns),
+        "swap_in_GBps_copy_stream_device": gbs(s.swap_in_bytes, s.swap_in_ns),
+        "swap_out_GBps_llama_copies_host": gbs(s_llama.swap_out_bytes, s_llama.swap_out_ns),
+        "swap_in_GBps_llama_copies_host": gbs(s_llama.swap_in_bytes, s_llama.swap_in_ns),
+        "swap_preemptions": s.num_preemptions_swap,
+    }
+    print("swap on CUDA:", figures)
+    _record(figures)
+    assert s_roomy.num_preemptions == 0

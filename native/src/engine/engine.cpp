@@ -61,7 +61,7 @@ SchedulerConfig scheduler_config(const LlamaSession & session) {
 Engine::Engine(const EngineConfig & config)
     : session_(LlamaSession::open(config)),
       scheduler_(scheduler_config(*session_), make_kv_manager(*session_)),
-      swapper_(scheduler_.kv().num_host_blocks_total(), session_->paged_block_bytes()),
+      swapper_(*session_, scheduler_.kv().num_host_blocks_total(), session_->paged_block_bytes()),
       batch_(session_->n_batch(), session_->config().paged() ? SlotMode::PER_DECODE : SlotMode::STABLE,
              session_->n_seq_max()),
       sampler_(session_->n_vocab()),

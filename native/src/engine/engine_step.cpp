@@ -351,13 +351,13 @@ void Engine::take_slot_id(Sequence & seq) {
 // Steps 1-3 of the plan: swap-outs, swap-ins, then copy-on-write copies.
 void Engine::execute_block_ops(const StepPlan & plan) {
     if (!plan.blocks_to_swap_out.empty()) {
-        swapper_.swap_out(*session_, plan.blocks_to_swap_out);
+        swapper_.swap_out(plan.blocks_to_swap_out);
     }
     if (!plan.blocks_to_swap_in.empty()) {
-        swapper_.swap_in(*session_, plan.blocks_to_swap_in);
+        swapper_.swap_in(plan.blocks_to_swap_in);
     }
     if (!plan.blocks_to_copy.empty()) {
-        session_->copy_blocks(plan.blocks_to_copy);
+        swapper_.copy_blocks(plan.blocks_to_copy);
     }
 }
 
@@ -514,6 +514,8 @@ void Engine::publish() {
         stats_.swap_in_bytes = swap.num_in_bytes;
         stats_.swap_out_ns = swap.out_ns;
         stats_.swap_in_ns = swap.in_ns;
+        stats_.swap_on_copy_stream = swapper_.on_copy_stream() ? 1 : 0;
+        stats_.block_copy_bytes = swap.num_copy_bytes;
         int64_t graphs[3];
         LlamaSession::cuda_graph_counts(graphs);
         stats_.cuda_graphs_captured = graphs[0];

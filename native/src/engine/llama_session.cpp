@@ -750,6 +750,24 @@ int64_t LlamaSession::paged_block_bytes() const {
     return config_.paged() ? (int64_t) llama_paged_block_bytes(ctx_) : 0;
 }
 
+std::vector<LlamaSession::PoolTensors> LlamaSession::paged_pool_tensors() const {
+    std::vector<PoolTensors> pools;
+    if (!config_.paged()) {
+        return pools;
+    }
+    const int32_t n = llama_paged_pool_tensors(ctx_, 0, nullptr, nullptr);
+    for (int32_t i = 0; i < n; ++i) {
+        PoolTensors p{nullptr, nullptr};
+        llama_paged_pool_tensors(ctx_, i, &p.k, &p.v);
+        pools.push_back(p);
+    }
+    return pools;
+}
+
+void * LlamaSession::cuda_proc(const char * name) {
+    return cuda_proc_address(name);
+}
+
 void LlamaSession::fill_info(cf_model_info * info) const {
     std::memset(info, 0, sizeof(*info));
     info->n_vocab = n_vocab_;

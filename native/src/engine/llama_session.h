@@ -54,6 +54,7 @@ struct llama_vocab;
 struct llama_batch;
 struct llama_sampler;
 struct llama_paged_plan;
+struct ggml_tensor;
 
 namespace cf {
 
@@ -118,6 +119,17 @@ class LlamaSession {
     void swap_blocks(const std::vector<int32_t> & block_ids, const std::vector<void *> & bufs, bool to_host);
     // Paged mode: bytes of one block over all layers, K and V; 0 in the stock modes.
     int64_t paged_block_bytes() const;
+    // Paged mode: each layer's K and V pool tensors (patches/0011), in paged_block_bytes' layout order:
+    // [n_embd_k_gqa, kv_size] / [n_embd_v_gqa, kv_size], row = KV slot; owned by the context. Empty in the
+    // stock modes.
+    struct PoolTensors {
+        ggml_tensor * k;
+        ggml_tensor * v;
+    };
+    std::vector<PoolTensors> paged_pool_tensors() const;
+    // A CacheFlow function of ggml-cuda's registry (patches 0008-0011) by name; nullptr without the CUDA
+    // backend or without that function.
+    static void * cuda_proc(const char * name);
 
     void fill_info(cf_model_info * info) const;
 

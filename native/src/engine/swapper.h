@@ -1,12 +1,27 @@
-// swapper.h - the host memory of swap preemption and the copies of a plan's block swaps.
+// swapper.h - the host memory of swap preemption, and the copies of a plan's block swaps and copy-on-write
+// block copies.
 //
 // Host slot h (kv/host_block_pool.h: the paged KV manager hands out slot ids) is bytes
-// [h * block_bytes, (h + 1) * block_bytes) of one buffer allocated at engine creation with
-// calloc (the OS backs its pages only once a swap-out writes them). A block's bytes are every
-// layer's K and V rows of block_size tokens, as llama_paged_block_bytes() lays them out
-// (patches/0007). The copies go through llama.cpp (ggml_backend_tensor_get/set), so the pool
-// may live on any backend; on a GPU the buffer should become pinned memory (not done yet: the
-// GPU half of issue 13).
+// [h * block_bytes, (h + 1) * block_bytes) of one host buffer allocated at engine creation. A block's bytes are
+// every layer's K and V rows of block_size tokens, as llama_paged_block_bytes() lays them out (patches/0007):
+// layer by layer, K rows then V rows.
+//
+// Two routes, chosen once at construction:
+//   - copy stream (every pool on a CUDA device, CacheFlow's CUDA sources built in, CACHEFLOW_SWAP_ASYNC not 0):
+//     the host buffer is pinned (the pool device's host buffer type, cudaMallocHost), and each batch of swaps or
+//     copies becomes one list of (src, dst, bytes) ranges run as one kernel on CacheFlow's CUDA side stream
+//     (kernels/cuda/copy_stream_api.h, patches/0011). The engine thread does not wait: ggml-cuda's next graph
+//     evaluation waits on the device for the copies. Times are device times (CUDA events).
+//   - llama copies (the CPU, or a CUDA build whose copy stream is unavailable): the buffer is calloc'd (pages
+//     backed only once a swap-out writes them) and llama.cpp copies each block, layer and tensor
+//     synchronously (llama_paged_swap_blocks / llama_paged_copy_blocks). Times are host wall times.
+// Outputs are bit-identical either way: both move the same bytes.
+//
+// Ordering on the copy stream: batches run in the order they were issued (a plan's swap-outs, then its
+// swap-ins, then its copies), so a block a swap-out reads is rewritten only afterwards, and a host slot a
+// swap-in reads is rewritten only by a later swap-out. The side stream itself never waits for the compute
+// stream: every call first synchronizes the llama context (the previous step's kernels are done; the engine
+// has read their results already, so this costs nothing).
 //
 // Thread-safety: none; the stepping thread only.
 #pragma once
@@ -18,6 +33,8 @@
 #include <memory>
 #include <vector>
 
+struct ggml_backend_buffer;
+
 namespace cf {
 
 class LlamaSession;
@@ -25,32 +42,52 @@ class LlamaSession;
 struct SwapStats {
     int64_t num_out_bytes = 0;
     int64_t num_in_bytes = 0;
-    int64_t out_ns = 0;
+    int64_t out_ns = 0;  // copy stream: device time of the completed batches; else host wall time
     int64_t in_ns = 0;
+    int64_t num_copy_bytes = 0;  // copy-on-write, device -> device
 };
 
 class Swapper {
   public:
-    // num_slots >= 0 host slots of block_bytes >= 0 bytes; throws OUT_OF_MEMORY when the buffer
-    // cannot be reserved.
-    Swapper(int32_t num_slots, int64_t block_bytes);
+    // num_slots >= 0 host slots of block_bytes >= 0 bytes (block_bytes == session.paged_block_bytes()); the
+    // session outlives the Swapper. Throws OUT_OF_MEMORY when the host buffer cannot be reserved.
+    Swapper(LlamaSession & session, int32_t num_slots, int64_t block_bytes);
+    ~Swapper();
+    Swapper(const Swapper &) = delete;
+    Swapper & operator=(const Swapper &) = delete;
 
     int32_t num_slots() const { return num_slots_; }
     int64_t block_bytes() const { return block_bytes_; }
-    const SwapStats & stats() const { return stats_; }
+    bool on_copy_stream() const { return copy_stream_ != nullptr; }
+    // Refreshes the device times of completed batches first (copy stream; no wait).
+    const SwapStats & stats();
 
-    // Steps 1 and 2 of a plan: every swap-out (device block -> host slot), then every swap-in
-    // (host slot -> device block). Throws INTERNAL when llama.cpp refuses (a bug). Call only
-    // with slot ids below num_slots().
-    void swap_out(LlamaSession & session, const std::vector<BlockSwap> & swaps);
-    void swap_in(LlamaSession & session, const std::vector<BlockSwap> & swaps);
+    // Steps 1-3 of a plan: every swap-out (device block -> host slot), then every swap-in (host slot -> device
+    // block), then every copy-on-write copy (device block -> device block). Throws INTERNAL when a copy is
+    // refused (a bug: ids out of range, or a CUDA error). Call only with slot ids below num_slots().
+    void swap_out(const std::vector<BlockSwap> & swaps);
+    void swap_in(const std::vector<BlockSwap> & swaps);
+    void copy_blocks(const std::vector<BlockCopy> & copies);
+
+    // The host waits until every copy issued so far is done (copy stream; nothing to wait for otherwise).
+    void fence();
+
+    // The copy stream route's entry points and per-layer pool addresses (defined in swapper.cpp).
+    struct CopyStream;
 
   private:
-    void run(LlamaSession & session, const std::vector<BlockSwap> & swaps, bool to_host);
 
+    void run_llama(const std::vector<BlockSwap> & swaps, bool to_host);
+    void run_stream(const std::vector<BlockSwap> & swaps, bool to_host);
+    uint8_t * slot_bytes(int32_t slot) const;
+
+    LlamaSession & session_;
     int32_t num_slots_;
     int64_t block_bytes_;
-    std::unique_ptr<uint8_t, decltype(&std::free)> host_{nullptr, &std::free};
+    std::unique_ptr<CopyStream> copy_stream_;  // nullptr: llama copies
+    std::unique_ptr<uint8_t, decltype(&std::free)> host_{nullptr, &std::free};  // llama copies
+    ggml_backend_buffer * pinned_ = nullptr;  // copy stream: the pinned host pool (ggml buffer, owned)
+    uint8_t * pinned_base_ = nullptr;
     std::vector<int32_t> block_ids_;  // scratch
     std::vector<void *> bufs_;        // scratch
     SwapStats stats_;

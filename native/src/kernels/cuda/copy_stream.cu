@@ -1,0 +1,235 @@
+// copy_stream.cu - CacheFlow's KV block copies on a per-device CUDA side stream (contract: copy_stream_api.h).
+//
+// Compiled into the ggml-cuda target (hook of patches/0004 for CacheFlow's CUDA sources). patches/0011 declares
+// the two ggml-facing functions at the end of this file in ggml-cuda.cu: its graph evaluation calls
+// ggml_cuda_cf_before_graph first, and its registry's get_proc_address asks ggml_cuda_cf_proc_address for names
+// it does not know, which is how the engine reaches the functions of copy_stream_api.h.
+//
+// Ordering (one device):
+//   - copies run on the side stream in the order they were enqueued (a swap-out that reads block b runs before
+//     a later swap-in or copy that writes b; a host slot read by a swap-in is rewritten only by a later
+//     swap-out);
+//   - every graph evaluation of ggml-cuda on that device first makes its compute stream wait for the latest
+//     enqueued batch (cudaStreamWaitEvent, before any CUDA graph capture or launch, so it is never captured);
+//   - the side stream does not wait for the compute stream: the engine synchronizes its context after every
+//     step (it reads the step's logits or token ids) and before it enqueues copies, so no kernel that writes or
+//     reads the pools is still running.
+#include "ggml-cuda/common.cuh"
+
+#include "block_copy.cuh"
+#include "copy_stream_api.h"
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cstring>
+#include <mutex>
+
+namespace {
+
+struct KindState {
+    cudaEvent_t start = nullptr;
+    cudaEvent_t done = nullptr;
+    bool timing_pending = false;           // the last batch's elapsed time is not yet added to ns
+    int64_t ns = 0;                        // device time of completed batches
+    cf_cuda_copy_item * host_items = nullptr;  // pinned staging of the item list, `capacity` items
+    cf_cuda_copy_item * dev_items = nullptr;   // its device copy, read by the kernel
+    int32_t capacity = 0;
+};
+
+struct DeviceState {
+    std::mutex mu;
+    std::atomic<bool> used{false};         // a batch was ever enqueued (read without the mutex)
+    cudaStream_t stream = nullptr;
+    std::array<KindState, CF_CUDA_COPY_KINDS> kinds;
+    cudaEvent_t last_done = nullptr;       // the done event of the latest batch
+};
+
+DeviceState & device_state(int device) {
+    static DeviceState states[GGML_CUDA_MAX_DEVICES];
+    return states[device];
+}
+
+bool valid_device(int device) {
+    return device >= 0 && device < ggml_cuda_info().device_count && device < GGML_CUDA_MAX_DEVICES;
+}
+
+int report(cudaError_t err, const char * what) {
+    GGML_LOG_ERROR("cacheflow copy stream: %s: %s\n", what, cudaGetErrorString(err));
+    return (int) err;
+}
+
+// Adds the last batch's device time to k.ns once its events are complete (waits for them if `wait`).
+void harvest(KindState & k, bool wait) {
+    if (!k.timing_pending) {
+        return;
+    }
+    const cudaError_t status = wait ? cudaEventSynchronize(k.done) : cudaEventQuery(k.done);
+    if (status == cudaErrorNotReady) {
+        return;
+    }
+    if (status == cudaSuccess) {
+        float ms = 0.0f;
+        if (cudaEventElapsedTime(&ms, k.start, k.done) == cudaSuccess) {
+            k.ns += (int64_t) ((double) ms * 1e6);
+        }
+    }
+    (void) cudaGetLastError();
+    k.timing_pending = false;
+}
+
+cudaError_t init_locked(DeviceState & s) {
+    if (s.stream != nullptr) {
+        return cudaSuccess;
+    }
+    cudaError_t err = cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking);
+    for (KindState & k : s.kinds) {
+        if (err == cudaSuccess) {
+            err = cudaEventCreate(&k.start);
+        }
+        if (err == cudaSuccess) {
+            err = cudaEventCreate(&k.done);
+        }
+    }
+    return err;
+}
+
+// Room for n items in k's staging buffers; the previous batch of this kind is done (harvest waited).
+cudaError_t reserve_locked(KindState & k, int32_t n) {
+    if (n <= k.capacity) {
+        return cudaSuccess;
+    }
+    const int32_t cap = std::max<int32_t>({n, 2 * k.capacity, 4096});
+    if (k.host_items != nullptr) {
+        cudaFreeHost(k.host_items);
+        k.host_items = nullptr;
+    }
+    if (k.dev_items != nullptr) {
+        cudaFree(k.dev_items);
+        k.dev_items = nullptr;
+    }
+    k.capacity = 0;
+    cudaError_t err = cudaMallocHost(&k.host_items, (size_t) cap * sizeof(cf_cuda_copy_item));
+    if (err == cudaSuccess) {
+        err = cudaMalloc(&k.dev_items, (size_t) cap * sizeof(cf_cuda_copy_item));
+    }
+    if (err == cudaSuccess) {
+        k.capacity = cap;
+    }
+    return err;
+}
+
+int copy_async(int device, const cf_cuda_copy_item * items, int32_t n_items, int32_t kind) {
+    if (!valid_device(device) || kind < 0 || kind >= CF_CUDA_COPY_KINDS) {
+        GGML_LOG_ERROR("cacheflow copy stream: device %d or kind %d out of range\n", device, (int) kind);
+        return -1;
+    }
+    if (const char * err = cf::cuda::block_copy_check(items, n_items)) {
+        GGML_LOG_ERROR("cacheflow copy stream: %s\n", err);
+        return -1;
+    }
+    if (n_items == 0) {
+        return 0;
+    }
+    DeviceState & s = device_state(device);
+    std::lock_guard<std::mutex> lock(s.mu);
+    ggml_cuda_set_device(device);
+    cudaError_t err = init_locked(s);
+    if (err != cudaSuccess) {
+        return report(err, "creating the side stream");
+    }
+    KindState & k = s.kinds[kind];
+    harvest(k, /*wait=*/true);  // its staging buffers are about to be rewritten
+    if ((err = reserve_locked(k, n_items)) != cudaSuccess) {
+        return report(err, "allocating the item list");
+    }
+    std::memcpy(k.host_items, items, (size_t) n_items * sizeof(cf_cuda_copy_item));
+    const size_t list_bytes = (size_t) n_items * sizeof(cf_cuda_copy_item);
+    if ((err = cudaEventRecord(k.start, s.stream)) != cudaSuccess ||
+        (err = cudaMemcpyAsync(k.dev_items, k.host_items, list_bytes, cudaMemcpyHostToDevice, s.stream)) !=
+            cudaSuccess) {
+        return report(err, "enqueueing the item list");
+    }
+    cf::cuda::block_copy_launch(k.dev_items, n_items, s.stream);
+    if ((err = cudaGetLastError()) != cudaSuccess || (err = cudaEventRecord(k.done, s.stream)) != cudaSuccess) {
+        return report(err, "launching the block copies");
+    }
+    k.timing_pending = true;
+    s.last_done = k.done;
+    s.used.store(true, std::memory_order_release);
+    return 0;
+}
+
+int copy_fence(int device) {
+    if (!valid_device(device)) {
+        return -1;
+    }
+    DeviceState & s = device_state(device);
+    if (!s.used.load(std::memory_order_acquire)) {
+        return 0;
+    }
+    std::lock_guard<std::mutex> lock(s.mu);
+    ggml_cuda_set_device(device);
+    const cudaError_t err = cudaStreamSynchronize(s.stream);
+    for (KindState & k : s.kinds) {
+        harvest(k, /*wait=*/false);
+    }
+    return err == cudaSuccess ? 0 : report(err, "waiting for the block copies");
+}
+
+int pointer_device(const void * ptr) {
+    cudaPointerAttributes attr{};
+    if (ptr == nullptr || cudaPointerGetAttributes(&attr, ptr) != cudaSuccess) {
+        (void) cudaGetLastError();
+        return -1;
+    }
+    return attr.type == cudaMemoryTypeDevice ? attr.device : -1;
+}
+
+void copy_times(int device, int64_t ns[CF_CUDA_COPY_KINDS]) {
+    std::fill(ns, ns + CF_CUDA_COPY_KINDS, int64_t{0});
+    if (!valid_device(device)) {
+        return;
+    }
+    DeviceState & s = device_state(device);
+    if (!s.used.load(std::memory_order_acquire)) {
+        return;
+    }
+    std::lock_guard<std::mutex> lock(s.mu);
+    for (int i = 0; i < CF_CUDA_COPY_KINDS; ++i) {
+        harvest(s.kinds[i], /*wait=*/false);
+        ns[i] = s.kinds[i].ns;
+    }
+}
+
+}  // namespace
+
+// The compute stream of ctx waits (on the device, not the host) for the copies enqueued so far.
+void ggml_cuda_cf_before_graph(ggml_backend_cuda_context & ctx) {
+    if (!valid_device(ctx.device)) {
+        return;
+    }
+    DeviceState & s = device_state(ctx.device);
+    if (!s.used.load(std::memory_order_acquire)) {
+        return;
+    }
+    std::lock_guard<std::mutex> lock(s.mu);
+    CUDA_CHECK(cudaStreamWaitEvent(ctx.stream(), s.last_done, 0));
+}
+
+// The functions of copy_stream_api.h by name; nullptr for any other name.
+void * ggml_cuda_cf_proc_address(const char * name) {
+    if (std::strcmp(name, "ggml_cuda_cf_copy_async") == 0) {
+        return (void *) static_cast<cf_cuda_copy_async_fn>(copy_async);
+    }
+    if (std::strcmp(name, "ggml_cuda_cf_copy_fence") == 0) {
+        return (void *) static_cast<cf_cuda_copy_fence_fn>(copy_fence);
+    }
+    if (std::strcmp(name, "ggml_cuda_cf_pointer_device") == 0) {
+        return (void *) static_cast<cf_cuda_pointer_device_fn>(pointer_device);
+    }
+    if (std::strcmp(name, "ggml_cuda_cf_copy_times") == 0) {
+        return (void *) static_cast<cf_cuda_copy_times_fn>(copy_times);
+    }
+    return nullptr;
+}
