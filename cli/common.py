@@ -115,8 +115,9 @@ SWAP_SPACE_OPTION = click.option(
     type=click.FloatRange(min=0),
     default=DEFAULT_SWAP_SPACE_BYTES / 2**30,
     show_default=True,
-    help="GiB of host memory for swapped-out KV blocks (paged mode; pages are backed only when "
-    "used); 0 = none, preempted sequences are recomputed.",
+    help="GiB of host memory for swapped-out KV blocks (paged mode; on the CPU its pages are backed "
+    "only when used, on CUDA it is pinned at start for the copy stream); 0 = none, preempted "
+    "sequences are recomputed.",
 )
 
 

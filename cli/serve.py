@@ -304,6 +304,14 @@ def _env(name: str) -> str:
     show_default=True,
     help="Scheduling policy; 'priority' honours the request field priority (smaller first).",
 )
+@click.option(
+    "--priority-aging-ms",
+    type=click.IntRange(min=0),
+    default=1000,
+    show_default=True,
+    help="--policy priority: a queued request's effective priority improves by 1 for every this many "
+    "ms it waits, so low-priority work cannot starve; 0 = no aging.",
+)
 @PREEMPTION_OPTION
 @SWAP_SPACE_OPTION
 @click.option(
@@ -463,6 +471,7 @@ def _engine_kwargs(options: dict[str, object]) -> dict[str, object]:
         "preemption_mode": options["preemption"],
         "swap_space_bytes": swap_space_bytes(float(options["swap_space"])),
         "policy": options["policy"],
+        "priority_aging_ms": int(options["priority_aging_ms"]),
         "log_level": "info" if options["verbose"] else "error",
     }
     if parallel > 0:

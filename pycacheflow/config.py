@@ -75,7 +75,8 @@ class EngineConfig:
             measured copy and compute rates, swapping only while host space lasts. The stock
             modes never preempt (they reserve rows at admission).
         swap_space_bytes: paged mode: host memory for swapped-out KV blocks, bytes (>= 0;
-            default 4 GiB, reserved lazily: pages are backed only when a swap writes them).
+            default 4 GiB; on the CPU reserved lazily: pages are backed only when a swap writes
+            them; with every pool on CUDA pinned at start, for the copy stream: engine/swapper.h).
             0 = none (swap falls back to recompute).
         priority_aging_ms: "priority" policy: a queued request's effective priority drops by 1
             (more urgent) per this many ms it has waited (time running does not count), so a

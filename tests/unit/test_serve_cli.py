@@ -46,13 +46,14 @@ def invoke(*args: str):
 def test_llama_server_flags_map_to_engine_config(engine_kwargs):
     result = invoke("-np", "4", "-n", "5", "-c", "2048", "-b", "256", "-ub", "1024", "-t", "-1",
                     "-fa", "-ngl", "all", "--kv-mode", "paged", "--block-size", "32",
-                    "--policy", "priority", "-cb", "--preemption", "swap", "--swap-space", "0.5")  # fmt: skip
+                    "--policy", "priority", "--priority-aging-ms", "250", "-cb", "--preemption", "swap",
+                    "--swap-space", "0.5")  # fmt: skip
     assert isinstance(result.exception, Loaded), result.output
     assert engine_kwargs == [{
         "n_ctx": 2048, "kv_cache_bytes": 0, "max_num_seqs": 4, "max_num_batched_tokens": 256, "n_threads": 0,
         "n_gpu_layers": -1, "flash_attn": True, "kv_mode": "paged", "block_size": 32,
         "paged_attention": "invariant", "enable_prefix_caching": True, "policy": "priority",
-        "log_level": "error", "preemption_mode": "swap", "swap_space_bytes": 2**29,
+        "priority_aging_ms": 250, "log_level": "error", "preemption_mode": "swap", "swap_space_bytes": 2**29,
     }]  # fmt: skip
 
 
