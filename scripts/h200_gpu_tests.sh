@@ -14,7 +14,9 @@
 # stage gemm: paged decode at GEMM_NPL for each CACHEFLOW_CUDA_GEMM option of patch 0008; stage
 # vs_llama_server: `cacheflow bench serve` against cacheflow serve and llama-server at VS_NP streams,
 # with the load generator's own ceiling, the CUDA graph counts and padding from /metrics, and with
-# VS_PADDING_AB=1 cacheflow serve again without step padding / per-shape graphs; needs BUILD_SERVER=1).
+# VS_PADDING_AB=1 cacheflow serve again without step padding / per-shape graphs; needs BUILD_SERVER=1); stage preemption: bench_preemption.py on the GPU, swap on the copy stream vs llama.cpp's
+# copies vs recompute vs auto vs stock (PREEMPT_LENS, PREEMPT_N), issue 13; stage prefix: cacheflow serve with the
+# prefix cache on / off vs llama-server, shared-prefix and multi-turn workloads at PREFIX_NP, issue 14 (BUILD_SERVER=1).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-results/h200_gpu}
@@ -150,6 +152,34 @@ if want preemption; then  # issue 13: memory pressure on the GPU, swap (copy str
   python scripts/bench_preemption.py -m "$MODEL" -ngl 99 --batch-tokens 2048 --prompt-lens ${PREEMPT_LENS:-128 1024} \
       -n "${PREEMPT_N:-64}" -o 128 --modes swap swap-llama recompute auto stock --repeats "${PREEMPT_REPEATS:-2}" \
       --out "$OUT/preemption_gpu.json" 2>&1 | grep -v '^{' | tail -14 | tee -a "$OUT/run.log" || log "preemption bench failed"
+fi
+if want prefix; then  # issue 14: prefix caching through the servers on the GPU, cache on / off / llama-server
+  SERVER_BIN=$(find "$BUILD_DIR" -name llama-server -type f | head -1)
+  for np in ${PREFIX_NP:-64 256}; do
+    log "prefix: cacheflow serve (cache on, off) vs llama-server (cache_prompt) -np $np, shared-prefix and multi-turn"
+    ctx=$((np * 2048))
+    cacheflow serve -m "$MODEL" -ngl 99 -np "$np" -c "$ctx" --port 8091 --host 127.0.0.1 > "$OUT/prefix_on_np$np.log" 2>&1 &
+    p1=$!
+    cacheflow serve -m "$MODEL" -ngl 99 -np "$np" -c "$ctx" --no-cache-prompt --port 8092 --host 127.0.0.1 \
+        > "$OUT/prefix_off_np$np.log" 2>&1 &
+    p2=$!
+    "$SERVER_BIN" -m "$MODEL" -ngl 99 -np "$np" -c "$ctx" -fa on --port 8093 --host 127.0.0.1 > "$OUT/prefix_ls_np$np.log" 2>&1 &
+    p3=$!
+    for port in 8091 8092 8093; do
+      for _ in $(seq 1 120); do curl -sf "http://127.0.0.1:$port/health" > /dev/null && break; sleep 1; done
+      curl -sf "http://127.0.0.1:$port/completion" -d '{"prompt": "Hello", "n_predict": 4}' > /dev/null || true
+    done
+    timeout 300 cacheflow bench serve http://127.0.0.1:8091 --baseline http://127.0.0.1:8092 --baseline http://127.0.0.1:8093 \
+        -m "$MODEL" --dataset shared-prefix -n $((np * 2)) -p 1000 -o 32 --max-concurrency "$np" --cache-prompt \
+        --out "$OUT/prefix_shared_np$np" 2>&1 | grep -v 'req/s' | tail -6 | tee -a "$OUT/run.log" \
+        || log "shared-prefix bench (-np $np) failed"
+    timeout 300 cacheflow bench serve http://127.0.0.1:8091 --baseline http://127.0.0.1:8092 --baseline http://127.0.0.1:8093 \
+        -m "$MODEL" --dataset multi-turn -n "$np" --turns 4 -p 200 --user-len 50 -o 64 --max-concurrency "$np" \
+        --cache-prompt --out "$OUT/prefix_multiturn_np$np" 2>&1 | grep -v 'req/s' | tail -6 | tee -a "$OUT/run.log" \
+        || log "multi-turn bench (-np $np) failed"
+    kill $p1 $p2 $p3 2>/dev/null || true
+    wait $p1 $p2 $p3 2>/dev/null || true
+  done
 fi
 if want vs_llama_server; then  # issue 11: cacheflow serve (defaults: paged on CUDA) vs llama-server, same build
   SERVER_BIN=$(find "$BUILD_DIR" -name llama-server -type f | head -1)
