@@ -171,11 +171,11 @@ if want prefix; then  # issue 14: prefix caching through the servers on the GPU,
     done
     timeout 300 cacheflow bench serve http://127.0.0.1:8091 --baseline http://127.0.0.1:8092 --baseline http://127.0.0.1:8093 \
         -m "$MODEL" --dataset shared-prefix -n $((np * 2)) -p 1000 -o 32 --max-concurrency "$np" --cache-prompt \
-        --out "$OUT/prefix_shared_np$np" 2>&1 | grep -v 'req/s' | tail -6 | tee -a "$OUT/run.log" \
+        --out "$OUT/prefix_shared_np$np" 2>&1 | grep -v "req/s" | tail -9 | tee -a "$OUT/run.log" \
         || log "shared-prefix bench (-np $np) failed"
     timeout 300 cacheflow bench serve http://127.0.0.1:8091 --baseline http://127.0.0.1:8092 --baseline http://127.0.0.1:8093 \
         -m "$MODEL" --dataset multi-turn -n "$np" --turns 4 -p 200 --user-len 50 -o 64 --max-concurrency "$np" \
-        --cache-prompt --out "$OUT/prefix_multiturn_np$np" 2>&1 | grep -v 'req/s' | tail -6 | tee -a "$OUT/run.log" \
+        --cache-prompt --out "$OUT/prefix_multiturn_np$np" 2>&1 | grep -v "req/s" | tail -9 | tee -a "$OUT/run.log" \
         || log "multi-turn bench (-np $np) failed"
     kill $p1 $p2 $p3 2>/dev/null || true
     wait $p1 $p2 $p3 2>/dev/null || true
