@@ -77,7 +77,7 @@ def test_defaults_and_env_vars(engine_kwargs, monkeypatch):
 @pytest.mark.parametrize(
     "args,message",
     [
-        (["--mlock"], "unsupported llama-server flag --mlock: "),
+        (["-lm", "mlock"], "unsupported llama-server flag -lm (--load-mode): "),
         (["--hf-repo", "x/y"], "unsupported llama-server flag -hf (-hfr, --hf-repo): "),
         (["--bogus"], "no such option: --bogus"),
         (["-ctk", "q8_0"], "CacheFlow's KV cache is f16"),
@@ -137,12 +137,16 @@ def test_every_llama_server_flag_is_accepted_or_named(engine_kwargs):
 
 
 def test_flags_that_change_nothing_are_accepted_with_a_note(engine_kwargs):
-    """llama-server launch scripts pass --log-disable, --threads-http, --cache-reuse, --keep: the
-    server starts, with one note per flag saying why it is ignored."""
-    result = invoke("--log-disable", "--threads-http", "4", "--cache-reuse", "256", "--keep", "10")
+    """llama-server launch scripts pass --log-disable, --threads-http, --cache-reuse, --keep, and
+    --mlock, --no-mmap, --mmap of earlier releases: the server starts, with one note per flag
+    saying why it is ignored."""
+    result = invoke("--log-disable", "--threads-http", "4", "--cache-reuse", "256", "--keep", "10",
+                    "--mlock", "--no-mmap", "--mmap")  # fmt: skip
     assert isinstance(result.exception, Loaded), result.output
-    for flag in ("--log-disable", "--threads-http", "--cache-reuse", "--keep"):
+    for flag in ("--log-disable", "--threads-http", "--cache-reuse", "--keep", "--mlock",
+                 "--no-mmap", "--mmap"):  # fmt: skip
         assert f"note: llama-server flag {flag} accepted and ignored: " in result.output, flag
+    assert "loads the model in llama.cpp's default mode (memory-mapped" in result.output
     assert len(engine_kwargs) == 1
 
 
