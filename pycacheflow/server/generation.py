@@ -20,6 +20,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from pycacheflow import errors
 from pycacheflow.server import responses, sse
+from pycacheflow.server.pieces import PieceJoiner, delta_pieces
 from pycacheflow.server.protocol import GenerationRequest, parse_chat, parse_completion
 from pycacheflow.server.streams import RequestGroup
 
@@ -27,7 +28,6 @@ if TYPE_CHECKING:
     from starlette.requests import Request
     from starlette.types import Receive, Scope, Send
 
-    from pycacheflow.outputs import StreamDelta, TokenLogprobs
     from pycacheflow.server.responses import Completion
     from pycacheflow.server.state import Job, ServerState
 
@@ -165,6 +165,7 @@ class _EventStream(StreamingResponse):
 async def _stream_llama(
     state: ServerState, group: RequestGroup, req: GenerationRequest, jobs: list[Job]
 ) -> AsyncIterator[bytes]:
+    joiners = [PieceJoiner(state.pieces.raw) for _ in jobs]
     async for index, delta in group.deltas(state.config.sse_ping_s):
         if delta is None:
             yield sse.PING
@@ -177,16 +178,18 @@ async def _stream_llama(
                     index, "", (), job.num_decoded, state.slot_id(job)), p, req.timings_per_token)
                 for p in delta.progress
             ])  # fmt: skip
+        pieces = []
         if (delta.text or delta.token_ids) and not job.discard_output:
             state.progress(job, delta)
-            decoded = job.num_decoded - len(delta.token_ids)
-            chunks = []
-            for text, token_ids, entry in _per_token(delta):
-                decoded += len(token_ids)
-                probs = state.stream_probs(job, entry) if entry is not None else None
-                chunks.append(responses.completion_partial(
-                    index, text, token_ids, decoded, state.slot_id(job), probs))  # fmt: skip
-            yield sse.events(chunks)
+            pieces = joiners[index].join(delta_pieces(delta))
+        if delta.output is not None:
+            pieces += joiners[index].flush()
+        if pieces:
+            yield sse.events([
+                responses.completion_partial(index, p.text, p.token_ids, p.num_decoded,
+                                             state.slot_id(job), state.stream_probs(job, p.logprobs))
+                for p in pieces
+            ])  # fmt: skip
         if delta.output is not None:
             done = state.finish(job, delta.output)
             prompt_text = state.prompt_text(done.output)
@@ -198,6 +201,7 @@ async def _stream_oai_completion(
 ) -> AsyncIterator[bytes]:
     ids = responses.ResponseIds("cmpl", state.model_name)
     finished = []
+    joiners = [PieceJoiner(state.pieces.raw) for _ in jobs]
     async for index, delta in group.deltas(state.config.sse_ping_s):
         if delta is None:
             yield sse.PING
@@ -210,12 +214,17 @@ async def _stream_oai_completion(
                                         req.timings_per_token)
                 for p in delta.progress
             ])  # fmt: skip
+        pieces = []
         if (delta.text or delta.logprobs) and not job.discard_output:
             state.progress(job, delta)
+            pieces = joiners[index].join(delta_pieces(delta))
+        if delta.output is not None:
+            pieces += joiners[index].flush()
+        if pieces:
             yield sse.events([
-                responses.oai_completion_chunk(
-                    ids, index, text, None, state.stream_probs(job, entry) if entry else None)
-                for text, _, entry in _per_token(delta)
+                responses.oai_completion_chunk(ids, index, p.text, None,
+                                               state.stream_probs(job, p.logprobs))
+                for p in pieces
             ])  # fmt: skip
         if delta.output is not None:
             done = state.finish(job, delta.output)
@@ -231,6 +240,8 @@ async def _stream_chat(
 ) -> AsyncIterator[bytes]:
     ids = responses.ResponseIds("chatcmpl", state.model_name)
     sent_role: set[int] = set()
+    # a chat stream sends only chunks that change the message (llama-server: one per diff)
+    joiners = [PieceJoiner(state.pieces.raw, hold_all_empty=True) for _ in jobs]
     async for index, delta in group.deltas(state.config.sse_ping_s):
         if delta is None:
             yield sse.PING
@@ -251,31 +262,15 @@ async def _stream_chat(
             sent_role.add(index)
         if (delta.text or delta.logprobs) and not job.discard_output:
             state.progress(job, delta)
-            for text, _, entry in _per_token(delta):
-                probs = state.stream_probs(job, entry) if entry is not None else None
-                chunks.append(responses.chat_chunk(ids, {"content": text}, None, index, probs))
+            for p in joiners[index].join(delta_pieces(delta)):
+                chunks.append(responses.chat_chunk(ids, {"content": p.text}, None, index,
+                                                   state.stream_probs(job, p.logprobs)))  # fmt: skip
         if delta.output is not None:
             done = state.finish(job, delta.output)
             chunks += responses.chat_last_chunks(ids, done, req.include_usage, index)
         if chunks:
             yield sse.events(chunks)
     yield sse.DONE
-
-
-def _per_token(
-    delta: StreamDelta,
-) -> list[tuple[str, tuple[int, ...], TokenLogprobs | None]]:
-    """The stream chunks of one delta as (text, token ids, probabilities): the delta whole when
-    it has no token probabilities, else one chunk per token (llama-server sends one per token,
-    each with its own probabilities), then any text no token released (an aborted request's
-    last flush)."""
-    if not delta.logprobs:
-        return [(delta.text, delta.token_ids, None)]
-    chunks = [(lp.text, (lp.token_id,), lp) for lp in delta.logprobs]
-    rest = delta.text[sum(len(lp.text) for lp in delta.logprobs):]
-    if rest:
-        chunks.append((rest, (), None))
-    return chunks
 
 
 _Streamer = Callable[

@@ -327,9 +327,12 @@ class ServerState:
             entries = entries[: max(0, len(entries) - num_stop_tokens)]
         return probs_json(entries, post_sampling, self.pieces)
 
-    def stream_probs(self, job: Job, entry: TokenLogprobs) -> list[dict[str, object]]:
-        """The probabilities of one streamed token, as a one-entry list."""
-        return probs_json((entry,), job.post_sampling_probs, self.pieces)
+    def stream_probs(
+        self, job: Job, entries: Sequence[TokenLogprobs]
+    ) -> list[dict[str, object]] | None:
+        """The probabilities of the tokens of one stream chunk (one entry each; usually one
+        token), or None when it has none."""
+        return probs_json(entries, job.post_sampling_probs, self.pieces) if entries else None
 
     def progress(self, job: Job, delta: StreamDelta) -> None:
         """Account streamed output of a job (for /slots and ``tokens_predicted``)."""

@@ -103,6 +103,22 @@ def test_completion_json_and_stream(client):
     assert events[-1]["stop_type"] == "limit" and events[-1]["content"] == ""
 
 
+def test_a_token_inside_a_character_sends_no_chunk(client):
+    """The fake's tokens are bytes, so "€" takes three: llama-server sends no chunk for a token
+    that ends inside a character, and the bytes (and tokens) go out with the next chunk."""
+    body = {"prompt": "€é", "n_predict": 25, "stream": True}  # 5 bytes, 5 times
+    paths = (("/completion", lambda e: e["content"]),
+             ("/v1/completions", lambda e: e["choices"][0]["text"]))  # fmt: skip
+    for path, text_of in paths * 3:  # a delta may hold several tokens: try more than once
+        events = stream_events(client, path, body)
+        chunks = [e for e in events if e != "[DONE]"][:-1]  # not the closing chunk
+        assert all(text_of(e) for e in chunks), [text_of(e) for e in chunks]
+        assert "".join(text_of(e) for e in chunks) == "€é" * 5
+    events = stream_events(client, "/completion", body)
+    assert [t for e in events for t in e["tokens"]] == list("€é".encode() * 5)
+    assert events[-2]["tokens_predicted"] == 25
+
+
 def test_completion_stop_word_and_zero_n_predict(client):
     result = client.post("/completion", json={"prompt": "abcXd", "n_predict": 20,
                                               "stop": ["Xd"]}).json()  # fmt: skip
