@@ -101,6 +101,14 @@ class ServerState:
         """The model id of responses."""
         return self.config.model_name
 
+    @property
+    def model_ftype(self) -> str:
+        """llama-server's ``model_ftype``, llama.cpp's name of the file type (e.g. "Q4_1",
+        "Q4_K - Medium", "(guessed) F16"): the last part of llama_model_desc, which is
+        "<arch> <size> <ftype>"."""
+        parts = self.info.description.split(" ", 2)
+        return parts[2] if len(parts) == 3 else ""
+
     def default_settings(self) -> dict[str, object]:
         """Generation settings of a request that sets nothing (for /props and idle slots)."""
         from pycacheflow.server.protocol import parse_completion

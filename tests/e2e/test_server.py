@@ -75,6 +75,8 @@ def test_health_props_models(client):
     assert caps["supports_system_role"] and caps["supports_string_content"]
     assert not caps["supports_tools"] and not caps["supports_tool_calls"]
     assert props["modalities"] == {"vision": False, "video": False, "audio": False}
+    assert props["model_ftype"] == "Q4_1"  # llama.cpp's llama_ftype_name of the default model
+    assert client.get("/v1/models").json()["data"][0]["meta"]["ftype"] == "Q4_1"
     assert props["model_path"].endswith(".gguf") and props["build_info"].startswith("b")
     for path in ("/models", "/v1/models"):
         assert client.get(path).json()["data"][0]["id"] == "smollm2"

@@ -80,6 +80,54 @@ def test_info_endpoints(client):
     assert not any(s["is_processing"] for s in slots)
 
 
+def test_props_has_llama_servers_fields(client):
+    """Every top-level field of llama-server's /props (server-context.cpp get_res_props)."""
+    props = client.get("/props").json()
+    llama_server = {"default_generation_settings", "total_slots", "model_alias", "model_ftype",
+                    "model_path", "modalities", "media_marker", "endpoint_slots",
+                    "endpoint_props", "endpoint_metrics", "ui", "ui_settings", "chat_template",
+                    "chat_template_caps", "bos_token", "eos_token", "build_info", "is_sleeping",
+                    "cors_proxy_enabled"}  # fmt: skip
+    assert llama_server <= set(props), llama_server - set(props)
+    assert props["media_marker"].startswith("<__media_") and props["media_marker"].endswith("__>")
+    assert props["media_marker"] == client.get("/props").json()["media_marker"]  # one per process
+    assert props["cors_proxy_enabled"] is False and props["endpoint_props"] is False
+    details = client.get("/models").json()["models"][0]["details"]
+    assert details["format"] == "gguf"
+
+
+@pytest.mark.parametrize(
+    "method,path,status,fragment",
+    [
+        ("GET", "/cors-proxy", 403, "this feature is disabled"),
+        ("POST", "/cors-proxy", 403, "this feature is disabled"),
+        ("POST", "/props", 501, "does not support changing global properties"),
+        ("POST", "/slots/0?action=save", 501, "does not support slots action"),
+        ("POST", "/v1/embeddings", 501, "does not support embeddings"),
+        ("POST", "/embedding", 501, "does not support embeddings"),
+        ("POST", "/rerank", 501, "does not support reranking"),
+        ("POST", "/v1/responses", 501, "Responses API"),
+        ("POST", "/v1/messages", 501, "Anthropic Messages API"),
+        ("POST", "/infill", 501, "infill"),
+        ("POST", "/lora-adapters", 501, "LoRA"),
+        ("POST", "/v1/chat/completions/control", 501, "reasoning control"),
+    ],
+)
+def test_features_cacheflow_lacks_answer_as_llama_server(client, method, path, status, fragment):
+    """A feature llama-server turns off without its flag gets llama-server's status for that
+    case (403 for the CORS proxy, 501 not_supported_error otherwise); an API CacheFlow lacks
+    fails with 501 naming it, not with a 404."""
+    response = client.request(method, path, json={})
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert fragment in error["message"]
+    if status == 403:  # llama-server's res_403: no "code"
+        assert error == {"message": "this feature is disabled", "type": "feature_disabled"}
+    else:
+        assert (error["code"], error["type"]) == (501, "not_supported_error")
+    assert client.get("/lora-adapters").json() == []  # none loaded, as llama-server without --lora
+
+
 def test_text_endpoints(client):
     assert client.post("/tokenize", json={"content": "hi"}).json() == {"tokens": [104, 105]}
     pieces = client.post("/tokenize", json={"content": "hi", "with_pieces": True}).json()
@@ -465,9 +513,12 @@ def test_web_page_flags_and_aliases(fake_env, fake_model):
     finally:
         assert proc.stop() == 0
         proc.close()
-    proc = start(fake_env, fake_model, "--no-ui")
+    proc = start(fake_env, fake_model, "--no-ui", "--no-slots")
     try:
         assert httpx.get(proc.base_url + "/").status_code == 404
+        for path, flag in (("/metrics", "--metrics"), ("/slots", "--slots")):  # llama-server's
+            error = httpx.get(proc.base_url + path).json()["error"]  # words, flag included
+            assert error["code"] == 501 and error["message"].endswith(f"Start it with `{flag}`")
     finally:
         assert proc.stop() == 0
         proc.close()
