@@ -78,8 +78,13 @@ class ServerState:
         self.config = config
         self.info = llm.info
         self.metrics = ServerMetrics()
-        # llama-server's context per slot (-c / -np), within the engine's per sequence
+        # llama-server's context per slot (-c / -np), within the engine's per sequence and, as
+        # llama-server's n_ctx_slot(), the trained context
         self.n_ctx_slot = min(config.n_ctx_slot or self.info.n_ctx_per_seq, self.info.n_ctx_per_seq)
+        if 0 < self.info.n_ctx_train < self.n_ctx_slot:
+            logger.warning("the slot context (%d) exceeds the training context of the model "
+                           "(%d) - capping", self.n_ctx_slot, self.info.n_ctx_train)  # fmt: skip
+            self.n_ctx_slot = self.info.n_ctx_train
         self.slots = SlotTable(self.info.max_num_seqs, self.n_ctx_slot)
         self.groups: set[RequestGroup] = set()  # of HTTP requests in flight
         self._waker: LoopWaker | None = None  # created on the loop, on first use
