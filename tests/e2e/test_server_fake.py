@@ -610,3 +610,59 @@ def test_token_array_and_mixed_prompts_and_the_slot_context(client):
     oai = client.post("/v1/completions", json={"prompt": [[104, 105], "ab"], "max_tokens": 2})
     assert [c["text"] for c in oai.json()["choices"]] == ["hi", "ab"]
     assert {s["n_ctx"] for s in client.get("/slots").json()} == {FAKE_CTX_PER_SEQ}
+
+
+# A chat template that marks reasoning (<think>reasoning_content</think>) and renders a user
+# turn as its bare content, so that the fake, which generates its prompt, answers with the
+# user's text: the model "thinks" exactly what the test writes.
+THINKING_TEMPLATE = (
+    "{%- for m in messages -%}{%- if m.role == 'assistant' -%}"
+    "<think>{{ m.reasoning_content or '' }}</think>{{ m.content }}"
+    "{%- else -%}{{ m.content }}{%- endif -%}{%- endfor -%}"
+    "{%- if add_generation_prompt and enable_thinking is false -%}/no_think{%- endif -%}"
+)
+
+
+def test_reasoning_moves_to_reasoning_content(fake_env, fake_model, tmp_path):
+    """As llama-server: the template's markers (found by probing it) split the answer into
+    message.reasoning_content and content, streamed as reasoning_content deltas then content
+    deltas; reasoning_format "none" (request or --reasoning-format) leaves it in the content;
+    -rea off tells the template enable_thinking false."""
+    template = tmp_path / "thinking.jinja"
+    template.write_text(THINKING_TEMPLATE)
+    said = "<think>two and two</think>four"
+    body = {"messages": [{"role": "user", "content": said}], "max_tokens": len(said)}
+    proc = start(fake_env, fake_model, "--chat-template-file", str(template))
+    try:
+        with httpx.Client(base_url=proc.base_url, timeout=30) as c:
+            message = c.post("/v1/chat/completions", json=body).json()["choices"][0]["message"]
+            assert message == {"role": "assistant", "content": "four",
+                               "reasoning_content": "two and two"}  # fmt: skip
+            events = stream_events(c, "/v1/chat/completions", {**body, "stream": True})
+            deltas = [e["choices"][0]["delta"] for e in events[:-1] if e["choices"]]
+            assert "".join(d.get("reasoning_content", "") for d in deltas) == "two and two"
+            assert "".join(d.get("content") or "" for d in deltas) == "four"
+            assert all(len(d) == 1 for d in deltas[1:-1])  # one part per chunk, none empty
+            assert all(next(iter(d.values())) for d in deltas[1:-1])
+            last_reasoning = max(i for i, d in enumerate(deltas) if "reasoning_content" in d)
+            assert all("content" not in d for d in deltas[1:last_reasoning])
+            raw = c.post("/v1/chat/completions", json={**body, "reasoning_format": "none"}).json()
+            assert raw["choices"][0]["message"] == {"role": "assistant", "content": said}
+            settings = c.get("/props").json()["default_generation_settings"]["params"]
+            assert settings["reasoning_format"] == "deepseek"
+            prompt = c.post("/apply-template", json=body).json()["prompt"]
+            assert prompt == said  # enable_thinking true: the template supports thinking
+    finally:
+        assert proc.stop() == 0, proc.log()
+        proc.close()
+    proc = start(fake_env, fake_model, "--chat-template-file", str(template),
+                 "--reasoning-format", "none", "-rea", "off")  # fmt: skip
+    try:
+        with httpx.Client(base_url=proc.base_url, timeout=30) as c:
+            prompt = c.post("/apply-template", json=body).json()["prompt"]
+            assert prompt == said + "/no_think"
+            answer = c.post("/v1/chat/completions", json=body).json()["choices"][0]["message"]
+            assert answer == {"role": "assistant", "content": said}
+    finally:
+        assert proc.stop() == 0, proc.log()
+        proc.close()

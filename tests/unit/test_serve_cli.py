@@ -342,3 +342,38 @@ def test_bad_chat_and_sampling_flags(server_configs, args, message):
     result = invoke(*args)
     assert result.exit_code == 2, result.output
     assert message in result.output
+
+
+def test_reasoning_flags(server_configs, monkeypatch):
+    """--reasoning-format (LLAMA_ARG_THINK) is the requests' default; -rea on / off and
+    --reasoning-effort become template variables, as in llama-server's default kwargs."""
+    result = invoke("--reasoning-format", "none", "-rea", "off", "--reasoning-effort", "high",
+                    "--reasoning-budget", "-1", "--chat-template-kwargs", '{"x": 1}')  # fmt: skip
+    assert isinstance(result.exception, Loaded), result.output
+    config = server_configs[-1]
+    assert config.defaults.reasoning_format == "none"
+    assert config.chat_template_kwargs == {"x": 1, "enable_thinking": False,
+                                           "reasoning_effort": "high"}  # fmt: skip
+    monkeypatch.setenv("LLAMA_ARG_THINK", "deepseek-legacy")
+    result = invoke("--reasoning", "enabled")  # llama.cpp's spellings of on
+    assert isinstance(result.exception, Loaded), result.output
+    config = server_configs[-1]
+    assert config.defaults.reasoning_format == "deepseek-legacy"
+    assert config.chat_template_kwargs == {"enable_thinking": True}
+    result = invoke()
+    assert server_configs[-1].chat_template_kwargs == {}  # auto: the template decides
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [(["--reasoning-budget", "0"], "unsupported llama-server flag --reasoning-budget 0: a "
+      "thinking budget needs llama.cpp's reasoning-budget sampler"),
+     (["-rea", "maybe"], "unknown value for --reasoning: 'maybe'"),
+     (["--reasoning-format", "think"], "'think' is not one of"),
+     (["--reasoning-budget-message", "x"], "unsupported llama-server flag --reasoning-budget-"
+      "message")],
+)  # fmt: skip
+def test_bad_reasoning_flags(server_configs, args, message):
+    result = invoke(*args)
+    assert result.exit_code == 2, result.output
+    assert message in result.output
