@@ -140,6 +140,7 @@ def load_llm(
     explicit: set[str] | frozenset[str] = frozenset(),
     hints: dict[str, str] | None = None,
     n_ctx_slot: int = 0,
+    ctx_size: int | None = None,
 ) -> LLM:
     """Build the engine for a command (model None = the default model, fetched if needed).
 
@@ -153,6 +154,9 @@ def load_llm(
         explicit: the fields whose options the user gave (``explicit_fields``): a message about
             two fields is reported under the one the user set.
         hints: option -> a sentence appended when a value is reported under that option.
+        n_ctx_slot: the server's context per slot, for the notice of a rounded context.
+        ctx_size: the context size the user asked for, for that notice; None = the config's
+            n_ctx (serve passes the n_ctx it computed from -c, so it gives -c here).
 
     Raises:
         click.UsageError: a bad config value (exit 2), refused by EngineConfig (types) or by the
@@ -185,7 +189,7 @@ def load_llm(
         raise click.UsageError(_under_option(str(exc), option_names, explicit, hints)) from None
     except CacheFlowError as exc:
         raise to_click_error(exc) from None
-    notice = ctx_size_notice(config.n_ctx, llm.info, n_ctx_slot)
+    notice = ctx_size_notice(config.n_ctx if ctx_size is None else ctx_size, llm.info, n_ctx_slot)
     if notice:
         click.echo(notice, err=True)
     return llm
@@ -243,6 +247,8 @@ def ctx_size_notice(n_ctx: int, info: ModelInfo, n_ctx_slot: int = 0) -> str | N
     if n_ctx <= 0 or info.n_ctx == n_ctx:
         return None
     per_seq = " per sequence" if info.kv_mode_name == "stock" else ""
+    if n_ctx_slot > 0 and info.n_ctx > (n_ctx + 255) // 256 * 256:
+        per_seq = " per slot"  # serve -c C -np N: each slot's share is padded (llama-context.cpp)
     limit = (f"at most {min(n_ctx_slot, info.n_ctx_per_seq)} tokens per slot" if n_ctx_slot > 0
              else f"at most {info.n_ctx_per_seq} tokens per sequence")  # fmt: skip
     return (

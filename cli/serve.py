@@ -32,6 +32,7 @@ from cli.common import (
     swap_space_bytes,
 )
 from cli.serve_compat import ServeCommand
+from cli.serve_context import ContextPlan, plan_context, read_model_shape
 from cli.serve_flags import (
     chat_template_kwargs,
     chat_template_option,
@@ -98,8 +99,9 @@ def _env(name: str) -> str:
     type=click.IntRange(min=0),
     default=0,
     envvar=_env("CTX_SIZE"),
-    help="KV capacity in tokens over all slots (llama-server: prompt context, split "
-    "over -np slots); 0 = parallel x min(trained context, 2048).",
+    help="Context size in tokens, split over the -np slots as llama-server splits it (each "
+    "slot's share padded to 256; shared with -kvu or -np automatic); 0 = the model's trained "
+    "context for every slot, less if that does not fit in memory (llama-server's --fit).",
 )
 @click.option(
     "-np",
@@ -377,14 +379,18 @@ def serve(**options: object) -> None:
     # uvicorn's log and exit status 3 after the load.
     socks = _listen_all(_hosts(str(options["host"])), int(options["port"]))
     try:
-        model = options["model"]
-        if model is None and options["offline"]:
-            model = _cached_default_model()
+        model = _model_path(options)
+        plan = _context_plan(options, model)
+        config_kwargs["n_ctx"] = plan.n_ctx
+        if plan.note:
+            click.echo(plan.note, err=True)
         llm = load_llm(model, config_kwargs, "-c/--ctx-size, --kv-cache-memory or -np",
                        SERVE_OPTION_NAMES, explicit_fields(SERVE_PARAMS),
-                       n_ctx_slot=_n_ctx_slot(options))  # fmt: skip
+                       n_ctx_slot=plan.n_ctx_slot,
+                       ctx_size=int(options["ctx_size"]))  # fmt: skip
         try:
-            app = _make_app(llm, options, defaults, chat_template, template_kwargs)
+            app = _make_app(llm, options, defaults, chat_template, template_kwargs,
+                            plan.n_ctx_slot)  # fmt: skip
             _run(app, socks, options)
         finally:
             llm.close()
@@ -437,22 +443,30 @@ def _cached_default_model() -> Path:
     return path
 
 
-_DEFAULT_N_CTX_SLOT = 2048  # llama-server's per-slot context with -c 0 (capped at the trained one)
+def _model_path(options: dict[str, object]) -> Path:
+    """-m, else the default model (fetched into the cache if needed; with --offline it must be
+    there already)."""
+    if options["model"] is not None:
+        return Path(options["model"])
+    if options["offline"]:
+        return _cached_default_model()
+    from pycacheflow import model_hub
+
+    try:
+        return model_hub.ensure_default_model(progress=True)
+    except CacheFlowError as exc:
+        raise click.ClickException(str(exc)) from None
 
 
-def _n_ctx_slot(options: dict[str, object]) -> int:
-    """llama-server's context per slot: -c split over -np slots (the whole -c with -kvu, or
-    when -np is automatic). With -c 0 the total is -np x min(trained context, 2048), so a slot
-    holds 2048 tokens (less where the engine's context per sequence is smaller); 0 = the engine's
-    context per sequence (-np automatic, or -kvu). -c counts as llama.cpp allocates it, rounded up
-    to a multiple of 256 tokens (so -c 5 -np 4 gives slots of 64, as the start-up notice says)."""
+def _context_plan(options: dict[str, object], model: Path) -> ContextPlan:
+    """The KV tokens and the context per slot of -c, -np and -kvu, as llama-server sizes them
+    (cli/serve_context.py); with --kv-cache-memory the budget sizes the cache instead (-c must
+    be 0 then, as the engine checks) and a sequence may use the engine's context per sequence."""
     ctx_size, parallel = int(options["ctx_size"]), int(options["parallel"])
-    ctx_size = (ctx_size + 255) // 256 * 256  # llama.cpp's KV padding (0 stays 0)
-    if ctx_size == 0:
-        return 0 if parallel <= 0 or options["kv_unified"] else _DEFAULT_N_CTX_SLOT
-    if parallel <= 0 or options["kv_unified"]:
-        return ctx_size
-    return max(1, ctx_size // parallel)
+    if int(options["kv_cache_memory"]) > 0:
+        return ContextPlan(ctx_size, 0)
+    shape = read_model_shape(model) if ctx_size == 0 else None
+    return plan_context(ctx_size, parallel, bool(options["kv_unified"]), shape)
 
 
 def _engine_kwargs(options: dict[str, object]) -> dict[str, object]:
@@ -504,6 +518,7 @@ def _make_app(
     defaults: object,
     chat_template: str | None,
     template_kwargs: dict[str, object],
+    n_ctx_slot: int,
 ) -> object:
     try:
         from pycacheflow.server import ServerConfig, create_app
@@ -529,7 +544,7 @@ def _make_app(
             tags=_split(options["tags"]),
             enable_ui=bool(options["enable_ui"]),
             verbose=bool(options["verbose"]),
-            n_ctx_slot=_n_ctx_slot(options),
+            n_ctx_slot=n_ctx_slot,
         )
     except ValueError as exc:  # e.g. an empty --cors-methods
         raise click.UsageError(str(exc)) from None

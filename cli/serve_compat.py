@@ -25,6 +25,10 @@ _DEVICES = (
 )
 _DOWNLOAD = "CacheFlow does not download models; fetch the GGUF file and pass it with -m"
 _TEXT_ONLY = "CacheFlow serves text generation only"
+_LOAD_MODE = (
+    "a flag of earlier llama-server releases (the pinned one has -lm/--load-mode); CacheFlow "
+    "loads the model in llama.cpp's default mode (memory-mapped, not locked in RAM)"
+)
 
 # Why a flag is missing, where more can be said than "not implemented"; keyed by any of its names.
 _WHY: dict[str, str] = {
@@ -49,10 +53,13 @@ IGNORED: dict[str, str] = {
     "across requests; llama-server's chunk shifting within a slot is not needed",
     "--keep": "tokens kept when the context shifts, and CacheFlow never shifts the context "
     "(as llama-server's default --no-context-shift)",
+    **dict.fromkeys(("--mlock", "--no-mmap", "--mmap"), _LOAD_MODE),
 }
 # Flags of earlier llama-server releases, still common in scripts (the pinned one replaced them
-# with -lm/--load-mode); they fail by name too.
-_EARLIER_FLAGS: tuple[tuple[tuple[str, ...], int], ...] = ((("--mlock",), 0), (("--no-mmap",), 0))
+# with -lm/--load-mode); accepted with the note of IGNORED.
+_EARLIER_FLAGS: tuple[tuple[tuple[str, ...], int], ...] = (
+    (("--mlock",), 0), (("--no-mmap",), 0), (("--mmap",), 0)
+)
 _NOT_IMPLEMENTED = (
     "cacheflow serve does not implement it (`cacheflow serve --help` lists its flags)"
 )

@@ -1,5 +1,5 @@
 """llama-server flags of ``cacheflow serve`` beyond the engine's: server-wide sampling defaults,
-chat-template choice, model tags and switches that have nothing to change in CacheFlow.
+chat-template choice, reasoning, model tags and switches that have nothing to change in CacheFlow.
 
 Each flag keeps llama-server's names, LLAMA_ARG_* variable and meaning; ``serve_flag_options``
 adds them to the command and ``request_defaults``/``chat_options`` turn the parsed values into
@@ -14,6 +14,7 @@ from pathlib import Path
 
 import click
 
+from pycacheflow.reasoning import DEFAULT_REASONING_FORMAT, REASONING_FORMATS
 from pycacheflow.server.config import RequestDefaults
 
 _DEFAULTS = RequestDefaults()
@@ -70,6 +71,22 @@ def serve_flag_options(command: Callable) -> Callable:
                 help="Chat template from a file (Jinja text or a built-in name)."),
         _option("--chat-template-kwargs", envvar=_env("CHAT_TEMPLATE_KWARGS"),
                 help="JSON object of extra chat-template variables, e.g. '{\"key\": 1}'."),
+        _option("--reasoning-format", type=click.Choice(REASONING_FORMATS), default=None,
+                envvar=_env("THINK"),
+                help="Chat answers: 'none' leaves a reasoning block in the content; 'deepseek', "
+                "'deepseek-legacy' and 'auto' move it to reasoning_content, when the chat "
+                "template marks reasoning (e.g. <think>...</think>). Default: deepseek."),
+        _option("-rea", "--reasoning", "reasoning", default="auto", show_default=True,
+                envvar=_env("REASONING"), callback=_reasoning_switch,
+                help="Thinking in the chat: on, off or auto (the template's enable_thinking: "
+                "on when the template marks reasoning)."),
+        _option("--reasoning-effort", default="default", show_default=True,
+                envvar=_env("REASONING_EFFORT"),
+                help="Reasoning effort given to the chat template (reasoning_effort), e.g. low, "
+                "medium, high; 'default' keeps the template's."),
+        _option("--reasoning-budget", type=click.IntRange(min=-1), default=-1, show_default=True,
+                envvar=_env("THINK_BUDGET"), callback=_reasoning_budget,
+                help="Thinking token budget: only -1 (unrestricted) is implemented."),
         _option("--prefill-assistant/--no-prefill-assistant", "prefill_assistant",
                 default=True, show_default=True, envvar=_env("PREFILL_ASSISTANT"),
                 help="A final assistant message is continued (prefilled), not closed."),
@@ -87,6 +104,40 @@ def serve_flag_options(command: Callable) -> Callable:
     for option in reversed(options):
         command = option(command)
     return command
+
+
+_TRUTHY = ("on", "enabled", "true", "1")  # llama.cpp's common_arg_utils::is_truthy
+_FALSEY = ("off", "disabled", "false", "0")
+_AUTOY = ("auto", "-1")
+
+
+def _reasoning_switch(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    """-rea as llama-server reads it: "on", "off" or "auto" (and their other spellings)."""
+    for name, spellings in (("on", _TRUTHY), ("off", _FALSEY), ("auto", _AUTOY)):
+        if value in spellings:
+            return name
+    raise click.BadParameter(f"unknown value for --reasoning: {value!r} (on, off or auto)")
+
+
+def _reasoning_budget(ctx: click.Context, param: click.Parameter, value: int) -> int:
+    if value != -1:
+        raise click.UsageError(
+            "unsupported llama-server flag --reasoning-budget "
+            f"{value}: a thinking budget needs llama.cpp's reasoning-budget sampler, which "
+            "CacheFlow does not run; only -1 (unrestricted, the default) is accepted", ctx
+        )
+    return value
+
+
+def reasoning_template_kwargs(options: dict[str, object]) -> dict[str, object]:
+    """The chat-template variables -rea and --reasoning-effort set, as llama-server puts them in
+    its default template kwargs: enable_thinking (-rea on / off) and reasoning_effort."""
+    kwargs: dict[str, object] = {}
+    if options["reasoning"] != "auto":
+        kwargs["enable_thinking"] = options["reasoning"] == "on"
+    if options["reasoning_effort"] != "default":
+        kwargs["reasoning_effort"] = options["reasoning_effort"]
+    return kwargs
 
 
 def request_defaults(options: dict[str, object]) -> RequestDefaults:
@@ -107,6 +158,7 @@ def request_defaults(options: dict[str, object]) -> RequestDefaults:
             presence_penalty=float(options["presence_penalty"]),
             frequency_penalty=float(options["frequency_penalty"]),
             ignore_eos=bool(options["ignore_eos"]),
+            reasoning_format=str(options["reasoning_format"] or DEFAULT_REASONING_FORMAT),
         )
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
@@ -126,14 +178,15 @@ def chat_template_option(options: dict[str, object]) -> str | None:
 
 
 def chat_template_kwargs(options: dict[str, object]) -> dict[str, object]:
-    """--chat-template-kwargs as a dict ({} when not set)."""
+    """--chat-template-kwargs as a dict, with what -rea and --reasoning-effort set ({} when
+    none is set)."""
     text = options["chat_template_kwargs"]
     if not text:
-        return {}
+        return reasoning_template_kwargs(options)
     try:
         value = json.loads(str(text))
     except json.JSONDecodeError as exc:
         raise click.BadParameter(f"not JSON: {exc}", param_hint="--chat-template-kwargs") from None
     if not isinstance(value, dict):
         raise click.BadParameter("must be a JSON object", param_hint="--chat-template-kwargs")
-    return value
+    return {**value, **reasoning_template_kwargs(options)}

@@ -28,6 +28,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pycacheflow.chat_template_caps import template_caps
 from pycacheflow.errors import InvalidArgumentError, UnsupportedError
 from pycacheflow.gguf_metadata import KEY_CHAT_TEMPLATE, read_string_metadata
+from pycacheflow.reasoning import ReasoningMarkers, detect_markers
 from pycacheflow.text import encode_utf8
 
 Message = Mapping[str, object]
@@ -69,6 +70,7 @@ class ChatTemplate:
         self.bos_token = bos_token
         self.eos_token = eos_token
         self._caps: dict[str, bool] | None = None
+        self._markers: tuple[ReasoningMarkers | None] | None = None  # (markers,) once probed
         try:
             self._template = _environment().from_string(source)
         except _jinja_errors() as exc:
@@ -81,6 +83,14 @@ class ChatTemplate:
         if self._caps is None:
             self._caps = template_caps(self)
         return self._caps
+
+    @property
+    def reasoning_markers(self) -> ReasoningMarkers | None:
+        """The markers this template writes around reasoning, as llama-server's analyzer finds
+        them (pycacheflow.reasoning), or None when it has none; probed on first use."""
+        if self._markers is None:
+            self._markers = (detect_markers(self),)
+        return self._markers[0]
 
     def variables(self) -> frozenset[str]:
         """The names the template reads from its context (``messages``, ``tools``, ...)."""
@@ -274,6 +284,18 @@ class ChatFormatter:
             template
         )
         return self._compile(source).caps
+
+    def reasoning_markers(
+        self, template: str | None, jinja: bool = True, tools: bool = False
+    ) -> ReasoningMarkers | None:
+        """The reasoning markers of the Jinja template ``apply`` renders with (arguments as
+        ``template_source``); None without one, or when it has none.
+
+        Raises:
+            TemplateRenderError: the template does not compile.
+        """
+        source = self.template_source(template, jinja, tools)
+        return None if source is None else self._compile(source).reasoning_markers
 
     def _compile(self, source: str) -> ChatTemplate:
         compiled = self._compiled.get(source)

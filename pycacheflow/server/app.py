@@ -8,6 +8,7 @@
     POST /chat/completions /v1/chat/completions
     POST /tokenize /detokenize /apply-template
     POST /chat/completions/input_tokens /v1/chat/completions/input_tokens
+    the routes of features CacheFlow lacks: 403 or 501 (server/unsupported_routes.py)
 
 Errors are ``{"error": {"code", "message", "type"}}`` with the HTTP status in ``code``. Every
 route answers CORS preflights (OPTIONS) and sets Access-Control-Allow-Origin as llama-server's
@@ -20,6 +21,9 @@ import functools
 import hmac
 import json
 import logging
+import os
+import secrets
+import string
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -32,7 +36,7 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
 from pycacheflow import errors
-from pycacheflow.server import generation, protocol, responses
+from pycacheflow.server import generation, protocol, responses, unsupported_routes
 from pycacheflow.server.cors import CorsMiddleware
 from pycacheflow.server.generation import Api, ClientDisconnected
 from pycacheflow.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
@@ -48,6 +52,11 @@ if TYPE_CHECKING:
 logger = logging.getLogger("cacheflow.server")
 
 PUBLIC_PATHS = frozenset({"/health", "/v1/health"})
+# llama-server's get_media_marker(): LLAMA_MEDIA_MARKER, else "<__media_" + 32 random letters and
+# digits + "__>", fixed for the process (/props; CacheFlow takes no media, so it marks nothing)
+MEDIA_MARKER = os.environ.get("LLAMA_MEDIA_MARKER") or "<__media_{}__>".format(
+    "".join(secrets.choice(string.ascii_letters + string.digits) for _ in range(32))
+)
 _CLIENT_CLOSED_REQUEST = 499  # nginx's status for "client went away"; never reaches a client
 
 Handler = Callable[[Request, ServerState], Awaitable[Response]]
@@ -62,7 +71,8 @@ def create_app(llm: LLM, config: ServerConfig) -> Starlette:
         config: HTTP-side settings (alias, API keys, enabled endpoints, defaults).
     """
     state = ServerState(llm, config)
-    routes = [Route(path, _endpoint(fn, state), methods=[method]) for method, path, fn in _ROUTES]
+    routes = [Route(path, _endpoint(fn, state), methods=[method])
+              for method, path, fn in _ROUTES + unsupported_routes.ROUTES]  # fmt: skip
     app = Starlette(
         routes=routes,
         exception_handlers={HTTPException: _http_exception},
@@ -193,8 +203,10 @@ async def props(request: Request, state: ServerState) -> Response:
             "default_generation_settings": default,
             "total_slots": info.max_num_seqs,
             "model_alias": state.model_name,
+            "model_ftype": state.model_ftype,
             "model_path": config.model_path,
             "modalities": {"vision": False, "video": False, "audio": False},
+            "media_marker": MEDIA_MARKER,
             "endpoint_slots": config.enable_slots,
             "endpoint_props": False,
             "endpoint_metrics": config.enable_metrics,
@@ -239,16 +251,21 @@ async def models(request: Request, state: ServerState) -> Response:
             "n_embd": info.n_embd,
             "n_params": info.n_params,
             "size": info.model_size_bytes,
+            "ftype": state.model_ftype,
         },
     }
-    listing = {"name": name, "model": name, "type": "model", "capabilities": ["completion"]}
+    listing = {"name": name, "model": name, "modified_at": "", "size": "", "digest": "",
+               "type": "model", "description": "", "tags": [""],
+               "capabilities": ["completion"], "parameters": "",
+               "details": {"parent_model": "", "format": "gguf", "family": "", "families": [""],
+                           "parameter_size": "", "quantization_level": ""}}  # fmt: skip
     return JSONResponse({"models": [listing], "object": "list", "data": [model]})
 
 
 async def slots(request: Request, state: ServerState) -> Response:
     if not state.config.enable_slots:
-        return error_response("This server does not support slots endpoint.", 501,
-                              "not_supported_error")  # fmt: skip
+        return error_response("This server does not support slots endpoint. Start it with "
+                              "`--slots`", 501, "not_supported_error")  # fmt: skip
     if request.query_params.get("fail_on_no_slot") in ("1", "true") and state.slots.num_free == 0:
         return error_response("no slot available", 503, "unavailable_error")
     return JSONResponse(state.slots.to_json(state.default_settings()))
@@ -256,8 +273,8 @@ async def slots(request: Request, state: ServerState) -> Response:
 
 async def metrics(request: Request, state: ServerState) -> Response:
     if not state.config.enable_metrics:
-        return error_response("This server does not support metrics endpoint.", 501,
-                              "not_supported_error")  # fmt: skip
+        return error_response("This server does not support metrics endpoint. Start it with "
+                              "`--metrics`", 501, "not_supported_error")  # fmt: skip
     text = state.metrics.render(state.llm.stats())
     response = Response(text, media_type=METRICS_CONTENT_TYPE)
     # raw, so that the name keeps llama-server's capitals (starlette lowercases header names)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 
+from pycacheflow.reasoning import DEFAULT_REASONING_FORMAT, REASONING_FORMATS
+
 N_PREDICT_UNLIMITED = -1  # llama-server's "-n -1": generate until EOS or the context is full
 CORS_ANY = "*"
 CORS_LOCALHOST = "localhost"  # llama-server's special value: localhost origins only
@@ -26,11 +28,14 @@ class RequestDefaults:
         presence_penalty: 0.0 = disabled.
         frequency_penalty: 0.0 = disabled.
         ignore_eos: keep generating past end-of-generation tokens.
+        reasoning_format: llama-server's --reasoning-format for chat answers: "none" leaves a
+            reasoning block in the content; "deepseek", "deepseek-legacy" and "auto" move it to
+            ``reasoning_content`` (pycacheflow.reasoning).
 
-    The values are llama-server's defaults (common_params_sampling).
+    The values are llama-server's defaults (common_params_sampling, common_params).
 
     Raises:
-        ValueError: a value that is not finite, or a count below -1.
+        ValueError: a value that is not finite, a count below -1, or an unknown format.
     """
 
     temperature: float = 0.8
@@ -43,6 +48,7 @@ class RequestDefaults:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     ignore_eos: bool = False
+    reasoning_format: str = DEFAULT_REASONING_FORMAT
 
     def __post_init__(self) -> None:
         for name, value in asdict(self).items():
@@ -52,6 +58,9 @@ class RequestDefaults:
             raise ValueError(f"repeat_last_n must be >= -1, got {self.repeat_last_n}")
         if self.seed < -1:
             raise ValueError(f"seed must be >= -1 (-1 = random), got {self.seed}")
+        if self.reasoning_format not in REASONING_FORMATS:
+            raise ValueError(f"reasoning_format must be one of {', '.join(REASONING_FORMATS)}, "
+                             f"got {self.reasoning_format!r}")  # fmt: skip
 
     def as_fields(self) -> dict[str, object]:
         """The defaults as request fields (names as in a /completion body)."""

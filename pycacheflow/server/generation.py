@@ -20,6 +20,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from pycacheflow import errors
 from pycacheflow.server import responses, sse
+from pycacheflow.server.pieces import Piece, PieceJoiner, delta_pieces
 from pycacheflow.server.protocol import GenerationRequest, parse_chat, parse_completion
 from pycacheflow.server.streams import RequestGroup
 
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
     from starlette.requests import Request
     from starlette.types import Receive, Scope, Send
 
-    from pycacheflow.outputs import StreamDelta, TokenLogprobs
+    from pycacheflow.server.chat_reasoning import ChatReasoning
     from pycacheflow.server.responses import Completion
     from pycacheflow.server.state import Job, ServerState
 
@@ -48,12 +49,11 @@ async def handle(request: Request, api: Api, state: ServerState, body: object) -
     """Run one generating request; errors propagate to the app's error handlers."""
     parse = parse_chat if api is Api.OAI_CHAT else parse_completion
     req = parse(body, state.config.n_predict, state.config.defaults)
-    prompts = req.prompts
+    prompts, reasoning = req.prompts, None
     if api is Api.OAI_CHAT:
-        prompts = (
-            state.render_chat(req.messages, req.tools, req.template_kwargs,
-                              req.add_generation_prompt, req.continue_final_message),
-        )  # fmt: skip
+        prompt = state.render_chat(req.messages, req.tools, req.template_kwargs,
+                                   req.add_generation_prompt, req.continue_final_message)
+        prompts, reasoning = (prompt,), state.chat_reasoning(req, prompt)
     group = RequestGroup(state.llm, waker=state.waker())
     state.groups.add(group)
     jobs: list[Job] = []
@@ -62,14 +62,16 @@ async def handle(request: Request, api: Api, state: ServerState, body: object) -
         for prompt in prompts:
             jobs += state.submit(group, req, prompt)
         if req.stream:
-            body_iterator = _closing(_STREAMERS[api](state, group, req, jobs), state, group, jobs)
+            stream = (_stream_chat(state, group, req, jobs, reasoning) if api is Api.OAI_CHAT
+                      else _STREAMERS[api](state, group, req, jobs))  # fmt: skip
+            body_iterator = _closing(stream, state, group, jobs)
             streaming = True
             return _EventStream(body_iterator, lambda: _close(state, group, jobs))
         done = await _until_done_or_disconnect(request, _collect(state, group, jobs))
     finally:
         if not streaming:
             _close(state, group, jobs)
-    return JSONResponse(_json_body(api, state, req, jobs, done))
+    return JSONResponse(_json_body(api, state, req, jobs, done, reasoning))
 
 
 async def _collect(state: ServerState, group: RequestGroup, jobs: list[Job]) -> list[Completion]:
@@ -104,7 +106,12 @@ async def _disconnected(request: Request) -> None:
 
 
 def _json_body(
-    api: Api, state: ServerState, req: GenerationRequest, jobs: list[Job], done: list[Completion]
+    api: Api,
+    state: ServerState,
+    req: GenerationRequest,
+    jobs: list[Job],
+    done: list[Completion],
+    reasoning: ChatReasoning | None = None,
 ) -> object:
     if api is Api.LLAMA:
         bodies = [
@@ -117,7 +124,9 @@ def _json_body(
         return bodies[0] if len(bodies) == 1 else bodies
     if api is Api.OAI_COMPLETION:
         return responses.oai_completion(responses.ResponseIds("cmpl", state.model_name), done)
-    body = responses.chat_completion(responses.ResponseIds("chatcmpl", state.model_name), done)
+    splits = [reasoning.split(d.output.text) for d in done] if reasoning else None
+    body = responses.chat_completion(responses.ResponseIds("chatcmpl", state.model_name), done,
+                                     splits)  # fmt: skip
     if req.verbose or state.config.verbose:
         body["__verbose"] = {"prompt": state.prompt_text(done[0].output)}
     return body
@@ -165,6 +174,7 @@ class _EventStream(StreamingResponse):
 async def _stream_llama(
     state: ServerState, group: RequestGroup, req: GenerationRequest, jobs: list[Job]
 ) -> AsyncIterator[bytes]:
+    joiners = [PieceJoiner(state.pieces.raw) for _ in jobs]
     async for index, delta in group.deltas(state.config.sse_ping_s):
         if delta is None:
             yield sse.PING
@@ -177,16 +187,19 @@ async def _stream_llama(
                     index, "", (), job.num_decoded, state.slot_id(job)), p, req.timings_per_token)
                 for p in delta.progress
             ])  # fmt: skip
+        pieces = []
         if (delta.text or delta.token_ids) and not job.discard_output:
             state.progress(job, delta)
-            decoded = job.num_decoded - len(delta.token_ids)
-            chunks = []
-            for text, token_ids, entry in _per_token(delta):
-                decoded += len(token_ids)
-                probs = state.stream_probs(job, entry) if entry is not None else None
-                chunks.append(responses.completion_partial(
-                    index, text, token_ids, decoded, state.slot_id(job), probs))  # fmt: skip
-            yield sse.events(chunks)
+            pieces = joiners[index].join(delta_pieces(delta))
+        if delta.output is not None:
+            pieces += joiners[index].flush()
+        if pieces:
+            slot_id = state.slot_id(job)
+            yield sse.events([
+                responses.completion_partial(index, p.text, p.token_ids, p.num_decoded, slot_id,
+                                             state.stream_probs(job, p.logprobs))
+                for p in pieces
+            ])  # fmt: skip
         if delta.output is not None:
             done = state.finish(job, delta.output)
             prompt_text = state.prompt_text(done.output)
@@ -198,6 +211,7 @@ async def _stream_oai_completion(
 ) -> AsyncIterator[bytes]:
     ids = responses.ResponseIds("cmpl", state.model_name)
     finished = []
+    joiners = [PieceJoiner(state.pieces.raw) for _ in jobs]
     async for index, delta in group.deltas(state.config.sse_ping_s):
         if delta is None:
             yield sse.PING
@@ -210,12 +224,17 @@ async def _stream_oai_completion(
                                         req.timings_per_token)
                 for p in delta.progress
             ])  # fmt: skip
+        pieces = []
         if (delta.text or delta.logprobs) and not job.discard_output:
             state.progress(job, delta)
+            pieces = joiners[index].join(delta_pieces(delta))
+        if delta.output is not None:
+            pieces += joiners[index].flush()
+        if pieces:
             yield sse.events([
-                responses.oai_completion_chunk(
-                    ids, index, text, None, state.stream_probs(job, entry) if entry else None)
-                for text, _, entry in _per_token(delta)
+                responses.oai_completion_chunk(ids, index, p.text, None,
+                                               state.stream_probs(job, p.logprobs))
+                for p in pieces
             ])  # fmt: skip
         if delta.output is not None:
             done = state.finish(job, delta.output)
@@ -227,10 +246,17 @@ async def _stream_oai_completion(
 
 
 async def _stream_chat(
-    state: ServerState, group: RequestGroup, req: GenerationRequest, jobs: list[Job]
+    state: ServerState,
+    group: RequestGroup,
+    req: GenerationRequest,
+    jobs: list[Job],
+    reasoning: ChatReasoning | None = None,
 ) -> AsyncIterator[bytes]:
     ids = responses.ResponseIds("chatcmpl", state.model_name)
     sent_role: set[int] = set()
+    # a chat stream sends only chunks that change the message (llama-server: one per diff)
+    joiners = [PieceJoiner(state.pieces.raw, hold_all_empty=True) for _ in jobs]
+    messages = [_ChatDeltas(reasoning) for _ in jobs]
     async for index, delta in group.deltas(state.config.sse_ping_s):
         if delta is None:
             yield sse.PING
@@ -251,9 +277,9 @@ async def _stream_chat(
             sent_role.add(index)
         if (delta.text or delta.logprobs) and not job.discard_output:
             state.progress(job, delta)
-            for text, _, entry in _per_token(delta):
-                probs = state.stream_probs(job, entry) if entry is not None else None
-                chunks.append(responses.chat_chunk(ids, {"content": text}, None, index, probs))
+            for p in joiners[index].join(delta_pieces(delta)):
+                chunks += [responses.chat_chunk(ids, d, None, index, state.stream_probs(job, lps))
+                           for d, lps in messages[index].deltas(p)]  # fmt: skip
         if delta.output is not None:
             done = state.finish(job, delta.output)
             chunks += responses.chat_last_chunks(ids, done, req.include_usage, index)
@@ -262,20 +288,28 @@ async def _stream_chat(
     yield sse.DONE
 
 
-def _per_token(
-    delta: StreamDelta,
-) -> list[tuple[str, tuple[int, ...], TokenLogprobs | None]]:
-    """The stream chunks of one delta as (text, token ids, probabilities): the delta whole when
-    it has no token probabilities, else one chunk per token (llama-server sends one per token,
-    each with its own probabilities), then any text no token released (an aborted request's
-    last flush)."""
-    if not delta.logprobs:
-        return [(delta.text, delta.token_ids, None)]
-    chunks = [(lp.text, (lp.token_id,), lp) for lp in delta.logprobs]
-    rest = delta.text[sum(len(lp.text) for lp in delta.logprobs):]
-    if rest:
-        chunks.append((rest, (), None))
-    return chunks
+class _ChatDeltas:
+    """The chat deltas of one streamed choice: its pieces as they are, or, when its template
+    has reasoning, split into reasoning_content and content deltas (pieces that change neither
+    send nothing; their probabilities go with the next delta)."""
+
+    def __init__(self, reasoning: ChatReasoning | None) -> None:
+        self._stream = reasoning.stream() if reasoning else None
+        self._held: tuple = ()  # probabilities of pieces that sent nothing
+
+    def deltas(self, piece: Piece) -> list[tuple[dict[str, object], tuple]]:
+        """(delta, token probabilities of its chunk) in order; the last delta carries them."""
+        if self._stream is None:
+            return [({"content": piece.text}, piece.logprobs)]
+        split = self._stream.feed(piece.text)
+        deltas = [{name: text} for name, text in (("reasoning_content", split.reasoning),
+                                                  ("content", split.content)) if text]  # fmt: skip
+        logprobs = self._held + piece.logprobs
+        if not deltas:
+            self._held = logprobs
+            return []
+        self._held = ()
+        return [(d, ()) for d in deltas[:-1]] + [(deltas[-1], logprobs)]
 
 
 _Streamer = Callable[

@@ -86,6 +86,12 @@ def _valid_utf8_prefix(data: bytes) -> bytes:
     return data
 
 
+def ends_mid_character(data: bytes) -> bool:
+    """True when ``data`` ends inside a multi-byte UTF-8 character (llama-server's
+    ``validate_utf8(text) < text.size()``)."""
+    return len(_valid_utf8_prefix(data)) < len(data)
+
+
 def _utf8_length(lead: int) -> int:
     """Bytes of the UTF-8 character that starts with byte ``lead`` (1 for ASCII or invalid)."""
     if lead >> 5 == 0b110:
@@ -115,6 +121,10 @@ class TokenPieces:
             text = _valid_utf8_prefix(raw).decode("utf-8", errors="replace")
             piece = self._cache[token_id] = (text, list(raw))
         return piece
+
+    def raw(self, token_id: int) -> bytes:
+        """All raw bytes of one token (a piece of a multi-byte character may be among them)."""
+        return bytes(self(token_id)[1])
 
 
 def _entry(token_id: int, logprob: float, post_sampling: bool, pieces: TokenPieces) -> dict:

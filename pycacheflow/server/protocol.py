@@ -25,6 +25,7 @@ from dataclasses import dataclass, field, replace
 from typing import Union
 
 from pycacheflow.errors import InvalidArgumentError
+from pycacheflow.reasoning import REASONING_FORMATS
 from pycacheflow.sampling_params import SamplingParams
 from pycacheflow.server import json_schema, logprobs
 from pycacheflow.server.config import RequestDefaults
@@ -117,6 +118,8 @@ class GenerationRequest:
         continue_final_message: chat: continue the last (assistant) message; None = when the
             last message is an assistant message and the server prefills (llama-server's
             --prefill-assistant).
+        reasoning_format: how a chat answer's reasoning is returned (``RequestDefaults``); the
+            request's field, else the server's --reasoning-format.
     """
 
     prompts: tuple[PromptInput, ...]
@@ -138,6 +141,7 @@ class GenerationRequest:
     template_kwargs: Mapping[str, object] = field(default_factory=dict)
     add_generation_prompt: bool = True
     continue_final_message: bool | None = None
+    reasoning_format: str = LLAMA_SERVER_DEFAULTS.reasoning_format
 
     def with_max_tokens(self, max_tokens: int) -> SamplingParams:
         """The sampling parameters with ``max_tokens`` set (>= 1)."""
@@ -493,6 +497,13 @@ def read_chat_options(body: Mapping[str, object]) -> dict[str, object]:
     kwargs = body.get("chat_template_kwargs")
     if kwargs is not None and not isinstance(kwargs, dict):
         raise _bad_type("chat_template_kwargs", "an object", kwargs)
+    kwargs = dict(kwargs or {})
+    effort = read_str(body, "reasoning_effort", None)  # OpenAI's; llama-server's meaning:
+    if effort == "none":  # no thinking
+        kwargs.pop("reasoning_effort", None)
+        kwargs["enable_thinking"] = False
+    elif effort:  # the level, for the template
+        kwargs["reasoning_effort"] = effort
     add_generation_prompt = read_bool(body, "add_generation_prompt", True)
     continue_final = (
         read_bool(body, "continue_final_message", False)
@@ -505,7 +516,7 @@ def read_chat_options(body: Mapping[str, object]) -> dict[str, object]:
         )
     return {
         "tools": tuple(tools or ()),
-        "template_kwargs": dict(kwargs or {}),
+        "template_kwargs": kwargs,
         "add_generation_prompt": add_generation_prompt,
         "continue_final_message": continue_final,
     }
@@ -549,7 +560,18 @@ def _generation(
         cache_prompt=read_bool(body, "cache_prompt", True),
         timings_per_token=read_bool(body, "timings_per_token", False),
         ignored_fields=_ignored(_with_defaults(body, defaults)),
+        reasoning_format=_reasoning_format(body, defaults.reasoning_format),
     )
+
+
+def _reasoning_format(body: Mapping[str, object], default: str) -> str:
+    """llama-server's ``reasoning_format`` field (common_reasoning_format_from_name; an unknown
+    name is a 500 there, a client error here)."""
+    value = read_str(body, "reasoning_format", default)
+    if value not in REASONING_FORMATS:
+        raise ProtocolError(f"Unknown reasoning format: {value} (one of "
+                            f"{', '.join(REASONING_FORMATS)})")  # fmt: skip
+    return value
 
 
 def _with_defaults(body: Mapping[str, object], defaults: RequestDefaults) -> dict[str, object]:

@@ -16,6 +16,7 @@ import pycacheflow
 
 if TYPE_CHECKING:
     from pycacheflow.outputs import PromptProgress, RequestMetrics, RequestOutput
+    from pycacheflow.reasoning import ReasoningSplit
     from pycacheflow.server.protocol import GenerationRequest
 
 def _system_fingerprint() -> str:
@@ -215,6 +216,9 @@ def generation_settings(request: GenerationRequest, n_ctx: int, model: str) -> d
         "samplers": ["penalties", "top_k", "top_p", "min_p", "temperature"],
         "n_probs": p.logprobs or 0,
         "post_sampling_probs": p.post_sampling_probs,
+        "reasoning_format": request.reasoning_format,
+        # llama-server's flag for deepseek-legacy streams (it changes nothing in the pinned tree)
+        "reasoning_in_content": request.stream and request.reasoning_format == "deepseek-legacy",
     }
 
 
@@ -339,13 +343,17 @@ def oai_completion_usage_chunk(ids: ResponseIds, outputs: list) -> dict[str, obj
     return {"choices": [], **ids.envelope("text_completion"), "usage": usage(outputs)}
 
 
-def chat_completion(ids: ResponseIds, done: list[Completion]) -> dict[str, object]:
-    """A non-streamed ``chat.completion``: one choice per completion (``n``)."""
+def chat_completion(
+    ids: ResponseIds, done: list[Completion], splits: list[ReasoningSplit] | None = None
+) -> dict[str, object]:
+    """A non-streamed ``chat.completion``: one choice per completion (``n``); ``splits``:
+    each completion's text parsed into content and reasoning (``reasoning_content`` when not
+    empty), None = all content."""
     choices = [
         {
             "finish_reason": d.oai_finish_reason,
             "index": i,
-            "message": {"role": "assistant", "content": d.output.text},
+            "message": _chat_message(d.output.text if splits is None else splits[i]),
             **({"logprobs": _oai_logprobs(d.probs)} if d.probs else {}),
         }
         for i, d in enumerate(done)
@@ -354,6 +362,15 @@ def chat_completion(ids: ResponseIds, done: list[Completion]) -> dict[str, objec
     body["usage"] = usage([d.output for d in done])
     body["timings"] = timings(done[0].output.metrics)
     return body
+
+
+def _chat_message(text: str | ReasoningSplit) -> dict[str, object]:
+    if isinstance(text, str):
+        return {"role": "assistant", "content": text}
+    message: dict[str, object] = {"role": "assistant", "content": text.content}
+    if text.reasoning:
+        message["reasoning_content"] = text.reasoning
+    return message
 
 
 def chat_chunk(

@@ -14,6 +14,8 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from pycacheflow import errors
+from pycacheflow.reasoning import generation_prompt, open_tail
+from pycacheflow.server.chat_reasoning import ChatReasoning
 from pycacheflow.server.logprobs import TokenPieces, probs_json
 from pycacheflow.server.metrics import ServerMetrics
 from pycacheflow.server.protocol import ProtocolError
@@ -24,6 +26,7 @@ from pycacheflow.server.streams import LoopWaker
 if TYPE_CHECKING:
     from pycacheflow.llm import LLM, PromptInput
     from pycacheflow.outputs import RequestOutput, StreamDelta, TokenLogprobs
+    from pycacheflow.reasoning import ReasoningMarkers
     from pycacheflow.server.config import ServerConfig
     from pycacheflow.server.protocol import GenerationRequest
     from pycacheflow.server.streams import RequestGroup
@@ -78,8 +81,13 @@ class ServerState:
         self.config = config
         self.info = llm.info
         self.metrics = ServerMetrics()
-        # llama-server's context per slot (-c / -np), within the engine's per sequence
+        # llama-server's context per slot (-c / -np), within the engine's per sequence and, as
+        # llama-server's n_ctx_slot(), the trained context
         self.n_ctx_slot = min(config.n_ctx_slot or self.info.n_ctx_per_seq, self.info.n_ctx_per_seq)
+        if 0 < self.info.n_ctx_train < self.n_ctx_slot:
+            logger.warning("the slot context (%d) exceeds the training context of the model "
+                           "(%d) - capping", self.n_ctx_slot, self.info.n_ctx_train)  # fmt: skip
+            self.n_ctx_slot = self.info.n_ctx_train
         self.slots = SlotTable(self.info.max_num_seqs, self.n_ctx_slot)
         self.groups: set[RequestGroup] = set()  # of HTTP requests in flight
         self._waker: LoopWaker | None = None  # created on the loop, on first use
@@ -89,6 +97,7 @@ class ServerState:
         self._eog_token_ids: tuple[int, ...] | None = None  # the model's, on first ignore_eos
         self.pieces = TokenPieces(llm)  # token texts of probabilities
         self._template_props: dict[str, object] | None = None  # /props' template fields
+        self._thinking: bool | None = None  # the default template has reasoning markers
 
     def waker(self) -> LoopWaker:
         """The event loop's shared LoopWaker (call on the loop)."""
@@ -100,6 +109,14 @@ class ServerState:
     def model_name(self) -> str:
         """The model id of responses."""
         return self.config.model_name
+
+    @property
+    def model_ftype(self) -> str:
+        """llama-server's ``model_ftype``, llama.cpp's name of the file type (e.g. "Q4_1",
+        "Q4_K - Medium", "(guessed) F16"): the last part of llama_model_desc, which is
+        "<arch> <size> <ftype>"."""
+        parts = self.info.description.split(" ", 2)
+        return parts[2] if len(parts) == 3 else ""
 
     def default_settings(self) -> dict[str, object]:
         """Generation settings of a request that sets nothing (for /props and idle slots)."""
@@ -145,15 +162,17 @@ class ServerState:
         """
         config = self.config
         if continue_final_message is None:
-            continue_final_message = bool(
-                config.prefill_assistant and messages and messages[-1]["role"] == "assistant"
-            )
+            continue_final_message = self._prefills(messages)
             if continue_final_message:
                 if len(messages) >= 2 and messages[-2]["role"] == "assistant":
                     raise ProtocolError(
                         "Cannot have 2 or more assistant messages at the end of the list."
                     )
                 add_generation_prompt = False
+        # llama-server passes enable_thinking to every template: on when the template has
+        # reasoning markers, unless -rea off or the kwargs say otherwise
+        kwargs = {"enable_thinking": self._supports_thinking(), **config.chat_template_kwargs,
+                  **(template_kwargs or {})}  # fmt: skip
         try:
             return self.llm.apply_chat_template(
                 messages,
@@ -162,10 +181,51 @@ class ServerState:
                 jinja=config.jinja,
                 continue_final_message=continue_final_message,
                 tools=list(tools) or None,
-                chat_template_kwargs={**config.chat_template_kwargs, **(template_kwargs or {})},
+                chat_template_kwargs=kwargs,
             )
         except errors.InvalidArgumentError as exc:
             raise ProtocolError(str(exc)) from None
+
+    def chat_reasoning(self, request: GenerationRequest, prompt: str) -> ChatReasoning | None:
+        """How the answers of a chat request, rendered as ``prompt``, split into content and
+        reasoning; None when its template has no reasoning markers (all content).
+
+        Raises:
+            ProtocolError: the template failed (rendering the prompt without the generation
+                prompt, to find what that added).
+        """
+        markers = self._reasoning_markers(bool(request.tools))
+        if markers is None:
+            return None
+        tail = ""
+        continues = request.continue_final_message
+        if continues is None:
+            continues = self._prefills(request.messages)
+        if request.add_generation_prompt and not continues:  # what the generation prompt opened
+            without = self.render_chat(request.messages, request.tools, request.template_kwargs,
+                                       False, False)  # fmt: skip
+            tail = open_tail(markers, generation_prompt(prompt, without))
+        return ChatReasoning(markers, request.reasoning_format != "none", tail)
+
+    def _prefills(self, messages: Sequence[Mapping[str, object]]) -> bool:
+        """A final assistant message is continued (--prefill-assistant)."""
+        return bool(self.config.prefill_assistant and messages
+                    and messages[-1]["role"] == "assistant")  # fmt: skip
+
+    def _supports_thinking(self) -> bool:
+        """llama-server's template_supports_thinking: --jinja and the default template has
+        reasoning markers."""
+        if self._thinking is None:
+            self._thinking = self.config.jinja and self._reasoning_markers(False) is not None
+        return self._thinking
+
+    def _reasoning_markers(self, tools: bool) -> ReasoningMarkers | None:
+        config = self.config
+        try:
+            return self.llm.chat_formatter.reasoning_markers(config.chat_template, config.jinja,
+                                                             tools)  # fmt: skip
+        except errors.InvalidArgumentError:  # the template does not compile: no reasoning
+            return None
 
     # ------------------------------------------------------------------ submission
 
@@ -327,9 +387,12 @@ class ServerState:
             entries = entries[: max(0, len(entries) - num_stop_tokens)]
         return probs_json(entries, post_sampling, self.pieces)
 
-    def stream_probs(self, job: Job, entry: TokenLogprobs) -> list[dict[str, object]]:
-        """The probabilities of one streamed token, as a one-entry list."""
-        return probs_json((entry,), job.post_sampling_probs, self.pieces)
+    def stream_probs(
+        self, job: Job, entries: Sequence[TokenLogprobs]
+    ) -> list[dict[str, object]] | None:
+        """The probabilities of the tokens of one stream chunk (one entry each; usually one
+        token), or None when it has none."""
+        return probs_json(entries, job.post_sampling_probs, self.pieces) if entries else None
 
     def progress(self, job: Job, delta: StreamDelta) -> None:
         """Account streamed output of a job (for /slots and ``tokens_predicted``)."""

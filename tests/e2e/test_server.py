@@ -75,6 +75,8 @@ def test_health_props_models(client):
     assert caps["supports_system_role"] and caps["supports_string_content"]
     assert not caps["supports_tools"] and not caps["supports_tool_calls"]
     assert props["modalities"] == {"vision": False, "video": False, "audio": False}
+    assert props["model_ftype"] == "Q4_1"  # llama.cpp's llama_ftype_name of the default model
+    assert client.get("/v1/models").json()["data"][0]["meta"]["ftype"] == "Q4_1"
     assert props["model_path"].endswith(".gguf") and props["build_info"].startswith("b")
     for path in ("/models", "/v1/models"):
         assert client.get(path).json()["data"][0]["id"] == "smollm2"
@@ -247,6 +249,25 @@ def test_openai_client(server, real_llm):
     chunks = list(stream)
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == chat_expected and chunks[-1].usage.completion_tokens == 8
+
+
+def test_ctx_size_0_gives_every_slot_the_trained_context(real_model_path):
+    """-c 0 as llama-server's default (--fit on): each of the -np slots gets the trained context
+    (8192 tokens for SmolLM2), the pool all of them; it was 2048 a slot."""
+    proc = ServerProcess(["-m", str(real_model_path), "-np", "2", "-c", "0", "-t", "1"])
+    try:
+        proc.wait_ready()
+        with httpx.Client(base_url=proc.base_url, timeout=120) as c:
+            props = c.get("/props").json()
+            assert props["default_generation_settings"]["n_ctx"] == 8192
+            assert props["cacheflow"]["n_ctx"] == 2 * 8192
+            assert [s["n_ctx"] for s in c.get("/slots").json()] == [8192, 8192]
+            long_prompt = [1] * 3000  # more than 2048, as a llama-server slot would take
+            answer = c.post("/completion", json={"prompt": long_prompt, "n_predict": 1})
+            assert answer.status_code == 200, answer.text
+    finally:
+        assert proc.stop() == 0, proc.log()
+        proc.close()
 
 
 def test_priority_and_api_key(real_model_path):

@@ -80,6 +80,54 @@ def test_info_endpoints(client):
     assert not any(s["is_processing"] for s in slots)
 
 
+def test_props_has_llama_servers_fields(client):
+    """Every top-level field of llama-server's /props (server-context.cpp get_res_props)."""
+    props = client.get("/props").json()
+    llama_server = {"default_generation_settings", "total_slots", "model_alias", "model_ftype",
+                    "model_path", "modalities", "media_marker", "endpoint_slots",
+                    "endpoint_props", "endpoint_metrics", "ui", "ui_settings", "chat_template",
+                    "chat_template_caps", "bos_token", "eos_token", "build_info", "is_sleeping",
+                    "cors_proxy_enabled"}  # fmt: skip
+    assert llama_server <= set(props), llama_server - set(props)
+    assert props["media_marker"].startswith("<__media_") and props["media_marker"].endswith("__>")
+    assert props["media_marker"] == client.get("/props").json()["media_marker"]  # one per process
+    assert props["cors_proxy_enabled"] is False and props["endpoint_props"] is False
+    details = client.get("/models").json()["models"][0]["details"]
+    assert details["format"] == "gguf"
+
+
+@pytest.mark.parametrize(
+    "method,path,status,fragment",
+    [
+        ("GET", "/cors-proxy", 403, "this feature is disabled"),
+        ("POST", "/cors-proxy", 403, "this feature is disabled"),
+        ("POST", "/props", 501, "does not support changing global properties"),
+        ("POST", "/slots/0?action=save", 501, "does not support slots action"),
+        ("POST", "/v1/embeddings", 501, "does not support embeddings"),
+        ("POST", "/embedding", 501, "does not support embeddings"),
+        ("POST", "/rerank", 501, "does not support reranking"),
+        ("POST", "/v1/responses", 501, "Responses API"),
+        ("POST", "/v1/messages", 501, "Anthropic Messages API"),
+        ("POST", "/infill", 501, "infill"),
+        ("POST", "/lora-adapters", 501, "LoRA"),
+        ("POST", "/v1/chat/completions/control", 501, "reasoning control"),
+    ],
+)
+def test_features_cacheflow_lacks_answer_as_llama_server(client, method, path, status, fragment):
+    """A feature llama-server turns off without its flag gets llama-server's status for that
+    case (403 for the CORS proxy, 501 not_supported_error otherwise); an API CacheFlow lacks
+    fails with 501 naming it, not with a 404."""
+    response = client.request(method, path, json={})
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert fragment in error["message"]
+    if status == 403:  # llama-server's res_403: no "code"
+        assert error == {"message": "this feature is disabled", "type": "feature_disabled"}
+    else:
+        assert (error["code"], error["type"]) == (501, "not_supported_error")
+    assert client.get("/lora-adapters").json() == []  # none loaded, as llama-server without --lora
+
+
 def test_text_endpoints(client):
     assert client.post("/tokenize", json={"content": "hi"}).json() == {"tokens": [104, 105]}
     pieces = client.post("/tokenize", json={"content": "hi", "with_pieces": True}).json()
@@ -101,6 +149,22 @@ def test_completion_json_and_stream(client):
     assert "".join(e["content"] for e in events) == "abcabca"
     assert [e["stop"] for e in events] == [False] * (len(events) - 1) + [True]
     assert events[-1]["stop_type"] == "limit" and events[-1]["content"] == ""
+
+
+def test_a_token_inside_a_character_sends_no_chunk(client):
+    """The fake's tokens are bytes, so "€" takes three: llama-server sends no chunk for a token
+    that ends inside a character, and the bytes (and tokens) go out with the next chunk."""
+    body = {"prompt": "€é", "n_predict": 25, "stream": True}  # 5 bytes, 5 times
+    paths = (("/completion", lambda e: e["content"]),
+             ("/v1/completions", lambda e: e["choices"][0]["text"]))  # fmt: skip
+    for path, text_of in paths * 3:  # a delta may hold several tokens: try more than once
+        events = stream_events(client, path, body)
+        chunks = [e for e in events if e != "[DONE]"][:-1]  # not the closing chunk
+        assert all(text_of(e) for e in chunks), [text_of(e) for e in chunks]
+        assert "".join(text_of(e) for e in chunks) == "€é" * 5
+    events = stream_events(client, "/completion", body)
+    assert [t for e in events for t in e["tokens"]] == list("€é".encode() * 5)
+    assert events[-2]["tokens_predicted"] == 25
 
 
 def test_completion_stop_word_and_zero_n_predict(client):
@@ -395,9 +459,9 @@ def test_graceful_shutdown_exits_0(fake_env, fake_model, sig, grace_s):
 
 
 def test_unsupported_llama_server_flag_is_named():
-    result = CliRunner().invoke(cacheflow, ["serve", "--mlock"])
+    result = CliRunner().invoke(cacheflow, ["serve", "--mirostat", "2"])
     assert result.exit_code == 2
-    assert "unsupported llama-server flag --mlock: " in result.output
+    assert "unsupported llama-server flag --mirostat: " in result.output
     result = CliRunner().invoke(cacheflow, ["serve", "--no-such-thing"])
     assert result.exit_code == 2 and "--no-such-thing" in result.output
 
@@ -449,9 +513,12 @@ def test_web_page_flags_and_aliases(fake_env, fake_model):
     finally:
         assert proc.stop() == 0
         proc.close()
-    proc = start(fake_env, fake_model, "--no-ui")
+    proc = start(fake_env, fake_model, "--no-ui", "--no-slots")
     try:
         assert httpx.get(proc.base_url + "/").status_code == 404
+        for path, flag in (("/metrics", "--metrics"), ("/slots", "--slots")):  # llama-server's
+            error = httpx.get(proc.base_url + path).json()["error"]  # words, flag included
+            assert error["code"] == 501 and error["message"].endswith(f"Start it with `{flag}`")
     finally:
         assert proc.stop() == 0
         proc.close()
@@ -543,3 +610,59 @@ def test_token_array_and_mixed_prompts_and_the_slot_context(client):
     oai = client.post("/v1/completions", json={"prompt": [[104, 105], "ab"], "max_tokens": 2})
     assert [c["text"] for c in oai.json()["choices"]] == ["hi", "ab"]
     assert {s["n_ctx"] for s in client.get("/slots").json()} == {FAKE_CTX_PER_SEQ}
+
+
+# A chat template that marks reasoning (<think>reasoning_content</think>) and renders a user
+# turn as its bare content, so that the fake, which generates its prompt, answers with the
+# user's text: the model "thinks" exactly what the test writes.
+THINKING_TEMPLATE = (
+    "{%- for m in messages -%}{%- if m.role == 'assistant' -%}"
+    "<think>{{ m.reasoning_content or '' }}</think>{{ m.content }}"
+    "{%- else -%}{{ m.content }}{%- endif -%}{%- endfor -%}"
+    "{%- if add_generation_prompt and enable_thinking is false -%}/no_think{%- endif -%}"
+)
+
+
+def test_reasoning_moves_to_reasoning_content(fake_env, fake_model, tmp_path):
+    """As llama-server: the template's markers (found by probing it) split the answer into
+    message.reasoning_content and content, streamed as reasoning_content deltas then content
+    deltas; reasoning_format "none" (request or --reasoning-format) leaves it in the content;
+    -rea off tells the template enable_thinking false."""
+    template = tmp_path / "thinking.jinja"
+    template.write_text(THINKING_TEMPLATE)
+    said = "<think>two and two</think>four"
+    body = {"messages": [{"role": "user", "content": said}], "max_tokens": len(said)}
+    proc = start(fake_env, fake_model, "--chat-template-file", str(template))
+    try:
+        with httpx.Client(base_url=proc.base_url, timeout=30) as c:
+            message = c.post("/v1/chat/completions", json=body).json()["choices"][0]["message"]
+            assert message == {"role": "assistant", "content": "four",
+                               "reasoning_content": "two and two"}  # fmt: skip
+            events = stream_events(c, "/v1/chat/completions", {**body, "stream": True})
+            deltas = [e["choices"][0]["delta"] for e in events[:-1] if e["choices"]]
+            assert "".join(d.get("reasoning_content", "") for d in deltas) == "two and two"
+            assert "".join(d.get("content") or "" for d in deltas) == "four"
+            assert all(len(d) == 1 for d in deltas[1:-1])  # one part per chunk, none empty
+            assert all(next(iter(d.values())) for d in deltas[1:-1])
+            last_reasoning = max(i for i, d in enumerate(deltas) if "reasoning_content" in d)
+            assert all("content" not in d for d in deltas[1:last_reasoning])
+            raw = c.post("/v1/chat/completions", json={**body, "reasoning_format": "none"}).json()
+            assert raw["choices"][0]["message"] == {"role": "assistant", "content": said}
+            settings = c.get("/props").json()["default_generation_settings"]["params"]
+            assert settings["reasoning_format"] == "deepseek"
+            prompt = c.post("/apply-template", json=body).json()["prompt"]
+            assert prompt == said  # enable_thinking true: the template supports thinking
+    finally:
+        assert proc.stop() == 0, proc.log()
+        proc.close()
+    proc = start(fake_env, fake_model, "--chat-template-file", str(template),
+                 "--reasoning-format", "none", "-rea", "off")  # fmt: skip
+    try:
+        with httpx.Client(base_url=proc.base_url, timeout=30) as c:
+            prompt = c.post("/apply-template", json=body).json()["prompt"]
+            assert prompt == said + "/no_think"
+            answer = c.post("/v1/chat/completions", json=body).json()["choices"][0]["message"]
+            assert answer == {"role": "assistant", "content": said}
+    finally:
+        assert proc.stop() == 0, proc.log()
+        proc.close()

@@ -147,11 +147,16 @@ def test_ctx_size_notice(n_ctx, info, notice):
 
 
 def test_ctx_size_notice_of_serve_names_the_slot_context():
-    """serve -c 100 -np 4: the pool is rounded to 256 tokens, a slot holds 64 (as /slots says)."""
-    info = SimpleNamespace(kv_mode_name="paged", n_ctx=256, n_ctx_per_seq=256)
-    assert ctx_size_notice(100, info, n_ctx_slot=64) == (
+    """serve -c 100 -np 4: as llama.cpp pads each slot's share to 256 tokens, the pool holds
+    1024 and a slot 256 (as /slots says)."""
+    info = SimpleNamespace(kv_mode_name="paged", n_ctx=1024, n_ctx_per_seq=1024)
+    assert ctx_size_notice(100, info, n_ctx_slot=256) == (
+        "cacheflow: --ctx-size 100 rounded to 1024 tokens of KV cache (llama.cpp allocates "
+        "multiples of 256 per slot); at most 256 tokens per slot")
+    one_slot = SimpleNamespace(kv_mode_name="paged", n_ctx=256, n_ctx_per_seq=256)
+    assert ctx_size_notice(100, one_slot, n_ctx_slot=256) == (
         "cacheflow: --ctx-size 100 rounded to 256 tokens of KV cache (llama.cpp allocates "
-        "multiples of 256); at most 64 tokens per slot")
+        "multiples of 256); at most 256 tokens per slot")
 
 
 def test_prompts_that_are_not_utf8_are_usage_errors(runner, tmp_path):

@@ -24,6 +24,38 @@ class Loaded(Exception):
     """Raised by the stub loader to stop `serve` before it loads anything."""
 
 
+N_CTX_TRAIN = 8192  # the trained context of the metadata-only model below (the default model's)
+
+
+def write_metadata_gguf(path: Path, n_ctx_train: int = N_CTX_TRAIN) -> Path:
+    """A GGUF file with the default model's shape in its metadata and no tensors: what serve
+    reads before loading (llama.cpp could not load it)."""
+    import gguf
+
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_context_length(n_ctx_train)
+    writer.add_block_count(30)
+    writer.add_embedding_length(576)
+    writer.add_head_count(9)
+    writer.add_head_count_kv(3)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+@pytest.fixture(autouse=True)
+def default_model(monkeypatch, tmp_path) -> Path:
+    """The default model, as serve finds it without -m: a metadata-only file (nothing is
+    downloaded or loaded)."""
+    import pycacheflow.model_hub
+
+    path = write_metadata_gguf(tmp_path / "default.gguf")
+    monkeypatch.setattr(pycacheflow.model_hub, "ensure_default_model", lambda progress=True: path)
+    return path
+
+
 @pytest.fixture
 def engine_kwargs(monkeypatch) -> list[dict[str, object]]:
     seen: list[dict[str, object]] = []
@@ -77,7 +109,7 @@ def test_defaults_and_env_vars(engine_kwargs, monkeypatch):
 @pytest.mark.parametrize(
     "args,message",
     [
-        (["--mlock"], "unsupported llama-server flag --mlock: "),
+        (["-lm", "mlock"], "unsupported llama-server flag -lm (--load-mode): "),
         (["--hf-repo", "x/y"], "unsupported llama-server flag -hf (-hfr, --hf-repo): "),
         (["--bogus"], "no such option: --bogus"),
         (["-ctk", "q8_0"], "CacheFlow's KV cache is f16"),
@@ -137,12 +169,16 @@ def test_every_llama_server_flag_is_accepted_or_named(engine_kwargs):
 
 
 def test_flags_that_change_nothing_are_accepted_with_a_note(engine_kwargs):
-    """llama-server launch scripts pass --log-disable, --threads-http, --cache-reuse, --keep: the
-    server starts, with one note per flag saying why it is ignored."""
-    result = invoke("--log-disable", "--threads-http", "4", "--cache-reuse", "256", "--keep", "10")
+    """llama-server launch scripts pass --log-disable, --threads-http, --cache-reuse, --keep, and
+    --mlock, --no-mmap, --mmap of earlier releases: the server starts, with one note per flag
+    saying why it is ignored."""
+    result = invoke("--log-disable", "--threads-http", "4", "--cache-reuse", "256", "--keep", "10",
+                    "--mlock", "--no-mmap", "--mmap")  # fmt: skip
     assert isinstance(result.exception, Loaded), result.output
-    for flag in ("--log-disable", "--threads-http", "--cache-reuse", "--keep"):
+    for flag in ("--log-disable", "--threads-http", "--cache-reuse", "--keep", "--mlock",
+                 "--no-mmap", "--mmap"):  # fmt: skip
         assert f"note: llama-server flag {flag} accepted and ignored: " in result.output, flag
+    assert "loads the model in llama.cpp's default mode (memory-mapped" in result.output
     assert len(engine_kwargs) == 1
 
 
@@ -206,16 +242,23 @@ class _StubLLM:
 
 @pytest.fixture
 def server_configs(monkeypatch) -> list[object]:
-    """serve runs up to building the app; the ServerConfigs it built are collected."""
+    """serve runs up to building the app; the ServerConfigs it built are collected, each with
+    the EngineConfig fields it was loaded with as ``engine_kwargs``."""
     import pycacheflow.server
 
     seen: list[object] = []
+    loaded: list[dict[str, object]] = []
 
     def fake_create_app(llm, config):
+        object.__setattr__(config, "engine_kwargs", loaded[-1])
         seen.append(config)
         raise Loaded
 
-    monkeypatch.setattr(cli.serve, "load_llm", lambda *args, **kwargs: _StubLLM())
+    def fake_load_llm(model, config_kwargs, *args, **kwargs):
+        loaded.append(config_kwargs)
+        return _StubLLM()
+
+    monkeypatch.setattr(cli.serve, "load_llm", fake_load_llm)
     monkeypatch.setattr(pycacheflow.server, "create_app", fake_create_app)
     return seen
 
@@ -242,16 +285,50 @@ def test_server_wide_sampling_defaults_and_chat_flags(server_configs, tmp_path):
 
 
 @pytest.mark.parametrize(
-    "args,n_ctx_slot",
-    [(["-c", "512", "-np", "2", "-kvu"], 512), (["-c", "512"], 512), ([], 0),
-     (["-np", "4"], 2048), (["-c", "5", "-np", "4"], 64)],  # -c 0: -np x min(trained context,
-    # 2048) in all, 2048 per slot; -c 5 is allocated as 256 rows, 64 per slot
-)
-def test_context_per_slot(server_configs, args, n_ctx_slot):
+    "args,n_ctx,n_ctx_slot",
+    [(["-c", "512", "-np", "2", "-kvu"], 512, 512), (["-c", "512"], 512, 512),
+     (["-c", "512", "-np", "2"], 512, 256),
+     # llama-context.cpp pads each slot's share to 256: -c 5 -np 4 is 4 slots of 256
+     (["-c", "5", "-np", "4"], 1024, 256), (["-c", "1000", "-np", "3"], 1536, 512),
+     # -c 0 (llama-server's --fit default): the trained context for every slot, in one shared
+     # stream with -np automatic or -kvu, else one stream per slot
+     ([], N_CTX_TRAIN, N_CTX_TRAIN), (["-np", "4", "-kvu"], N_CTX_TRAIN, N_CTX_TRAIN),
+     (["-np", "4"], 4 * N_CTX_TRAIN, N_CTX_TRAIN)],
+)  # fmt: skip
+def test_context_per_slot(server_configs, args, n_ctx, n_ctx_slot):
     result = invoke(*args)
     assert isinstance(result.exception, Loaded), result.output
+    assert server_configs[0].engine_kwargs["n_ctx"] == n_ctx
     assert server_configs[0].n_ctx_slot == n_ctx_slot
     assert server_configs[0].defaults.temperature == 0.8  # llama-server's default
+
+
+def test_trained_context_that_does_not_fit_is_reduced(server_configs, monkeypatch):
+    """-np 300 -c 0 wanted 300 x 8192 tokens of KV (53 GiB for the default model's 23040 bytes
+    a token): as llama-server's --fit, the context shrinks to what fits with 1 GiB left, not
+    below 4096 tokens a slot, and a note says so (it allocated 2048 a slot, silently)."""
+    import cli.serve_context
+
+    monkeypatch.setattr(cli.serve_context, "host_memory_bytes", lambda: 32 * 2**30)
+    result = invoke("-np", "300")
+    assert isinstance(result.exception, Loaded), result.output
+    (config,) = server_configs
+    n_ctx = config.engine_kwargs["n_ctx"]
+    assert 300 * 4096 <= n_ctx < 300 * 8192 and n_ctx % (300 * 256) == 0
+    assert n_ctx * 23040 <= 31 * 2**30 and config.n_ctx_slot == n_ctx // 300
+    note = "cacheflow: -c 0: 300 x the trained context (8192 tokens) needs 52.7 GiB"
+    assert note in result.output
+    assert f"using {n_ctx // 300} tokens per slot" in result.output
+    monkeypatch.setattr(cli.serve_context, "host_memory_bytes", lambda: 16 * 2**30)
+    result = invoke("-np", "300")
+    assert server_configs[-1].engine_kwargs["n_ctx"] == 300 * 4096  # the minimum; the engine
+    assert "not even 4096 tokens per slot fit" in result.output  # then says it does not fit
+
+
+def test_kv_cache_memory_sizes_the_pool_instead(server_configs):
+    result = invoke("--kv-cache-memory", "256MiB", "-np", "4")
+    assert isinstance(result.exception, Loaded), result.output
+    assert server_configs[0].engine_kwargs["n_ctx"] == 0 and server_configs[0].n_ctx_slot == 0
 
 
 @pytest.mark.parametrize(
@@ -262,6 +339,41 @@ def test_context_per_slot(server_configs, args, n_ctx_slot):
      (["--repeat-last-n", "-2"], "repeat_last_n must be >= -1")],
 )  # fmt: skip
 def test_bad_chat_and_sampling_flags(server_configs, args, message):
+    result = invoke(*args)
+    assert result.exit_code == 2, result.output
+    assert message in result.output
+
+
+def test_reasoning_flags(server_configs, monkeypatch):
+    """--reasoning-format (LLAMA_ARG_THINK) is the requests' default; -rea on / off and
+    --reasoning-effort become template variables, as in llama-server's default kwargs."""
+    result = invoke("--reasoning-format", "none", "-rea", "off", "--reasoning-effort", "high",
+                    "--reasoning-budget", "-1", "--chat-template-kwargs", '{"x": 1}')  # fmt: skip
+    assert isinstance(result.exception, Loaded), result.output
+    config = server_configs[-1]
+    assert config.defaults.reasoning_format == "none"
+    assert config.chat_template_kwargs == {"x": 1, "enable_thinking": False,
+                                           "reasoning_effort": "high"}  # fmt: skip
+    monkeypatch.setenv("LLAMA_ARG_THINK", "deepseek-legacy")
+    result = invoke("--reasoning", "enabled")  # llama.cpp's spellings of on
+    assert isinstance(result.exception, Loaded), result.output
+    config = server_configs[-1]
+    assert config.defaults.reasoning_format == "deepseek-legacy"
+    assert config.chat_template_kwargs == {"enable_thinking": True}
+    result = invoke()
+    assert server_configs[-1].chat_template_kwargs == {}  # auto: the template decides
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [(["--reasoning-budget", "0"], "unsupported llama-server flag --reasoning-budget 0: a "
+      "thinking budget needs llama.cpp's reasoning-budget sampler"),
+     (["-rea", "maybe"], "unknown value for --reasoning: 'maybe'"),
+     (["--reasoning-format", "think"], "'think' is not one of"),
+     (["--reasoning-budget-message", "x"], "unsupported llama-server flag --reasoning-budget-"
+      "message")],
+)  # fmt: skip
+def test_bad_reasoning_flags(server_configs, args, message):
     result = invoke(*args)
     assert result.exit_code == 2, result.output
     assert message in result.output

@@ -8,8 +8,8 @@ import math
 import pytest
 
 from pycacheflow.outputs import StreamDelta, TokenLogprobs
-from pycacheflow.server.generation import _per_token
 from pycacheflow.server.logprobs import TokenPieces, _valid_utf8_prefix, probs_json
+from pycacheflow.server.pieces import Piece, delta_pieces
 from pycacheflow.server.protocol import ProtocolError, parse_chat, parse_completion
 
 MESSAGES = [{"role": "user", "content": "hi"}]
@@ -109,9 +109,8 @@ def test_a_delta_with_probabilities_streams_one_chunk_per_token():
     lps = (TokenLogprobs(7, -0.1, (), " the"), TokenLogprobs(8, -0.2, (), ""),
            TokenLogprobs(9, -0.3, (), "é"))  # fmt: skip
     delta = StreamDelta(1, " theé!", (7, 8, 9), logprobs=lps)  # "!": flushed by a final event
-    chunks = _per_token(delta)
-    assert [(t, ids) for t, ids, _ in chunks] == [(" the", (7,)), ("", (8,)), ("é", (9,)),
-                                                   ("!", ())]  # fmt: skip
-    assert [c[2] for c in chunks] == [*lps, None]
+    pieces = delta_pieces(delta)
+    assert pieces == [Piece(" the", (7,), lps[:1]), Piece("", (8,), lps[1:2]),
+                      Piece("é", (9,), lps[2:]), Piece("!", ())]  # fmt: skip
     plain = StreamDelta(1, "abc", (1, 2))
-    assert _per_token(plain) == [("abc", (1, 2), None)]
+    assert delta_pieces(plain) == [Piece("abc", (1, 2))]
