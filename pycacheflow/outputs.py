@@ -240,6 +240,9 @@ class EngineStats(NamedTuple):
     num_padding_tokens: int
     swap_on_copy_stream: int
     block_copy_bytes: int
+    prepare_ns: int
+    launch_ns: int
+    step_ns: int
     ttft_by_priority: tuple[PriorityTTFT, ...] = ()
 
     @property

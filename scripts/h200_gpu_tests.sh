@@ -5,7 +5,8 @@
 #
 # Prepare here first: bash scripts/prepare_gpu_carry.sh (fills the git-ignored _carry/ folder).
 # On the machine: bash scripts/h200_gpu_tests.sh   (OUT=results/h200_gpu, BUILD_DIR=/tmp/cf-cuda-build,
-# STAGES="build tests kernel decode profile" to run a subset; NPL="1 64 256" batches for the decode stage
+# STAGES="build tests kernel decode profile" to run a subset (profile: PROFILE_KV_MODES="paged stock" runs
+# each KV mode, PROFILE_PADDING_AB=1 paged again without step padding); NPL="1 64 256" batches for the decode stage
 # (DECODE_MODES="paged stock" the engine's KV modes there), PROFILE_GRAPHS_OFF=0 skips the profile's
 # runs without CUDA graphs,
 # PROFILE_NPL for the profile stage: the engine's decode step under nsys, kernel + CUDA API summaries;
@@ -101,8 +102,14 @@ if want profile; then
     else
       log "nsys not found: step times with CUDA graphs on, then off (GGML_CUDA_DISABLE_GRAPHS=1)"
       for sampling in ${PROFILE_SAMPLING:-greedy}; do
-        python scripts/profile_gpu_step.py -m "$MODEL" --npl "$npl" --sampling "$sampling" 2>&1 | grep measured \
-            | tee -a "$OUT/run.log"
+        for kv in ${PROFILE_KV_MODES:-paged}; do
+          python scripts/profile_gpu_step.py -m "$MODEL" --npl "$npl" --sampling "$sampling" --kv-mode "$kv" 2>&1 \
+              | grep measured | tee -a "$OUT/run.log"
+        done
+        if [ "${PROFILE_PADDING_AB:-0}" = 1 ]; then
+          CACHEFLOW_STEP_PADDING=0 python scripts/profile_gpu_step.py -m "$MODEL" --npl "$npl" --sampling "$sampling" \
+              2>&1 | grep measured | sed 's/^/step padding off: /' | tee -a "$OUT/run.log"
+        fi
         if [ "${PROFILE_GRAPHS_OFF:-1}" = 1 ]; then
           GGML_CUDA_DISABLE_GRAPHS=1 python scripts/profile_gpu_step.py -m "$MODEL" --npl "$npl" --sampling "$sampling" \
               2>&1 | grep measured | sed 's/^/graphs off: /' | tee -a "$OUT/run.log"

@@ -51,8 +51,13 @@ def main() -> None:
         wall = time.monotonic() - start
         after = llm.stats()
         n_steps = max(1, after.num_steps - before.num_steps)
-        phases = (f"decode {(after.decode_ns - before.decode_ns) / n_steps / 1e6:.3f} + sample "
-                  f"{(after.sample_ns - before.sample_ns) / n_steps / 1e6:.3f} ms per step on average; CUDA graph "
+        per_step = {name: (getattr(after, name) - getattr(before, name)) / n_steps / 1e6
+                    for name in ("prepare_ns", "launch_ns", "decode_ns", "sample_ns", "step_ns")}
+        rest = per_step["step_ns"] - per_step["prepare_ns"] - per_step["decode_ns"] - per_step["sample_ns"]
+        phases = (f"per step on average: prepare {per_step['prepare_ns']:.3f} + llama_decode "
+                  f"{per_step['launch_ns']:.3f} + device wait {per_step['decode_ns'] - per_step['launch_ns']:.3f}"
+                  f" + sample {per_step['sample_ns']:.3f} + publish and the rest {rest:.3f} = step "
+                  f"{per_step['step_ns']:.3f} ms; CUDA graph "
                   f"evaluations captured / replayed / direct "
                   f"{after.cuda_graphs_captured - before.cuda_graphs_captured} / "
                   f"{after.cuda_graphs_replayed - before.cuda_graphs_replayed} / "

@@ -274,6 +274,17 @@ typedef struct cf_engine_stats {
                                             are device times); 0: llama.cpp's per-block copies,
                                             host pool in pageable memory (host wall times)    */
     int64_t block_copy_bytes;            /* copy-on-write bytes copied device -> device        */
+    /* Where every step that decodes spends its wall time, ns since init (steady clock); with
+       decode_ns and sample_ns above (which count only the steps that sample) they split a
+       decode-only step into host and device parts:                                             */
+    int64_t prepare_ns;                  /* step start to its first llama_decode call: inbox,
+                                            schedule, swaps and block copies, batch, slot
+                                            samplers, KV plan (slot mapping, block tables)     */
+    int64_t launch_ns;                   /* inside llama_decode (host: graph build, input
+                                            uploads, kernel launches or graph replay; on the
+                                            CPU backend the whole compute)                     */
+    int64_t step_ns;                     /* the whole step, start to published outputs; the
+                                            last step's share appears with the next step's    */
 } cf_engine_stats;
 
 CF_API cf_status cf_engine_get_stats(cf_engine_t engine, cf_engine_stats * out_stats);

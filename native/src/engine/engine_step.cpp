@@ -118,6 +118,9 @@ StepResult Engine::step_locked() {
                            (int32_t) scheduler_.kv_tokens_used(), kv_free, scheduler_.kv().num_blocks_used());
     }
     publish();
+    if (!out.seqs.empty()) {
+        totals_.step_ns += clock_ns() - step_start_ns_;  // published with the next step's stats
+    }
 #ifndef NDEBUG
     scheduler_.check_invariants();  // debug builds: every step ends in a consistent state
 #endif
@@ -300,7 +303,11 @@ int32_t Engine::decode_groups(const StepPlan & plan) {
         }
         session_->set_kv_plan(plan, begin, end, first_token, num_padding);
         const int64_t decode_start_ns = clock_ns();
+        if (g == 0) {
+            totals_.prepare_ns += decode_start_ns - step_start_ns_;
+        }
         const int32_t rc = session_->decode(batch);
+        totals_.launch_ns += clock_ns() - decode_start_ns;
         if (rc != 0) {
             return rc;
         }
