@@ -152,7 +152,8 @@ class ModelInfo(NamedTuple):
     """cf_model_info: the loaded model and the engine's resolved capacity.
 
     ``kv_mode`` is the resolved cf_kv_mode int (see ``kv_mode_name``); ``token_bos``/``token_eos``
-    are CF_TOKEN_NONE (-1) when the model has none; ``add_bos`` is 0/1.
+    are CF_TOKEN_NONE (-1) when the model has none; ``add_bos`` is 0/1; ``vocab_type`` is
+    llama.cpp's ``enum llama_vocab_type`` (2 = BPE, e.g. SmolLM2).
     """
 
     n_vocab: int
@@ -176,6 +177,7 @@ class ModelInfo(NamedTuple):
     description: str
     arch: str
     kv_bytes_per_token: int
+    vocab_type: int
     kv_mode_name: str = ""
 
 

@@ -207,6 +207,9 @@ typedef struct cf_model_info {
     int64_t kv_bytes_per_token; /* f16 K and V bytes of one token over all layers: 2 * n_layer
                                    * n_head_kv * (key_length + value_length) / 2 * 2; what
                                    cf_engine_config.kv_cache_bytes is divided by           */
+    int32_t vocab_type;       /* llama.cpp's enum llama_vocab_type: 0 none, 1 SPM, 2 BPE, 3
+                                 WPM, 4 UGM, 5 RWKV, 6 PLaMo-2 (llama-server's /v1/models
+                                 meta.vocab_type)                                           */
 } cf_model_info;
 
 CF_API cf_status cf_engine_get_info(cf_engine_t engine, cf_model_info * out_info);

@@ -245,6 +245,7 @@ async def models(request: Request, state: ServerState) -> Response:
         "created": int(time.time()),
         "owned_by": "cacheflow",
         "meta": {
+            "vocab_type": info.vocab_type,
             "n_vocab": info.n_vocab,
             "n_ctx": state.n_ctx_slot,
             "n_ctx_train": info.n_ctx_train,

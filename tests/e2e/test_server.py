@@ -76,7 +76,9 @@ def test_health_props_models(client):
     assert not caps["supports_tools"] and not caps["supports_tool_calls"]
     assert props["modalities"] == {"vision": False, "video": False, "audio": False}
     assert props["model_ftype"] == "Q4_1"  # llama.cpp's llama_ftype_name of the default model
-    assert client.get("/v1/models").json()["data"][0]["meta"]["ftype"] == "Q4_1"
+    meta = client.get("/v1/models").json()["data"][0]["meta"]
+    assert meta["ftype"] == "Q4_1"
+    assert meta["vocab_type"] == 2  # LLAMA_VOCAB_TYPE_BPE, as llama-server reports SmolLM2's
     assert props["model_path"].endswith(".gguf") and props["build_info"].startswith("b")
     for path in ("/models", "/v1/models"):
         assert client.get(path).json()["data"][0]["id"] == "smollm2"

@@ -786,6 +786,7 @@ void LlamaSession::fill_info(cf_model_info * info) const {
     info->token_bos = llama_vocab_bos(vocab_);  // LLAMA_TOKEN_NULL == CF_TOKEN_NONE == -1
     info->token_eos = llama_vocab_eos(vocab_);
     info->add_bos = llama_vocab_get_add_bos(vocab_) ? 1 : 0;
+    info->vocab_type = (int32_t) llama_vocab_type(vocab_);
     info->n_threads = config_.n_threads;
     info->model_size_bytes = (int64_t) llama_model_size(model_);
     info->n_params = (int64_t) llama_model_n_params(model_);
