@@ -56,7 +56,7 @@ def main() -> None:
         rest = per_step["step_ns"] - per_step["prepare_ns"] - per_step["decode_ns"] - per_step["sample_ns"]
         phases = (f"per step on average: prepare {per_step['prepare_ns']:.3f} + llama_decode "
                   f"{per_step['launch_ns']:.3f} + device wait {per_step['decode_ns'] - per_step['launch_ns']:.3f}"
-                  f" + sample {per_step['sample_ns']:.3f} + publish and the rest {rest:.3f} = step "
+                  f" + sample {per_step['sample_ns']:.3f} + the rest {rest:.3f} = step "
                   f"{per_step['step_ns']:.3f} ms; CUDA graph "
                   f"evaluations captured / replayed / direct "
                   f"{after.cuda_graphs_captured - before.cuda_graphs_captured} / "

@@ -286,8 +286,8 @@ typedef struct cf_engine_stats {
     int64_t launch_ns;                   /* inside llama_decode (host: graph build, input
                                             uploads, kernel launches or graph replay; on the
                                             CPU backend the whole compute)                     */
-    int64_t step_ns;                     /* the whole step, start to published outputs; the
-                                            last step's share appears with the next step's    */
+    int64_t step_ns;                     /* the whole step, start to just before its outputs
+                                            are published (>= prepare_ns + launch_ns)          */
 } cf_engine_stats;
 
 CF_API cf_status cf_engine_get_stats(cf_engine_t engine, cf_engine_stats * out_stats);

@@ -116,3 +116,20 @@ def test_cli_generate_trace(tiny_model_path, tmp_path):
     check_chrome_trace(trace)
     requests = {e["tid"] for e in trace["traceEvents"] if e.get("cat") == "request"}
     assert len(requests) == 2
+
+
+def test_step_time_split_adds_up(make_llm, tiny_model_path):
+    """cf_engine_stats' step split: every decoding step's prepare_ns (to llama_decode) and launch_ns
+    (inside it) lie within its step_ns; decode_ns (llama_decode to device done, sampling steps) holds
+    at least their launch, and all grow with each step."""
+    llm = make_llm(tiny_model_path, max_num_seqs=4)
+    llm.generate(["Hello", "Water boils at"], SamplingParams(max_tokens=8, ignore_eos=True))
+    s = llm.stats()
+    assert s.num_steps >= 8
+    assert 0 < s.prepare_ns and 0 < s.launch_ns and 0 < s.sample_ns
+    assert s.prepare_ns + s.launch_ns <= s.step_ns
+    assert s.launch_ns <= s.decode_ns <= s.step_ns  # every step here samples: decode_ns covers each launch
+    before = s
+    llm.generate(["2 + 2 ="], SamplingParams(max_tokens=4, ignore_eos=True))
+    s = llm.stats()
+    assert s.step_ns > before.step_ns and s.launch_ns > before.launch_ns and s.prepare_ns > before.prepare_ns

@@ -117,10 +117,10 @@ StepResult Engine::step_locked() {
         profiler_.step_end(totals_.num_steps, clock_ns(), scheduler_.num_waiting(),
                            (int32_t) scheduler_.kv_tokens_used(), kv_free, scheduler_.kv().num_blocks_used());
     }
-    publish();
     if (!out.seqs.empty()) {
-        totals_.step_ns += clock_ns() - step_start_ns_;  // published with the next step's stats
+        totals_.step_ns += clock_ns() - step_start_ns_;  // before publish: the step's stats count it
     }
+    publish();
 #ifndef NDEBUG
     scheduler_.check_invariants();  // debug builds: every step ends in a consistent state
 #endif
