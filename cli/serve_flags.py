@@ -85,8 +85,12 @@ def serve_flag_options(command: Callable) -> Callable:
                 help="Reasoning effort given to the chat template (reasoning_effort), e.g. low, "
                 "medium, high; 'default' keeps the template's."),
         _option("--reasoning-budget", type=click.IntRange(min=-1), default=-1, show_default=True,
-                envvar=_env("THINK_BUDGET"), callback=_reasoning_budget,
-                help="Thinking token budget: only -1 (unrestricted) is implemented."),
+                envvar=_env("THINK_BUDGET"),
+                help="Token budget of a chat answer's thinking (llama.cpp's reasoning-budget "
+                "sampler; templates that mark reasoning): -1 unrestricted, 0 end at once, N > 0 "
+                "at most N tokens, then the end marker is forced."),
+        _option("--reasoning-budget-message", default="", envvar=_env("THINK_BUDGET_MESSAGE"),
+                help="Text forced before the end-of-thinking marker when the budget is spent."),
         _option("--prefill-assistant/--no-prefill-assistant", "prefill_assistant",
                 default=True, show_default=True, envvar=_env("PREFILL_ASSISTANT"),
                 help="A final assistant message is continued (prefilled), not closed."),
@@ -119,16 +123,6 @@ def _reasoning_switch(ctx: click.Context, param: click.Parameter, value: str) ->
     raise click.BadParameter(f"unknown value for --reasoning: {value!r} (on, off or auto)")
 
 
-def _reasoning_budget(ctx: click.Context, param: click.Parameter, value: int) -> int:
-    if value != -1:
-        raise click.UsageError(
-            "unsupported llama-server flag --reasoning-budget "
-            f"{value}: a thinking budget needs llama.cpp's reasoning-budget sampler, which "
-            "CacheFlow does not run; only -1 (unrestricted, the default) is accepted", ctx
-        )
-    return value
-
-
 def reasoning_template_kwargs(options: dict[str, object]) -> dict[str, object]:
     """The chat-template variables -rea and --reasoning-effort set, as llama-server puts them in
     its default template kwargs: enable_thinking (-rea on / off) and reasoning_effort."""
@@ -159,6 +153,8 @@ def request_defaults(options: dict[str, object]) -> RequestDefaults:
             frequency_penalty=float(options["frequency_penalty"]),
             ignore_eos=bool(options["ignore_eos"]),
             reasoning_format=str(options["reasoning_format"] or DEFAULT_REASONING_FORMAT),
+            reasoning_budget=int(options["reasoning_budget"]),
+            reasoning_budget_message=str(options["reasoning_budget_message"] or ""),
         )
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None

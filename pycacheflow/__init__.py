@@ -17,7 +17,7 @@ from pycacheflow import errors
 from pycacheflow.config import EngineConfig
 from pycacheflow.errors import CacheFlowError
 from pycacheflow.outputs import RequestMetrics, RequestOutput, StreamDelta
-from pycacheflow.sampling_params import SamplingParams
+from pycacheflow.sampling_params import ReasoningBudget, SamplingParams
 
 if TYPE_CHECKING:
     from pycacheflow.llm import LLM
@@ -27,6 +27,7 @@ __version__ = "0.1.0"
 __all__ = [
     "LLM",
     "SamplingParams",
+    "ReasoningBudget",
     "EngineConfig",
     "RequestOutput",
     "RequestMetrics",

@@ -214,6 +214,16 @@ def _sampling_params(params: SamplingParams, keep: list) -> object:
         grammar = ffi.new("char[]", encode_utf8(params.grammar, "grammar"))
         keep.append(grammar)
         c.grammar = grammar
+    budget = params.reasoning_budget
+    if budget is not None:
+        c.reasoning_budget = budget.tokens
+        for name in ("start", "end", "forced", "prefill"):
+            ids = getattr(budget, name)
+            if ids:
+                array = ffi.new("int32_t[]", list(ids))
+                keep.append(array)
+                setattr(c, f"reasoning_{name}_tokens", array)
+                setattr(c, f"num_reasoning_{name}_tokens", len(ids))
     return c
 
 

@@ -28,6 +28,48 @@ def _is_number(value: object) -> bool:
 
 
 @dataclass(frozen=True)
+class ReasoningBudget:
+    """A limit on the tokens of a reasoning block (llama.cpp's reasoning-budget sampler,
+    common/reasoning-budget.h; llama-server's ``--reasoning-budget``), immutable.
+
+    The block opens with the token sequence ``start`` and closes with ``end``; once ``tokens``
+    tokens were sampled inside it (and the last one completed a UTF-8 character), the sampler
+    forces ``forced`` one token per step, closing the block; a block that opens again gets a
+    fresh budget. Token sequences are stored as tuples of ids, each checked against the
+    vocabulary when the request is added.
+
+    Attributes:
+        tokens: the budget, >= 0 (0: the block closes as soon as it opens).
+        start: the block's opening tokens (e.g. those of ``<think>``), not empty.
+        end: its closing tokens (e.g. ``</think>``), not empty.
+        forced: what is forced when the budget is spent; () = ``end`` (llama-server: the
+            tokens of ``--reasoning-budget-message``, then ``end``).
+        prefill: tokens the prompt already holds of the answer (a chat template's generation
+            prompt that opened the block), fed to the sampler before the first token.
+    """
+
+    tokens: int
+    start: tuple[int, ...]
+    end: tuple[int, ...]
+    forced: tuple[int, ...] = ()
+    prefill: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        _require_c_int("reasoning budget tokens", self.tokens)
+        if self.tokens < 0:
+            raise ValueError(f"reasoning budget tokens must be >= 0, got {self.tokens}")
+        for name in ("start", "end", "forced", "prefill"):
+            ids = _as_tuple(f"reasoning budget {name}", getattr(self, name))
+            for token_id in ids:
+                _require_c_int(f"reasoning budget {name} entry", token_id)
+            object.__setattr__(self, name, ids)
+        if not self.start or not self.end:
+            raise ValueError("a reasoning budget needs start and end token sequences")
+        if not self.forced:
+            object.__setattr__(self, "forced", self.end)
+
+
+@dataclass(frozen=True)
 class SamplingParams:
     """Sampling and stopping parameters of one request (immutable).
 
@@ -74,6 +116,8 @@ class SamplingParams:
             ``return_progress``): ``StreamDelta.progress`` gets one ``PromptProgress`` when the
             request is first scheduled and one after each step that computed a chunk of its
             prompt. Changes no output.
+        reasoning_budget: a ``ReasoningBudget`` limiting the tokens of reasoning blocks, or
+            None (no limit). A request with one is sampled on the CPU from its whole logits.
 
     Each value is validated once, by the layer that owns it: here only what Python owns (types,
     that a value has a C form: int32_t, int64_t seed, float, UTF-8 text); the ranges by the
@@ -104,6 +148,7 @@ class SamplingParams:
     logprobs: int | None = None
     post_sampling_probs: bool = False
     return_progress: bool = False
+    reasoning_budget: ReasoningBudget | None = None
 
     def __post_init__(self) -> None:
         # Normalise containers first (frozen: assign through object.__setattr__).
@@ -137,6 +182,9 @@ class SamplingParams:
         for name in ("ignore_eos", "cache_prompt", "post_sampling_probs", "return_progress"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        budget = self.reasoning_budget
+        if budget is not None and not isinstance(budget, ReasoningBudget):
+            raise TypeError(f"reasoning_budget must be a ReasoningBudget or None, got {budget!r}")
         if not isinstance(self.grammar, str):
             raise TypeError(f"grammar must be a str, got {self.grammar!r}")
         encode_utf8(self.grammar, "grammar")

@@ -371,14 +371,37 @@ typedef struct cf_sampling_params {
      * prompt is computed, and after each step that computed a chunk of it; 0 = none (the
      * default). Changes no output. */
     int32_t return_progress;
+    /* llama.cpp's reasoning-budget sampler (common/reasoning-budget.h; llama-server's
+     * --reasoning-budget and reasoning_budget_tokens): at most reasoning_budget tokens inside a
+     * reasoning block, which opens with the token sequence reasoning_start_tokens and closes
+     * with reasoning_end_tokens (a closed block may open again, with a fresh budget). Once the
+     * budget is spent, and the last token completed a UTF-8 character, the sampler forces
+     * reasoning_forced_tokens (llama-server: --reasoning-budget-message's tokens, then the end
+     * sequence) one token per step. -1 = no budget (the default; the arrays are then ignored),
+     * 0 = the block closes as soon as it opens. reasoning_prefill_tokens: what the prompt
+     * already holds of the answer (the chat template's generation prompt, e.g. an opened
+     * <think>), fed to the sampler before the first token so that it knows the block is open.
+     * Arrays copied; ids in [0, n_vocab). A request with a budget is sampled on the CPU from its
+     * whole logits row (the forced token need not be among the likeliest). */
+    int32_t reasoning_budget;                   /* >= -1                                      */
+    const int32_t * reasoning_start_tokens;     /* [num_reasoning_start_tokens], >= 1 of them
+                                                   when reasoning_budget >= 0                  */
+    int32_t num_reasoning_start_tokens;
+    const int32_t * reasoning_end_tokens;       /* [num_reasoning_end_tokens], likewise >= 1  */
+    int32_t num_reasoning_end_tokens;
+    const int32_t * reasoning_forced_tokens;    /* [num_reasoning_forced_tokens], likewise    */
+    int32_t num_reasoning_forced_tokens;
+    const int32_t * reasoning_prefill_tokens;   /* [num_reasoning_prefill_tokens], may be NULL
+                                                   if 0                                        */
+    int32_t num_reasoning_prefill_tokens;
 } cf_sampling_params;
 
 /* Defaults: max_tokens 16, temperature 0 (greedy), top_k 0, top_p 1, min_p 0, seed random,
  * no penalties (repeat 1, last_n 64, presence 0, frequency 0), no logit bias, no grammar,
  * cache_prompt 1, no logprobs (logprobs 0, top_logprobs 0, post_sampling_probs 0), no prompt
- * progress (return_progress 0). A request with a penalty or a grammar is sampled on the CPU
- * (greedy: the argmax after those samplers); other rows, a logit bias included, keep the
- * in-graph samplers. */
+ * progress (return_progress 0), no reasoning budget (reasoning_budget -1). A request with a
+ * penalty, a grammar or a reasoning budget is sampled on the CPU (greedy: the argmax after
+ * those samplers); other rows, a logit bias included, keep the in-graph samplers. */
 CF_API cf_sampling_params cf_sampling_params_default(void);
 
 /* Checks every rule of cf_sampling_params that does not need a model, with the messages

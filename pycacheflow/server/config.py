@@ -31,6 +31,12 @@ class RequestDefaults:
         reasoning_format: llama-server's --reasoning-format for chat answers: "none" leaves a
             reasoning block in the content; "deepseek", "deepseek-legacy" and "auto" move it to
             ``reasoning_content`` (pycacheflow.reasoning).
+        reasoning_budget: llama-server's --reasoning-budget: the most tokens of a chat
+            answer's reasoning block for requests that set no ``reasoning_budget_tokens``
+            (llama.cpp's reasoning-budget sampler, for templates that mark reasoning); -1 = no
+            limit, 0 = the block is closed as soon as it opens.
+        reasoning_budget_message: --reasoning-budget-message: text forced before the block's
+            end marker when the budget is spent ("" = the end marker alone).
 
     The values are llama-server's defaults (common_params_sampling, common_params).
 
@@ -49,6 +55,8 @@ class RequestDefaults:
     frequency_penalty: float = 0.0
     ignore_eos: bool = False
     reasoning_format: str = DEFAULT_REASONING_FORMAT
+    reasoning_budget: int = -1
+    reasoning_budget_message: str = ""
 
     def __post_init__(self) -> None:
         for name, value in asdict(self).items():
@@ -58,6 +66,9 @@ class RequestDefaults:
             raise ValueError(f"repeat_last_n must be >= -1, got {self.repeat_last_n}")
         if self.seed < -1:
             raise ValueError(f"seed must be >= -1 (-1 = random), got {self.seed}")
+        if self.reasoning_budget < -1:
+            raise ValueError(f"reasoning_budget must be >= -1 (-1 = no limit), got "
+                             f"{self.reasoning_budget}")  # fmt: skip
         if self.reasoning_format not in REASONING_FORMATS:
             raise ValueError(f"reasoning_format must be one of {', '.join(REASONING_FORMATS)}, "
                              f"got {self.reasoning_format!r}")  # fmt: skip

@@ -120,6 +120,12 @@ class GenerationRequest:
             --prefill-assistant).
         reasoning_format: how a chat answer's reasoning is returned (``RequestDefaults``); the
             request's field, else the server's --reasoning-format.
+        reasoning_budget: chat: the most tokens of the answer's reasoning block (llama-server's
+            ``reasoning_budget_tokens``, alias ``thinking_budget_tokens``; -1 there means the
+            server's --reasoning-budget), -1 = no limit; applied only when the template marks
+            reasoning.
+        reasoning_budget_message: chat: text forced before the block's end marker when the
+            budget is spent (``reasoning_budget_message``, else the server's).
     """
 
     prompts: tuple[PromptInput, ...]
@@ -142,6 +148,8 @@ class GenerationRequest:
     add_generation_prompt: bool = True
     continue_final_message: bool | None = None
     reasoning_format: str = LLAMA_SERVER_DEFAULTS.reasoning_format
+    reasoning_budget: int = -1
+    reasoning_budget_message: str = ""
 
     def with_max_tokens(self, max_tokens: int) -> SamplingParams:
         """The sampling parameters with ``max_tokens`` set (>= 1)."""
@@ -470,7 +478,16 @@ def parse_chat(
     if grammar:
         body = {**body, "grammar": grammar}
     request = _generation(body, (), read_messages(body), default_n_predict, defaults, probs)
-    return replace(request, **read_chat_options(body))
+    # llama-server's order: reasoning_budget_tokens, else thinking_budget_tokens; -1 (or
+    # neither) is the server's --reasoning-budget
+    budget = read_int(body, ("reasoning_budget_tokens", "thinking_budget_tokens"), -1, low=-1)
+    message = read_str(body, "reasoning_budget_message", None)
+    return replace(
+        request,
+        **read_chat_options(body),
+        reasoning_budget=defaults.reasoning_budget if budget == -1 else budget,
+        reasoning_budget_message=defaults.reasoning_budget_message if message is None else message,
+    )
 
 
 def _schema_grammar(pick: object, body: Mapping[str, object]) -> str:

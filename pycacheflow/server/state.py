@@ -14,7 +14,9 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from pycacheflow import errors
+from pycacheflow.reasoning import WHITESPACE as _WS
 from pycacheflow.reasoning import generation_prompt, open_tail
+from pycacheflow.sampling_params import ReasoningBudget
 from pycacheflow.server.chat_reasoning import ChatReasoning
 from pycacheflow.server.logprobs import TokenPieces, probs_json
 from pycacheflow.server.metrics import ServerMetrics
@@ -257,12 +259,17 @@ class ServerState:
         return token_ids
 
     def submit(
-        self, group: RequestGroup, request: GenerationRequest, prompt: PromptInput
+        self,
+        group: RequestGroup,
+        request: GenerationRequest,
+        prompt: PromptInput,
+        reasoning: ChatReasoning | None = None,
     ) -> list[Job]:
         """Submit one prompt of ``request`` to the engine through ``group``: its
         ``num_choices`` completions (choice i of a seeded request uses seed + i, so they
         differ). Several choices go in together and share the prompt's KV (``LLM.add_choices``:
-        the engine forks it, copy-on-write), each sampled independently.
+        the engine forks it, copy-on-write), each sampled independently. ``reasoning``: a chat
+        request's (``chat_reasoning``), for its reasoning budget.
 
         Returns:
             One job per choice, in order.
@@ -275,6 +282,9 @@ class ServerState:
         if request.logit_bias or request.params.ignore_eos:
             request = replace(request, params=replace(
                 request.params, logit_bias=self._logit_bias(request)))  # fmt: skip
+        budget = self._reasoning_budget(request, reasoning)
+        if budget is not None:
+            request = replace(request, params=replace(request.params, reasoning_budget=budget))
         n_predict = request.n_predict
         room = self.n_ctx_slot - len(prompt)  # tokens the slot's context has left for output
         if prompt and room <= 0:
@@ -303,6 +313,28 @@ class ServerState:
                             post_sampling_probs=choice.params.post_sampling_probs,
                             stream=request.stream))  # fmt: skip
         return jobs
+
+    def _reasoning_budget(
+        self, request: GenerationRequest, reasoning: ChatReasoning | None
+    ) -> ReasoningBudget | None:
+        """The reasoning budget of a chat request, as llama-server builds its sampler
+        (server-common.cpp, common/sampling.cpp): none without a budget (-1) or without both
+        reasoning markers in the template; else the markers' tokens (whitespace trimmed), the
+        budget message's tokens then the end marker's as the forced sequence, and the
+        generation prompt's opened block (``ChatReasoning.tail``) fed first."""
+        if request.reasoning_budget < 0 or reasoning is None:
+            return None
+        start, end = (m.strip(_WS) for m in (reasoning.markers.start, reasoning.markers.end))
+        if not start or not end:
+            return None
+
+        def tokens(text: str) -> tuple[int, ...]:
+            return tuple(self.llm.tokenize(text, False, True)) if text else ()
+
+        end_ids = tokens(end)
+        return ReasoningBudget(request.reasoning_budget, tokens(start), end_ids,
+                               tokens(request.reasoning_budget_message) + end_ids,
+                               tokens(reasoning.tail))  # fmt: skip
 
     def _logit_bias(self, request: GenerationRequest) -> tuple:
         """(token id, bias) pairs of a request, by llama-server's rules: texts become their

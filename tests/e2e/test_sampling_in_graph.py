@@ -242,3 +242,44 @@ def test_lowering_biases_sample_from_the_top_k_candidates(real_model_path, make_
     host = make_llm(real_model_path, max_num_seqs=8)
     assert outs == [o.token_ids for o in host.generate([prompt] * 6, fits + host_route)]
     assert expected[0] not in outs[2] and expected[2] not in outs[3]  # the biases applied
+
+
+def test_reasoning_budget_forces_the_end_of_the_block(real_llm):
+    """llama.cpp's reasoning-budget sampler, first in the chain (llama-server's
+    --reasoning-budget): after ``tokens`` tokens inside the block the forced sequence follows
+    token for token, and before it the tokens are the unconstrained greedy ones. The block opens
+    either in the prompt (prefill: counting from the first token; budget 0 forces at once) or
+    when the output itself writes the start sequence (the sampler watched for it), in a batch
+    with a plain greedy row."""
+    from pycacheflow import ReasoningBudget
+    from pycacheflow.errors import InvalidArgumentError
+
+    prompt = "Explain why the sky is blue."
+    plain = SamplingParams(max_tokens=24, ignore_eos=True)
+    free = real_llm.generate([prompt], plain)[0].token_ids
+    end = tuple(real_llm.tokenize("</think>", False, True))
+    forced = tuple(real_llm.tokenize(" Enough.", False, True)) + end
+    think = tuple(real_llm.tokenize("<think>", False, True))
+
+    def budget(tokens: int, **fields: object) -> SamplingParams:
+        fields = {"start": think, "end": end, "forced": forced, **fields}
+        return SamplingParams(max_tokens=24, ignore_eos=True,
+                              reasoning_budget=ReasoningBudget(tokens, **fields))  # fmt: skip
+
+    params = [budget(5, prefill=think), budget(0, prefill=think),
+              budget(3, start=tuple(free[:2])), plain]  # fmt: skip
+    outs = [o.token_ids for o in real_llm.generate([prompt] * 4, params)]
+    n = len(forced)
+    assert outs[0][:5] == free[:5] and tuple(outs[0][5 : 5 + n]) == forced
+    assert tuple(outs[1][:n]) == forced
+    # opened by its own first two tokens: three more, then the forced sequence
+    assert outs[2][:5] == free[:5] and tuple(outs[2][5 : 5 + n]) == forced
+    assert outs[3] == free
+    # no block ever opens: nothing is forced, the greedy tokens
+    never = budget(0, start=tuple(real_llm.tokenize("<never-written>", False, True)))
+    assert real_llm.generate([prompt], never)[0].token_ids == free
+    assert ReasoningBudget(2, think, end).forced == end  # the end marker alone by default
+    with pytest.raises(ValueError, match="start and end"):
+        ReasoningBudget(2, (), end)
+    with pytest.raises(InvalidArgumentError, match=r"reasoning_end_tokens\[0\] = 99999999"):
+        real_llm.generate([prompt], budget(2, end=(99999999,)))

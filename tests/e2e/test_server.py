@@ -399,3 +399,74 @@ def test_n_choices_share_the_prompt_and_sample_independently(client):
              for i in range(3)]  # fmt: skip
     alone = [a["choices"][0]["text"] for a in alone]
     assert texts == alone and len(set(texts)) == 3
+
+
+# SmolLM2's ChatML with reasoning markers: an assistant turn is "<think>reasoning</think>answer",
+# and the generation prompt opens the block (as Qwen3's and DeepSeek-R1's templates do).
+THINKING_CHATML = (
+    "{%- for m in messages -%}<|im_start|>{{ m.role }}\n"
+    "{%- if m.role == 'assistant' -%}<think>{{ m.reasoning_content or '' }}</think>{%- endif -%}"
+    "{{ m.content }}<|im_end|>\n{% endfor -%}"
+    "{%- if add_generation_prompt -%}<|im_start|>assistant\n"
+    "{%- if enable_thinking is not false -%}<think>{%- endif -%}{%- endif -%}"
+)
+
+
+def test_reasoning_budget_closes_the_thinking_block(real_model_path, tmp_path, client):
+    """--reasoning-budget and reasoning_budget_tokens as llama-server: for a template that marks
+    reasoning, N tokens of thinking (the greedy ones), then reasoning_budget_message and the end
+    marker are forced and the answer goes on as content; -1 in the request means the server's
+    budget; thinking_budget_tokens is an alias. A template without markers ignores the budget."""
+    template = tmp_path / "thinking.jinja"
+    template.write_text(THINKING_CHATML)
+    chat = {"messages": [{"role": "user", "content": "Why is the sky blue?"}], "max_tokens": 24,
+            "temperature": 0, "ignore_eos": True}  # fmt: skip
+    # the whole answer in content, behind the block the generation prompt opened
+    raw = {**chat, "reasoning_format": "none"}
+
+    def content(c: httpx.Client, **fields: object) -> str:
+        answer = c.post("/v1/chat/completions", json={**raw, **fields})
+        assert answer.status_code == 200, answer.text
+        return answer.json()["choices"][0]["message"]["content"]
+
+    proc = ServerProcess(["-m", str(real_model_path), "-np", "2", "-c", "2048",
+                          "--chat-template-file", str(template)])  # fmt: skip
+    try:
+        proc.wait_ready()
+        with httpx.Client(base_url=proc.base_url, timeout=120) as c:
+            free = content(c)
+            assert "</think>" not in free  # the model never closes the block by itself
+            limited = content(c, reasoning_budget_tokens=5, reasoning_budget_message=" Enough.")
+            thought, _, answer = limited.partition(" Enough.</think>")
+            assert thought and free.startswith(thought) and answer
+            assert free.startswith("<think>")
+            assert content(c, thinking_budget_tokens=0).startswith("<think></think>")
+            split = c.post("/v1/chat/completions", json={**chat, "reasoning_budget_tokens": 5,
+                                                          "reasoning_budget_message": " Enough."})
+            message = split.json()["choices"][0]["message"]
+            reasoning = thought.removeprefix("<think>") + " Enough."
+            assert message["reasoning_content"].strip() == reasoning.strip()
+            assert message["content"].strip() == answer.strip()
+            bad = c.post("/v1/chat/completions", json={**chat, "reasoning_budget_tokens": -2})
+            assert bad.status_code == 400 and "reasoning_budget_tokens" in bad.text
+    finally:
+        assert proc.stop() == 0, proc.log()
+        proc.close()
+    proc = ServerProcess(["-m", str(real_model_path), "-np", "2", "-c", "2048",
+                          "--chat-template-file", str(template), "--reasoning-budget", "0",
+                          "--reasoning-budget-message", " Enough."])  # fmt: skip
+    try:
+        proc.wait_ready()
+        with httpx.Client(base_url=proc.base_url, timeout=120) as c:
+            assert content(c).startswith("<think> Enough.</think>")
+            assert content(c, reasoning_budget_tokens=-1).startswith("<think> Enough.</think>")
+            thought = content(c, reasoning_budget_tokens=5).partition(" Enough.</think>")[0]
+            assert thought and free.startswith(thought)
+    finally:
+        assert proc.stop() == 0, proc.log()
+        proc.close()
+    # the default model's template marks no reasoning: the budget changes nothing
+    plain = {"messages": chat["messages"], "max_tokens": 8, "temperature": 0}
+    outputs = [client.post("/v1/chat/completions", json={**plain, **extra}).json()
+               for extra in ({}, {"reasoning_budget_tokens": 0})]  # fmt: skip
+    assert outputs[0]["choices"] == outputs[1]["choices"]

@@ -115,3 +115,19 @@ def test_penalties_and_logit_bias():
 def test_bad_penalties_and_logit_bias(kwargs, message):
     with pytest.raises((ValueError, TypeError), match=message):
         SamplingParams(**kwargs)
+
+
+def test_reasoning_budget_fields():
+    from pycacheflow import ReasoningBudget
+
+    budget = ReasoningBudget(4, [1, 2], [3], prefill=[1, 2])
+    assert (budget.start, budget.end, budget.forced, budget.prefill) == ((1, 2), (3,), (3,), (1, 2))
+    assert SamplingParams(reasoning_budget=budget).reasoning_budget is budget
+    with pytest.raises(ValueError, match="reasoning budget tokens must be >= 0, got -1"):
+        ReasoningBudget(-1, (1,), (2,))
+    with pytest.raises(ValueError, match="needs start and end token sequences"):
+        ReasoningBudget(0, (1,), ())
+    with pytest.raises(TypeError, match="reasoning budget forced entry must be an int"):
+        ReasoningBudget(0, (1,), (2,), forced=("x",))
+    with pytest.raises(TypeError, match="reasoning_budget must be a ReasoningBudget"):
+        SamplingParams(reasoning_budget=4)

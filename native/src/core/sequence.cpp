@@ -61,6 +61,42 @@ std::vector<int32_t> copy_stop_token_ids(const cf_sampling_params & p, int32_t n
     return ids;
 }
 
+// One token array of the reasoning budget: [num] ids in [0, n_vocab) (not checked when
+// n_vocab is 0), non-empty when required.
+std::vector<int32_t> copy_reasoning_tokens(const char * name, const int32_t * ids, int32_t num, bool required,
+                                           int32_t n_vocab) {
+    const std::string field = std::string("reasoning_") + name + "_tokens";
+    if (num < 0 || (num > 0 && ids == nullptr)) {
+        fail_invalid("num_" + field + " must be >= 0 with " + field + " non-NULL, got " + std::to_string(num));
+    }
+    if (required && num == 0) {
+        fail_invalid(field + " must not be empty with a reasoning_budget");
+    }
+    std::vector<int32_t> out(ids, ids + num);
+    for (size_t i = 0; i < out.size(); ++i) {
+        check_token_id(field.c_str(), i, out[i], n_vocab);
+    }
+    return out;
+}
+
+ReasoningBudget copy_reasoning_budget(const cf_sampling_params & p, int32_t n_vocab) {
+    ReasoningBudget out;
+    if (p.reasoning_budget < -1) {
+        fail_invalid("reasoning_budget must be >= -1 (-1 = none), got " + std::to_string(p.reasoning_budget));
+    }
+    if (p.reasoning_budget == -1) {
+        return out;
+    }
+    out.tokens = p.reasoning_budget;
+    out.start = copy_reasoning_tokens("start", p.reasoning_start_tokens, p.num_reasoning_start_tokens, true, n_vocab);
+    out.end = copy_reasoning_tokens("end", p.reasoning_end_tokens, p.num_reasoning_end_tokens, true, n_vocab);
+    out.forced = copy_reasoning_tokens("forced", p.reasoning_forced_tokens, p.num_reasoning_forced_tokens, true,
+                                       n_vocab);
+    out.prefill = copy_reasoning_tokens("prefill", p.reasoning_prefill_tokens, p.num_reasoning_prefill_tokens, false,
+                                        n_vocab);
+    return out;
+}
+
 std::vector<std::string> copy_stop_strings(const cf_sampling_params & p) {
     if (p.num_stop_strings < 0 || (p.num_stop_strings > 0 && p.stop_strings == nullptr)) {
         fail_invalid("num_stop_strings must be >= 0 with stop_strings non-NULL, got " +
@@ -169,6 +205,7 @@ SamplingParams SamplingParams::from_c(const cf_sampling_params & p, int32_t n_vo
         fail_invalid("return_progress must be 0 or 1, got " + std::to_string(p.return_progress));
     }
     out.return_progress = p.return_progress == 1;
+    out.reasoning = copy_reasoning_budget(p, n_vocab);
     return out;
 }
 

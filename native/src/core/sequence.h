@@ -28,6 +28,17 @@ namespace cf {
 // (KvCacheManager::swap_out); swap_in() brings them back and it runs on without recompute.
 enum class SequenceStatus { WAITING, RUNNING, SWAPPED, FINISHED };
 
+// A request's reasoning budget (cf_sampling_params.reasoning_budget and its token arrays).
+struct ReasoningBudget {
+    int32_t tokens = -1;            // -1 = none, else the most tokens inside a reasoning block
+    std::vector<int32_t> start;     // the block's opening token sequence (non-empty if enabled)
+    std::vector<int32_t> end;       // its closing sequence (non-empty if enabled)
+    std::vector<int32_t> forced;    // forced once the budget is spent (non-empty if enabled)
+    std::vector<int32_t> prefill;   // the answer's start already in the prompt, fed first
+
+    bool enabled() const { return tokens >= 0; }
+};
+
 // Validated copy of cf_sampling_params (the engine owns the strings and arrays).
 struct SamplingParams {
     int32_t max_tokens = 16;
@@ -55,18 +66,25 @@ struct SamplingParams {
     int32_t top_logprobs = 0;        // most likely tokens listed with each one, <= n_vocab
     bool post_sampling_probs = false;  // after the sampler chain instead of the raw logits
     bool return_progress = false;    // queue prompt progress events (cf_output_event.prompt_progress)
+    ReasoningBudget reasoning;       // llama.cpp's reasoning-budget sampler, first in the chain
 
     bool is_greedy() const { return temperature == 0.0f; }
     bool has_penalties() const {
         return repeat_last_n != 0 && (repeat_penalty != 1.0f || presence_penalty != 0.0f || frequency_penalty != 0.0f);
     }
-    // Needs llama.cpp samplers before the token choice (penalties, logit bias, grammar): never
-    // in-graph.
-    bool needs_cpu_samplers() const { return has_penalties() || !logit_bias.empty() || !grammar.empty(); }
-    // Of those, the ones kept out of the graph: penalties (their token history) and grammars (no
-    // backend implementation). A logit bias alone runs in-graph (llama.cpp's backend logit_bias).
-    // Token probabilities need the row's logits (or the chain's candidates) on the host too.
-    bool needs_host_samplers() const { return has_penalties() || !grammar.empty() || logprobs; }
+    // Needs llama.cpp samplers before the token choice (penalties, logit bias, grammar, reasoning
+    // budget): never in-graph.
+    bool needs_cpu_samplers() const {
+        return has_penalties() || !logit_bias.empty() || !grammar.empty() || reasoning.enabled();
+    }
+    // Of those, the ones kept out of the graph: penalties (their token history), grammars (no
+    // backend implementation) and the reasoning budget (a state machine over the tokens, and a
+    // forced token may be any of the vocabulary). A logit bias alone runs in-graph (llama.cpp's
+    // backend logit_bias). Token probabilities need the row's logits (or the chain's candidates)
+    // on the host too.
+    bool needs_host_samplers() const {
+        return has_penalties() || !grammar.empty() || reasoning.enabled() || logprobs;
+    }
 
     // Copy and validate; throws cf::Error(INVALID_ARGUMENT) naming the bad field.
     // n_vocab bounds stop_token_ids; pass 0 to skip that check.

@@ -162,6 +162,15 @@ cf_sampling_params default_sampling_params() {
     p.top_logprobs = 0;
     p.post_sampling_probs = 0;
     p.return_progress = 0;
+    p.reasoning_budget = -1;
+    p.reasoning_start_tokens = nullptr;
+    p.num_reasoning_start_tokens = 0;
+    p.reasoning_end_tokens = nullptr;
+    p.num_reasoning_end_tokens = 0;
+    p.reasoning_forced_tokens = nullptr;
+    p.num_reasoning_forced_tokens = 0;
+    p.reasoning_prefill_tokens = nullptr;
+    p.num_reasoning_prefill_tokens = 0;
     return p;
 }
 

@@ -2,6 +2,7 @@
 #include "engine/sampling.h"
 
 #include "core/error.h"
+#include "engine/reasoning_budget.h"
 
 #include <algorithm>
 #include <cassert>
@@ -21,12 +22,14 @@ uint32_t seed_of(int64_t seed) {
 }
 
 // Index of the top_k sampler in the chain make_sampler_chain builds for params (which it must
-// mirror: [logit_bias] [penalties] [grammar] top_k ...), or -1 when the chain has none.
+// mirror: [reasoning budget] [logit_bias] [penalties] [grammar] top_k ...), or -1 when the chain
+// has none.
 int32_t top_k_position(const SamplingParams & params) {
     if (params.is_greedy() || params.top_k <= 0) {
         return -1;
     }
-    return (int32_t) !params.logit_bias.empty() + (int32_t) params.has_penalties() + (int32_t) !params.grammar.empty();
+    return (int32_t) params.reasoning.enabled() + (int32_t) !params.logit_bias.empty() +
+           (int32_t) params.has_penalties() + (int32_t) !params.grammar.empty();
 }
 
 // Equal logits by ascending token id: a total order (for logits that are not NaN).
@@ -148,12 +151,20 @@ OpaqueHandle make_sampler(const SamplingParams & params, const llama_vocab * voc
 llama_sampler * make_sampler_chain(const SamplingParams & params, const llama_vocab * vocab, const int32_t * prompt,
                                    int32_t num_prompt_tokens) {
     if (params.needs_cpu_samplers() && vocab == nullptr) {
-        throw Error(CF_STATUS_INTERNAL, "logit bias, penalties and grammars need the vocab");
+        throw Error(CF_STATUS_INTERNAL, "logit bias, penalties, grammars and reasoning budgets need the vocab");
     }
     llama_sampler_chain_params cp = llama_sampler_chain_default_params();
     cp.no_perf = true;
     llama_sampler * chain = llama_sampler_chain_init(cp);
     const int32_t n_vocab = vocab != nullptr ? llama_vocab_n_tokens(vocab) : 0;
+    if (params.reasoning.enabled()) {  // first, as llama-server's common_sampler applies it
+        try {
+            llama_sampler_chain_add(chain, make_reasoning_budget_sampler(vocab, params.reasoning));
+        } catch (...) {
+            llama_sampler_free(chain);
+            throw;
+        }
+    }
     if (!params.logit_bias.empty()) {
         std::vector<llama_logit_bias> biases;
         for (const auto & [token, bias] : params.logit_bias) {
