@@ -245,6 +245,8 @@ class EngineStats(NamedTuple):
     prepare_ns: int
     launch_ns: int
     step_ns: int
+    num_llama_decodes: int
+    num_llama_graphs_reused: int
     ttft_by_priority: tuple[PriorityTTFT, ...] = ()
 
     @property

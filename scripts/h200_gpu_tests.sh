@@ -91,6 +91,14 @@ if want gemm; then  # patch 0008's options, A/B in one run (CACHEFLOW_CUDA_GEMM:
   done
 fi
 if want profile; then
+  if [ "${SCHED_DEBUG:-0}" = 1 ]; then  # the ggml graph of a B=1 decode step on CUDA: splits, inputs, nodes
+    for kv in paged stock; do
+      GGML_SCHED_DEBUG=2 python scripts/profile_gpu_step.py -m "$MODEL" --npl 1 --npp 16 --ntg 4 --kv-mode "$kv" \
+          > "$OUT/sched_debug_$kv.txt" 2>&1 || true
+      log "sched debug ($kv): $(grep -c '^node #' "$OUT/sched_debug_$kv.txt") node lines, splits/inputs: \
+$(grep -m3 -E 'splits =|input objects' "$OUT/sched_debug_$kv.txt" | tr '\n' ' ')"
+    done
+  fi
   NSYS=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1 || true)
   for npl in ${PROFILE_NPL:-64 256}; do
     log "profile: engine decode step at B=$npl (paged)"
@@ -111,8 +119,10 @@ if want profile; then
               2>&1 | grep measured | sed 's/^/step padding off: /' | tee -a "$OUT/run.log"
         fi
         if [ "${PROFILE_GRAPHS_OFF:-1}" = 1 ]; then
-          GGML_CUDA_DISABLE_GRAPHS=1 python scripts/profile_gpu_step.py -m "$MODEL" --npl "$npl" --sampling "$sampling" \
-              2>&1 | grep measured | sed 's/^/graphs off: /' | tee -a "$OUT/run.log"
+          for kv in ${PROFILE_KV_MODES:-paged}; do
+            GGML_CUDA_DISABLE_GRAPHS=1 python scripts/profile_gpu_step.py -m "$MODEL" --npl "$npl" --sampling "$sampling" \
+                --kv-mode "$kv" 2>&1 | grep measured | sed 's/^/graphs off: /' | tee -a "$OUT/run.log"
+          done
         fi
       done
     fi
@@ -157,7 +167,7 @@ fi
 if want preemption; then  # issue 13: memory pressure on the GPU, swap (copy stream / llama copies) vs recompute vs auto vs stock
   log "preemption: bench_preemption.py on the GPU (prompts ${PREEMPT_LENS:-128 1024}, ${PREEMPT_N:-64} requests)"
   python scripts/bench_preemption.py -m "$MODEL" -ngl 99 --batch-tokens 2048 --prompt-lens ${PREEMPT_LENS:-128 1024} \
-      -n "${PREEMPT_N:-64}" -o 128 --modes swap swap-llama recompute auto stock --repeats "${PREEMPT_REPEATS:-2}" \
+      -n "${PREEMPT_N:-64}" -o "${PREEMPT_OUT:-128}" --modes swap swap-llama recompute auto stock --repeats "${PREEMPT_REPEATS:-2}" \
       --out "$OUT/preemption_gpu.json" 2>&1 | grep -v '^{' | tail -14 | tee -a "$OUT/run.log" || log "preemption bench failed"
 fi
 if want prefix; then  # issue 14: prefix caching through the servers on the GPU, cache on / off / llama-server
@@ -177,11 +187,13 @@ if want prefix; then  # issue 14: prefix caching through the servers on the GPU,
       curl -sf "http://127.0.0.1:$port/completion" -d '{"prompt": "Hello", "n_predict": 4}' > /dev/null || true
     done
     timeout 300 cacheflow bench serve http://127.0.0.1:8091 --baseline http://127.0.0.1:8092 --baseline http://127.0.0.1:8093 \
-        -m "$MODEL" --dataset shared-prefix -n $((np * 2)) -p 1000 -o 32 --max-concurrency "$np" --cache-prompt \
+        -m "$MODEL" --dataset shared-prefix -n $((np * ${PREFIX_MULT:-2})) -p 1000 -o "${PREFIX_OUT:-32}" \
+        --max-concurrency "$np" --cache-prompt \
         --out "$OUT/prefix_shared_np$np" 2>&1 | grep -v "req/s" | tail -9 | tee -a "$OUT/run.log" \
         || log "shared-prefix bench (-np $np) failed"
     timeout 300 cacheflow bench serve http://127.0.0.1:8091 --baseline http://127.0.0.1:8092 --baseline http://127.0.0.1:8093 \
-        -m "$MODEL" --dataset multi-turn -n "$np" --turns 4 -p 200 --user-len 50 -o 64 --max-concurrency "$np" \
+        -m "$MODEL" --dataset multi-turn -n "$np" --turns 4 -p 200 --user-len 50 -o "${PREFIX_TURN_OUT:-64}" \
+        --max-concurrency "$np" \
         --cache-prompt --out "$OUT/prefix_multiturn_np$np" 2>&1 | grep -v "req/s" | tail -9 | tee -a "$OUT/run.log" \
         || log "multi-turn bench (-np $np) failed"
     kill $p1 $p2 $p3 2>/dev/null || true

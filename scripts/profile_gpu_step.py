@@ -61,7 +61,9 @@ def main() -> None:
                   f"evaluations captured / replayed / direct "
                   f"{after.cuda_graphs_captured - before.cuda_graphs_captured} / "
                   f"{after.cuda_graphs_replayed - before.cuda_graphs_replayed} / "
-                  f"{after.cuda_graphs_direct - before.cuda_graphs_direct}; padding tokens "
+                  f"{after.cuda_graphs_direct - before.cuda_graphs_direct}; llama graphs reused "
+                  f"{after.num_llama_graphs_reused - before.num_llama_graphs_reused} of "
+                  f"{after.num_llama_decodes - before.num_llama_decodes} decodes; padding tokens "
                   f"{after.num_padding_tokens - before.num_padding_tokens})")
         tg_start = max(o.metrics.first_token_time_s for o in outs)
         tg_end = max(o.metrics.finish_time_s for o in outs)

@@ -288,6 +288,13 @@ typedef struct cf_engine_stats {
                                             CPU backend the whole compute)                     */
     int64_t step_ns;                     /* the whole step, start to just before its outputs
                                             are published (>= prepare_ns + launch_ns)          */
+    /* llama.cpp's graph reuse, since init (the warm-up decode included): a decode whose ggml
+       graph has the previous one's topology reuses it (no graph build or allocation on the
+       host; llm_graph_result::can_reuse), else the graph is built again:                       */
+    int64_t num_llama_decodes;           /* llama_decode calls                                 */
+    int64_t num_llama_graphs_reused;     /* ubatches that reused the previous graph
+                                            (llama_perf_context's n_reused; a decode is one
+                                            ubatch unless it has more than n_ubatch tokens)   */
 } cf_engine_stats;
 
 CF_API cf_status cf_engine_get_stats(cf_engine_t engine, cf_engine_stats * out_stats);

@@ -528,6 +528,8 @@ void Engine::publish() {
         stats_.cuda_graphs_captured = graphs[0];
         stats_.cuda_graphs_replayed = graphs[1];
         stats_.cuda_graphs_direct = graphs[2];
+        stats_.num_llama_decodes = session_->num_decodes();
+        stats_.num_llama_graphs_reused = session_->num_graphs_reused();
     }
     events_.push(step_events_, step_text_, step_logprobs_);
     step_events_.clear();

@@ -512,12 +512,14 @@ void LlamaSession::warm_up() {
         const llama_paged_plan plan = {&zero, &zero, &zero, &one, 1, 1, 1};  // position 0 in block 0
         llama_set_paged_plan(ctx_, &plan);
     }
+    ++num_decodes_;
     llama_decode(ctx_, batch);  // a failure here shows up again, with a message, on the first step
     llama_memory_clear(llama_get_memory(ctx_), true);
     llama_synchronize(ctx_);
 }
 
 int32_t LlamaSession::decode(const llama_batch & batch) {
+    ++num_decodes_;
     const int32_t rc = llama_decode(ctx_, batch);
     // The graph of this decode no longer references detached chains.
     for (llama_sampler * chain : retired_chains_) {
@@ -525,6 +527,10 @@ int32_t LlamaSession::decode(const llama_batch & batch) {
     }
     retired_chains_.clear();
     return rc;
+}
+
+int64_t LlamaSession::num_graphs_reused() const {
+    return llama_perf_context(ctx_).n_reused;
 }
 
 void LlamaSession::cuda_graph_counts(int64_t out[3]) {

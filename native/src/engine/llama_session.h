@@ -143,6 +143,10 @@ class LlamaSession {
     // ggml-cuda's graph evaluations of this process since start (patch 0009): out = {captured into a CUDA
     // graph, replayed from one, launched directly}; all 0 without the CUDA backend.
     static void cuda_graph_counts(int64_t out[3]);
+    // llama_decode calls of this session (warm-up included), and the ubatches among them whose
+    // ggml graph reused the previous one instead of being built again (llama_perf_context).
+    int64_t num_decodes() const { return num_decodes_; }
+    int64_t num_graphs_reused() const;
     // paged mode: blocks in the pool the block manager owns (without the scratch block of step
     // padding), else 0
     int32_t num_blocks() const { return num_blocks_; }
@@ -204,6 +208,7 @@ class LlamaSession {
     bool backend_sampling_ = false;                 // in-graph sampling is on
     std::vector<SlotChain> slot_chains_;            // [n_seq_max]
     std::vector<llama_sampler *> retired_chains_;   // detached; freed after the next decode
+    int64_t num_decodes_ = 0;
     int32_t num_blocks_ = 0;
     int32_t n_seq_max_ = 0;
     int32_t max_padded_tokens_ = 0;
