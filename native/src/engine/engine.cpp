@@ -80,6 +80,25 @@ Engine::Engine(const EngineConfig & config)
     batch_.set_padding(session_->max_padded_tokens());
     stats_.kv_tokens_capacity = session_->n_ctx();
     stats_.kv_blocks_total = session_->num_blocks();
+    measure_swap_rate();
+}
+
+// AUTO preemption compares bytes to move with tokens to compute again (Scheduler::choose_preemption):
+// its copy rate starts from one measured round trip of up to 64 MiB on this engine's route (the CUDA
+// copy stream moves ~50 GB/s on an H200, llama.cpp's per-block copies a few GB/s), not from a guess that
+// no swap would ever correct (a rate judged too slow is never tried, so never measured again). Later
+// swaps replace it by their own measured rate (update_preemption_costs).
+void Engine::measure_swap_rate() {
+    if (!session_->config().paged() || session_->config().preemption_mode != CF_PREEMPTION_MODE_AUTO ||
+        swapper_.num_slots() == 0 || swapper_.block_bytes() <= 0) {
+        return;
+    }
+    constexpr int64_t kMeasureBytes = 64ll << 20;
+    const int32_t num_blocks = (int32_t) std::max<int64_t>(1, kMeasureBytes / swapper_.block_bytes());
+    const double ns_per_byte = swapper_.measure_ns_per_byte(num_blocks);
+    if (ns_per_byte > 0.0) {
+        scheduler_.set_preemption_costs(ns_per_byte, 0.0);
+    }
 }
 
 Engine::~Engine() {

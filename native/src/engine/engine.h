@@ -99,6 +99,7 @@ class Engine {
     void handle_block_shortage(const StepPlan & out);
     void execute_block_ops(const StepPlan & plan);
     void update_preemption_costs(const StepPlan & plan, int64_t decode_ns);
+    void measure_swap_rate();
     int32_t decode_groups(const StepPlan & plan);
     void release_slot(Sequence & seq);
     void take_slot_id(Sequence & seq);

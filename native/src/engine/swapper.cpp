@@ -7,6 +7,7 @@
 #include "ggml-backend.h"
 #include "kernels/cuda/copy_stream_api.h"
 
+#include <algorithm>
 #include <cassert>
 #include <cstdio>
 #include <cstring>
@@ -147,10 +148,36 @@ const SwapStats & Swapper::stats() {
             out_ns += ns[CF_CUDA_COPY_SWAP_OUT];
             in_ns += ns[CF_CUDA_COPY_SWAP_IN];
         }
-        stats_.out_ns = out_ns;
-        stats_.in_ns = in_ns;
+        stats_.out_ns = out_ns - measured_out_ns_;
+        stats_.in_ns = in_ns - measured_in_ns_;
     }
     return stats_;
+}
+
+double Swapper::measure_ns_per_byte(int32_t num_blocks) {
+    const int32_t n = std::min({num_blocks, num_slots_, session_.num_blocks()});
+    if (n <= 0 || block_bytes_ <= 0) {
+        return 0.0;
+    }
+    std::vector<BlockSwap> swaps;
+    swaps.reserve((size_t) n);
+    for (int32_t i = 0; i < n; ++i) {
+        swaps.push_back(BlockSwap{i, i});  // device block i <-> host slot i, both ways
+    }
+    fence();
+    const SwapStats before = stats();
+    swap_out(swaps);
+    swap_in(swaps);
+    fence();
+    const SwapStats after = stats();
+    const int64_t ns = (after.out_ns - before.out_ns) + (after.in_ns - before.in_ns);
+    const int64_t bytes = (after.num_out_bytes - before.num_out_bytes) + (after.num_in_bytes - before.num_in_bytes);
+    if (copy_stream_) {  // its counters are the device's totals: subtract the measurement from now on
+        measured_out_ns_ += after.out_ns - before.out_ns;
+        measured_in_ns_ += after.in_ns - before.in_ns;
+    }
+    stats_ = before;
+    return ns > 0 && bytes > 0 ? (double) ns / (double) bytes : 0.0;
 }
 
 void Swapper::swap_out(const std::vector<BlockSwap> & swaps) {

@@ -71,6 +71,13 @@ class Swapper {
 
     // The host waits until every copy issued so far is done (copy stream; nothing to wait for otherwise).
     void fence();
+    // AUTO preemption's first copy rate, measured on this route before any sequence holds KV: device blocks
+    // [0, n) are copied out to host slots [0, n) and back (n = the most of num_blocks, the host slots and
+    // the device pool's blocks; the blocks' bytes come back unchanged), the host waits for both, and the
+    // result is ns per byte copied one way (copy stream: device times; else host wall times), or 0 when
+    // nothing could be copied. The counters of stats() leave the measurement out. Call only while no
+    // sequence holds a block (the engine calls it at construction).
+    double measure_ns_per_byte(int32_t num_blocks);
 
     // The copy stream route's entry points and per-layer pool addresses (defined in swapper.cpp).
     struct CopyStream;
@@ -91,6 +98,8 @@ class Swapper {
     std::vector<int32_t> block_ids_;  // scratch
     std::vector<void *> bufs_;        // scratch
     SwapStats stats_;
+    int64_t measured_out_ns_ = 0;  // copy stream: device time of measure_ns_per_byte, left out of stats_
+    int64_t measured_in_ns_ = 0;
 };
 
 }  // namespace cf
