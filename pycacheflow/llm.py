@@ -438,7 +438,9 @@ class LLM:
             token_ids = self._tokenize_prompt(text)
             original: str | None = prompt
         else:
-            token_ids, original = [int(t) for t in prompt], None
+            # exact ints (a tokenizer's output) are copied in C, others (bools, numpy ints) by int()
+            exact = type(prompt) is list and set(map(type, prompt)) <= {int}
+            token_ids, original = (list(prompt) if exact else [int(t) for t in prompt]), None
         self._validate_tokens(token_ids, index)
         return _Prepared(original, token_ids, params)
 
@@ -464,7 +466,8 @@ class LLM:
                 f"prompts[{index}] has {len(token_ids)} tokens; a sequence holds at most "
                 f"{limit} (prompt + output), so prompts must be shorter than {limit} tokens"
             )
-        bad = next((t for t in token_ids if not 0 <= t < n_vocab), None)
+        in_range = min(token_ids) >= 0 and max(token_ids) < n_vocab  # C loops; the culprit below
+        bad = None if in_range else next(t for t in token_ids if not 0 <= t < n_vocab)
         if bad is not None:
             raise errors.InvalidArgumentError(
                 f"prompts[{index}]: token id {bad} out of range [0, {n_vocab})"
@@ -494,6 +497,14 @@ def _make_config(
     return replace(config, **changes) if changes else config
 
 
+def _all_ints(values: Iterable[object]) -> bool:
+    """Every value is an int (bools count, as isinstance says); a list of exact ints, a
+    server's tokenizer output, is checked by one pass in C."""
+    if type(values) is list and set(map(type, values)) <= {int}:
+        return True
+    return all(isinstance(v, int) for v in values)
+
+
 def _normalize_prompts(prompts: PromptInput | Sequence[PromptInput]) -> list[PromptInput]:
     if isinstance(prompts, str):
         return [prompts]
@@ -508,7 +519,7 @@ def _normalize_prompts(prompts: PromptInput | Sequence[PromptInput]) -> list[Pro
             raise TypeError(
                 f"prompts[{i}] is an int; pass token-id prompts as a list of lists, e.g. [[1, 2, 3]]"
             )
-        if not isinstance(p, str) and not all(isinstance(t, int) for t in p):
+        if not isinstance(p, str) and not _all_ints(p):
             raise TypeError(f"prompts[{i}] must be a str or a list of int token ids, got {p!r:.80}")
     return prompts
 

@@ -60,7 +60,8 @@ async def handle(request: Request, api: Api, state: ServerState, body: object) -
     streaming = False  # once True, the response's body iterator owns the group
     try:
         for prompt in prompts:
-            jobs += state.submit(group, req, prompt, reasoning)
+            token_ids = await state.resolve_prompt_off_loop(prompt)
+            jobs += state.submit(group, req, token_ids, reasoning)
         if req.stream:
             stream = (_stream_chat(state, group, req, jobs, reasoning) if api is Api.OAI_CHAT
                       else _STREAMERS[api](state, group, req, jobs))  # fmt: skip
