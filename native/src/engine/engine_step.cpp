@@ -287,6 +287,7 @@ void Engine::handle_block_shortage(const StepPlan & out) {
 // decode overwrites them. Returns llama_decode's error code, 0 when every group decoded.
 int32_t Engine::decode_groups(const StepPlan & plan) {
     sampled_.assign(plan.seqs.size(), CF_TOKEN_NONE);
+    step_waited_for_device_ = false;
     int32_t first_token = 0;
     for (int32_t g = 0; g < batch_.num_groups(plan); ++g) {
         const size_t begin = batch_.group_begin(plan, g);
@@ -319,6 +320,7 @@ int32_t Engine::decode_groups(const StepPlan & plan) {
             continue;  // a prompt chunk only: its device work overlaps the next step's host work
         }
         session_->synchronize();  // the first read would wait here anyway; this splits the step's time
+        step_waited_for_device_ = true;
         const int64_t sample_start_ns = clock_ns();
         totals_.decode_ns += sample_start_ns - decode_start_ns;
         sample_group(plan, begin, end);
@@ -370,12 +372,15 @@ void Engine::execute_block_ops(const StepPlan & plan) {
 
 // AUTO preemption's cost model from what this engine measures: the swap copy rate (ns per byte,
 // both directions so far) and the compute rate of steps that recompute enough tokens to be
-// representative (ns per token of a step with >= 32 prefill tokens), each smoothed (1/4 new).
+// representative (ns per token of a step with >= 32 prefill tokens), each smoothed (1/4 new). Only
+// a step that waited for its device work counts: on a GPU a prompt-chunk-only step returns once its
+// kernels are queued, and its host time alone made recomputing look ~50x cheaper than it is (auto
+// recomputed every victim on the H200, 4-6.5% below swap).
 void Engine::update_preemption_costs(const StepPlan & plan, int64_t decode_ns) {
     const SwapStats & s = swapper_.stats();
     const int64_t swap_bytes = s.num_out_bytes + s.num_in_bytes;
     const double swap_ns_per_byte = swap_bytes > 0 ? (double) (s.out_ns + s.in_ns) / (double) swap_bytes : 0.0;
-    if (plan.num_prefill_tokens >= 32) {
+    if (plan.num_prefill_tokens >= 32 && step_waited_for_device_) {
         const double ns = (double) decode_ns / (double) plan.num_scheduled_tokens;
         recompute_ns_per_token_ = recompute_ns_per_token_ > 0.0 ? 0.75 * recompute_ns_per_token_ + 0.25 * ns : ns;
     }
