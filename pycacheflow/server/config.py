@@ -7,6 +7,8 @@ from dataclasses import asdict, dataclass, field
 
 from pycacheflow.reasoning import DEFAULT_REASONING_FORMAT, REASONING_FORMATS
 
+_INT32_MAX = 2**31 - 1
+
 N_PREDICT_UNLIMITED = -1  # llama-server's "-n -1": generate until EOS or the context is full
 CORS_ANY = "*"
 CORS_LOCALHOST = "localhost"  # llama-server's special value: localhost origins only
@@ -69,6 +71,12 @@ class RequestDefaults:
         if self.reasoning_budget < -1:
             raise ValueError(f"reasoning_budget must be >= -1 (-1 = no limit), got "
                              f"{self.reasoning_budget}")  # fmt: skip
+        # what a request field of the same name may hold (protocol.py's readers), so that a
+        # server-wide default can never make every request fail
+        for name, high in (("top_k", _INT32_MAX), ("repeat_last_n", _INT32_MAX),
+                           ("reasoning_budget", _INT32_MAX), ("seed", 0xFFFFFFFF)):  # fmt: skip
+            if not -_INT32_MAX - 1 <= getattr(self, name) <= high:
+                raise ValueError(f"{name} must be in [-2**31, {high}], got {getattr(self, name)}")
         if self.reasoning_format not in REASONING_FORMATS:
             raise ValueError(f"reasoning_format must be one of {', '.join(REASONING_FORMATS)}, "
                              f"got {self.reasoning_format!r}")  # fmt: skip

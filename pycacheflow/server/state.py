@@ -18,7 +18,7 @@ import anyio
 from pycacheflow import errors
 from pycacheflow.reasoning import WHITESPACE as _WS
 from pycacheflow.reasoning import generation_prompt, open_tail
-from pycacheflow.sampling_params import ReasoningBudget
+from pycacheflow.sampling_params import INT32_MAX, ReasoningBudget
 from pycacheflow.server.chat_reasoning import ChatReasoning
 from pycacheflow.server.logprobs import TokenPieces, probs_json
 from pycacheflow.server.metrics import ServerMetrics
@@ -333,23 +333,28 @@ class ServerState:
         self, request: GenerationRequest, reasoning: ChatReasoning | None
     ) -> ReasoningBudget | None:
         """The reasoning budget of a chat request, as llama-server builds its sampler
-        (server-common.cpp, common/sampling.cpp): none without a budget (-1) or without both
-        reasoning markers in the template; else the markers' tokens (whitespace trimmed), the
-        budget message's tokens then the end marker's as the forced sequence, and the
-        generation prompt's opened block (``ChatReasoning.tail``) fed first."""
-        if request.reasoning_budget < 0 or reasoning is None:
+        (server-common.cpp, common/sampling.cpp): none without both reasoning markers in the
+        template, or without a budget (-1) and a grammar; else the markers' tokens (whitespace
+        trimmed), the budget message's tokens then the end marker's as the forced sequence, and
+        the generation prompt's opened block (``ChatReasoning.tail``) fed first. With a budget
+        the engine holds the grammar off inside reasoning blocks."""
+        grammar = bool(request.params.grammar)
+        if reasoning is None or (request.reasoning_budget < 0 and not grammar):
             return None
         start, end = (m.strip(_WS) for m in (reasoning.markers.start, reasoning.markers.end))
         if not start or not end:
             return None
+        # a grammar (grammar, json_schema, response_format) shapes the answer: without a budget an
+        # unlimited one tells the engine where the reasoning block ends (llama-server's INT_MAX)
+        tokens = request.reasoning_budget if request.reasoning_budget >= 0 else INT32_MAX
 
-        def tokens(text: str) -> tuple[int, ...]:
+        def tokens_of(text: str) -> tuple[int, ...]:
             return tuple(self.llm.tokenize(text, False, True)) if text else ()
 
-        end_ids = tokens(end)
-        return ReasoningBudget(request.reasoning_budget, tokens(start), end_ids,
-                               tokens(request.reasoning_budget_message) + end_ids,
-                               tokens(reasoning.tail))  # fmt: skip
+        end_ids = tokens_of(end)
+        return ReasoningBudget(tokens, tokens_of(start), end_ids,
+                               tokens_of(request.reasoning_budget_message) + end_ids,
+                               tokens_of(reasoning.tail))  # fmt: skip
 
     def _logit_bias(self, request: GenerationRequest) -> tuple:
         """(token id, bias) pairs of a request, by llama-server's rules: texts become their

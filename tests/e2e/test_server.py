@@ -449,6 +449,17 @@ def test_reasoning_budget_closes_the_thinking_block(real_model_path, tmp_path, c
             assert message["content"].strip() == answer.strip()
             bad = c.post("/v1/chat/completions", json={**chat, "reasoning_budget_tokens": -2})
             assert bad.status_code == 400 and "reasoning_budget_tokens" in bad.text
+            # a grammar shapes the answer after the block, with or without a budget (it used to
+            # fight the forced end marker and abort the server)
+            yes_no = {**chat, "grammar": 'root ::= "yes" | "no"', "max_tokens": 16}
+            answer = c.post("/v1/chat/completions", json={**yes_no, "reasoning_budget_tokens": 4})
+            assert answer.status_code == 200, answer.text
+            message = answer.json()["choices"][0]["message"]
+            assert message["content"] in ("yes", "no") and message["reasoning_content"]
+            unbounded = c.post("/v1/chat/completions", json=yes_no)  # the model keeps thinking
+            assert unbounded.status_code == 200, unbounded.text
+            assert unbounded.json()["choices"][0]["message"]["content"] in ("", "yes", "no")
+            assert c.get("/health").json() == {"status": "ok"}
     finally:
         assert proc.stop() == 0, proc.log()
         proc.close()

@@ -377,6 +377,9 @@ def test_reasoning_flags(server_configs, monkeypatch):
 @pytest.mark.parametrize(
     "args,message",
     [(["--reasoning-budget", "-2"], "-2 is not in the range x>=-1"),
+     (["--reasoning-budget", "4294967299"], "reasoning_budget must be in [-2**31, 2147483647]"),
+     (["--top-k", "99999999999"], "top_k must be in [-2**31, 2147483647]"),
+     (["--seed", "99999999999"], "seed must be in [-2**31, 4294967295]"),
      (["-rea", "maybe"], "unknown value for --reasoning: 'maybe'"),
      (["--reasoning-format", "think"], "'think' is not one of")],
 )  # fmt: skip

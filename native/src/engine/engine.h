@@ -135,6 +135,8 @@ class Engine {
     std::vector<CandidateRow> candidate_rows_;  // a decode group's top-k candidate rows (sample_group)
     int64_t step_start_ns_ = 0;
     double recompute_ns_per_token_ = 0.0;  // measured (update_preemption_costs); 0 = none yet
+    // sampled_ entry of a row whose samplers refused (sample_host): the request ends with an error
+    static constexpr int32_t kSampleFailed = -2;
     bool step_waited_for_device_ = false;  // decode_groups synchronized this step (a group sampled)
     cf_engine_stats totals_{};  // cumulative counters (num_steps, num_finished, token counts)
     std::vector<cf_priority_ttft> ttft_by_priority_;  // ascending priority, <= CF_TTFT_PRIORITIES_MAX

@@ -174,6 +174,10 @@ void Engine::run_decoded_step(const StepPlan & out) {
             continue;  // a prompt chunk that does not reach the end of the prompt
         }
         const int32_t token_id = sampled_[i];
+        if (token_id == kSampleFailed) {
+            finish(seq, CF_FINISH_REASON_ERROR, CF_TOKEN_NONE, clock_ns());
+            continue;
+        }
         seq->append_token(token_id);
         totals_.num_generated_tokens += 1;
         const int64_t now_ns = clock_ns();
@@ -241,7 +245,19 @@ void Engine::sample_group(const StepPlan & plan, size_t begin, size_t end) {
 int32_t Engine::sample_host(Sequence & seq, int32_t batch_index) {
     ++totals_.num_rows_sampled_host;
     const float * logits = session_->logits(batch_index);
-    const int32_t sampled = sampler_.sample(seq, logits);
+    int32_t sampled = CF_TOKEN_NONE;
+    try {
+        sampled = sampler_.sample(seq, logits);
+    } catch (const Error & e) {  // this request's samplers refused (a grammar with no token left): it alone ends
+        if (e.status() != CF_STATUS_INVALID_ARGUMENT) {
+            throw;
+        }
+        if (session_->config().log_level >= CF_LOG_LEVEL_ERROR) {
+            std::fprintf(stderr, "cacheflow: request %lld ended with an error: %s\n", (long long) seq.request_id,
+                         e.what());
+        }
+        return kSampleFailed;
+    }
     if (seq.params.logprobs) {
         collect_logprobs(seq, logits, sampled);
     }

@@ -22,4 +22,9 @@ llama_sampler * make_reasoning_budget_sampler(const llama_vocab * vocab, const R
     return sampler;
 }
 
+bool reasoning_block_open(const llama_sampler * sampler) {
+    const common_reasoning_budget_state state = common_reasoning_budget_get_state(sampler);
+    return state != REASONING_BUDGET_IDLE && state != REASONING_BUDGET_DONE;
+}
+
 }  // namespace cf

@@ -18,4 +18,8 @@ namespace cf {
 // Error(INTERNAL) if llama.cpp returns no sampler.
 llama_sampler * make_reasoning_budget_sampler(const llama_vocab * vocab, const ReasoningBudget & budget);
 
+// True while the reasoning block of sampler (one make_reasoning_budget_sampler made) is open: its
+// tokens are being counted, or its end is being forced.
+bool reasoning_block_open(const llama_sampler * sampler);
+
 }  // namespace cf

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cassert>
+#include <cmath>
 #include <cstring>
 
 namespace cf {
@@ -109,6 +110,76 @@ void sort_in_place(llama_token_data_array * cur, CandidateScratch & scratch) {
     cur->sorted = sort_candidates(scratch.ids.data(), scratch.logits.data(), n, cur->data);
 }
 
+// llama.cpp's grammar sampler inside a guard, in the chain's grammar position:
+//  - with a reasoning budget (the sampler at chain position 0), the grammar constrains only tokens
+//    outside reasoning blocks, as llama-server's common_sampler holds a grammar off while the budget
+//    is active: the block's text is free, a forced end marker never fights the grammar, and the
+//    grammar starts where the answer does (a JSON schema shapes the answer, not the thinking);
+//  - a token the grammar does not allow (every allowed one was excluded by something else: a logit
+//    bias, ignore_eos, a forced token) is refused with an Error for this request alone, where
+//    llama.cpp's grammar would abort the process (an end-of-generation token before the grammar is
+//    complete) or throw mid-chain.
+struct GuardedGrammar {
+    llama_sampler * grammar;          // owned
+    const llama_sampler * reasoning;  // the chain's reasoning-budget sampler (not owned), or nullptr
+    bool applied = false;             // the last apply() constrained the candidates
+};
+
+const char * guarded_grammar_name(const llama_sampler * /*smpl*/) {
+    return "grammar";
+}
+
+void guarded_grammar_apply(llama_sampler * smpl, llama_token_data_array * cur) {
+    auto * g = static_cast<GuardedGrammar *>(smpl->ctx);
+    g->applied = g->reasoning == nullptr || !reasoning_block_open(g->reasoning);
+    if (g->applied) {
+        llama_sampler_apply(g->grammar, cur);
+    }
+}
+
+void guarded_grammar_accept(llama_sampler * smpl, llama_token token) {
+    auto * g = static_cast<GuardedGrammar *>(smpl->ctx);
+    if (!g->applied) {
+        return;  // a token of a reasoning block: not the grammar's
+    }
+    llama_token_data one = {token, 0.0f, 0.0f};
+    llama_token_data_array single = {&one, 1, -1, false};
+    llama_sampler_apply(g->grammar, &single);
+    if (one.logit == -INFINITY) {
+        throw Error(CF_STATUS_INVALID_ARGUMENT,
+                    "grammar: no token the grammar allows was left to sample (token " + std::to_string(token) +
+                        " was chosen; a logit bias, ignore_eos or a stop rule excluded every allowed one)");
+    }
+    llama_sampler_accept(g->grammar, token);
+}
+
+void guarded_grammar_reset(llama_sampler * smpl) {
+    auto * g = static_cast<GuardedGrammar *>(smpl->ctx);
+    llama_sampler_reset(g->grammar);
+    g->applied = false;
+}
+
+void guarded_grammar_free(llama_sampler * smpl) {
+    auto * g = static_cast<GuardedGrammar *>(smpl->ctx);
+    llama_sampler_free(g->grammar);
+    delete g;
+}
+
+llama_sampler_i kGuardedGrammarInterface = {  // llama_sampler_init takes it non-const
+    /* .name              = */ guarded_grammar_name,
+    /* .accept            = */ guarded_grammar_accept,
+    /* .apply             = */ guarded_grammar_apply,
+    /* .reset             = */ guarded_grammar_reset,
+    /* .clone             = */ nullptr,
+    /* .free              = */ guarded_grammar_free,
+    /* .backend_init      = */ nullptr,
+    /* .backend_accept    = */ nullptr,
+    /* .backend_apply     = */ nullptr,
+    /* .backend_set_input = */ nullptr,
+    /* .backend_reset     = */ nullptr,
+    /* .copy_state        = */ nullptr,
+};
+
 // cur->selected of a chain that has been applied: the token, accepted by the chain.
 int32_t accept_selected(Sequence & seq, llama_sampler * chain, const llama_token_data_array & cur) {
     if (cur.selected < 0 || (size_t) cur.selected >= cur.size) {
@@ -189,7 +260,9 @@ llama_sampler * make_sampler_chain(const SamplingParams & params, const llama_vo
             llama_sampler_free(chain);
             throw Error(CF_STATUS_INVALID_ARGUMENT, "grammar: not a valid GBNF grammar with a 'root' rule");
         }
-        llama_sampler_chain_add(chain, grammar);
+        const llama_sampler * reasoning = params.reasoning.enabled() ? llama_sampler_chain_get(chain, 0) : nullptr;
+        llama_sampler_chain_add(chain, llama_sampler_init(&kGuardedGrammarInterface,
+                                                          new GuardedGrammar{grammar, reasoning}));
     }
     if (params.is_greedy()) {
         llama_sampler_chain_add(chain, llama_sampler_init_greedy());
