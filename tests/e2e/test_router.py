@@ -96,11 +96,14 @@ def test_chat_requests_route_by_their_system_and_first_user_message(router):
 
 
 def _shape(value: object) -> object:
-    """The structure of a JSON value: the keys of objects, the types of scalars."""
+    """The structure of a JSON value: the keys of objects, the types of scalars, and for a list
+    the distinct structures of its items (an event's token list is as long as the tokens it
+    carries, which depends on timing)."""
     if isinstance(value, dict):
         return {k: _shape(v) for k, v in value.items()}
     if isinstance(value, list):
-        return [_shape(v) for v in value]
+        items = {json.dumps(_shape(v), sort_keys=True): _shape(v) for v in value}
+        return [items[k] for k in sorted(items)]
     return type(value).__name__
 
 

@@ -478,6 +478,10 @@ def test_n_choices_input_tokens_and_verbose(client):
     assert sorted(ends) == [0, 1, 2]
     texts = client.post("/v1/completions", json={"prompt": "ab", "max_tokens": 2, "n": 2}).json()
     assert [c["text"] for c in texts["choices"]] == ["ab", "ab"]
+    # as llama-server: at most one choice per slot (n_cmpl's hard limit is n_parallel)
+    many = client.post("/v1/completions", json={"prompt": "ab", "max_tokens": 2, "n": 17})
+    assert many.status_code == 400
+    assert "Field 'n': value must be between 1 and 16, got 17" in many.json()["error"]["message"]
     count = client.post("/chat/completions/input_tokens", json={"messages": body["messages"]})
     assert count.json() == {"input_tokens": len("<user>hi|A:")}
 
