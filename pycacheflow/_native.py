@@ -704,4 +704,5 @@ def _event(e: object) -> OutputEvent:
         e.logprobs_offset,
         e.prompt_progress,
         e.num_prompt_processed,
+        e.error_len,
     )

@@ -282,7 +282,8 @@ def split_by_request(
     starts = np.flatnonzero(np.r_[True, ids_sorted[1:] != ids_sorted[:-1]])
     bounds = sorted(zip(order[starts].tolist(), starts.tolist(), np.r_[starts[1:], len(order)].tolist()))
     byte_ends = np.cumsum(events["text_len"][order])
-    text = _gather_text(events, order, text, byte_ends)
+    reasons = _error_reasons(events, text)
+    text = _gather_text(events, order, text, byte_ends, bool(reasons))
     # Whole columns to Python lists once; per request only list slices remain.
     token_ids = events["token_id"][order].tolist()
     times = events["time_ns"][order].tolist()
@@ -304,7 +305,8 @@ def split_by_request(
         final = None
         if finish[end - 1] != FINISH_REASON_NONE:
             last = events[order[end - 1]]
-            final = FinalInfo(*(int(last[f]) for f in _FINAL_FIELDS))
+            final = FinalInfo(*(int(last[f]) for f in _FINAL_FIELDS),
+                              error=reasons.get(int(ids_sorted[start])))  # fmt: skip
         piece = text[byte_end[start]:byte_end[end]].decode("utf-8", errors="replace")
         progress = ()
         if any_progress and any(is_progress[start:end]):
@@ -360,12 +362,28 @@ class _Logprobs:
         return out
 
 
-_FINAL_FIELDS = tuple(FinalInfo.__dataclass_fields__)
+_FINAL_FIELDS = tuple(f for f in FinalInfo.__dataclass_fields__ if f != "error")
 
 
-def _gather_text(events: np.ndarray, order: np.ndarray, text: bytes, byte_ends: np.ndarray) -> bytes:
-    """The events' text bytes in ``order`` (so each request's bytes are contiguous)."""
-    if not text or np.array_equal(order, np.arange(len(order))):
+def _error_reasons(events: np.ndarray, text: bytes) -> dict[int, str]:
+    """request id -> the reason of its "error" end, for the final events that carry one (their
+    error_len bytes follow their text in the buffer; rare: one array test otherwise)."""
+    if not events["error_len"].any():
+        return {}
+    reasons = {}
+    for ev in events[events["error_len"] > 0]:
+        start = int(ev["text_offset"]) + int(ev["text_len"])
+        piece = text[start : start + int(ev["error_len"])]
+        reasons[int(ev["request_id"])] = piece.decode("utf-8", errors="replace")
+    return reasons
+
+
+def _gather_text(
+    events: np.ndarray, order: np.ndarray, text: bytes, byte_ends: np.ndarray, gaps: bool = False
+) -> bytes:
+    """The events' text bytes in ``order`` (so each request's bytes are contiguous); ``gaps``:
+    the buffer also holds bytes of no event's text (error reasons), which are left out."""
+    if not text or (not gaps and np.array_equal(order, np.arange(len(order)))):
         return text  # already in that order (one request, or requests not interleaved)
     lens = events["text_len"][order].astype(np.int64)
     offsets = events["text_offset"][order]

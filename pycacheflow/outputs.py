@@ -55,6 +55,7 @@ class OutputEvent(NamedTuple):
     logprobs_offset: int
     prompt_progress: int
     num_prompt_processed: int
+    error_len: int = 0
 
 
 @dataclass(frozen=True)
@@ -98,6 +99,7 @@ class FinalInfo:
     num_output_tokens: int
     num_preemptions: int
     stop_string_index: int  # -1: no stop string ended it
+    error: str | None = None  # why a request that caused its own "error" ended (error_len bytes)
 
 
 @dataclass(frozen=True)
@@ -378,6 +380,8 @@ class RequestOutput:
         finish_reason: "stop" (end-of-generation token, stop token or stop string), "length"
             (max_tokens or context full), "abort" or "error".
         metrics: timings and counts.
+        error: finish_reason "error" caused by the request itself (its grammar left no token
+            to sample): the engine's reason; else None.
         stop_string: the stop string that ended it (finish_reason "stop"), else None.
         logprobs: with ``SamplingParams.logprobs``: the probabilities of each token of
             ``token_ids``, in order; else None.
@@ -392,6 +396,7 @@ class RequestOutput:
     metrics: RequestMetrics
     stop_string: str | None = None
     logprobs: tuple[TokenLogprobs, ...] | None = None
+    error: str | None = None
 
     def to_dict(self) -> dict[str, object]:
         """JSON-ready dict: prompt, text, token_ids, finish_reason, metrics, request_id."""

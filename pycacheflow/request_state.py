@@ -114,6 +114,7 @@ class RequestState:
             metrics=metrics,
             stop_string=_nth(self.stop, final.stop_string_index),
             logprobs=None if self._logprobs is None else tuple(self._logprobs),
+            error=final.error,
         )
 
 

@@ -523,6 +523,13 @@ typedef struct cf_output_event {
     int32_t num_prompt_processed; /* progress events: prompt tokens in the request's KV
                                      (cached + computed), in [num_cached_tokens,
                                      num_prompt_tokens]; 0 on other events                   */
+    int32_t error_len;            /* final event of a request that ended with
+                                     CF_FINISH_REASON_ERROR because of itself (its grammar
+                                     left no token to sample): bytes of the UTF-8 reason,
+                                     which follow this event's text in the text buffer
+                                     (cf_engine_drain_outputs; not returned by
+                                     cf_engine_drain); 0 otherwise (an engine failure that
+                                     ended every request says why in the log)               */
 } cf_output_event;
 
 /* One token probability of cf_output_event: the natural log of the token's probability (<= 0;

@@ -145,6 +145,8 @@ async def _closing(
             yield chunk
     except errors.ShutdownError as exc:
         yield sse.event(responses.error_body(str(exc), 503, "unavailable_error"))
+    except errors.InvalidArgumentError as exc:  # e.g. its grammar left no token to sample
+        yield sse.event(responses.error_body(str(exc), 400, "invalid_request_error"))
     except errors.CacheFlowError as exc:
         yield sse.event(responses.error_body(str(exc), 500, "server_error"))
     finally:

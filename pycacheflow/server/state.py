@@ -407,13 +407,16 @@ class ServerState:
 
         Raises:
             ShutdownError: it was aborted because the server is shutting down.
-            DecodeError: it ended with "error", or was aborted by the engine.
+            InvalidArgumentError: its own samplers ended it (the engine says why).
+            DecodeError: it ended with "error" otherwise, or was aborted by the engine.
         """
         slot_id = self.slot_id(job)
         self._release(job)
         self.metrics.observe(output)
         if output.finish_reason == "abort" and self.shutting_down:
             raise errors.ShutdownError("the server is shutting down; the request was aborted")
+        if output.error is not None:  # the request's own doing (its grammar): a client error
+            raise errors.InvalidArgumentError(output.error)
         if output.finish_reason in ("error", "abort"):
             raise errors.DecodeError(
                 f"request {output.request_id} ended with {output.finish_reason}"

@@ -301,6 +301,8 @@ def test_a_grammar_with_no_token_left_ends_only_its_request(real_llm):
     plain = SamplingParams(max_tokens=6, ignore_eos=True)
     outs = real_llm.generate(["Say hello", "Say a letter"], [dead_end, plain])
     assert outs[0].finish_reason == "error" and len(outs[0].token_ids) == 0
+    assert outs[0].error.startswith("grammar: no token the grammar allows was left to sample")
+    assert outs[1].error is None
     assert outs[1].finish_reason == "length" and len(outs[1].token_ids) == 6
     assert real_llm.generate(["Say a letter"], plain)[0].token_ids == outs[1].token_ids
 

@@ -481,3 +481,19 @@ def test_reasoning_budget_closes_the_thinking_block(real_model_path, tmp_path, c
     outputs = [client.post("/v1/chat/completions", json={**plain, **extra}).json()
                for extra in ({}, {"reasoning_budget_tokens": 0})]  # fmt: skip
     assert outputs[0]["choices"] == outputs[1]["choices"]
+
+
+def test_a_grammar_with_no_token_left_is_a_400_for_that_request_alone(client):
+    """A grammar whose every token the request's logit bias bans: llama.cpp's grammar would
+    abort the server; CacheFlow answers that request with a 400 giving the reason (JSON and
+    SSE), and the server runs on."""
+    body = {"prompt": "Pick a digit:", "n_predict": 4, "grammar": "root ::= [0-9]",
+            "logit_bias": [[str(d), False] for d in range(10)]}  # fmt: skip
+    answer = client.post("/completion", json=body)
+    assert answer.status_code == 400, answer.text
+    error = answer.json()["error"]
+    assert error["type"] == "invalid_request_error"
+    assert error["message"].startswith("grammar: no token the grammar allows was left to sample")
+    events = stream_events(client, "/completion", {**body, "stream": True})
+    assert events[-1]["error"]["code"] == 400
+    assert client.post("/completion", json=greedy_body("2 + 2 =", 4)).status_code == 200

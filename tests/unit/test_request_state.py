@@ -19,7 +19,7 @@ EVENT_DTYPE = np.dtype([
     ("num_prompt_tokens", np.int32), ("num_cached_tokens", np.int32),
     ("num_output_tokens", np.int32), ("num_preemptions", np.int32), ("slot_id", np.int32),
     ("text_len", np.int32), ("text_offset", np.int64), ("stop_string_index", np.int32),
-    ("prompt_progress", np.int32), ("num_prompt_processed", np.int32),
+    ("prompt_progress", np.int32), ("num_prompt_processed", np.int32), ("error_len", np.int32),
 ])  # fmt: skip
 
 

@@ -122,6 +122,7 @@ struct Sequence {
     int64_t fork_parent_id = 0;       // choice: the parent's request id; 0 = none
     std::vector<int32_t> tokens;      // prompt then output, reserved up front
     cf_finish_reason finish_reason = CF_FINISH_REASON_NONE;
+    std::string error_message;        // why it ended with CF_FINISH_REASON_ERROR, if it caused it
 
     int64_t arrival_ns;
     // Queue time, for the priority policy's aging (Scheduler::effective_priority): the sequence

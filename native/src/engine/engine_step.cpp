@@ -31,6 +31,10 @@ cf_output_event make_event(Sequence & seq, int32_t token_id, cf_finish_reason re
     ev.text_len = (int32_t) seq.text_ready.size();
     text += seq.text_ready;
     seq.text_ready.clear();
+    if (reason == CF_FINISH_REASON_ERROR && !seq.error_message.empty()) {  // right after the text
+        ev.error_len = (int32_t) seq.error_message.size();
+        text += seq.error_message;
+    }
     if (token_id != CF_TOKEN_NONE) {  // a failed step's final event carries no token, nor its probabilities
         ev.logprobs_offset = seq.logprobs_ready_offset;
         ev.num_logprobs = seq.num_logprobs_ready;
@@ -256,6 +260,7 @@ int32_t Engine::sample_host(Sequence & seq, int32_t batch_index) {
             std::fprintf(stderr, "cacheflow: request %lld ended with an error: %s\n", (long long) seq.request_id,
                          e.what());
         }
+        seq.error_message = e.what();  // its final event carries it (cf_output_event.error_len)
         return kSampleFailed;
     }
     if (seq.params.logprobs) {

@@ -48,13 +48,14 @@ int32_t EventQueue::drain(cf_output_event * out, int32_t capacity, int32_t timeo
     int64_t logprobs_written = 0;
     for (; n < max_n; ++n) {
         cf_output_event ev = events_[(size_t) n];
-        const bool text_fits = buffers.text == nullptr || text_written + ev.text_len <= buffers.text_capacity;
+        const int64_t span = (int64_t) ev.text_len + ev.error_len;  // the text, then the error's reason
+        const bool text_fits = buffers.text == nullptr || text_written + span <= buffers.text_capacity;
         const bool logprobs_fit =
             buffers.logprobs == nullptr || logprobs_written + ev.num_logprobs <= buffers.logprobs_capacity;
         if (!text_fits || !logprobs_fit) {
             if (n == 0) {  // report the oldest event's needs, take nothing
                 if (buffers.text_len != nullptr) {
-                    *buffers.text_len = ev.text_len;
+                    *buffers.text_len = (int32_t) span;
                 }
                 if (buffers.num_logprobs != nullptr) {
                     *buffers.num_logprobs = ev.num_logprobs;
@@ -65,9 +66,9 @@ int32_t EventQueue::drain(cf_output_event * out, int32_t capacity, int32_t timeo
         }
         const char * src = text_.data() + (ev.text_offset - text_base_);
         if (buffers.text != nullptr) {
-            std::copy(src, src + ev.text_len, buffers.text + text_written);
+            std::copy(src, src + span, buffers.text + text_written);
             ev.text_offset = text_written;
-            text_written += ev.text_len;
+            text_written += span;
         } else {
             ev.text_offset = 0;
         }
@@ -83,7 +84,7 @@ int32_t EventQueue::drain(cf_output_event * out, int32_t capacity, int32_t timeo
     }
     if (n > 0) {
         const cf_output_event & last = events_[(size_t) n - 1];
-        const int64_t consumed = last.text_offset + last.text_len - text_base_;
+        const int64_t consumed = last.text_offset + last.text_len + last.error_len - text_base_;
         text_.erase(0, (size_t) consumed);
         text_base_ += consumed;
         const int64_t consumed_logprobs = last.logprobs_offset + last.num_logprobs - logprobs_base_;
