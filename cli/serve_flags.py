@@ -156,8 +156,17 @@ def request_defaults(options: dict[str, object]) -> RequestDefaults:
             reasoning_budget=int(options["reasoning_budget"]),
             reasoning_budget_message=str(options["reasoning_budget_message"] or ""),
         )
-    except ValueError as exc:
-        raise click.UsageError(str(exc)) from None
+    except ValueError as exc:  # name the flag, not the field
+        message = str(exc)
+        for field, flag in _FLAG_OF_DEFAULT.items():
+            if message.startswith(field + " "):
+                message = flag + message[len(field):]
+        raise click.UsageError(message) from None
+
+
+# RequestDefaults fields whose range errors name their llama-server flag
+_FLAG_OF_DEFAULT = {"top_k": "--top-k", "seed": "--seed", "repeat_last_n": "--repeat-last-n",
+                    "reasoning_budget": "--reasoning-budget", "temperature": "--temp"}  # fmt: skip
 
 
 def chat_template_option(options: dict[str, object]) -> str | None:

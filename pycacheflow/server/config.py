@@ -76,7 +76,8 @@ class RequestDefaults:
         for name, high in (("top_k", _INT32_MAX), ("repeat_last_n", _INT32_MAX),
                            ("reasoning_budget", _INT32_MAX), ("seed", 0xFFFFFFFF)):  # fmt: skip
             if not -_INT32_MAX - 1 <= getattr(self, name) <= high:
-                raise ValueError(f"{name} must be in [-2**31, {high}], got {getattr(self, name)}")
+                raise ValueError(f"{name} must be in [{-_INT32_MAX - 1}, {high}], got "
+                                 f"{getattr(self, name)}")  # fmt: skip
         if self.reasoning_format not in REASONING_FORMATS:
             raise ValueError(f"reasoning_format must be one of {', '.join(REASONING_FORMATS)}, "
                              f"got {self.reasoning_format!r}")  # fmt: skip

@@ -336,7 +336,7 @@ def test_kv_cache_memory_sizes_the_pool_instead(server_configs):
     [(["--chat-template-kwargs", "[1]"], "must be a JSON object"),
      (["--chat-template-kwargs", "{"], "not JSON"),
      (["--chat-template", "chatml", "--chat-template-file", __file__], "not both"),
-     (["--repeat-last-n", "-2"], "repeat_last_n must be >= -1")],
+     (["--repeat-last-n", "-2"], "--repeat-last-n must be >= -1, got -2")],
 )  # fmt: skip
 def test_bad_chat_and_sampling_flags(server_configs, args, message):
     result = invoke(*args)
@@ -377,9 +377,9 @@ def test_reasoning_flags(server_configs, monkeypatch):
 @pytest.mark.parametrize(
     "args,message",
     [(["--reasoning-budget", "-2"], "-2 is not in the range x>=-1"),
-     (["--reasoning-budget", "4294967299"], "reasoning_budget must be in [-2**31, 2147483647]"),
-     (["--top-k", "99999999999"], "top_k must be in [-2**31, 2147483647]"),
-     (["--seed", "99999999999"], "seed must be in [-2**31, 4294967295]"),
+     (["--reasoning-budget", "4294967299"], "--reasoning-budget must be in [-2147483648, "),
+     (["--top-k", "99999999999"], "--top-k must be in [-2147483648, 2147483647], got 99999999999"),
+     (["--seed", "99999999999"], "--seed must be in [-2147483648, 4294967295]"),
      (["-rea", "maybe"], "unknown value for --reasoning: 'maybe'"),
      (["--reasoning-format", "think"], "'think' is not one of")],
 )  # fmt: skip
