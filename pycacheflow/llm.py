@@ -18,7 +18,7 @@ from pycacheflow.outputs import EngineStats, ModelInfo, RequestOutput, StreamDel
 from pycacheflow.profiler import DEFAULT_PROFILE_CAPACITY, Profile, ProfileCollector
 from pycacheflow.request_state import RequestState
 from pycacheflow.sampling_params import SamplingParams
-from pycacheflow.text import encode_utf8
+from pycacheflow.text import encode_utf8, is_exact_int_list
 
 PromptInput = Union[str, Sequence[int]]  # text, or token ids
 
@@ -439,7 +439,7 @@ class LLM:
             original: str | None = prompt
         else:
             # exact ints (a tokenizer's output) are copied in C, others (bools, numpy ints) by int()
-            exact = type(prompt) is list and set(map(type, prompt)) <= {int}
+            exact = is_exact_int_list(prompt)
             token_ids, original = (list(prompt) if exact else [int(t) for t in prompt]), None
         self._validate_tokens(token_ids, index)
         return _Prepared(original, token_ids, params)
@@ -498,11 +498,8 @@ def _make_config(
 
 
 def _all_ints(values: Iterable[object]) -> bool:
-    """Every value is an int (bools count, as isinstance says); a list of exact ints, a
-    server's tokenizer output, is checked by one pass in C."""
-    if type(values) is list and set(map(type, values)) <= {int}:
-        return True
-    return all(isinstance(v, int) for v in values)
+    """Every value is an int (bools count, as isinstance says); fast for a list of plain ints."""
+    return is_exact_int_list(values) or all(isinstance(v, int) for v in values)
 
 
 def _normalize_prompts(prompts: PromptInput | Sequence[PromptInput]) -> list[PromptInput]:

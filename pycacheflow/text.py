@@ -4,6 +4,7 @@ A Python str can hold lone surrogates, which have no UTF-8 form: bytes that were
 decoded with "surrogateescape" (command-line arguments, stdin, file names), or JSON escapes
 such as "\\ud800" in a request body. ``str.encode`` fails on them with a UnicodeEncodeError deep
 inside a call; ``encode_utf8`` turns that into an InvalidArgumentError naming the value.
+Token ids cross too: ``is_exact_int_list`` tells a tokenizer's output (plain ints) apart cheaply.
 """
 
 from __future__ import annotations
@@ -38,3 +39,8 @@ def encode_utf8(text: str, what: str) -> bytes:
         raise InvalidArgumentError(
             f"{what} is not valid UTF-8 text: {found} at character {exc.start}"
         ) from None
+
+
+def is_exact_int_list(values: object) -> bool:
+    """``values`` is a list of plain ints (a tokenizer's output), checked by one pass in C."""
+    return type(values) is list and set(map(type, values)) <= {int}

@@ -91,14 +91,6 @@ if want gemm; then  # patch 0008's options, A/B in one run (CACHEFLOW_CUDA_GEMM:
   done
 fi
 if want profile; then
-  if [ "${SCHED_DEBUG:-0}" = 1 ]; then  # the ggml graph of a B=1 decode step on CUDA: splits, inputs, nodes
-    for kv in paged stock; do
-      GGML_SCHED_DEBUG=2 python scripts/profile_gpu_step.py -m "$MODEL" --npl 1 --npp 16 --ntg 4 --kv-mode "$kv" \
-          > "$OUT/sched_debug_$kv.txt" 2>&1 || true
-      log "sched debug ($kv): $(grep -c '^node #' "$OUT/sched_debug_$kv.txt") node lines, splits/inputs: \
-$(grep -m3 -E 'splits =|input objects' "$OUT/sched_debug_$kv.txt" | tr '\n' ' ')"
-    done
-  fi
   NSYS=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1 || true)
   for npl in ${PROFILE_NPL:-64 256}; do
     log "profile: engine decode step at B=$npl (paged)"

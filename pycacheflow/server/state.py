@@ -26,6 +26,7 @@ from pycacheflow.server.protocol import ProtocolError
 from pycacheflow.server.responses import Completion, generation_settings, stop_type_of
 from pycacheflow.server.slots import SlotTable
 from pycacheflow.server.streams import LoopWaker
+from pycacheflow.text import is_exact_int_list
 
 if TYPE_CHECKING:
     from pycacheflow.llm import LLM, PromptInput
@@ -263,7 +264,7 @@ class ServerState:
         self, pieces: list[str | int], add_special: bool, parse_special: bool
     ) -> list[int]:
         """Token ids of text pieces and token ids; only a leading text piece gets BOS."""
-        if set(map(type, pieces)) <= {int}:  # ids only (one pass in C)
+        if is_exact_int_list(pieces):  # ids only
             return list(pieces)
         token_ids: list[int] = []
         for i, piece in enumerate(pieces):

@@ -133,3 +133,20 @@ def test_step_time_split_adds_up(make_llm, tiny_model_path):
     llm.generate(["2 + 2 ="], SamplingParams(max_tokens=4, ignore_eos=True))
     s = llm.stats()
     assert s.step_ns > before.step_ns and s.launch_ns > before.launch_ns and s.prepare_ns > before.prepare_ns
+
+
+def test_llama_graph_reuse_is_counted(make_llm, tiny_model_path):
+    """cf_engine_stats.num_llama_decodes counts llama_decode calls (the warm-up one included) and
+    num_llama_graphs_reused the ubatches whose graph llama.cpp reused: one request's decode steps
+    after the first keep the same graph shape, so nearly all of them reuse it."""
+    llm = make_llm(tiny_model_path, max_num_seqs=1)
+    params = SamplingParams(max_tokens=16, ignore_eos=True)
+    llm.generate(["Hello"], params)
+    first = llm.stats()  # published after each step: the warm-up decode and every step's
+    assert first.num_llama_decodes == 1 + first.num_steps
+    llm.generate(["Water boils at"], params)
+    s = llm.stats()
+    steps = s.num_steps - first.num_steps
+    assert s.num_llama_decodes - first.num_llama_decodes == steps
+    reused = s.num_llama_graphs_reused - first.num_llama_graphs_reused
+    assert steps - 3 <= reused < steps  # the prefill and the first decode step build graphs

@@ -83,7 +83,7 @@ Engine::Engine(const EngineConfig & config)
     measure_swap_rate();
 }
 
-// AUTO preemption compares bytes to move with tokens to compute again (Scheduler::choose_preemption):
+// AUTO preemption compares bytes to move with tokens to compute again (Scheduler::should_swap):
 // its copy rate starts from one measured round trip of up to 64 MiB on this engine's route (the CUDA
 // copy stream moves ~50 GB/s on an H200, llama.cpp's per-block copies a few GB/s), not from a guess that
 // no swap would ever correct (a rate judged too slow is never tried, so never measured again). Later

@@ -4,8 +4,6 @@
 #include "core/error.h"
 #include "reasoning-budget.h"  // llama.cpp's common/
 
-#include <climits>
-
 namespace cf {
 
 llama_sampler * make_reasoning_budget_sampler(const llama_vocab * vocab, const ReasoningBudget & budget) {
