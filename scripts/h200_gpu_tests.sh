@@ -162,12 +162,19 @@ if want preemption; then  # issue 13: memory pressure on the GPU, swap (copy str
       -n "${PREEMPT_N:-64}" -o "${PREEMPT_OUT:-128}" --modes swap swap-llama recompute auto stock --repeats "${PREEMPT_REPEATS:-2}" \
       --out "$OUT/preemption_gpu.json" 2>&1 | grep -v '^{' | tail -14 | tee -a "$OUT/run.log" || log "preemption bench failed"
 fi
+# Where the cache-on server's TTFT goes: the server's own TTFT histogram (HTTP request in -> first token out)
+# and the engine's (add_request -> first token), as sums and counts since the previous call (a scrape of
+# /metrics; the engine table is cumulative, so the caller subtracts), next to the client's figure.
+prefix_ttft_parts() {
+  curl -s http://127.0.0.1:8091/metrics | grep -E '^cacheflow:(time_to_first_token_seconds_(sum|count)|time_to_first_token_by_priority_seconds_(sum|count)|steps|prompt_tokens_cached|queue)|^llamacpp:(prompt_seconds_total|prompt_tokens_total)' \
+      | sed "s/^/[ttft parts: $1] /" | tee -a "$OUT/run.log" || true
+}
 if want prefix; then  # issue 14: prefix caching through the servers on the GPU, cache on / off / llama-server
   SERVER_BIN=$(find "$BUILD_DIR" -name llama-server -type f | head -1)
   for np in ${PREFIX_NP:-64 256}; do
     log "prefix: cacheflow serve (cache on, off) vs llama-server (cache_prompt) -np $np, shared-prefix and multi-turn"
     ctx=$((np * 2048))
-    cacheflow serve -m "$MODEL" -ngl 99 -np "$np" -c "$ctx" --port 8091 --host 127.0.0.1 > "$OUT/prefix_on_np$np.log" 2>&1 &
+    cacheflow serve -m "$MODEL" -ngl 99 -np "$np" -c "$ctx" --metrics --port 8091 --host 127.0.0.1 > "$OUT/prefix_on_np$np.log" 2>&1 &
     p1=$!
     cacheflow serve -m "$MODEL" -ngl 99 -np "$np" -c "$ctx" --no-cache-prompt --port 8092 --host 127.0.0.1 \
         > "$OUT/prefix_off_np$np.log" 2>&1 &
@@ -183,11 +190,13 @@ if want prefix; then  # issue 14: prefix caching through the servers on the GPU,
         --max-concurrency "$np" --cache-prompt \
         --out "$OUT/prefix_shared_np$np" 2>&1 | grep -v "req/s" | tail -9 | tee -a "$OUT/run.log" \
         || log "shared-prefix bench (-np $np) failed"
+    prefix_ttft_parts "shared-prefix -np $np"
     timeout 300 cacheflow bench serve http://127.0.0.1:8091 --baseline http://127.0.0.1:8092 --baseline http://127.0.0.1:8093 \
         -m "$MODEL" --dataset multi-turn -n "$np" --turns 4 -p 200 --user-len 50 -o "${PREFIX_TURN_OUT:-64}" \
         --max-concurrency "$np" \
         --cache-prompt --out "$OUT/prefix_multiturn_np$np" 2>&1 | grep -v "req/s" | tail -9 | tee -a "$OUT/run.log" \
         || log "multi-turn bench (-np $np) failed"
+    prefix_ttft_parts "multi-turn -np $np"
     kill $p1 $p2 $p3 2>/dev/null || true
     wait $p1 $p2 $p3 2>/dev/null || true
   done
