@@ -39,6 +39,9 @@ class RequestDefaults:
             limit, 0 = the block is closed as soon as it opens.
         reasoning_budget_message: --reasoning-budget-message: text forced before the block's
             end marker when the budget is spent ("" = the end marker alone).
+        max_choices: the most completions of one prompt a request may ask for (``n`` /
+            ``n_cmpl``, whose hard limits are [1, this]); the server sets it to its slots (-np),
+            as llama-server's n_parallel.
 
     The values are llama-server's defaults (common_params_sampling, common_params).
 
@@ -59,6 +62,7 @@ class RequestDefaults:
     reasoning_format: str = DEFAULT_REASONING_FORMAT
     reasoning_budget: int = -1
     reasoning_budget_message: str = ""
+    max_choices: int = 128
 
     def __post_init__(self) -> None:
         for name, value in asdict(self).items():

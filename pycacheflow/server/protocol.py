@@ -32,7 +32,6 @@ from pycacheflow.server.config import RequestDefaults
 from pycacheflow.text import encode_utf8
 
 INT32_MAX = 2**31 - 1
-MAX_CHOICES = 128  # n per request; a guard against one request flooding the queue
 SEED_RANDOM_VALUES = (-1, 0xFFFFFFFF)  # llama.cpp's LLAMA_DEFAULT_SEED and its int32 spelling
 
 # llama-server's sampling defaults (common_params_sampling), so unchanged clients get the same.
@@ -551,7 +550,7 @@ def _generation(
     grammar = _schema_grammar(json_schema.completion_grammar, body)
     if grammar:
         body = {**body, "grammar": grammar}
-    num_choices = read_int(body, ("n_cmpl", "n"), 1, low=1, high=MAX_CHOICES)
+    num_choices = read_int(body, ("n_cmpl", "n"), 1, low=1, high=defaults.max_choices)
     n_predict = read_int(
         body, ("n_predict", "max_completion_tokens", "max_tokens"), default_n_predict, low=-1
     )

@@ -83,8 +83,9 @@ class ServerState:
 
     def __init__(self, llm: LLM, config: ServerConfig) -> None:
         self.llm = llm
-        self.config = config
         self.info = llm.info
+        # n / n_cmpl are limited to the slots, as llama-server's hard limits [1, n_parallel]
+        self.config = replace(config, defaults=replace(config.defaults, max_choices=self.info.max_num_seqs))
         self.metrics = ServerMetrics()
         # llama-server's context per slot (-c / -np), within the engine's per sequence and, as
         # llama-server's n_ctx_slot(), the trained context

@@ -482,6 +482,10 @@ def test_n_choices_input_tokens_and_verbose(client):
     many = client.post("/v1/completions", json={"prompt": "ab", "max_tokens": 2, "n": 17})
     assert many.status_code == 400
     assert "Field 'n': value must be between 1 and 16, got 17" in many.json()["error"]["message"]
+    for bad in (0, -1):  # the same bounds below
+        none = client.post("/v1/completions", json={"prompt": "ab", "max_tokens": 2, "n": bad})
+        assert none.status_code == 400
+        assert f"Field 'n': value must be between 1 and 16, got {bad}" in none.json()["error"]["message"]
     count = client.post("/chat/completions/input_tokens", json={"messages": body["messages"]})
     assert count.json() == {"input_tokens": len("<user>hi|A:")}
 
