@@ -16,7 +16,9 @@ import subprocess
 import time
 from collections.abc import Iterator
 
+import httpx
 import pytest
+from serve_helpers import ServerProcess
 
 from cli.devices import rpc_server_path
 from pycacheflow import SamplingParams
@@ -164,3 +166,19 @@ def test_generate_cli_over_rpc(tiny_model_path, rpc_servers):
     bad = subprocess.run([*base, "generate", "-m", str(tiny_model_path), "--rpc", f"127.0.0.1:{free_port()}",
                           "-n", "1", "Hi"], check=False, capture_output=True, text=True, timeout=60)  # fmt: skip
     assert bad.returncode == 2 and "Invalid value for --rpc: rpc_servers: cannot connect" in bad.stderr
+
+
+def test_serve_over_rpc(tiny_model_path, make_llm, rpc_servers):
+    """`cacheflow serve --rpc ...` (-ngl auto: every layer on the servers): /completion's greedy tokens
+    equal the local engine's for the same prompt ids."""
+    prompt = prompts(1)[0]
+    expected = make_llm(tiny_model_path, kv_mode="paged", **CONFIG).generate([prompt], GREEDY)[0].token_ids
+    server = ServerProcess(["-m", str(tiny_model_path), "-np", "4", "-c", "1024", "--kv-mode", "paged",
+                            "--rpc", ",".join(rpc_servers), "-ts", "1,3"])  # fmt: skip
+    try:
+        server.wait_ready(timeout_s=60)
+        body = {"prompt": prompt, "n_predict": 24, "temperature": 0, "ignore_eos": True, "return_tokens": True}
+        answer = httpx.post(server.base_url + "/completion", json=body, timeout=60).json()
+        assert answer["tokens"] == list(expected), server.log()
+    finally:
+        server.close()
