@@ -183,9 +183,13 @@ std::vector<ggml_backend_dev_t> add_rpc_servers(const std::string & servers) {
         return devs;
     }
     rpc_add_server_fn add = rpc_add_server();
-    for (const std::string & endpoint : split_list(servers)) {
-        std::string host;
-        std::string port;
+    const std::vector<std::string> endpoints = split_list(servers);
+    std::string host;
+    std::string port;
+    for (const std::string & endpoint : endpoints) {
+        parse_endpoint(endpoint, host, port);  // all well-formed before any is connected to
+    }
+    for (const std::string & endpoint : endpoints) {
         parse_endpoint(endpoint, host, port);
         // ggml-rpc keeps one registry entry per endpoint; registering it twice would list its devices twice
         bool registered = false;
