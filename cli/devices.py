@@ -166,7 +166,8 @@ def rpc_server(args: tuple[str, ...]) -> None:
     \b
     Its own flags follow (-H/--host, -p/--port, -t/--threads, -d/--device, -c/--cache; -h lists
     them). It serves one engine at a time and must come from this build: its protocol carries
-    CacheFlow's paged attention op, and a stock llama.cpp rpc-server is refused at connect.
+    CacheFlow's paged attention op, and a stock llama.cpp rpc-server fails the handshake
+    ("RPC server version mismatch", and ggml-rpc aborts the engine).
     Example, two servers on one machine and an engine splitting its layers over them:
       cacheflow rpc-server -p 50052 &  cacheflow rpc-server -p 50053 &
       cacheflow generate --rpc 127.0.0.1:50052,127.0.0.1:50053 "Hello"
