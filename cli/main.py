@@ -19,9 +19,9 @@ import pycacheflow
 from cli.bench import bench
 from cli.common import (
     BLOCK_SIZE_OPTION,
+    CACHE_PROMPT_OPTION,
     KV_CACHE_MEMORY_HELP,
     PAGED_ATTENTION_OPTION,
-    CACHE_PROMPT_OPTION,
     PREEMPTION_OPTION,
     SWAP_SPACE_OPTION,
     ByteSize,
@@ -30,6 +30,14 @@ from cli.common import (
     load_llm,
     swap_space_bytes,
     to_click_error,
+)
+from cli.devices import (
+    DEVICE_OPTION_NAMES,
+    DEVICE_PARAMS,
+    device_kwargs,
+    device_options,
+    list_devices_and_exit,
+    rpc_server,
 )
 from cli.prompts import PromptsFileError, read_prompts_file
 from cli.serve import serve
@@ -177,6 +185,7 @@ def cacheflow() -> None:
     show_default=True,
     help="KV cache: paged (CacheFlow), stock / stock-unified (llama.cpp), or auto.",
 )
+@device_options
 @click.option("--stream", is_flag=True, help="Print text as it is generated.")
 @click.option(
     "--json",
@@ -216,6 +225,7 @@ def generate(
       cacheflow generate --prompts-file prompts.jsonl --json -c 8
       cacheflow generate -m model.gguf --stream "Once upon a time"
     """
+    list_devices_and_exit(options)
     if stream and as_json:
         raise click.UsageError("--stream and --json cannot be combined")
     prompt_list = _collect_prompts(prompts, prompts_file)
@@ -320,6 +330,7 @@ ENGINE_OPTION_NAMES = {
     "max_num_batched_tokens": "--batch-tokens",
     "n_threads": "--threads",
     "n_gpu_layers": "--gpu-layers",
+    **DEVICE_OPTION_NAMES,
 }
 
 
@@ -332,6 +343,7 @@ ENGINE_PARAMS = {
     "max_num_batched_tokens": "batch_tokens",
     "n_threads": "threads",
     "n_gpu_layers": "gpu_layers",
+    **DEVICE_PARAMS,
 }
 
 # llama.cpp's tools read -c as the context size; here it is the concurrency.
@@ -341,6 +353,17 @@ ENGINE_OPTION_HINTS = {
 
 
 def _config_kwargs(options: dict[str, object]) -> dict[str, object]:
+    kwargs = _base_config_kwargs(options)
+    try:
+        kwargs.update(device_kwargs(options))
+    except click.BadParameter as exc:
+        raise click.UsageError(exc.format_message()) from None
+    if "rpc_servers" in kwargs and "n_gpu_layers" not in explicit_fields(ENGINE_PARAMS):
+        kwargs["n_gpu_layers"] = -1  # layers go to the RPC servers, as llama-server's -ngl auto
+    return kwargs
+
+
+def _base_config_kwargs(options: dict[str, object]) -> dict[str, object]:
     return {
         "max_num_seqs": options["concurrency"],
         "n_ctx": options["ctx_size"],
@@ -459,6 +482,7 @@ def path() -> None:
 
 cacheflow.add_command(serve)
 cacheflow.add_command(bench)
+cacheflow.add_command(rpc_server)
 
 
 def main() -> None:

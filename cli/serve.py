@@ -31,6 +31,13 @@ from cli.common import (
     load_llm,
     swap_space_bytes,
 )
+from cli.devices import (
+    DEVICE_OPTION_NAMES,
+    DEVICE_PARAMS,
+    device_kwargs,
+    device_options,
+    list_devices_and_exit,
+)
 from cli.serve_compat import ServeCommand
 from cli.serve_context import ContextPlan, plan_context, read_model_shape
 from cli.serve_flags import (
@@ -316,6 +323,7 @@ def _env(name: str) -> str:
 )
 @PREEMPTION_OPTION
 @SWAP_SPACE_OPTION
+@device_options
 @click.option(
     "--shutdown-timeout",
     type=click.FloatRange(min=0),
@@ -366,6 +374,12 @@ def serve(**options: object) -> None:
       cacheflow serve --alias smollm2 --api-key secret --policy priority
       cacheflow serve -dp 2 --metrics     # two replicas behind a prefix-aware router
     """
+    list_devices_and_exit(options)
+    if int(options["data_parallel"]) > 1 and options["rpc"]:
+        raise click.UsageError(
+            "--rpc with -dp/--data-parallel > 1: one rpc-server serves one engine at a time; "
+            "run one serve --rpc per set of rpc-servers behind your own router"
+        )
     if int(options["data_parallel"]) > 1:
         from cli.serve_router import RAW_ARGS_KEY, serve_data_parallel
 
@@ -408,6 +422,7 @@ SERVE_OPTION_NAMES = {
     "max_num_batched_tokens": "-b/--batch-size or -ub/--ubatch-size",
     "n_threads": "-t/--threads",
     "n_gpu_layers": "-ngl/--gpu-layers",
+    **DEVICE_OPTION_NAMES,
 }
 
 # EngineConfig field -> the click parameter of that option.
@@ -419,6 +434,7 @@ SERVE_PARAMS = {
     "max_num_batched_tokens": "batch_size",
     "n_threads": "threads",
     "n_gpu_layers": "gpu_layers",
+    **DEVICE_PARAMS,
 }
 
 
@@ -490,6 +506,10 @@ def _engine_kwargs(options: dict[str, object]) -> dict[str, object]:
     }
     if parallel > 0:
         kwargs["max_num_seqs"] = parallel
+    try:
+        kwargs.update(device_kwargs(options))
+    except click.BadParameter as exc:
+        raise click.UsageError(exc.format_message()) from None
     return kwargs
 
 

@@ -19,10 +19,6 @@ import click
 
 from cli.llama_server_flags import LLAMA_SERVER_FLAGS
 
-_DEVICES = (
-    "device selection and multi-GPU splits are not implemented (-ngl offloads layers to the "
-    "GPU backend)"
-)
 _DOWNLOAD = "CacheFlow does not download models; fetch the GGUF file and pass it with -m"
 _TEXT_ONLY = "CacheFlow serves text generation only"
 _LOAD_MODE = (
@@ -36,7 +32,6 @@ _WHY: dict[str, str] = {
     "--no-cont-batching": "continuous batching is always on in CacheFlow",
     "--no-kv-unified": "the paged KV cache is one pool shared by all sequences; llama.cpp's "
     "per-sequence slices are --kv-mode stock",
-    **dict.fromkeys(("--device", "--main-gpu", "--tensor-split", "--split-mode"), _DEVICES),
     **dict.fromkeys(
         ("--hf-repo", "--hf-file", "--hf-token", "--model-url", "--docker-repo"), _DOWNLOAD
     ),

@@ -24,9 +24,10 @@ from pycacheflow.config import (
     PAGED_ATTENTIONS,
     POLICIES,
     PREEMPTION_MODES,
+    SPLIT_MODES,
     c_enum_name,
 )
-from pycacheflow.outputs import EngineStats, ModelInfo, OutputEvent, PriorityTTFT
+from pycacheflow.outputs import DeviceInfo, EngineStats, ModelInfo, OutputEvent, PriorityTTFT
 from pycacheflow.profiler import ProfileEvent
 from pycacheflow.text import encode_utf8
 
@@ -61,6 +62,7 @@ _PAGED_ATTENTION_VALUES = {
 _PREEMPTION_MODE_VALUES = {
     name: getattr(lib, c_enum_name("CF_PREEMPTION_MODE_", name)) for name in PREEMPTION_MODES
 }
+_SPLIT_MODE_VALUES = {name: getattr(lib, c_enum_name("CF_SPLIT_MODE_", name)) for name in SPLIT_MODES}
 
 _DRAIN_CAPACITY = 1024  # events moved per cf_engine_drain call
 _DRAIN_TEXT_BYTES = 1 << 16  # text bytes per cf_engine_drain_outputs call (grown on demand)
@@ -113,6 +115,37 @@ def version() -> str:
     return ffi.string(lib.cf_version()).decode()
 
 
+def list_devices(rpc_servers: Sequence[str] = ()) -> list[DeviceInfo]:
+    """The devices of this build and machine, CPU first (``cf_device_list``; --list-devices).
+
+    Args:
+        rpc_servers: "host:port" of rpc-server processes to register first (for the process's
+            lifetime, as an engine does); their devices are listed as "RPC<n>".
+
+    Returns:
+        One DeviceInfo per device; ``name`` is what ``EngineConfig.devices`` takes.
+
+    Raises:
+        InvalidArgumentError: a malformed or unreachable rpc server (the message names
+            rpc_servers).
+        UnsupportedError: the build has no RPC backend and rpc_servers is not empty.
+    """
+    servers = ffi.new("char[]", ",".join(rpc_servers).encode("utf-8"))
+    count = ffi.new("int32_t *")
+    try:
+        _check(lib.cf_device_list(servers, ffi.NULL, 0, count))
+    except errors.BufferTooSmallError:
+        pass
+    out = ffi.new("cf_device_info[]", max(count[0], 1))
+    _check(lib.cf_device_list(servers, out, count[0], count))
+    return [_device_info(d) for d in out[0 : count[0]]]
+
+
+def _device_info(d: object) -> DeviceInfo:
+    name, description = ffi.string(d.name).decode(), ffi.string(d.description).decode()
+    return DeviceInfo(name, description, d.type, d.memory_total_bytes, d.memory_free_bytes)
+
+
 def clock_ns() -> int:
     """Now on the monotonic clock that stamps output events, in nanoseconds."""
     return lib.cf_clock_ns()
@@ -144,6 +177,9 @@ def json_schema_to_grammar(schema_json: str) -> str:
         return ffi.unpack(buf, out[0]).decode("utf-8")
 
 
+_INFO_TEXT = ("description", "arch", "kv_devices")  # char[] fields of cf_model_info
+
+
 def kv_mode_name(value: int) -> str:
     """Name ("paged", "stock", ...) of a cf_kv_mode value."""
     return _KV_MODE_NAMES.get(value, str(value))
@@ -173,7 +209,25 @@ def _engine_config(config: EngineConfig, keep: list) -> object:
     c.swap_space_bytes = config.swap_space_bytes
     c.priority_aging_ms = config.priority_aging_ms
     c.sampling_threads = config.sampling_threads
+    if config.rpc_servers:
+        c.rpc_servers = _keep_str(",".join(config.rpc_servers), keep)
+    if config.devices is not None:
+        c.devices = _keep_str(",".join(config.devices), keep)
+    c.split_mode = _SPLIT_MODE_VALUES[config.split_mode]
+    c.main_gpu = config.main_gpu
+    if config.tensor_split:
+        split = ffi.new("float[]", list(config.tensor_split))
+        keep.append(split)
+        c.tensor_split = split
+        c.num_tensor_split = len(config.tensor_split)
     return c
+
+
+def _keep_str(text: str, keep: list) -> object:
+    """A NUL-terminated UTF-8 copy of text that lives as long as ``keep``."""
+    buf = ffi.new("char[]", text.encode("utf-8"))
+    keep.append(buf)
+    return buf
 
 
 def _sampling_params(params: SamplingParams, keep: list) -> object:
@@ -341,7 +395,9 @@ class Engine:
         values = {}
         for name in ModelInfo._fields[:-1]:
             value = getattr(out, name)
-            values[name] = ffi.string(value).decode() if name in ("description", "arch") else value
+            values[name] = ffi.string(value).decode() if name in _INFO_TEXT else value
+        kv_devices = values["kv_devices"]
+        values["kv_devices"] = tuple(kv_devices.split(",")) if kv_devices else ()
         return ModelInfo(**values, kv_mode_name=kv_mode_name(out.kv_mode))
 
     def stats(self) -> EngineStats:

@@ -12,6 +12,7 @@ POLICIES = ("fcfs", "sjf", "priority")
 LOG_LEVELS = ("none", "error", "warn", "info", "debug")
 PAGED_ATTENTIONS = ("invariant", "ggml")
 PREEMPTION_MODES = ("auto", "recompute", "swap")
+SPLIT_MODES = ("none", "layer", "row")  # CF_SPLIT_MODE_*; "row" is refused by the engine
 DEFAULT_SWAP_SPACE_BYTES = 4 << 30  # cf_engine_default_config's (vLLM's default swap space)
 
 
@@ -86,6 +87,20 @@ class EngineConfig:
             default sampling), the stepping thread included; in [0, 64]; 0 (the default) =
             min(8, hardware threads / 2), at least 1; 1 = all on the stepping thread. Steps with
             fewer than 8 such rows use the stepping thread alone. Outputs do not depend on it.
+        rpc_servers: "host:port" of rpc-server processes of this build (``cacheflow rpc-server``),
+            a sequence or one comma-separated str; their devices come first in the device list.
+            Needs n_gpu_layers != 0. An unreachable or malformed one is an InvalidArgumentError
+            naming rpc_servers at init. One rpc-server serves one engine at a time.
+        devices: device names to offload to, in layer order (e.g. ("RPC0", "RPC1"), "CUDA0";
+            ``pycacheflow.list_devices`` names them), a sequence or one comma-separated str;
+            ("none",) = no offload; None = the RPC devices, then every GPU (llama.cpp's default).
+        split_mode: "layer" (each layer, with its weights and KV cache, on one device: in paged
+            mode each device holds the K/V pools of its own layers and one block table serves
+            all of them), "none" (the whole model on main_gpu) or "row" (refused: llama.cpp's
+            row split needs ggml-cuda's split buffers).
+        main_gpu: split_mode "none": index of the device in use that gets the model; -1 = none.
+        tensor_split: split_mode "layer": proportion of the layers per device in use (finite,
+            >= 0), at most one per device; () = by free memory.
 
     Raises:
         ValueError: on construction, for a value that cannot cross the C ABI (an int of 2**31 or
@@ -112,6 +127,11 @@ class EngineConfig:
     swap_space_bytes: int = DEFAULT_SWAP_SPACE_BYTES
     priority_aging_ms: int = 1000
     sampling_threads: int = 0
+    rpc_servers: tuple[str, ...] = ()
+    devices: tuple[str, ...] | None = None
+    split_mode: str = "layer"
+    main_gpu: int = 0
+    tensor_split: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, (str, os.PathLike)) or not os.fspath(self.model):
@@ -131,6 +151,14 @@ class EngineConfig:
             raise TypeError(f"enable_prefix_caching must be a bool, got {self.enable_prefix_caching!r}")
         if self.flash_attn is not None and not isinstance(self.flash_attn, bool):
             raise TypeError(f"flash_attn must be None, True or False, got {self.flash_attn!r}")
+        self.rpc_servers = _name_list("rpc_servers", self.rpc_servers)
+        if self.devices is not None:
+            self.devices = _name_list("devices", self.devices)
+            if not self.devices:
+                raise ValueError("devices must name at least one device (or be ('none',))")
+        _check_choice("split_mode", self.split_mode, SPLIT_MODES)
+        _check_int("main_gpu", self.main_gpu)
+        self.tensor_split = _proportions("tensor_split", self.tensor_split)
 
     @property
     def model_path(self) -> str:
@@ -144,6 +172,28 @@ def _check_int(name: str, value: object, limit_bits: int = 31) -> None:
         raise TypeError(f"{name} must be an int, got {value!r}")
     if not -(2**limit_bits) <= value < 2**limit_bits:
         raise ValueError(f"{name} must be < 2**{limit_bits} in magnitude, got {value}")
+
+
+def _name_list(name: str, value: object) -> tuple[str, ...]:
+    """A comma-separated str or a sequence of non-empty strs without commas, as a tuple."""
+    if isinstance(value, str):
+        value = tuple(value.split(",")) if value else ()
+    if not isinstance(value, (tuple, list)) or not all(isinstance(v, str) for v in value):
+        raise TypeError(f"{name} must be a str or a sequence of str, got {value!r}")
+    for item in value:
+        if not item.strip() or "," in item:
+            raise ValueError(f"{name}: empty name or a comma inside one entry in {value!r}")
+    return tuple(item.strip() for item in value)
+
+
+def _proportions(name: str, value: object) -> tuple[float, ...]:
+    """A sequence of numbers (ints or floats) as a tuple of floats; ranges are the engine's."""
+    if isinstance(value, (str, bytes)) or not isinstance(value, (tuple, list)):
+        raise TypeError(f"{name} must be a sequence of numbers, got {value!r}")
+    for item in value:
+        if isinstance(item, bool) or not isinstance(item, (int, float)):
+            raise TypeError(f"{name} must be a sequence of numbers, got {value!r}")
+    return tuple(float(item) for item in value)
 
 
 def _check_choice(name: str, value: object, choices: tuple[str, ...]) -> None:

@@ -180,7 +180,23 @@ class ModelInfo(NamedTuple):
     arch: str
     kv_bytes_per_token: int
     vocab_type: int
+    kv_devices: tuple[str, ...]  # paged mode: device of each layer's K/V pools; () in stock modes
     kv_mode_name: str = ""
+
+
+class DeviceInfo(NamedTuple):
+    """cf_device_info: one ggml device (``pycacheflow._native.list_devices``).
+
+    ``name`` is what ``EngineConfig.devices`` takes ("CPU", "CUDA0", "RPC0"); ``type`` is ggml's
+    enum ggml_backend_dev_type (0 CPU, 1 GPU, RPC devices included, 2 integrated GPU, 3
+    accelerator); memory in bytes as the device (or its rpc-server) reports it.
+    """
+
+    name: str
+    description: str
+    type: int
+    memory_total_bytes: int
+    memory_free_bytes: int
 
 
 class PriorityTTFT(NamedTuple):

@@ -110,6 +110,14 @@ typedef enum cf_log_level {
     CF_LOG_LEVEL_DEBUG = 4
 } cf_log_level;
 
+typedef enum cf_split_mode {
+    CF_SPLIT_MODE_NONE = 0,   /* the whole offloaded model on one device (main_gpu)         */
+    CF_SPLIT_MODE_LAYER = 1,  /* each layer, with its weights and KV cache (in paged mode its
+                                 K/V pools), on one of the devices, in proportion to
+                                 tensor_split (the default, llama.cpp's -sm layer)          */
+    CF_SPLIT_MODE_ROW = 2     /* llama.cpp's row split: refused (CF_STATUS_UNSUPPORTED)      */
+} cf_split_mode;
+
 /* Engine configuration. Get defaults from cf_engine_default_config() and change fields.
  * The engine copies what it needs during cf_engine_init; the caller keeps ownership of
  * model_path. */
@@ -161,6 +169,29 @@ typedef struct cf_engine_config {
                                         least 1; 1 = all on the stepping thread. Steps with
                                         fewer than 8 such rows sample them on the stepping
                                         thread alone. Tokens do not depend on it.              */
+    /* Devices (llama-server's --rpc, -dev, -sm, -mg, -ts). The CPU always runs what is not
+       offloaded; n_gpu_layers says how many layers are. See cf_device_list for names.         */
+    const char * rpc_servers;        /* comma-separated "host:port" of rpc-server processes (of
+                                        this build: `cacheflow rpc-server`); each one's devices
+                                        join the device list, first. NULL or "" = none. The
+                                        caller keeps ownership. A malformed or unreachable one
+                                        is CF_STATUS_INVALID_ARGUMENT naming rpc_servers.
+                                        Needs n_gpu_layers != 0. One rpc-server serves one
+                                        engine at a time (it serves its clients in turn).    */
+    const char * devices;            /* comma-separated device names, e.g. "RPC0,RPC1" or
+                                        "CUDA0", in layer order; "none" = no offload; NULL or
+                                        "" = the RPC devices of rpc_servers, then every GPU
+                                        (llama.cpp's default). An unknown name is
+                                        CF_STATUS_INVALID_ARGUMENT naming devices.           */
+    int32_t split_mode;              /* cf_split_mode, default CF_SPLIT_MODE_LAYER             */
+    int32_t main_gpu;                /* CF_SPLIT_MODE_NONE: index into the devices in use of the
+                                        one that gets the model; -1 = none (CPU only); default
+                                        0; checked against the device count at init            */
+    const float * tensor_split;      /* CF_SPLIT_MODE_LAYER: proportion of the layers per device
+                                        in use (finite, >= 0, not all 0), num_tensor_split of
+                                        them; NULL = by free memory. Caller-owned.             */
+    int32_t num_tensor_split;        /* entries of tensor_split, in [0, 16] and at most the
+                                        number of devices in use; default 0                   */
 } cf_engine_config;
 
 typedef struct cf_engine * cf_engine_t;
@@ -180,6 +211,29 @@ CF_API cf_status cf_engine_init(const cf_engine_config * config, cf_engine_t * o
 
 /* Stop the step thread if running, abort all requests, free everything. NULL is a no-op. */
 CF_API void cf_engine_free(cf_engine_t engine);
+
+/* ---------------------------------------------------------------- devices */
+
+typedef struct cf_device_info {
+    char name[64];               /* ggml's device name, what cf_engine_config.devices takes, e.g.
+                                    "CPU", "CUDA0", "RPC0"; NUL-terminated                    */
+    char description[128];       /* e.g. the GPU's model; an RPC device's "host:port"        */
+    int32_t type;                /* ggml's enum ggml_backend_dev_type: 0 CPU, 1 GPU (RPC
+                                    devices count as GPUs), 2 integrated GPU, 3 accelerator */
+    int64_t memory_total_bytes;  /* as the device (or its rpc-server) reports it           */
+    int64_t memory_free_bytes;
+} cf_device_info;
+
+/* The devices of this build and machine (llama-server's --list-devices), with those of
+ * rpc_servers (as cf_engine_config.rpc_servers; NULL or "" = none) registered first; RPC servers
+ * registered earlier in the process but not in rpc_servers are left out. Writes up to
+ * capacity entries to out (NULL with capacity 0 only counts) and sets *out_count to the number of
+ * devices. Returns CF_STATUS_BUFFER_TOO_SMALL when capacity < *out_count (the first capacity
+ * entries are written), CF_STATUS_INVALID_ARGUMENT for a malformed or unreachable rpc server
+ * (message names rpc_servers), CF_STATUS_UNSUPPORTED without the RPC backend. Registering a server
+ * lasts for the process, as for an engine. Not safe against a concurrent cf_engine_init. */
+CF_API cf_status cf_device_list(const char * rpc_servers, cf_device_info * out, int32_t capacity,
+                                int32_t * out_count);
 
 /* ---------------------------------------------------------------- model info and stats */
 
@@ -210,6 +264,11 @@ typedef struct cf_model_info {
     int32_t vocab_type;       /* llama.cpp's enum llama_vocab_type: 0 none, 1 SPM, 2 BPE, 3
                                  WPM, 4 UGM, 5 RWKV, 6 PLaMo-2 (llama-server's /v1/models
                                  meta.vocab_type)                                           */
+    char kv_devices[256];     /* paged mode: the device holding each layer's K and V pools, in
+                                 layer order, comma-separated ggml device names (e.g.
+                                 "RPC0,RPC0,RPC1,RPC1"; "CPU" for host memory), truncated to
+                                 255 bytes; "" in the stock modes. The one block table of the
+                                 engine indexes every layer's pools alike.                 */
 } cf_model_info;
 
 CF_API cf_status cf_engine_get_info(cf_engine_t engine, cf_model_info * out_info);

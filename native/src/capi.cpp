@@ -4,11 +4,13 @@
 #include "capi_internal.h"
 #include "core/error.h"
 #include "engine/config.h"
+#include "engine/devices.h"
 #include "engine/engine.h"
 #include "engine/llama_session.h"
 #include "engine/text.h"
 #include "llama.h"
 
+#include <algorithm>
 #include <new>
 #include <string>
 
@@ -78,6 +80,20 @@ cf_status cf_engine_init(const cf_engine_config * config, cf_engine_t * out_engi
         require(config != nullptr, "config is NULL");
         const cf::EngineConfig resolved = cf::EngineConfig::from_c(*config);
         *out_engine = new cf_engine(resolved);
+    });
+}
+
+cf_status cf_device_list(const char * rpc_servers, cf_device_info * out, int32_t capacity, int32_t * out_count) {
+    return guarded("cf_device_list", [&] {
+        require(out_count != nullptr, "out_count is NULL");
+        require(capacity >= 0 && (out != nullptr || capacity == 0), "out is NULL or capacity < 0");
+        const std::vector<cf_device_info> devices = cf::list_devices(rpc_servers != nullptr ? rpc_servers : "");
+        *out_count = (int32_t) devices.size();
+        std::copy_n(devices.begin(), std::min<size_t>(devices.size(), (size_t) capacity), out);
+        if ((size_t) capacity < devices.size()) {
+            throw cf::Error(CF_STATUS_BUFFER_TOO_SMALL, "out holds " + std::to_string(capacity) + " devices but there are " +
+                                                            std::to_string(devices.size()));
+        }
     });
 }
 

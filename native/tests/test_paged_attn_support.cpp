@@ -43,11 +43,14 @@ void test_unsupported_pool_names_the_backend() {
 }
 
 void test_attention_devices() {
-    // the CPU always; GPUs only with n_gpu_layers != 0 (none in a CPU build)
-    const std::vector<ggml_backend_dev_t> cpu_only = cf::attention_devices(0);
+    // the CPU always; the offload devices (the model's device list) only with n_gpu_layers != 0
+    ggml_backend_dev_t cpu = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);
+    ggml_backend_dev_t fake_gpu = cpu;  // any device handle stands for one here: the list is only copied
+    const std::vector<ggml_backend_dev_t> cpu_only = cf::attention_devices(0, {fake_gpu});
     assert(cpu_only.size() == 1 && ggml_backend_dev_type(cpu_only[0]) == GGML_BACKEND_DEVICE_TYPE_CPU);
-    const std::vector<ggml_backend_dev_t> offload = cf::attention_devices(99);
-    assert(!offload.empty() && offload.size() >= cpu_only.size());
+    const std::vector<ggml_backend_dev_t> offload = cf::attention_devices(99, {fake_gpu});
+    assert(offload.size() == 2 && offload[1] == fake_gpu);
+    assert(cf::attention_devices(-1, {}).size() == 1);
 }
 
 }  // namespace

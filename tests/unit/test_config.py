@@ -76,3 +76,17 @@ def test_ranges_are_left_to_the_engine():
     # Constructed as given; the engine refuses them with its own message (test_engine_errors.py).
     config = EngineConfig(model="m.gguf", max_num_seqs=0, max_num_batched_tokens=4, n_ctx=-1)
     assert (config.max_num_seqs, config.max_num_batched_tokens, config.n_ctx) == (0, 4, -1)
+
+
+def test_device_fields():
+    """rpc_servers and devices: a comma-separated str or a sequence, kept as a tuple; the endpoints
+    and device names themselves are the engine's to check (tests/e2e/test_rpc_split.py)."""
+    c = EngineConfig(model="m.gguf")
+    assert (c.rpc_servers, c.devices, c.split_mode, c.main_gpu, c.tensor_split) == ((), None, "layer", 0, ())
+    c = EngineConfig(model="m.gguf", rpc_servers="h1:1, h2:2", devices=["RPC0"], tensor_split=[3, 1.5])
+    assert (c.rpc_servers, c.devices, c.tensor_split) == (("h1:1", "h2:2"), ("RPC0",), (3.0, 1.5))
+    for kwargs, error in [({"rpc_servers": "a:1,,b:2"}, ValueError), ({"devices": ()}, ValueError),
+                          ({"split_mode": "tensor"}, ValueError), ({"tensor_split": "3,1"}, TypeError),
+                          ({"tensor_split": (True,)}, TypeError), ({"rpc_servers": 5}, TypeError)]:  # fmt: skip
+        with pytest.raises(error):
+            EngineConfig(model="m.gguf", **kwargs)

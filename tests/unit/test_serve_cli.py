@@ -89,6 +89,38 @@ def test_llama_server_flags_map_to_engine_config(engine_kwargs):
     }]  # fmt: skip
 
 
+def test_device_flags_map_to_engine_config(engine_kwargs):
+    """llama-server's --rpc, -dev, -sm, -mg, -ts (cli/devices.py); flags at their defaults are left out."""
+    result = invoke("--rpc", "127.0.0.1:50052,10.0.0.2:50052", "-dev", "RPC0,RPC1", "-ts", "3/1",
+                    "-sm", "none", "-mg", "1")  # fmt: skip
+    assert isinstance(result.exception, Loaded), result.output
+    kwargs = engine_kwargs[0]
+    assert kwargs["rpc_servers"] == ("127.0.0.1:50052", "10.0.0.2:50052")
+    assert kwargs["devices"] == ("RPC0", "RPC1") and kwargs["tensor_split"] == (3.0, 1.0)
+    assert kwargs["split_mode"] == "none" and kwargs["main_gpu"] == 1
+    engine_kwargs.clear()
+    assert isinstance(invoke().exception, Loaded)
+    assert not set(engine_kwargs[0]) & {"rpc_servers", "devices", "tensor_split", "split_mode", "main_gpu"}
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["-sm", "row"], "Invalid value for -sm/--split-mode: row split is not supported"),
+        (["-sm", "tensor"], "Invalid value for -sm/--split-mode: tensor split is not supported"),
+        (["-ts", "3,x"], "Invalid value for -ts/--tensor-split: expected comma-separated numbers"),
+        (["--rpc", "a:1,,b:2"], "Invalid value for --rpc: an empty entry"),
+        (["-dev", "RPC0,"], "Invalid value for -dev/--device: an empty entry"),
+        (["--rpc", "127.0.0.1:50052", "-dp", "2"], "one rpc-server serves one engine at a time"),
+    ],
+)
+def test_bad_device_flags_are_usage_errors(engine_kwargs, args, message):
+    result = invoke(*args)
+    assert result.exit_code == 2, result.output
+    assert message in result.output
+    assert engine_kwargs == []
+
+
 def test_kv_cache_memory(engine_kwargs):
     result = invoke("--kv-cache-memory", "1.5GiB")
     assert isinstance(result.exception, Loaded), result.output
@@ -133,10 +165,7 @@ def test_bad_flags_are_usage_errors(engine_kwargs, args, message):
     "args,message",
     [
         (["-tb", "4"], "unsupported llama-server flag -tb (--threads-batch): CacheFlow runs"),
-        (["-mg", "0"], "unsupported llama-server flag -mg (--main-gpu): device selection"),
-        (["-dev", "CUDA0"], "unsupported llama-server flag -dev (--device): "),
-        (["-ts", "3,1"], "unsupported llama-server flag -ts (--tensor-split): "),
-        (["-sm", "row"], "unsupported llama-server flag -sm (--split-mode): "),
+        (["-ot", "x=CPU"], "unsupported llama-server flag -ot (--override-tensor): "),
         (["-nocb"], "unsupported llama-server flag -nocb (--no-cont-batching): continuous"),
         (["-no-kvu"], "unsupported llama-server flag -no-kvu (--no-kv-unified): "),
         (["-hf", "user/model"], "unsupported llama-server flag -hf (-hfr, --hf-repo): "),

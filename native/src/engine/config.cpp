@@ -3,8 +3,10 @@
 
 #include "core/error.h"
 #include "ggml.h"
+#include "llama.h"
 
 #include <algorithm>
+#include <cmath>
 #include <thread>
 
 namespace cf {
@@ -35,6 +37,35 @@ int32_t resolve_sampling_threads(int32_t sampling_threads) {
 cf_kv_mode resolve_kv_mode(int32_t kv_mode) {
     check_range("kv_mode", kv_mode, CF_KV_MODE_AUTO, CF_KV_MODE_PAGED);
     return (cf_kv_mode) kv_mode;  // AUTO: LlamaSession picks PAGED or STOCK once the model is loaded
+}
+
+// The device fields that can be checked without the backends (devices.cpp checks names and counts).
+void check_devices(const cf_engine_config & c) {
+    check_range("split_mode", c.split_mode, CF_SPLIT_MODE_NONE, CF_SPLIT_MODE_ROW);
+    if (c.split_mode == CF_SPLIT_MODE_ROW) {
+        // llama.cpp's row split needs a backend's split buffer type (ggml-cuda's), which keeps the KV cache
+        // on the main device; neither the RPC backend nor the paged pools have one
+        throw Error(CF_STATUS_UNSUPPORTED, "split_mode row is not supported (llama.cpp's row split needs ggml-cuda's "
+                                           "split buffers, and the paged KV pools are per layer); use split_mode "
+                                           "layer");
+    }
+    check_at_least("main_gpu", c.main_gpu, -1);
+    check_range("num_tensor_split", c.num_tensor_split, 0, (int32_t) llama_max_devices());
+    if (c.num_tensor_split > 0 && c.tensor_split == nullptr) {
+        fail_invalid("tensor_split is NULL but num_tensor_split is " + std::to_string(c.num_tensor_split));
+    }
+    double sum = 0.0;
+    for (int32_t i = 0; i < c.num_tensor_split; ++i) {
+        const float value = c.tensor_split[i];
+        if (!std::isfinite(value) || value < 0.0f) {
+            fail_invalid("tensor_split[" + std::to_string(i) + "] must be a finite proportion >= 0, got " +
+                         std::to_string(value));
+        }
+        sum += value;
+    }
+    if (c.num_tensor_split > 0 && sum <= 0.0) {
+        fail_invalid("tensor_split proportions must not all be 0");
+    }
 }
 
 }  // namespace
@@ -69,6 +100,7 @@ EngineConfig EngineConfig::from_c(const cf_engine_config & c) {
     if (c.swap_space_bytes < 0) {
         fail_invalid("swap_space_bytes must be >= 0, got " + std::to_string(c.swap_space_bytes));
     }
+    check_devices(c);
     if (c.max_num_batched_tokens < c.max_num_seqs) {
         // every running sequence's decode token must fit one step (llama.cpp sizes its output
         // buffer by n_seq_max and aborts on a smaller n_batch)
@@ -109,6 +141,14 @@ EngineConfig EngineConfig::from_c(const cf_engine_config & c) {
     out.swap_space_bytes = c.swap_space_bytes;
     out.priority_aging_ms = c.priority_aging_ms;
     out.sampling_threads = resolve_sampling_threads(c.sampling_threads);
+    out.rpc_servers = c.rpc_servers != nullptr ? c.rpc_servers : "";
+    out.devices = c.devices != nullptr ? c.devices : "";
+    out.split_mode = (cf_split_mode) c.split_mode;
+    out.main_gpu = c.main_gpu;
+    out.tensor_split.assign(c.tensor_split, c.tensor_split + c.num_tensor_split);
+    if (!out.rpc_servers.empty() && out.n_gpu_layers == 0 && out.devices != "none") {
+        fail_invalid("rpc_servers needs n_gpu_layers != 0 (-1 = all layers): with 0 no layer goes to an RPC device");
+    }
     return out;
 }
 
@@ -133,6 +173,12 @@ cf_engine_config default_engine_config() {
     c.swap_space_bytes = (int64_t) 4 << 30;  // vLLM's default swap space
     c.priority_aging_ms = 1000;
     c.sampling_threads = 0;
+    c.rpc_servers = nullptr;
+    c.devices = nullptr;
+    c.split_mode = CF_SPLIT_MODE_LAYER;
+    c.main_gpu = 0;
+    c.tensor_split = nullptr;
+    c.num_tensor_split = 0;
     return c;
 }
 

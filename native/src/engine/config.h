@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace cf {
 
@@ -36,6 +37,12 @@ struct EngineConfig {
     int64_t swap_space_bytes = (int64_t) 4 << 30;  // paged mode: host memory for swapped-out blocks
     int32_t priority_aging_ms = 1000;              // PRIORITY policy aging, ms per level; 0 = off
     int32_t sampling_threads = 1;  // threads sampling top-k candidate rows (SamplingPool), resolved: >= 1
+    // Device placement (engine/devices.h): "" = none / llama.cpp's default device list
+    std::string rpc_servers;       // comma-separated "host:port" of rpc-server processes
+    std::string devices;           // comma-separated device names, "none" = no offload device
+    cf_split_mode split_mode = CF_SPLIT_MODE_LAYER;
+    int32_t main_gpu = 0;          // split_mode none: index into the devices in use; -1 = none
+    std::vector<float> tensor_split;  // proportions per device in use (finite, >= 0); empty = by free memory
 
     bool kv_unified() const { return kv_mode == CF_KV_MODE_STOCK_UNIFIED; }
     bool paged() const { return kv_mode == CF_KV_MODE_PAGED; }

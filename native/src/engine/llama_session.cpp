@@ -2,6 +2,7 @@
 #include "engine/llama_session.h"
 
 #include "core/error.h"
+#include "engine/devices.h"
 #include "engine/paged_attn_support.h"
 #include "engine/sampling.h"
 #include "ggml-backend.h"
@@ -92,12 +93,19 @@ class ErrorCapture {
 };
 
 // Total memory of every backend device (host RAM and GPUs), in bytes.
-int64_t total_device_memory_bytes() {
+// Memory of the devices this engine may put its KV cache on (the CPU and its offload devices): not
+// every registered device, since an RPC server another engine of the process registered may be gone
+// (ggml-rpc aborts the process when it cannot connect).
+int64_t total_device_memory_bytes(const std::vector<ggml_backend_dev_t> & offload_devices) {
     int64_t total = 0;
-    for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {
+    std::vector<ggml_backend_dev_t> devs = offload_devices;
+    if (ggml_backend_dev_t cpu = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU); cpu != nullptr) {
+        devs.push_back(cpu);
+    }
+    for (ggml_backend_dev_t dev : devs) {
         size_t free_bytes = 0;
         size_t total_bytes = 0;
-        ggml_backend_dev_memory(ggml_backend_dev_get(i), &free_bytes, &total_bytes);
+        ggml_backend_dev_memory(dev, &free_bytes, &total_bytes);
         total += (int64_t) total_bytes;
     }
     return total;
@@ -185,14 +193,14 @@ llama_flash_attn_type flash_attn_type(int32_t flash_attn) {
 
 // Step padding's default (llama_session.h): in paged mode, where some layers run on a CUDA device
 // whose graphs are not turned off; CACHEFLOW_STEP_PADDING=0 / 1 decides instead when set.
-bool step_padding_wanted(int32_t n_gpu_layers) {
+bool step_padding_wanted(int32_t n_gpu_layers, const std::vector<ggml_backend_dev_t> & offload_devices) {
     if (const char * env = std::getenv("CACHEFLOW_STEP_PADDING"); env != nullptr && *env != '\0') {
         return std::strcmp(env, "0") != 0;
     }
     if (n_gpu_layers == 0 || std::getenv("GGML_CUDA_DISABLE_GRAPHS") != nullptr) {
         return false;
     }
-    for (ggml_backend_dev_t dev : attention_devices(n_gpu_layers)) {
+    for (ggml_backend_dev_t dev : attention_devices(n_gpu_layers, offload_devices)) {
         if (std::strncmp(ggml_backend_dev_name(dev), "CUDA", 4) == 0) {
             return true;
         }
@@ -232,7 +240,8 @@ int64_t meta_int(const llama_model * model, const char * key, int64_t fallback) 
 
 // Why the paged KV path cannot serve this model with this config, or "". llama.cpp refuses the rest
 // (MLA, sparse attention, quantized KV) when the paged context is created.
-std::string paged_unsupported_reason(const llama_model * model, const EngineConfig & config) {
+std::string paged_unsupported_reason(const llama_model * model, const EngineConfig & config,
+                                     const std::vector<ggml_backend_dev_t> & offload_devices) {
     if (llama_model_is_recurrent(model) || llama_model_is_hybrid(model)) {
         return "it has recurrent layers";
     }
@@ -249,7 +258,8 @@ std::string paged_unsupported_reason(const llama_model * model, const EngineConf
                                   config.block_size,
                                   GGML_TYPE_F16,
                                   paged_attn_kernel(config.paged_attention)};
-    const std::string device = first_device_without_paged_attn(attention_devices(config.n_gpu_layers), shape);
+    const std::string device =
+        first_device_without_paged_attn(attention_devices(config.n_gpu_layers, offload_devices), shape);
     if (!device.empty()) {
         return "the paged attention op (GGML_OP_PAGED_ATTN) is not implemented on " + device +
                ", where n_gpu_layers=" + std::to_string(config.n_gpu_layers) + " puts attention layers";
@@ -291,6 +301,13 @@ void LlamaSession::load_model() {
     check_model_file(path);
     llama_model_params mp = llama_model_default_params();
     mp.n_gpu_layers = config_.n_gpu_layers;
+    const DevicePlacement placement = place_devices(config_);  // outlives the load: mp points into it
+    offload_devices_ = placement.offload_devices();
+    mp.devices = const_cast<ggml_backend_dev_t *>(placement.devices.data());
+    // place_devices already kept only the main device of split mode none: it is the list's first
+    mp.split_mode = config_.split_mode == CF_SPLIT_MODE_NONE ? LLAMA_SPLIT_MODE_NONE : LLAMA_SPLIT_MODE_LAYER;
+    mp.main_gpu = 0;
+    mp.tensor_split = placement.tensor_split.empty() ? nullptr : placement.tensor_split.data();
     ErrorCapture capture;
     model_ = llama_model_load_from_file(path.c_str(), mp);
     if (model_ == nullptr) {
@@ -312,7 +329,7 @@ void LlamaSession::load_model() {
 }
 
 void LlamaSession::resolve_kv_mode() {
-    const std::string why = paged_unsupported_reason(model_, config_);
+    const std::string why = paged_unsupported_reason(model_, config_, offload_devices_);
     if (config_.kv_mode == CF_KV_MODE_PAGED && !why.empty()) {
         throw Error(CF_STATUS_UNSUPPORTED, "kv_mode=paged does not cover this model: " + why + "; use kv_mode=stock");
     }
@@ -406,7 +423,7 @@ void LlamaSession::create_context() {
         // tokens keeps every one of them: where llama.cpp's rounding to 256 rows leaves no spare block,
         // one more block is asked for (a budget in bytes pays for the scratch block itself).
         const int64_t asked = cp.n_ctx;
-        if (config_.kv_cache_bytes == 0 && step_padding_wanted(config_.n_gpu_layers) &&
+        if (config_.kv_cache_bytes == 0 && step_padding_wanted(config_.n_gpu_layers, offload_devices_) &&
             (asked + 255) / 256 * 256 < asked + config_.block_size) {
             cp.n_ctx = (uint32_t) (asked + config_.block_size);
         }
@@ -424,7 +441,7 @@ void LlamaSession::create_context() {
     // A KV cache larger than the memory of all devices together cannot be allocated; saying so
     // here spares llama.cpp from touching gigabytes of per-row metadata before it finds out. Models
     // with sliding-window layers keep fewer rows than n_ctx there, so they are left to llama.cpp.
-    const int64_t memory_bytes = total_device_memory_bytes();
+    const int64_t memory_bytes = total_device_memory_bytes(offload_devices_);
     if (llama_model_n_swa(model_) == 0 && memory_bytes > 0 && (int64_t) cp.n_ctx * kv_bytes_per_token_ > memory_bytes) {
         throw context_error(cp.n_ctx, (uint32_t) config_.max_num_seqs, true,
                             "more than the " + format_bytes(memory_bytes) + " of memory of all devices together");
@@ -444,7 +461,7 @@ void LlamaSession::create_context() {
     if (config_.paged()) {
         // no slices: one sequence may grow over the whole pool, up to the trained context
         num_blocks_ = llama_paged_n_blocks(ctx_);
-        if (num_blocks_ >= 2 && step_padding_wanted(config_.n_gpu_layers)) {
+        if (num_blocks_ >= 2 && step_padding_wanted(config_.n_gpu_layers, offload_devices_)) {
             scratch_block_ = --num_blocks_;  // where padding tokens write their KV rows
             max_padded_tokens_ = std::min(512, n_batch_);
         }
@@ -804,6 +821,12 @@ void LlamaSession::fill_info(cf_model_info * info) const {
         arch[0] = '\0';
     }
     copy_cstr(info->arch, sizeof(info->arch), arch);
+    std::string kv_devices;
+    for (const PoolTensors & pool : paged_pool_tensors()) {
+        ggml_backend_dev_t dev = ggml_backend_buft_get_device(ggml_backend_buffer_get_type(pool.k->buffer));
+        kv_devices += (kv_devices.empty() ? "" : ",") + std::string(dev != nullptr ? ggml_backend_dev_name(dev) : "CPU");
+    }
+    copy_cstr(info->kv_devices, sizeof(info->kv_devices), kv_devices.c_str());
 }
 
 }  // namespace cf

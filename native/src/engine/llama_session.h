@@ -41,6 +41,7 @@
 #include "core/sequence.h"
 #include "core/step_plan.h"
 #include "engine/config.h"
+#include "ggml-backend.h"
 
 #include <cstdint>
 #include <memory>
@@ -177,6 +178,9 @@ class LlamaSession {
     int32_t n_ctx_per_seq_ = 0;
     int32_t n_batch_ = 0;
     int64_t kv_bytes_per_token_ = 0;
+    // The devices the offloaded layers (and their KV caches) go to, in layer order (devices.h); the
+    // CPU holds the rest. Fixed at load_model.
+    std::vector<ggml_backend_dev_t> offload_devices_;
     // What an in-graph chain samples with; a slot keeps its chain while this stays the same.
     struct SlotChain {
         llama_sampler * chain = nullptr;  // in-graph chain ([logit_bias ->] greedy or stochastic), or nullptr

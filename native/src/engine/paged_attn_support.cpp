@@ -32,15 +32,14 @@ std::string first_device_without_paged_attn(const std::vector<ggml_backend_dev_t
     return "";
 }
 
-std::vector<ggml_backend_dev_t> attention_devices(int32_t n_gpu_layers) {
+std::vector<ggml_backend_dev_t> attention_devices(int32_t n_gpu_layers,
+                                                  const std::vector<ggml_backend_dev_t> & offload_devices) {
     std::vector<ggml_backend_dev_t> devs;
-    for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {
-        ggml_backend_dev_t dev = ggml_backend_dev_get(i);
-        const enum ggml_backend_dev_type type = ggml_backend_dev_type(dev);
-        const bool gpu = type == GGML_BACKEND_DEVICE_TYPE_GPU || type == GGML_BACKEND_DEVICE_TYPE_IGPU;
-        if (type == GGML_BACKEND_DEVICE_TYPE_CPU || (gpu && n_gpu_layers != 0)) {
-            devs.push_back(dev);
-        }
+    if (ggml_backend_dev_t cpu = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU); cpu != nullptr) {
+        devs.push_back(cpu);
+    }
+    if (n_gpu_layers != 0) {
+        devs.insert(devs.end(), offload_devices.begin(), offload_devices.end());
     }
     return devs;
 }

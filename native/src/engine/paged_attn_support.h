@@ -35,8 +35,9 @@ bool device_supports_paged_attn(ggml_backend_dev_t dev, const PagedAttnShape & s
 std::string first_device_without_paged_attn(const std::vector<ggml_backend_dev_t> & devs,
                                             const PagedAttnShape & shape);
 
-// The devices that hold attention layers' KV caches with n_gpu_layers offloaded (llama.cpp's default
-// device list): the CPU, plus every GPU and integrated GPU when n_gpu_layers != 0.
-std::vector<ggml_backend_dev_t> attention_devices(int32_t n_gpu_layers);
+// The devices that hold attention layers' KV caches with n_gpu_layers offloaded to offload_devices (the
+// model's device list, devices.h): the CPU, plus those devices when n_gpu_layers != 0.
+std::vector<ggml_backend_dev_t> attention_devices(int32_t n_gpu_layers,
+                                                  const std::vector<ggml_backend_dev_t> & offload_devices);
 
 }  // namespace cf

@@ -58,6 +58,13 @@ std::unique_ptr<Swapper::CopyStream> make_copy_stream(LlamaSession & session) {
         return nullptr;
     }
     for (const LlamaSession::PoolTensors & t : tensors) {
+        // a pool on an RPC device has a remote address as its data: never hand it to the CUDA runtime
+        for (const ggml_tensor * pool : {t.k, t.v}) {
+            ggml_backend_dev_t dev = ggml_backend_buft_get_device(ggml_backend_buffer_get_type(pool->buffer));
+            if (dev == nullptr || std::strncmp(ggml_backend_dev_name(dev), "CUDA", 4) != 0) {
+                return nullptr;  // llama copies, through the buffer's backend
+            }
+        }
         const int dev_k = pointer_device(t.k->data);
         const int dev_v = pointer_device(t.v->data);
         Swapper::CopyStream::Pool p{(uint8_t *) t.k->data, (uint8_t *) t.v->data, (int64_t) t.k->nb[1] * bs,
