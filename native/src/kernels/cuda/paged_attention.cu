@@ -1,7 +1,10 @@
 // paged_attention.cu - CUDA paged attention; the contract and the work split are in paged_attention.cuh.
 #include "paged_attention.cuh"
 
+#include <atomic>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 
 namespace cf {
 namespace cuda {
@@ -112,6 +115,168 @@ __device__ void block_reduce(float (&v)[G], float (*scratch)[G] /* [kWarps][G] *
     __syncthreads();  // scratch is reused by the next call
 }
 
+// A CTA's inputs in shared memory: the query heads of its GQA group (q_s[G][D]) and the pool rows of its
+// split's keys (row_s[i] = slot of position k0 + i, i < nkeys); ends with a __syncthreads.
+template <int D, int G, int kThreads>
+__device__ __forceinline__ void load_split_inputs(const PagedAttentionCudaArgs & a, int t, int kvh, int k0, int nkeys,
+                                                  float (*q_s)[D], int32_t * row_s) {
+    const int tid = threadIdx.x;
+    const int32_t * table = a.block_tables + (int64_t) a.token_seq_idx[t] * a.block_table_stride;
+    for (int i = tid; i < G * D; i += kThreads) {
+        const int h = i / D;
+        const int d = i % D;
+        q_s[h][d] = a.q[(int64_t) t * a.q_stride_token + (int64_t) (kvh * G + h) * a.q_stride_head + d];
+    }
+    for (int i = tid; i < nkeys; i += kThreads) {
+        const int p = k0 + i;
+        row_s[i] = table[p / a.block_size] * a.block_size + p % a.block_size;
+    }
+    __syncthreads();
+}
+
+// The per-key arithmetic both kernels share (so that they compute bit-identical outputs; only how the K/V
+// rows reach the threads differs). Thread (group g, lane li) of a TG-lane group holds dims [8 li, 8 li + 8).
+
+// Score of key i for every query head from this lane's 16 bytes of its K row: the lanes' partial dots meet
+// in a butterfly over the TG lanes; lane 0 stores scale * dot (soft-capped) in p_s[h][i] when i < nkeys.
+// Every lane of the warp must call it (shuffles).
+template <int G, int TG>
+__device__ __forceinline__ void store_scores(const float (&qr)[G][8], const uint4 & raw, int i, int nkeys, int li,
+                                             const PagedAttentionCudaArgs & a, float (*p_s)[kPagedSplitKeys]) {
+    float kf[8];
+    halves_to_float(raw, kf);
+#pragma unroll
+    for (int h = 0; h < G; ++h) {
+        float s = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            s = fmaf(qr[h][j], kf[j], s);
+        }
+#pragma unroll
+        for (int off = TG / 2; off > 0; off >>= 1) {
+            s += __shfl_xor_sync(0xffffffffu, s, off, TG);
+        }
+        if (i < nkeys && li == 0) {
+            s *= a.scale;
+            if (a.softcap != 0.0f) {
+                s = a.softcap * tanhf(s / a.softcap);
+            }
+            p_s[h][i] = s;
+        }
+    }
+}
+
+// acc[h][0..8) += p_s[h][i] * (this lane's 8 dims of key i's V row), for every query head.
+template <int G>
+__device__ __forceinline__ void accumulate_pv(float (&acc)[G][8], const uint4 & raw, int i,
+                                              const float (*p_s)[kPagedSplitKeys]) {
+    float vf[8];
+    halves_to_float(raw, vf);
+#pragma unroll
+    for (int h = 0; h < G; ++h) {
+        const float p = p_s[h][i];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            acc[h][j] = fmaf(p, vf[j], acc[h][j]);
+        }
+    }
+}
+
+// Softmax over the split's nkeys scores, all heads at once: max, exp, sum (fixed orders, see block_reduce);
+// p_s becomes the unnormalized probabilities, m_s/l_s the max and sum (written by thread 0, read after the
+// caller's next __syncthreads). Ends with a __syncthreads (inside block_reduce): every p_s write is visible.
+template <int G, int kThreads>
+__device__ __forceinline__ void softmax_split(float (*p_s)[kPagedSplitKeys], int nkeys, float (*scratch)[G],
+                                              float * m_s, float * l_s) {
+    constexpr int kWarps = kThreads / 32;
+    const int tid = threadIdx.x;
+    float m[G];
+    float l[G];
+#pragma unroll
+    for (int h = 0; h < G; ++h) {
+        m[h] = -INFINITY;
+        l[h] = 0.0f;
+    }
+    for (int i = tid; i < nkeys; i += kThreads) {
+#pragma unroll
+        for (int h = 0; h < G; ++h) {
+            m[h] = fmaxf(m[h], p_s[h][i]);
+        }
+    }
+    block_reduce<true, G, kWarps>(m, scratch);
+    for (int i = tid; i < nkeys; i += kThreads) {
+#pragma unroll
+        for (int h = 0; h < G; ++h) {
+            const float e = expf(p_s[h][i] - m[h]);
+            p_s[h][i] = e;
+            l[h] += e;
+        }
+    }
+    block_reduce<false, G, kWarps>(l, scratch);
+    if (tid == 0) {
+#pragma unroll
+        for (int h = 0; h < G; ++h) {
+            m_s[h] = m[h];
+            l_s[h] = l[h];
+        }
+    }
+}
+
+// After P.V: the TG-lane groups of a warp meet in a lane butterfly, the warps in order through big_s
+// ([kWarps][G][D], which may alias p_s: the first __syncthreads here ends every read of it), then the
+// split's output (one split: out = o / l) or its partial result (o, m, l) for the combine kernel.
+template <int D, int G, int kThreads>
+__device__ __forceinline__ void finish_split(float (&acc)[G][8], float * big_s, const float * m_s, const float * l_s,
+                                             const PagedAttentionCudaArgs & a, int t, int kvh, int split,
+                                             bool one_split, float * part_o, float * part_ml, int n_splits) {
+    constexpr int kWarps = kThreads / 32;
+    constexpr int TG = D / 8;
+    const int tid = threadIdx.x;
+    const int li = tid % TG;
+#pragma unroll
+    for (int h = 0; h < G; ++h) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+#pragma unroll
+            for (int off = 16; off >= TG; off >>= 1) {
+                acc[h][j] += __shfl_xor_sync(0xffffffffu, acc[h][j], off);
+            }
+        }
+    }
+    __syncthreads();  // every thread is done reading p_s: big_s becomes the reduction buffer
+    const int warp = tid / 32;
+    if (tid % 32 < TG) {
+#pragma unroll
+        for (int h = 0; h < G; ++h) {
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+                big_s[(warp * G + h) * D + li * 8 + j] = acc[h][j];
+            }
+        }
+    }
+    __syncthreads();
+    for (int i = tid; i < G * D; i += kThreads) {
+        const int h = i / D;
+        const int d = i % D;
+        float o = big_s[h * D + d];
+#pragma unroll
+        for (int w = 1; w < kWarps; ++w) {
+            o += big_s[(w * G + h) * D + d];
+        }
+        const int head = kvh * G + h;
+        if (one_split) {
+            a.out[((int64_t) t * a.n_head + head) * D + d] = o / l_s[h];
+        } else {
+            const int64_t part = ((int64_t) t * a.n_head + head) * n_splits + split;
+            part_o[part * D + d] = o;
+            if (d == 0) {
+                part_ml[2 * part] = m_s[h];
+                part_ml[2 * part + 1] = l_s[h];
+            }
+        }
+    }
+}
+
 // One CTA: KV head blockIdx.y, token blockIdx.z, keys [split * S, (split + 1) * S) with S =
 // split_keys_for(the row's context length) <= kPagedSplitKeys.
 // D: head size; G: query heads per KV head.
@@ -146,18 +311,7 @@ paged_attention_split_kernel(const PagedAttentionCudaArgs a, float * part_o /* [
         return;  // beyond this row's context (the grid covers the most splits any row may have)
     }
     const int nkeys = min(split_keys, ctx - k0);
-    const int32_t * table = a.block_tables + (int64_t) a.token_seq_idx[t] * a.block_table_stride;
-
-    for (int i = tid; i < G * D; i += kThreads) {
-        const int h = i / D;
-        const int d = i % D;
-        q_s[h][d] = a.q[(int64_t) t * a.q_stride_token + (int64_t) (kvh * G + h) * a.q_stride_head + d];
-    }
-    for (int i = tid; i < nkeys; i += kThreads) {
-        const int p = k0 + i;
-        row_s[i] = table[p / a.block_size] * a.block_size + p % a.block_size;
-    }
-    __syncthreads();
+    load_split_inputs<D, G, kThreads>(a, t, kvh, k0, nkeys, q_s, row_s);
 
     // Q.K: group g of TG threads takes keys g, g + NG, ...; lane li holds dims [8 li, 8 li + 8).
     {
@@ -183,28 +337,7 @@ paged_attention_split_kernel(const PagedAttentionCudaArgs a, float * part_o /* [
             }
 #pragma unroll
             for (int u = 0; u < kRowsInFlight; ++u) {
-                const int i = base + u * NG + g;
-                float kf[8];
-                halves_to_float(raw[u], kf);
-#pragma unroll
-                for (int h = 0; h < G; ++h) {
-                    float s = 0.0f;
-#pragma unroll
-                    for (int j = 0; j < 8; ++j) {
-                        s = fmaf(qr[h][j], kf[j], s);
-                    }
-#pragma unroll
-                    for (int off = TG / 2; off > 0; off >>= 1) {
-                        s += __shfl_xor_sync(0xffffffffu, s, off, TG);
-                    }
-                    if (i < nkeys && li == 0) {
-                        s *= a.scale;
-                        if (a.softcap != 0.0f) {
-                            s = a.softcap * tanhf(s / a.softcap);
-                        }
-                        p_s[h][i] = s;
-                    }
-                }
+                store_scores<G, TG>(qr, raw[u], base + u * NG + g, nkeys, li, a, p_s);
             }
         }
     }
@@ -213,38 +346,7 @@ paged_attention_split_kernel(const PagedAttentionCudaArgs a, float * part_o /* [
     // Softmax over the split, all heads at once: max, exp, sum (fixed orders, see block_reduce).
     __shared__ float m_s[G];
     __shared__ float l_s[G];
-    {
-        float m[G];
-        float l[G];
-#pragma unroll
-        for (int h = 0; h < G; ++h) {
-            m[h] = -INFINITY;
-            l[h] = 0.0f;
-        }
-        for (int i = tid; i < nkeys; i += kThreads) {
-#pragma unroll
-            for (int h = 0; h < G; ++h) {
-                m[h] = fmaxf(m[h], p_s[h][i]);
-            }
-        }
-        block_reduce<true, G, kWarps>(m, scratch);
-        for (int i = tid; i < nkeys; i += kThreads) {
-#pragma unroll
-            for (int h = 0; h < G; ++h) {
-                const float e = expf(p_s[h][i] - m[h]);
-                p_s[h][i] = e;
-                l[h] += e;
-            }
-        }
-        block_reduce<false, G, kWarps>(l, scratch);
-        if (tid == 0) {
-#pragma unroll
-            for (int h = 0; h < G; ++h) {
-                m_s[h] = m[h];
-                l_s[h] = l[h];
-            }
-        }
-    }
+    softmax_split<G, kThreads>(p_s, nkeys, scratch, m_s, l_s);
     // (block_reduce ended with __syncthreads: every p_s write is visible; m_s/l_s are read after the
     // __syncthreads that follows P.V)
 
@@ -275,63 +377,174 @@ paged_attention_split_kernel(const PagedAttentionCudaArgs a, float * part_o /* [
                 if (i >= nkeys) {
                     break;
                 }
-                float vf[8];
-                halves_to_float(raw[u], vf);
-#pragma unroll
-                for (int h = 0; h < G; ++h) {
-                    const float p = p_s[h][i];
-#pragma unroll
-                    for (int j = 0; j < 8; ++j) {
-                        acc[h][j] = fmaf(p, vf[j], acc[h][j]);
-                    }
-                }
+                accumulate_pv<G>(acc, raw[u], i, p_s);
             }
         }
+        finish_split<D, G, kThreads>(acc, big_s, m_s, l_s, a, t, kvh, split, ctx <= split_keys, part_o, part_ml,
+                                     n_splits);
+    }
+}
+
+// 16-byte asynchronous copy global -> shared (sm_80+: cp.async, bypassing L1; zero-filled when !valid), the
+// group commit, and the wait until at most N of this thread's committed groups are pending. Before sm_80 a
+// plain load and store (the kernel's results are the same either way; only the overlap is lost).
+__device__ __forceinline__ void copy16_async(uint4 * smem, const uint4 * gmem, bool valid) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    const unsigned dst = (unsigned) __cvta_generic_to_shared(smem);
+    const int src_bytes = valid ? 16 : 0;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(src_bytes));
+#else
+    *smem = valid ? *gmem : make_uint4(0u, 0u, 0u, 0u);
+#endif
+}
+
+__device__ __forceinline__ void copy_async_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;\n" ::);
+#endif
+}
+
+template <int N>
+__device__ __forceinline__ void copy_async_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+#endif
+}
+
+// Keys per staged tile: a multiple of the keys one pass of the CTA covers (NG), so that every thread group
+// meets its keys in the order of the register kernel.
+__host__ __device__ constexpr int staged_tile_keys(int D) { return threads_for(D) / (D / 8) > 32 ? threads_for(D) / (D / 8) : 32; }
+
+// Dynamic shared memory of the staged kernel: NS tiles of staged_tile_keys(D) K or V rows of one KV head.
+__host__ __device__ constexpr size_t staged_smem_bytes(int D, int NS) {
+    return (size_t) NS * staged_tile_keys(D) * D * sizeof(half);
+}
+
+// The same CTA, work split and arithmetic as paged_attention_split_kernel (its shared helpers: scores,
+// softmax, P.V, finish), with another way of moving K/V: the split's K rows and then its V rows stream
+// through a ring of NS shared-memory tiles of kTile keys filled by cp.async, NS tiles in flight ahead of
+// the tile being used. A thread group still meets key i of its own residue class in increasing order, so
+// every sum runs in the register kernel's order and the outputs are bit-identical to it (the standalone
+// test checks it): NS may therefore depend on the batch. The V tiles of a split start loading while its
+// last K tiles and the softmax run, so a lone short row waits for about ceil(2 * keys / (NS * kTile))
+// memory round trips instead of the register kernel's 2 * ceil(keys / (kRowsInFlight * NG)).
+// [FlashInfer's decode kernel stages K/V tiles with cp.async in a pipeline the same way.]
+template <int D, int G, int NS>
+__global__ void __launch_bounds__(threads_for(D))
+paged_attention_staged_kernel(const PagedAttentionCudaArgs a, float * part_o /* [n_tokens][n_head][n_splits][D] */,
+                              float * part_ml /* [n_tokens][n_head][n_splits][2] */, int n_splits) {
+    constexpr int kThreads = threads_for(D);
+    constexpr int kWarps = kThreads / 32;
+    constexpr int TG = D / 8;
+    constexpr int NG = kThreads / TG;
+    constexpr int kTile = staged_tile_keys(D);
+    constexpr int kTileChunks = kTile * TG;  // 16-byte chunks of one tile
+    static_assert(kTile % NG == 0 && kTileChunks % kThreads == 0, "tile shape");
+    constexpr int kScoreFloats = G * kPagedSplitKeys;
+    constexpr int kReduceFloats = kWarps * G * D;
+
+    __shared__ float q_s[G][D];
+    __shared__ float big_s[kScoreFloats > kReduceFloats ? kScoreFloats : kReduceFloats];
+    __shared__ int32_t row_s[kPagedSplitKeys];
+    __shared__ float scratch[kWarps][G];
+    __shared__ float m_s[G];
+    __shared__ float l_s[G];
+    extern __shared__ uint4 stage_s[];  // [NS][kTile][TG] chunks: tile slot, key in the tile, lane
+    float (*p_s)[kPagedSplitKeys] = reinterpret_cast<float (*)[kPagedSplitKeys]>(big_s);
+
+    const int split = blockIdx.x;
+    const int kvh = blockIdx.y;
+    const int t = blockIdx.z;
+    const int tid = threadIdx.x;
+    const int ctx = a.token_ctx_len[t];
+    const int split_keys = split_keys_for(ctx);
+    const int k0 = split * split_keys;
+    if (k0 >= ctx) {
+        return;
+    }
+    const int nkeys = min(split_keys, ctx - k0);
+    load_split_inputs<D, G, kThreads>(a, t, kvh, k0, nkeys, q_s, row_s);
+
+    // Tiles 0 .. n_kv - 1 hold K rows of keys [tile * kTile, +kTile), tiles n_kv .. 2 n_kv - 1 the V rows.
+    const int n_kv = (nkeys + kTile - 1) / kTile;
+    const int n_tiles = 2 * n_kv;
+    // Every thread commits one group per issued tile (empty past the last), so that wait<NS - 1> at tile
+    // `tile` means: this thread's copies of that tile have landed.
+    auto issue = [&](int tile) {
+        if (tile < n_tiles) {
+            const bool is_v = tile >= n_kv;
+            const half * pool = is_v ? a.v_pool : a.k_pool;
+            const int64_t stride = is_v ? a.v_stride_row : a.k_stride_row;
+            const int key0 = (is_v ? tile - n_kv : tile) * kTile;
+            uint4 * slot = stage_s + (tile % NS) * kTileChunks;
+#pragma unroll
+            for (int c = tid; c < kTileChunks; c += kThreads) {
+                const int i = key0 + c / TG;
+                const bool valid = i < nkeys;
+                const half * src = pool + (valid ? (int64_t) row_s[i] * stride + kvh * D + (c % TG) * 8 : 0);
+                copy16_async(slot + c, reinterpret_cast<const uint4 *>(src), valid);
+            }
+        }
+        copy_async_commit();
+    };
+#pragma unroll
+    for (int s = 0; s < NS; ++s) {
+        issue(s);
+    }
+
+    const int g = tid / TG;
+    const int li = tid % TG;
+    // Q.K over the K tiles (every thread, whole warps: shuffles); the query stays in registers only here.
+    {
+        float qr[G][8];
 #pragma unroll
         for (int h = 0; h < G; ++h) {
 #pragma unroll
             for (int j = 0; j < 8; ++j) {
-#pragma unroll
-                for (int off = 16; off >= TG; off >>= 1) {
-                    acc[h][j] += __shfl_xor_sync(0xffffffffu, acc[h][j], off);
-                }
+                qr[h][j] = q_s[h][li * 8 + j];
             }
         }
-        __syncthreads();  // every thread is done reading p_s: big_s becomes the reduction buffer
-        const int warp = tid / 32;
-        if (tid % 32 < TG) {
+        for (int tile = 0; tile < n_kv; ++tile) {
+            copy_async_wait<NS - 1>();
+            __syncthreads();  // every thread's copies of this tile are visible
+            const uint4 * slot = stage_s + (tile % NS) * kTileChunks;
 #pragma unroll
-            for (int h = 0; h < G; ++h) {
-#pragma unroll
-                for (int j = 0; j < 8; ++j) {
-                    big_s[(warp * G + h) * D + li * 8 + j] = acc[h][j];
-                }
+            for (int u = 0; u < kTile / NG; ++u) {
+                const int r = u * NG + g;
+                store_scores<G, TG>(qr, slot[r * TG + li], tile * kTile + r, nkeys, li, a, p_s);
             }
+            __syncthreads();  // the slot may be refilled; after the last K tile every score is stored
+            issue(tile + NS);
         }
     }
-    __syncthreads();
-
-    const bool one_split = ctx <= split_keys;
-    for (int i = tid; i < G * D; i += kThreads) {
-        const int h = i / D;
-        const int d = i % D;
-        float o = big_s[h * D + d];
+    softmax_split<G, kThreads>(p_s, nkeys, scratch, m_s, l_s);  // while the first V tiles load
+    // P.V over the V tiles.
+    float acc[G][8];
 #pragma unroll
-        for (int w = 1; w < kWarps; ++w) {
-            o += big_s[(w * G + h) * D + d];
-        }
-        const int head = kvh * G + h;
-        if (one_split) {
-            a.out[((int64_t) t * a.n_head + head) * D + d] = o / l_s[h];
-        } else {
-            const int64_t part = ((int64_t) t * a.n_head + head) * n_splits + split;
-            part_o[part * D + d] = o;
-            if (d == 0) {
-                part_ml[2 * part] = m_s[h];
-                part_ml[2 * part + 1] = l_s[h];
-            }
+    for (int h = 0; h < G; ++h) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            acc[h][j] = 0.0f;
         }
     }
+    for (int tile = n_kv; tile < n_tiles; ++tile) {
+        copy_async_wait<NS - 1>();
+        __syncthreads();
+        const uint4 * slot = stage_s + (tile % NS) * kTileChunks;
+#pragma unroll
+        for (int u = 0; u < kTile / NG; ++u) {
+            const int r = u * NG + g;
+            const int i = (tile - n_kv) * kTile + r;
+            if (i >= nkeys) {
+                break;
+            }
+            accumulate_pv<G>(acc, slot[r * TG + li], i, p_s);
+        }
+        __syncthreads();
+        issue(tile + NS);
+    }
+    finish_split<D, G, kThreads>(acc, big_s, m_s, l_s, a, t, kvh, split, ctx <= split_keys, part_o, part_ml,
+                                 n_splits);
 }
 
 // Merge the splits of rows longer than one split, in split order: grid (n_head, n_tokens), D threads.
@@ -372,6 +585,44 @@ int num_splits(const PagedAttentionCudaArgs & a) {
     return (int) (long_splits > 8 ? long_splits : 8);
 }
 
+// Streaming multiprocessors of the current device (read once per process; the engine uses one device).
+int num_sms() {
+    static const int n = [] {
+        int dev = 0;
+        int sms = 0;
+        if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+            return 132;
+        }
+        return sms;
+    }();
+    return n;
+}
+
+// The staged kernel, NS tiles in flight; the first launch of each instantiation on a device allows its dynamic
+// shared memory above the 48 KB default (not a stream operation: fine while a CUDA graph is captured).
+template <int D, int G, int NS>
+cudaError_t launch_staged(const dim3 & grid, const PagedAttentionCudaArgs & a, float * part_o, float * part_ml,
+                          int n_splits, cudaStream_t stream) {
+    constexpr size_t kSmem = staged_smem_bytes(D, NS);
+    static std::atomic<uint64_t> allowed_on{0};  // bit d: the attribute is set on device d
+    int dev = 0;
+    cudaError_t err = cudaGetDevice(&dev);
+    if (err != cudaSuccess) {
+        return err;
+    }
+    const uint64_t bit = dev < 64 ? uint64_t{1} << dev : 0;
+    if ((allowed_on.load(std::memory_order_relaxed) & bit) == 0 || bit == 0) {
+        err = cudaFuncSetAttribute(paged_attention_staged_kernel<D, G, NS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   (int) kSmem);
+        if (err != cudaSuccess) {
+            return err;
+        }
+        allowed_on.fetch_or(bit, std::memory_order_relaxed);
+    }
+    paged_attention_staged_kernel<D, G, NS><<<grid, threads_for(D), kSmem, stream>>>(a, part_o, part_ml, n_splits);
+    return cudaSuccess;
+}
+
 template <int D, int G>
 cudaError_t launch(const PagedAttentionCudaArgs & a, void * workspace, cudaStream_t stream) {
     const int n_splits = num_splits(a);
@@ -382,7 +633,25 @@ cudaError_t launch(const PagedAttentionCudaArgs & a, void * workspace, cudaStrea
         part_ml = part_o + (size_t) a.n_tokens * a.n_head * n_splits * D;
     }
     const dim3 grid((unsigned) n_splits, (unsigned) a.n_head_kv, (unsigned) a.n_tokens);
-    paged_attention_split_kernel<D, G><<<grid, threads_for(D), 0, stream>>>(a, part_o, part_ml, n_splits);
+    bool staged = false;
+    if constexpr (D <= 128) {
+        const PagedKvLoads loads = paged_attention_kv_loads();
+        if (loads != PagedKvLoads::REGISTERS) {
+            // Deep rings while the grid is small (about two CTAs per SM or fewer: latency-bound), shallow ones
+            // otherwise. The outputs do not depend on the choice (see the kernel).
+            const int64_t ctas = (int64_t) grid.x * grid.y * grid.z;
+            const bool deep = loads == PagedKvLoads::STAGED_DEEP || (loads == PagedKvLoads::STAGED && ctas <= 2 * num_sms());
+            const cudaError_t err = deep ? launch_staged<D, G, 8>(grid, a, part_o, part_ml, n_splits, stream)
+                                         : launch_staged<D, G, 4>(grid, a, part_o, part_ml, n_splits, stream);
+            if (err != cudaSuccess) {
+                return err;
+            }
+            staged = true;
+        }
+    }
+    if (!staged) {
+        paged_attention_split_kernel<D, G><<<grid, threads_for(D), 0, stream>>>(a, part_o, part_ml, n_splits);
+    }
     if (n_splits > 1) {
         const dim3 cgrid((unsigned) a.n_head, (unsigned) a.n_tokens);
         paged_attention_combine_kernel<D><<<cgrid, D, 0, stream>>>(a, part_o, part_ml, n_splits);
@@ -461,6 +730,31 @@ const char * paged_attention_cuda(const PagedAttentionCudaArgs & a, void * works
     }
     return nullptr;
 }
+
+namespace {
+PagedKvLoads kv_loads_from_env() {
+    const char * v = std::getenv("CACHEFLOW_PA_KV_LOADS");
+    if (v == nullptr || std::strcmp(v, "registers") == 0) {
+        return PagedKvLoads::REGISTERS;
+    }
+    if (std::strcmp(v, "staged") == 0) {
+        return PagedKvLoads::STAGED;
+    }
+    if (std::strcmp(v, "staged4") == 0) {
+        return PagedKvLoads::STAGED_SHALLOW;
+    }
+    if (std::strcmp(v, "staged8") == 0) {
+        return PagedKvLoads::STAGED_DEEP;
+    }
+    std::fprintf(stderr, "cacheflow: CACHEFLOW_PA_KV_LOADS=%s is not one of registers, staged, staged4, staged8; "
+                         "using registers\n", v);
+    return PagedKvLoads::REGISTERS;
+}
+PagedKvLoads g_kv_loads = kv_loads_from_env();
+}  // namespace
+
+PagedKvLoads paged_attention_kv_loads() { return g_kv_loads; }
+void set_paged_attention_kv_loads(PagedKvLoads loads) { g_kv_loads = loads; }
 
 }  // namespace cuda
 }  // namespace cf
