@@ -7,7 +7,8 @@
 # full build). Writes $OUT/flashinfer_vs_cacheflow.txt (and its compile log); exit status 1 if a
 # kernel failed the float64 check.
 # Usage: OUT=results/h200_gpu bash scripts/bench_flashinfer_decode.sh [extra args for the binary]
-#   ARCH (default native), FI_INCLUDE (default _carry/flashinfer/include), BIN (default /tmp/cf_fi_decode)
+#   ARCH (default native), FI_INCLUDE (default _carry/flashinfer/include), BIN (default /tmp/cf_fi_decode),
+#   NVCC_FLAGS (more nvcc flags, e.g. -DCF_PA_THREADS=256 for a kernel variant)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-results/h200_gpu}
@@ -23,7 +24,7 @@ fi
 # the dtype switches); CacheFlow's kernel is compiled with them too (its own build uses -O3 --use_fast_math)
 nvcc -std=c++17 -O3 -DNDEBUG --use_fast_math --expt-relaxed-constexpr \
     -DFLASHINFER_ENABLE_F16 -DFLASHINFER_ENABLE_BF16 -DFLASHINFER_ENABLE_FP8_E4M3 -DFLASHINFER_ENABLE_FP8_E5M2 \
-    -arch="$ARCH" -I native/src/kernels/cuda -I "$FI_INCLUDE" \
+    -arch="$ARCH" ${NVCC_FLAGS:-} -I native/src/kernels/cuda -I "$FI_INCLUDE" \
     native/src/kernels/cuda/paged_attention.cu native/tests/cuda/bench_flashinfer_decode.cu -o "$BIN" \
     > "$OUT/flashinfer_vs_cacheflow_build.log" 2>&1 || { tail -30 "$OUT/flashinfer_vs_cacheflow_build.log" >&2; exit 1; }
 rc=0

@@ -66,7 +66,11 @@
 //
 // Written by hand here (not FlashInfer's): this driver only, i.e. the Python wrapper's and the TVM-FFI
 // binding's host glue (workspace allocation, filling Params from the plan, the launch loop), the
-// device-side K/V fill, the timing, the reference. FlashInfer's sources are not in the repository:
+// device-side K/V fill, the timing, the reference; and, for toolkits older than CUDA 13.1 only (the
+// GPU machine's nvcc 13.0 among them), cuda::fast_mod_div, which FlashInfer's fastdiv.cuh (the
+// page-size division of its kernels) takes from CCCL >= 3.1 (cccl_fast_mod_div_compat.cuh; the
+// header line says which one was compiled in). FlashInfer's planning needs nothing else that is not
+// header-only: no fixed split plan was written here, its own DecodePlan runs. FlashInfer's sources are not in the repository:
 // scripts/prepare_gpu_carry.sh extracts its headers (flashinfer-python 0.7.4 wheel,
 // flashinfer/data/include) into the git-ignored _carry/flashinfer/include.
 //
@@ -77,6 +81,9 @@
 //   /tmp/fi_vs_cf [--graph] [--pdl 0|1] [--quick]
 // Exit status 0 = every correctness check passed.
 #include "paged_attention.cuh"
+
+// before FlashInfer: cuda::fast_mod_div where the toolkit's CCCL lacks it (nvcc 13.0; see the file)
+#include "cccl_fast_mod_div_compat.cuh"
 
 #include <flashinfer/attention/decode.cuh>
 #include <flashinfer/attention/default_decode_params.cuh>
@@ -300,6 +307,11 @@ struct FlashInferDecode {
         cudaFreeHost(int_ws_host);
     }
 
+    // Keys per KV chunk of the plan (the whole row when it does not split).
+    int chunk_keys() const {
+        return *flashinfer::GetPtrFromBaseOffset<int32_t>(int_ws_host, plan.kv_chunk_size_ptr_offset);
+    }
+
     void launch() {
         const cudaError_t err = flashinfer::BatchDecodeWithPagedKVCacheDispatched<D, kNoRope, FiVariant>(
             params, tmp_v, tmp_s, pdl, stream);
@@ -477,9 +489,10 @@ void bench_shape(int batch, int ctx, const Options & opt, cudaStream_t stream, S
     char shape[64];
     std::snprintf(shape, sizeof(shape), "B=%-3d ctx=%-5d D=%-3u %d/%d", batch, ctx, D, kHeads, kKvHeads);
     std::printf("%-28s | cacheflow %8.1f us %7.1f GB/s %4.0f%% | flashinfer %8.1f us %7.1f GB/s %4.0f%% | ratio %5.2f"
-                " | max|cf-fi| %.1e, err vs f64 cf %.1e fi %.1e%s | fi plan: %s, %u CTAs x %d\n",
+                " | max|cf-fi| %.1e, err vs f64 cf %.1e fi %.1e%s | fi plan: %s, chunks of %d keys, %u x %d CTAs\n",
                 shape, cf_us, cf_gbs, cf_pct, fi_us, fi_gbs, fi_pct, fi_us / cf_us, max_diff, err_cf, err_fi,
-                ok ? "" : " FAIL", fi.plan.split_kv ? "split-KV" : "one pass", fi.params.padded_batch_size, kKvHeads);
+                ok ? "" : " FAIL", fi.plan.split_kv ? "split-KV" : "one pass", fi.chunk_keys(), fi.params.padded_batch_size,
+                kKvHeads);
     std::fflush(stdout);
 }
 
@@ -506,10 +519,12 @@ int main(int argc, char ** argv) {
     Summary sum;
     sum.copy_gbs = copy_bandwidth_gbs(stream);
     const int pdl = opt.pdl < 0 ? (prop.major >= 9) : opt.pdl;
-    std::printf("device %s (sm_%d%d, %d SMs); FlashInfer headers %s; PDL for FlashInfer %s; timing: %s\n", prop.name,
-                prop.major, prop.minor, prop.multiProcessorCount,
-                "flashinfer-python 0.7.4 (flashinfer/data/include)",
-                pdl ? "on" : "off", opt.graph ? "CUDA graph of 100 launches, median of 7" : "100 launches, median of 7");
+    std::printf("device %s (sm_%d%d, %d SMs), CUDA %d.%d (CCCL %d.%d.%d, cuda::fast_mod_div %s); FlashInfer headers of "
+                "flashinfer-python 0.7.4; PDL for FlashInfer %s; timing: %s\n",
+                prop.name, prop.major, prop.minor, prop.multiProcessorCount, __CUDACC_VER_MAJOR__, __CUDACC_VER_MINOR__,
+                CCCL_MAJOR_VERSION, CCCL_MINOR_VERSION, CCCL_PATCH_VERSION,
+                CF_FAST_MOD_DIV_COMPAT ? "from cccl_fast_mod_div_compat.cuh" : "CCCL's", pdl ? "on" : "off",
+                opt.graph ? "CUDA graph of 100 launches, median of 7" : "100 launches, median of 7");
     std::printf("device-to-device copy: %.1f GB/s (read + write)\n", sum.copy_gbs);
     std::printf("shape (heads q/kv)           | cacheflow us/layer, GB/s of K+V, %% of copy | flashinfer (same) "
                 "| ratio = flashinfer us / cacheflow us (> 1: CacheFlow faster)\n");
