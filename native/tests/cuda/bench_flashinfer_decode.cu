@@ -370,71 +370,127 @@ std::vector<double> reference_row(int D, int ctx, const std::vector<int32_t> & b
     return out;
 }
 
-template <uint32_t D>
-void bench_shape(int batch, int ctx, const Options & opt, cudaStream_t stream, Summary & sum) {
-    const int row = kKvHeads * (int) D;
-    const int blocks_per_seq = (ctx + kBlock - 1) / kBlock;
-    const int num_blocks = batch * blocks_per_seq;
-    const size_t pool_elems = (size_t) num_blocks * kBlock * row;
+// The host side of one shape: the block permutation, CacheFlow's block tables, FlashInfer's CSR of the
+// same pages, and Q.
+struct ShapeLayout {
+    int batch, ctx, head_dim, blocks_per_seq, num_blocks, table_stride;
+    std::vector<int32_t> ids;            // block ids, sequence s owns ids[s * blocks_per_seq, +blocks_per_seq)
+    std::vector<int32_t> tables;         // CacheFlow: [batch][table_stride], padding -1
+    std::vector<int32_t> seq_idx, ctxs;  // CacheFlow: token i = sequence i at ctx
+    std::vector<int32_t> indptr, last_page_len;  // FlashInfer: CSR over ids
+    std::vector<half> q_h;               // [batch][kHeads][head_dim], FlashInfer's Q
+    std::vector<float> q_f;              // the same values in f32, CacheFlow's Q
+};
 
-    // K/V pools: one buffer each, read by both kernels.
-    DeviceBuffer<half> d_k(pool_elems), d_v(pool_elems);
-    fill_kernel<<<1024, 256, 0, stream>>>(d_k.ptr, pool_elems, kSeedK);
-    fill_kernel<<<1024, 256, 0, stream>>>(d_v.ptr, pool_elems, kSeedV);
-    CHECK_CUDA(cudaGetLastError());
-
-    // Random block permutation (as test_paged_attention_cuda.cu's bench_decode).
-    std::mt19937 rng(7);
-    std::vector<int32_t> ids(num_blocks);
-    std::iota(ids.begin(), ids.end(), 0);
-    std::shuffle(ids.begin(), ids.end(), rng);
-    // CacheFlow: block tables [batch][stride], stride a power of two; token i = sequence i at ctx.
-    int stride = 1;
-    while (stride < blocks_per_seq) stride *= 2;
-    std::vector<int32_t> tables((size_t) batch * stride, -1);
+ShapeLayout make_layout(int batch, int ctx, int head_dim) {
+    ShapeLayout l;
+    l.batch = batch;
+    l.ctx = ctx;
+    l.head_dim = head_dim;
+    l.blocks_per_seq = (ctx + kBlock - 1) / kBlock;
+    l.num_blocks = batch * l.blocks_per_seq;
+    std::mt19937 rng(7);  // random block permutation, as test_paged_attention_cuda.cu's bench_decode
+    l.ids.resize(l.num_blocks);
+    std::iota(l.ids.begin(), l.ids.end(), 0);
+    std::shuffle(l.ids.begin(), l.ids.end(), rng);
+    l.table_stride = 1;
+    while (l.table_stride < l.blocks_per_seq) l.table_stride *= 2;  // the engine buckets widths to powers of two
+    l.tables.assign((size_t) batch * l.table_stride, -1);
     for (int s = 0; s < batch; ++s)
-        for (int b = 0; b < blocks_per_seq; ++b) tables[(size_t) s * stride + b] = ids[(size_t) s * blocks_per_seq + b];
-    std::vector<int32_t> seq_idx(batch), ctxs(batch, ctx);
-    std::iota(seq_idx.begin(), seq_idx.end(), 0);
-    // FlashInfer: the same pages as CSR (indices of sequence s = its block table row).
-    std::vector<int32_t> indptr(batch + 1), last_page_len(batch, ctx - (blocks_per_seq - 1) * kBlock);
-    for (int s = 0; s <= batch; ++s) indptr[s] = s * blocks_per_seq;
-
-    // Q: f16 values, as f16 for FlashInfer and as f32 (the same values) for CacheFlow.
+        for (int b = 0; b < l.blocks_per_seq; ++b)
+            l.tables[(size_t) s * l.table_stride + b] = l.ids[(size_t) s * l.blocks_per_seq + b];
+    l.seq_idx.resize(batch);
+    std::iota(l.seq_idx.begin(), l.seq_idx.end(), 0);
+    l.ctxs.assign(batch, ctx);
+    l.indptr.resize(batch + 1);
+    for (int s = 0; s <= batch; ++s) l.indptr[s] = s * l.blocks_per_seq;
+    l.last_page_len.assign(batch, ctx - (l.blocks_per_seq - 1) * kBlock);
     std::uniform_real_distribution<float> u(-2.0f, 2.0f);
-    std::vector<half> q_h((size_t) batch * kHeads * D);
-    std::vector<float> q_f(q_h.size());
-    for (size_t i = 0; i < q_h.size(); ++i) {
-        q_h[i] = __float2half(u(rng));
-        q_f[i] = __half2float(q_h[i]);
+    l.q_h.resize((size_t) batch * kHeads * head_dim);
+    l.q_f.resize(l.q_h.size());
+    for (size_t i = 0; i < l.q_h.size(); ++i) {
+        l.q_h[i] = __float2half(u(rng));
+        l.q_f[i] = __half2float(l.q_h[i]);
     }
-    DeviceBuffer<half> d_qh(q_h);
-    DeviceBuffer<float> d_qf(q_f);
-    DeviceBuffer<int32_t> d_tables(tables), d_seq(seq_idx), d_ctx(ctxs);
-    DeviceBuffer<int32_t> d_indices(ids), d_indptr(indptr), d_last(last_page_len);
-    DeviceBuffer<float> d_out_cf((size_t) batch * kHeads * D);
-    DeviceBuffer<half> d_out_fi((size_t) batch * kHeads * D);
+    return l;
+}
 
+// The device side of one shape: one K and one V pool for both kernels, and each kernel's inputs.
+struct ShapeBuffers {
+    DeviceBuffer<half> k, v;
+    DeviceBuffer<half> q_h;
+    DeviceBuffer<float> q_f;
+    DeviceBuffer<int32_t> tables, seq_idx, ctxs, indices, indptr, last_page_len;
+    DeviceBuffer<float> out_cf;
+    DeviceBuffer<half> out_fi;
+    ShapeBuffers(const ShapeLayout & l, cudaStream_t stream)
+        : k((size_t) l.num_blocks * kBlock * kKvHeads * l.head_dim), v(k.n), q_h(l.q_h), q_f(l.q_f), tables(l.tables),
+          seq_idx(l.seq_idx), ctxs(l.ctxs), indices(l.ids), indptr(l.indptr), last_page_len(l.last_page_len),
+          out_cf(l.q_f.size()), out_fi(l.q_h.size()) {
+        fill_kernel<<<1024, 256, 0, stream>>>(k.ptr, k.n, kSeedK);
+        fill_kernel<<<1024, 256, 0, stream>>>(v.ptr, v.n, kSeedV);
+        CHECK_CUDA(cudaGetLastError());
+    }
+};
+
+cf::cuda::PagedAttentionCudaArgs cacheflow_args(const ShapeLayout & l, const ShapeBuffers & b) {
     cf::cuda::PagedAttentionCudaArgs a{};
-    a.q = d_qf.ptr;
-    a.q_stride_head = D;
-    a.q_stride_token = (int64_t) kHeads * D;
-    a.k_pool = d_k.ptr;
-    a.v_pool = d_v.ptr;
-    a.k_stride_row = a.v_stride_row = row;
-    a.kv_size = (int64_t) num_blocks * kBlock;
-    a.block_tables = d_tables.ptr;
-    a.block_table_stride = stride;
-    a.token_seq_idx = d_seq.ptr;
-    a.token_ctx_len = d_ctx.ptr;
-    a.out = d_out_cf.ptr;
-    a.n_tokens = batch;
+    a.q = b.q_f.ptr;
+    a.q_stride_head = l.head_dim;
+    a.q_stride_token = (int64_t) kHeads * l.head_dim;
+    a.k_pool = b.k.ptr;
+    a.v_pool = b.v.ptr;
+    a.k_stride_row = a.v_stride_row = (int64_t) kKvHeads * l.head_dim;
+    a.kv_size = (int64_t) l.num_blocks * kBlock;
+    a.block_tables = b.tables.ptr;
+    a.block_table_stride = l.table_stride;
+    a.token_seq_idx = b.seq_idx.ptr;
+    a.token_ctx_len = b.ctxs.ptr;
+    a.out = b.out_cf.ptr;
+    a.n_tokens = l.batch;
     a.n_head = kHeads;
     a.n_head_kv = kKvHeads;
-    a.head_dim = (int32_t) D;
+    a.head_dim = l.head_dim;
     a.block_size = kBlock;
-    a.scale = 1.0f / std::sqrt((float) D);
+    a.scale = 1.0f / std::sqrt((float) l.head_dim);
     a.softcap = 0.0f;
+    return a;
+}
+
+struct Accuracy {
+    double max_diff = 0;  // max |CacheFlow - FlashInfer| over every row and head
+    double err_cf = 0;    // max |kernel - float64| over the first and last sequence
+    double err_fi = 0;
+    bool ok() const { return err_cf < 2e-3 && err_fi < 2e-3; }
+};
+
+double max_abs(double acc, double d) { return std::max(acc, std::isnan(d) ? 1e30 : d); }
+
+Accuracy check_outputs(const ShapeLayout & l, const ShapeBuffers & b) {
+    const std::vector<float> out_cf = b.out_cf.download();
+    const std::vector<half> out_fi = b.out_fi.download();
+    Accuracy acc;
+    for (size_t i = 0; i < out_cf.size(); ++i) {
+        acc.max_diff = max_abs(acc.max_diff, std::fabs((double) out_cf[i] - (double) __half2float(out_fi[i])));
+    }
+    const size_t width = (size_t) kHeads * l.head_dim;
+    for (int s : {0, l.batch - 1}) {
+        const std::vector<int32_t> blocks(l.ids.begin() + (ptrdiff_t) s * l.blocks_per_seq,
+                                          l.ids.begin() + (ptrdiff_t) (s + 1) * l.blocks_per_seq);
+        const std::vector<double> ref = reference_row(l.head_dim, l.ctx, blocks, &l.q_f[s * width]);
+        for (size_t i = 0; i < ref.size(); ++i) {
+            acc.err_cf = max_abs(acc.err_cf, std::fabs((double) out_cf[s * width + i] - ref[i]));
+            acc.err_fi = max_abs(acc.err_fi, std::fabs((double) __half2float(out_fi[s * width + i]) - ref[i]));
+        }
+    }
+    return acc;
+}
+
+template <uint32_t D>
+void bench_shape(int batch, int ctx, const Options & opt, cudaStream_t stream, Summary & sum) {
+    const ShapeLayout l = make_layout(batch, ctx, (int) D);
+    ShapeBuffers b(l, stream);
+    const cf::cuda::PagedAttentionCudaArgs a = cacheflow_args(l, b);
     DeviceBuffer<char> ws(cf::cuda::paged_attention_cuda_workspace_bytes(a));
     auto cf_launch = [&] {
         if (const char * err = cf::cuda::paged_attention_cuda(a, ws.ptr, stream)) {
@@ -442,13 +498,9 @@ void bench_shape(int batch, int ctx, const Options & opt, cudaStream_t stream, S
             std::exit(2);
         }
     };
-
-    int dev = 0, major = 0;
-    CHECK_CUDA(cudaGetDevice(&dev));
-    CHECK_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-    const bool pdl = opt.pdl < 0 ? major >= 9 : opt.pdl != 0;
-    FlashInferDecode<D> fi(d_qh.ptr, d_k.ptr, d_v.ptr, d_out_fi.ptr, d_indices.ptr, d_indptr.ptr, d_last.ptr, indptr,
-                           batch, pdl, stream);
+    std::vector<int32_t> indptr_h = l.indptr;
+    FlashInferDecode<D> fi(b.q_h.ptr, b.k.ptr, b.v.ptr, b.out_fi.ptr, b.indices.ptr, b.indptr.ptr, b.last_page_len.ptr,
+                           indptr_h, batch, opt.pdl != 0, stream);
     auto fi_launch = [&] { fi.launch(); };
 
     // Correctness first (one launch each), then the timings.
@@ -456,32 +508,12 @@ void bench_shape(int batch, int ctx, const Options & opt, cudaStream_t stream, S
     fi_launch();
     CHECK_CUDA(cudaStreamSynchronize(stream));
     CHECK_CUDA(cudaGetLastError());
-    const std::vector<float> out_cf = d_out_cf.download();
-    const std::vector<half> out_fi = d_out_fi.download();
-    double max_diff = 0;
-    for (size_t i = 0; i < out_cf.size(); ++i) {
-        const double d = std::fabs((double) out_cf[i] - (double) __half2float(out_fi[i]));
-        max_diff = std::max(max_diff, std::isnan(d) ? 1e30 : d);
-    }
-    double err_cf = 0, err_fi = 0;
-    for (int s : {0, batch - 1}) {
-        const std::vector<int32_t> blocks(ids.begin() + (ptrdiff_t) s * blocks_per_seq,
-                                          ids.begin() + (ptrdiff_t) (s + 1) * blocks_per_seq);
-        const std::vector<double> ref = reference_row((int) D, ctx, blocks, &q_f[(size_t) s * kHeads * D]);
-        for (size_t i = 0; i < ref.size(); ++i) {
-            const size_t at = (size_t) s * kHeads * D + i;
-            const double ec = std::fabs((double) out_cf[at] - ref[i]);
-            const double ef = std::fabs((double) __half2float(out_fi[at]) - ref[i]);
-            err_cf = std::max(err_cf, std::isnan(ec) ? 1e30 : ec);
-            err_fi = std::max(err_fi, std::isnan(ef) ? 1e30 : ef);
-        }
-    }
-    const bool ok = err_cf < 2e-3 && err_fi < 2e-3;
-    if (!ok) ++sum.failures;
+    const Accuracy acc = check_outputs(l, b);
+    if (!acc.ok()) ++sum.failures;
 
     const double cf_us = time_us(cf_launch, stream, opt.graph);
     const double fi_us = time_us(fi_launch, stream, opt.graph);
-    const double bytes = 2.0 * batch * (double) ctx * row * sizeof(half);
+    const double bytes = 2.0 * batch * (double) ctx * kKvHeads * D * sizeof(half);
     const double cf_gbs = bytes / (cf_us * 1e3), fi_gbs = bytes / (fi_us * 1e3);
     const double cf_pct = 100.0 * cf_gbs / sum.copy_gbs, fi_pct = 100.0 * fi_gbs / sum.copy_gbs;
     if (ctx >= 8192) {
@@ -492,9 +524,9 @@ void bench_shape(int batch, int ctx, const Options & opt, cudaStream_t stream, S
     std::snprintf(shape, sizeof(shape), "B=%-3d ctx=%-5d D=%-3u %d/%d", batch, ctx, D, kHeads, kKvHeads);
     std::printf("%-28s | cacheflow %8.1f us %7.1f GB/s %4.0f%% | flashinfer %8.1f us %7.1f GB/s %4.0f%% | ratio %5.2f"
                 " | max|cf-fi| %.1e, err vs f64 cf %.1e fi %.1e%s | fi plan: %s, chunks of %d keys, %u x %d CTAs\n",
-                shape, cf_us, cf_gbs, cf_pct, fi_us, fi_gbs, fi_pct, fi_us / cf_us, max_diff, err_cf, err_fi,
-                ok ? "" : " FAIL", fi.plan.split_kv ? "split-KV" : "one pass", fi.chunk_keys(), fi.params.padded_batch_size,
-                kKvHeads);
+                shape, cf_us, cf_gbs, cf_pct, fi_us, fi_gbs, fi_pct, fi_us / cf_us, acc.max_diff, acc.err_cf,
+                acc.err_fi, acc.ok() ? "" : " FAIL", fi.plan.split_kv ? "split-KV" : "one pass", fi.chunk_keys(),
+                fi.params.padded_batch_size, kKvHeads);
     std::fflush(stdout);
 }
 
@@ -520,7 +552,8 @@ int main(int argc, char ** argv) {
     CHECK_CUDA(cudaStreamCreate(&stream));
     Summary sum;
     sum.copy_gbs = copy_bandwidth_gbs(stream);
-    const int pdl = opt.pdl < 0 ? (prop.major >= 9) : opt.pdl;
+    if (opt.pdl < 0) opt.pdl = prop.major >= 9;  // FlashInfer's device_support_pdl
+    const int pdl = opt.pdl;
     std::printf("device %s (sm_%d%d, %d SMs), CUDA %d.%d (CCCL %d.%d.%d, cuda::fast_mod_div %s); FlashInfer headers of "
                 "flashinfer-python 0.7.4; PDL for FlashInfer %s; timing: %s\n",
                 prop.name, prop.major, prop.minor, prop.multiProcessorCount, __CUDACC_VER_MAJOR__, __CUDACC_VER_MINOR__,
