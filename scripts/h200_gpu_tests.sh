@@ -17,7 +17,9 @@
 # with the load generator's own ceiling, the CUDA graph counts and padding from /metrics, and with
 # VS_PADDING_AB=1 cacheflow serve again without step padding / per-shape graphs; needs BUILD_SERVER=1); stage preemption: bench_preemption.py on the GPU, swap on the copy stream vs llama.cpp's
 # copies vs recompute vs auto vs stock (PREEMPT_LENS, PREEMPT_N), issue 13; stage prefix: cacheflow serve with the
-# prefix cache on / off vs llama-server, shared-prefix and multi-turn workloads at PREFIX_NP, issue 14 (BUILD_SERVER=1).
+# prefix cache on / off vs llama-server, shared-prefix and multi-turn workloads at PREFIX_NP, issue 14 (BUILD_SERVER=1); stage flashinfer:
+# scripts/bench_flashinfer_decode.sh, the paged attention kernel next to FlashInfer's batch decode on the kernel
+# stage's shapes (FlashInfer's headers from _carry/flashinfer, prepare_gpu_carry.sh; needs only nvcc), issue 11.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-results/h200_gpu}
@@ -48,7 +50,9 @@ if want build; then
 fi
 
 MODEL=${MODEL:-/tmp/llama-1b-shape-f16.gguf}
-if [ ! -f "$MODEL" ]; then
+# stages kernel and flashinfer need only nvcc: no model (nor the gguf package make_tiny_gguf.py imports)
+needs_model() { local s; for s in $STAGES; do case $s in kernel|flashinfer) ;; *) return 0 ;; esac; done; return 1; }
+if needs_model && [ ! -f "$MODEL" ]; then
   log "write random-weight model $MODEL"
   python scripts/make_tiny_gguf.py "$MODEL" --tokenizer-from _carry/tokenizer.gguf --dtype f16 \
       --n-layer 16 --n-embd 2048 --n-head 32 --n-head-kv 8 --n-ff 8192 --n-ctx-train 131072 --seed 0
@@ -67,6 +71,12 @@ if want kernel; then
   nvcc -std=c++17 -O3 --use_fast_math -arch=native -I native/src/kernels/cuda \
       native/src/kernels/cuda/paged_attention.cu native/tests/cuda/test_paged_attention_cuda.cu -o /tmp/cf_pa_bench
   /tmp/cf_pa_bench --bench | tee "$OUT/kernel_bench.txt" | tee -a "$OUT/run.log"
+fi
+
+if want flashinfer; then  # issue 11: the decode kernel next to FlashInfer's batch decode, same shapes and K/V (nvcc only)
+  log "paged attention kernel vs FlashInfer batch decode (headers from _carry/flashinfer)"
+  OUT=$OUT bash scripts/bench_flashinfer_decode.sh 2>&1 | grep -E "^==|copy|ratio|issue 11|PASS|FAIL|rror" \
+      | tee -a "$OUT/run.log" || log "flashinfer comparison failed (see $OUT/flashinfer_vs_cacheflow.txt)"
 fi
 
 if want decode; then

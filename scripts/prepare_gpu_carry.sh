@@ -5,8 +5,15 @@
 #                          what a CUDA build of libllama, llama-server and llama-batched-bench needs;
 #   _carry/wheels/         cp312 manylinux wheels of the Python packages the machine lacks;
 #   _carry/tokenizer.gguf  a 1-layer random-weight model carrying SmolLM2's tokenizer (a tokenizer
-#                          source for scripts/make_tiny_gguf.py there).
-# Runs here (with network access to PyPI); the result is about 35 MiB.
+#                          source for scripts/make_tiny_gguf.py there);
+#   _carry/flashinfer/     FlashInfer's header-only CUDA kernels for scripts/bench_flashinfer_decode.sh
+#                          (issue 11): include/flashinfer/*.{h,cuh} and include/flashinfer/attention/*.{h,cuh}
+#                          of the flashinfer-python wheel (flashinfer/data/include; about 1.5 MB, the
+#                          decode benchmark needs 19 of those files; FLASHINFER_ALL_HEADERS=1 takes the whole
+#                          include tree, about 7 MB) and its LICENSE. The wheel (about 100 MB) is
+#                          FLASHINFER_WHEEL, else `pip download` (pip's cache first); it is not kept.
+#                          FlashInfer's sources are never committed (_carry/ is git-ignored).
+# Runs here (with network access to PyPI); the result is about 53 MiB.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CARRY=_carry
@@ -43,5 +50,42 @@ python -m pip download -q --only-binary :all: --python-version 3.12 --platform m
 if [ ! -f "$CARRY/tokenizer.gguf" ]; then
   python scripts/make_tiny_gguf.py "$CARRY/tokenizer.gguf" --n-layer 1 --n-embd 64 --n-head 2 \
       --n-head-kv 1 --n-ff 64 --dtype f16
+fi
+FLASHINFER_VERSION=${FLASHINFER_VERSION:-0.7.4}
+if [ ! -f "$CARRY/flashinfer/include/flashinfer/attention/decode.cuh" ]; then
+  wheel=${FLASHINFER_WHEEL:-}
+  tmp=$(mktemp -d)
+  if [ -z "$wheel" ]; then
+    python -m pip download -q --no-deps --only-binary :all: -d "$tmp" "flashinfer-python==$FLASHINFER_VERSION"
+    wheel=$(ls "$tmp"/flashinfer_python-*.whl)
+  fi
+  rm -rf "$CARRY/flashinfer"
+  python - "$wheel" "$CARRY/flashinfer" "${FLASHINFER_ALL_HEADERS:-0}" <<'PY'
+import re, sys, zipfile
+from pathlib import Path
+wheel, dest, everything = sys.argv[1], Path(sys.argv[2]), sys.argv[3] == "1"
+prefix = "flashinfer/data/include/"
+# the top-level headers and those of attention/ (decode, scheduler, cascade, state, page, utils, ...)
+wanted = re.compile(r"flashinfer/(attention/)?[^/]+\.(h|cuh)$")
+n = 0
+with zipfile.ZipFile(wheel) as z:
+    for info in z.infolist():
+        name = info.filename
+        if name.startswith(prefix) and not name.endswith("/"):
+            rel = name[len(prefix):]
+            if not (everything or wanted.fullmatch(rel)):
+                continue
+            target = dest / "include" / rel
+        elif re.fullmatch(r"flashinfer_python-[^/]+\.dist-info/licenses/LICENSE", name):
+            target = dest / "LICENSE"
+        else:
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(z.read(info))
+        n += 1
+print(f"flashinfer: {n} files from {Path(wheel).name}")
+PY
+  echo "flashinfer-python $FLASHINFER_VERSION ($(basename "$wheel")), flashinfer/data/include" > "$CARRY/flashinfer/VERSION"
+  rm -rf "$tmp"
 fi
 du -sh "$CARRY"/*
