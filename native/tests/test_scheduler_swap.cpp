@@ -241,6 +241,26 @@ void test_abort_swapped() {
     assert(log.finished.size() == 1 && sched.kv().num_host_blocks_used() == 0);
 }
 
+// Aborting a sequence while it swaps in (between the step that issued its copies and the one it would
+// join) frees its fresh blocks at once (the next step's graph waits for those copies) and loses nobody.
+void test_abort_swapping_in() {
+    Scheduler sched(swap_config(CF_PREEMPTION_MODE_SWAP), make_paged_kv(4, 4, false, 8, 100));
+    StepLog log;
+    sched.add(make_seq(1, 4, 10));
+    sched.add(make_seq(2, 4, 10));
+    run_until_preemption(sched, log);
+    for (int32_t i = 0; i < 100 && log.swapping_in.empty(); ++i) {
+        run_step(sched, log);
+    }
+    assert(log.swapping_in.count(2) == 1 && sched.num_running() == 1 && sched.num_swapped() == 0);
+    std::unique_ptr<Sequence> gone = sched.remove(2, CF_FINISH_REASON_ABORT);
+    assert(gone && gone->status == SequenceStatus::FINISHED && sched.num_running() == 0);
+    log.swapping_in.clear();
+    sched.check_invariants();
+    assert(sched.kv().num_blocks_used() == 0 && !sched.has_work());
+    assert(log.finished.size() == 1);
+}
+
 // Many sequences on a tiny pool: repeated swaps, every one finishes with full length exactly once
 // and computes each token at most once (exactly once without the prefix cache; with it, shared
 // prompt prefixes are computed by one of them, and blocks of swapped holders stay cached).
@@ -359,6 +379,7 @@ int main() {
     test_swap_falls_back_to_recompute();
     test_modes_choose_per_victim();
     test_abort_swapped();
+    test_abort_swapping_in();
     test_many_sequences_repeated_swaps();
     test_forked_choices_swap();
     std::printf("test_scheduler_swap: ok\n");
