@@ -275,6 +275,13 @@ std::string BlockManager::dump() const {
     for (const BlockCopy & copy : copies_) {
         os << "  copy " << copy.src_block_id << " -> " << copy.dst_block_id << "\n";
     }
+    if (!deferred_.empty()) {  // held for a swap-out's copy until release_deferred()
+        os << "  deferred free:";
+        for (int32_t block_id : deferred_) {
+            os << " " << block_id;
+        }
+        os << "\n";
+    }
     if (cache_) {
         os << cache_->dump();
     }

@@ -1,6 +1,6 @@
 // step_plan.h - everything one engine step must do, built once per step by Scheduler::schedule().
 //
-// The executor (engine) performs a plan in this order:
+// What a plan asks of the executor (engine):
 //   1. blocks_to_swap_out   device block -> host slot copies (swap preemption, paged mode)
 //   2. blocks_to_swap_in    host slot -> device block copies (swapped sequences resuming)
 //   3. blocks_to_copy       copy-on-write block copies, in order
@@ -8,11 +8,12 @@
 //   5. decode               seqs' new tokens in batch order, then sampling where needs_sample
 // Lists 1-3 touch disjoint device blocks and host slots (a swap-out's blocks are freed only at the
 // next step, a swap-in's host slots are reused only from the next step, every copy-on-write
-// destination is a fresh block), so their copies may run in any order relative to each other.
-// Step 4-5 must see every copy of list 3 done, and none of lists 1-2 need be: no sequence of
-// `seqs` reads or writes a block they touch (the swapped-in sequences join the batch at the next
-// step, `resumed`), so on a CUDA copy stream they overlap this step's compute and the next step's
-// compute waits for them (engine/swapper.h).
+// destination is a fresh block), so their copies may run in any order relative to each other (the
+// engine issues 3, then 1, then 2). Steps 4-5 must see every copy of list 3 done, and none of
+// lists 1-2 need be: no sequence of `seqs` writes a block they touch, nor reads one a swap-in
+// writes (the swapped-in sequences join the batch at the next step, `resumed`), so on a CUDA copy
+// stream they overlap this step's compute and the next step's compute waits for them
+// (engine/swapper.h). Every copy of the previous plan comes before any of this one's.
 //
 // One step ahead, swap-in (S = a swapped sequence, t = the step):
 //   plan t:    S in swapped_in, its copies in blocks_to_swap_in; S is SWAPPING_IN, not in seqs
