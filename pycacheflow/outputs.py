@@ -265,6 +265,12 @@ class EngineStats(NamedTuple):
     step_ns: int
     num_llama_decodes: int
     num_llama_graphs_reused: int
+    num_swapped_in: int
+    num_resumed: int
+    num_deferred_seq_steps: int
+    num_swaps_overlapped: int
+    swap_overlapped_ns: int
+    num_graphs_beside_copies: int
     ttft_by_priority: tuple[PriorityTTFT, ...] = ()
 
     @property

@@ -18,7 +18,9 @@ TTFT = first token - request accepted (RequestMetrics.ttft_s). Outputs are greed
 ignored, so every request generates exactly its max_tokens. Prints a table and writes
 OUT/priority_summary.json.
 
-Usage: python scripts/bench_priority.py [-m MODEL] [-t THREADS] [--out results/scheduler]
+Usage: python scripts/bench_priority.py [-m MODEL] [-t THREADS] [-ngl N] [--out results/scheduler]
+(-ngl 99: every layer on the GPU; scripts/h200_gpu_tests.sh's stage "priority" runs it so, with a
+heavier workload so that the GPU saturates.)
 """
 
 from __future__ import annotations
@@ -109,6 +111,7 @@ def engine(args: argparse.Namespace, policy: str, max_num_seqs: int, n_ctx: int)
     return LLM(
         args.model, kv_mode="paged", policy=policy, preemption_mode="swap",
         max_num_seqs=max_num_seqs, n_ctx=n_ctx, n_threads=args.threads, max_num_batched_tokens=128,
+        n_gpu_layers=args.n_gpu_layers,
     )  # fmt: skip
 
 
@@ -127,6 +130,10 @@ def bench_priority(args: argparse.Namespace) -> dict[str, object]:
             "preemptions": stats.num_preemptions,
             "preemptions_priority": stats.num_preemptions_priority,
             "engine_ttft_by_priority": [e._asdict() for e in stats.ttft_by_priority],
+            "swap": {k: getattr(stats, k) for k in (
+                "num_preemptions_swap", "swap_out_bytes", "swap_out_ns", "swap_in_ns", "swap_on_copy_stream",
+                "num_swapped_in", "num_resumed", "num_deferred_seq_steps", "num_swaps_overlapped",
+                "swap_overlapped_ns", "num_graphs_beside_copies")},
         }  # fmt: skip
     p99 = rows["fcfs"]["urgent_ttft"]["p99_ms"] / rows["priority"]["urgent_ttft"]["p99_ms"]
     return {"runs": rows, "urgent_p99_ttft_fcfs_over_priority": p99}
@@ -162,6 +169,8 @@ def main() -> None:
     parser.add_argument("--num-mixed", type=int, default=12)
     parser.add_argument("--mixed-seqs", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("-ngl", "--n-gpu-layers", type=int, default=0,
+                        help="layers on the GPU (CUDA build; 99 = all)")
     parser.add_argument("--out", type=Path, default=ROOT / "results" / "scheduler")
     args = parser.parse_args()
     if args.model is None:

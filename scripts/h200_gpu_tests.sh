@@ -19,7 +19,9 @@
 # copies vs recompute vs auto vs stock (PREEMPT_LENS, PREEMPT_N), issue 13; stage prefix: cacheflow serve with the
 # prefix cache on / off vs llama-server, shared-prefix and multi-turn workloads at PREFIX_NP, issue 14 (BUILD_SERVER=1); stage flashinfer:
 # scripts/bench_flashinfer_decode.sh, the paged attention kernel next to FlashInfer's batch decode on the kernel
-# stage's shapes (FlashInfer's headers from _carry/flashinfer, prepare_gpu_carry.sh; needs only nvcc), issue 11.
+# stage's shapes (FlashInfer's headers from _carry/flashinfer, prepare_gpu_carry.sh; needs only nvcc), issue 11;
+# stage priority: bench_priority.py on the GPU under saturation, urgent p99 TTFT under "priority" vs "fcfs" (preemption
+# by swap on the copy stream; PRIO_NUM_LOW, PRIO_LOW_TOKENS, PRIO_URGENT_INTERVAL_MS), issue 13, about a minute.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-results/h200_gpu}
@@ -170,6 +172,15 @@ if want serve; then
         | tee -a "$OUT/run.log" || log "serve bench ($streams, sampling) failed"
   done
 fi
+if want priority; then  # issue 13: urgent requests under saturation, priority vs fcfs, swaps beside compute
+  log "priority: bench_priority.py on the GPU (${PRIO_NUM_LOW:-64} low-priority requests, 16 urgent)"
+  python scripts/bench_priority.py -m "$MODEL" -ngl 99 --num-low "${PRIO_NUM_LOW:-64}" --low-prompt 256 \
+      --low-tokens "${PRIO_LOW_TOKENS:-256}" --num-urgent 16 --urgent-prompt 32 --urgent-tokens 8 \
+      --urgent-start-ms 300 --urgent-interval-ms "${PRIO_URGENT_INTERVAL_MS:-50}" --max-num-seqs 16 --n-ctx 4096 \
+      --num-mixed 24 --mixed-seqs 4 --out "$OUT/priority_gpu" 2>&1 | tail -9 | tee -a "$OUT/run.log" \
+      || log "priority bench failed"
+fi
+
 if want preemption; then  # issue 13: memory pressure on the GPU, swap (copy stream / llama copies) vs recompute vs auto vs stock
   log "preemption: bench_preemption.py on the GPU (prompts ${PREEMPT_LENS:-128 1024}, ${PREEMPT_N:-64} requests)"
   python scripts/bench_preemption.py -m "$MODEL" -ngl 99 --batch-tokens 2048 --prompt-lens ${PREEMPT_LENS:-128 1024} \

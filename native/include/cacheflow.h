@@ -354,6 +354,22 @@ typedef struct cf_engine_stats {
     int64_t num_llama_graphs_reused;     /* ubatches that reused the previous graph
                                             (llama_perf_context's n_reused; a decode is one
                                             ubatch unless it has more than n_ubatch tokens)   */
+    /* Swaps beside compute (paged mode; engine/swapper.h), since init. A sequence swapped in
+       at step t joins the batch at step t + 1; a swap-out's device blocks are free from the
+       next step on:                                                                            */
+    int64_t num_swapped_in;              /* sequences swapped in (copies issued a step ahead)  */
+    int64_t num_resumed;                 /* sequences that joined the batch the step after
+                                            their swap-in                                      */
+    int64_t num_deferred_seq_steps;      /* times a running sequence sat out a step because the
+                                            blocks it needed were still being swapped out      */
+    int64_t num_swaps_overlapped;        /* copy stream: swap batches (a step's swap-outs, its
+                                            swap-ins) that the graph of the step issuing them
+                                            did not wait for; 0 on llama.cpp's copies          */
+    int64_t swap_overlapped_ns;          /* copy stream: device time of the swap batches issued
+                                            without a wait by their step's graph, ns (copy
+                                            time that could run beside compute)                */
+    int64_t num_graphs_beside_copies;    /* copy stream: graph evaluations launched while such
+                                            a swap batch was still running on the device       */
 } cf_engine_stats;
 
 CF_API cf_status cf_engine_get_stats(cf_engine_t engine, cf_engine_stats * out_stats);

@@ -168,6 +168,33 @@ void test_free_returns_blocks_last_first() {
     assert((blocks_of(m, 7) == std::vector<int32_t>{ 3, 4, 5, 2, 1, 0 }));
 }
 
+// free_deferred (a swap-out's copy still reads the blocks): the table is gone at once, the blocks stay
+// held (not free, not reusable, still shareable) until release_deferred(), which frees them as free()
+// would have, last block first; a block also held by a fork stays with it.
+void test_free_deferred_holds_blocks_until_release() {
+    BlockManager m(6, 2);
+    append(m, 1, 6);  // blocks 0 1 2; free list: 3 4 5
+    m.fork(1, 2);
+    append(m, 3, 2);  // block 3
+    m.free_deferred(1);
+    check(m);
+    assert(m.find(1) == nullptr && m.num_deferred_blocks() == 3 && m.num_blocks_freed_by_release() == 0);
+    m.free_deferred(3);
+    check(m);
+    assert(m.num_free_blocks() == 2 && m.num_deferred_blocks() == 4 && m.num_blocks_freed_by_release() == 1);
+    assert(!m.can_allocate(7, 5) && m.can_allocate(7, 4));  // the held blocks are not handed out
+    m.free(2);  // the fork's other holder: its blocks now wait only for the release
+    check(m);
+    assert(m.num_free_blocks() == 2 && m.num_blocks_freed_by_release() == 4);
+    m.release_deferred();
+    check(m);
+    assert(m.num_free_blocks() == 6 && m.num_deferred_blocks() == 0 && m.num_seqs() == 0);
+    // Free list now: 4 5, then seq 1's blocks last first (held last by the release), then block 3:
+    // free() of seq 2 found them still held, so only the release returned them.
+    append(m, 7, 12);
+    assert((blocks_of(m, 7) == std::vector<int32_t>{ 4, 5, 2, 1, 0, 3 }));
+}
+
 void test_write_block_table_pads() {
     BlockManager m(8, 4);
     append(m, 1, 5);
@@ -378,6 +405,7 @@ int main() {
     test_out_of_blocks_changes_nothing();
     test_huge_request_does_not_overflow();
     test_free_returns_blocks_last_first();
+    test_free_deferred_holds_blocks_until_release();
     test_write_block_table_pads();
     test_dump_lists_tables_and_copies();
     test_random_streams();

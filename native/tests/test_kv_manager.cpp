@@ -140,8 +140,8 @@ void test_paged_specifics() {
 
 // Swap through the interface: a forked child swapped out copies the blocks it shares with its
 // parent and leaves them valid (the parent keeps its table and rows); it comes back in private
-// blocks; host slots freed by a swap-in are reused only after end_step(). The stock managers
-// cannot swap.
+// blocks; host slots freed by a swap-in are reused only after end_step(), device blocks released by
+// a swap-out only after the next begin_step() (deferred free). The stock managers cannot swap.
 void test_paged_swap() {
     std::unique_ptr<KvCacheManager> kv = make_paged_kv(8, 4, false, /*num_host_blocks=*/3, /*block_bytes=*/64);
     const BlockManager & blocks = *kv->block_manager();
@@ -162,7 +162,13 @@ void test_paged_swap() {
     assert(out.size() == 2 && out[0].src_block_id == 0 && out[0].dst_block_id == 0);
     assert(out[1].src_block_id == 1 && out[1].dst_block_id == 1);
     assert(blocks.find(2) == nullptr && blocks.find(1)->num_tokens == 6);
+    // deferred free: the swap-out copy reads blocks 0 and 1 during this step, so the child's holds
+    // last until the next begin_step() (the parent's plus the child's); nothing else is freed
+    assert(blocks.pool().ref_count(0) == 2 && blocks.pool().ref_count(1) == 2);
+    assert(blocks.num_deferred_blocks() == 2 && kv->num_blocks_freed_next_step() == 0);  // shared: still held
+    kv->begin_step();
     assert(blocks.pool().ref_count(0) == 1 && blocks.pool().ref_count(1) == 1);  // the parent's now
+    assert(blocks.num_deferred_blocks() == 0);
     child.status = SequenceStatus::SWAPPED;
     std::unique_ptr<Sequence> swapped = std::move(running[1]);
     running.pop_back();
@@ -186,6 +192,23 @@ void test_paged_swap() {
     kv->free(*running[0]);
     kv->free(*running[1]);
     assert(kv->num_blocks_used() == 0);
+
+    // a private table swapped out: its blocks count as freed next step, and only then are free
+    std::unique_ptr<Sequence> solo = make_seq(5, 8, 4);
+    kv->admit(*solo);
+    assert(kv->allocate(*solo, 8));
+    solo->num_computed_tokens = 8;
+    std::vector<BlockSwap> solo_out;
+    kv->swap_out(*solo, &solo_out);
+    assert(solo_out.size() == 2 && kv->num_blocks_used() == 2 && kv->num_blocks_freed_next_step() == 2);
+    std::unique_ptr<Sequence> big = make_seq(6, 28, 4);  // 7 blocks: 6 free now, 8 once they are back
+    assert(!kv->can_admit(*big, 0) && kv->can_admit(*big, 0, /*with_deferred=*/true));
+    assert(!kv->can_swap_in(*solo, 0, 20) && kv->can_swap_in(*solo, 0, 20, /*with_deferred=*/true));
+    kv->begin_step();
+    assert(kv->num_blocks_used() == 0 && kv->num_blocks_freed_next_step() == 0 && kv->can_swap_in(*solo, 0, 20));
+    assert(kv->can_admit(*big, 0));
+    kv->free_swapped(*solo);
+    kv->end_step();
 
     std::unique_ptr<Sequence> s = make_seq(9, 4, 4);
     for (auto & stock : { make_stock_split_kv(64), make_stock_unified_kv(256, 64) }) {

@@ -174,6 +174,12 @@ class _Collector:
             ("preemptions_priority_total",
              "Sequences preempted to make room for a more urgent request (priority policy)",
              s.num_preemptions_priority),
+            ("swaps_overlapped_total",
+             "Swap batches that ran beside the graph of the step issuing them (CUDA copy stream)",
+             s.num_swaps_overlapped),
+            ("swap_overlapped_seconds_total",
+             "Device time of the swap batches issued without a wait by their step's graph",
+             s.swap_overlapped_ns / 1e9),
         ):  # fmt: skip
             yield CounterMetricFamily(f"cacheflow:{name}", doc, value=value)
         yield from _ttft_by_priority(s)

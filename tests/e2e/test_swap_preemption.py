@@ -3,7 +3,11 @@
 A preempted sequence's KV blocks are copied to host memory and back into free blocks when it
 resumes (scheduler.h, kv/paged_kv.h, engine/swapper.h, patches/0007), so nothing is computed
 again: every greedy output equals the same request's unconstrained run token for token, and the
-engine counts swaps but no recomputed token.
+engine counts swaps but no recomputed token. Swaps go through the state machine that lets a CUDA
+copy stream run them beside compute, on the CPU too: a sequence swapped in at step t joins the
+batch at step t + 1 (num_swapped_in, num_resumed), and a swap-out's blocks are free only from the
+next step on (num_deferred_seq_steps: sequences that waited a step for them). On the CPU the copies
+are synchronous, so nothing overlaps (num_swaps_overlapped and its device time stay 0).
 """
 
 from __future__ import annotations
@@ -47,6 +51,34 @@ def test_32_swapped_requests_match_their_unconstrained_runs(tiny_model_path, mak
     assert s.swap_on_copy_stream == 0  # the CPU: llama.cpp's copies (the CUDA copy stream: tests/kernels)
     assert s.num_swapped == 0 and s.swap_blocks_used == 0 and s.kv_blocks_used == 0
     assert s.num_running == 0 and s.num_waiting == 0
+    # every swap-out came back one step ahead: swapped in at one step, in the batch at the next
+    assert s.num_swapped_in == s.num_resumed == s.num_preemptions_swap
+    assert s.num_swaps_overlapped == 0 and s.swap_overlapped_ns == 0 and s.num_graphs_beside_copies == 0
+
+
+@pytest.mark.parametrize("n_ctx", [256, 384])
+def test_repeated_swaps_are_exact_and_one_step_ahead(tiny_model_path, make_llm, n_ctx):
+    # 24 requests of 20..43 prompt tokens + 40 output tokens, arriving in two bursts, in pools of
+    # 16 and 24 blocks: swapped out and in many times each. Greedy tokens equal the unconstrained
+    # run, none is lost or duplicated, every swap-in resumed at the next step, and some running
+    # sequence waited a step for a swap-out's blocks (the deferred free) instead of preempting more.
+    ps = prompts(24)
+    roomy = make_llm(tiny_model_path, kv_mode="paged", max_num_seqs=24, n_ctx=24 * 128)
+    expected = [o.token_ids for o in roomy.generate(ps, greedy(40))]
+    tight = make_llm(
+        tiny_model_path, kv_mode="paged", max_num_seqs=24, n_ctx=n_ctx, preemption_mode="swap"
+    )
+    ids = [tight.add_request(p, greedy(40)) for p in ps[:12]]
+    first = [list(tight.iter_outputs(i, timeout=300))[-1].output for i in ids[:2]]
+    ids += [tight.add_request(p, greedy(40)) for p in ps[12:]]
+    finals = first + [list(tight.iter_outputs(i, timeout=300))[-1].output for i in ids[2:]]
+    assert [f.token_ids for f in finals] == expected
+    assert len({f.request_id for f in finals}) == 24
+    s = tight.stats()
+    assert s.num_preemptions_swap >= 2 and s.num_recomputed_tokens == 0
+    assert s.num_swapped_in == s.num_resumed == s.num_preemptions_swap
+    assert s.num_deferred_seq_steps > 0
+    assert s.num_swapped == 0 and s.swap_blocks_used == 0 and s.kv_blocks_used == 0
 
 
 def test_real_model_swap_keeps_greedy_outputs(real_model_path, make_llm):

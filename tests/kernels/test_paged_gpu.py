@@ -147,17 +147,18 @@ def test_prefix_cache_and_step_padding_on_the_gpu(gpu_model: Path, monkeypatch: 
     assert min(figures.values()) >= 0.9, figures
 
 
-def _pressure_run(model: Path, route: str, monkeypatch: pytest.MonkeyPatch, n_ctx: int) -> tuple[list, object]:
-    """32 requests of 20-51 prompt tokens + 48 output tokens, then 4 prompts with 3 greedy choices each
-    (forks: copy-on-write copies of the shared last block), in a pool of n_ctx rows, preemption by swap;
-    route "1" = CacheFlow's CUDA copy stream, "0" = llama.cpp's per-block copies."""
+def _pressure_run(model: Path, route: str, monkeypatch: pytest.MonkeyPatch, n_ctx: int,
+                  prompts: list[list[int]] | None = None, swap_space_bytes: int = 64 << 20) -> tuple[list, object]:
+    """32 requests of 20-51 prompt tokens (or `prompts`) + 48 output tokens, then 4 prompts with 3 greedy
+    choices each (forks: copy-on-write copies of the shared last block), in a pool of n_ctx rows, preemption by
+    swap; route "1" = CacheFlow's CUDA copy stream, "0" = llama.cpp's per-block copies."""
     from pycacheflow import LLM, SamplingParams
 
     monkeypatch.setenv("CACHEFLOW_SWAP_ASYNC", route)
     params = SamplingParams(max_tokens=48, ignore_eos=True)
     with LLM(model=str(model), n_gpu_layers=99, kv_mode="paged", max_num_seqs=32, n_ctx=n_ctx,
-             preemption_mode="swap", swap_space_bytes=64 << 20) as llm:
-        prompts = [list(range(500 + 97 * i, 520 + 97 * i + i)) for i in range(32)]
+             preemption_mode="swap", swap_space_bytes=swap_space_bytes) as llm:
+        prompts = prompts or [list(range(500 + 97 * i, 520 + 97 * i + i)) for i in range(32)]
         tokens = [list(o.token_ids) for o in llm.generate(prompts, params)]
         for p in prompts[:4]:
             ids = llm.add_choices(p, [params] * 3)
@@ -180,6 +181,13 @@ def test_swap_on_the_cuda_copy_stream(gpu_model: Path, monkeypatch: pytest.Monke
     assert (s.swap_out_bytes, s.num_preemptions_swap) == (s_llama.swap_out_bytes, s_llama.num_preemptions_swap)
     assert stream_tokens == llama_tokens
     assert s.kv_blocks_used == 0 and s.swap_blocks_used == 0
+    # the copy stream ran the swaps beside compute (engine/swapper.h): each swap-in was issued a step before
+    # its sequence joined the batch, and the issuing step's graph did not wait for its swaps
+    assert s.num_swapped_in == s.num_resumed == s.num_preemptions_swap
+    assert (s.num_swapped_in, s.num_deferred_seq_steps) == (s_llama.num_swapped_in, s_llama.num_deferred_seq_steps)
+    assert s.num_swaps_overlapped > 0 and s.swap_overlapped_ns > 0
+    assert s_llama.num_swaps_overlapped == 0 and s_llama.swap_overlapped_ns == 0
+    assert s_llama.num_graphs_beside_copies == 0
     gbs = lambda b, ns: round(b / ns, 2) if ns else None  # noqa: E731  bytes per ns = GB/s
     figures = {
         "swap_copy_stream_vs_llama_copies": _agreement(stream_tokens, llama_tokens),
@@ -189,7 +197,57 @@ def test_swap_on_the_cuda_copy_stream(gpu_model: Path, monkeypatch: pytest.Monke
         "swap_out_GBps_llama_copies_host": gbs(s_llama.swap_out_bytes, s_llama.swap_out_ns),
         "swap_in_GBps_llama_copies_host": gbs(s_llama.swap_in_bytes, s_llama.swap_in_ns),
         "swap_preemptions": s.num_preemptions_swap,
+        "swap_batches_overlapped": s.num_swaps_overlapped,
+        "swap_overlapped_device_ms": round(s.swap_overlapped_ns / 1e6, 3),
+        "graphs_beside_copies_tiny_model": s.num_graphs_beside_copies,
     }
     print("swap on CUDA:", figures)
     _record(figures)
     assert s_roomy.num_preemptions == 0
+
+
+@pytest.fixture(scope="module")
+def wide_kv_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """8 layers, 16 KV heads of 64: 512 KiB per 16-token block, so that a victim's swap takes the copy
+    stream a few hundred microseconds, long enough to be seen running beside the next graph."""
+    tok = _tokenizer_source()
+    if tok is None:
+        pytest.skip("no tokenizer GGUF (set CACHEFLOW_TOKENIZER_GGUF)")
+    out = tmp_path_factory.mktemp("wide_kv_model") / "llama-8l-kv16-f16.gguf"
+    cmd = [sys.executable, str(ROOT / "scripts" / "make_tiny_gguf.py"), str(out), "--tokenizer-from", str(tok),
+           "--dtype", "f16", "--n-layer", "8", "--n-embd", "1024", "--n-head", "16", "--n-head-kv", "16",
+           "--n-ff", "2048", "--seed", "2"]
+    result = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stderr
+    return out
+
+
+def test_swaps_overlap_compute_on_the_copy_stream(wide_kv_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 13, swaps beside compute: with blocks of 512 KiB and victims of 13-20 blocks, the copy stream's
+    swap-outs and swap-ins run while the step's graph computes (deferred batches, released at the next step),
+    and the tokens still equal llama.cpp's synchronous per-block copies under the same schedule.
+    num_graphs_beside_copies counts graph evaluations that ggml-cuda enqueued while such a swap batch was
+    still running on the device (cudaEventQuery), the direct sign of overlap."""
+    rng = random.Random(3)
+    prompts = [[rng.randrange(100, 30000) for _ in range(rng.randrange(200, 300))] for _ in range(32)]
+    stream_tokens, s = _pressure_run(wide_kv_model, "1", monkeypatch, n_ctx=4096, prompts=prompts,
+                                     swap_space_bytes=1 << 30)
+    llama_tokens, s_llama = _pressure_run(wide_kv_model, "0", monkeypatch, n_ctx=4096, prompts=prompts,
+                                          swap_space_bytes=1 << 30)
+    assert s.swap_on_copy_stream == 1 and s_llama.swap_on_copy_stream == 0
+    assert s.num_preemptions_swap > 0 and s.num_recomputed_tokens == 0
+    assert s.num_swapped_in == s.num_resumed == s.num_preemptions_swap
+    assert stream_tokens == llama_tokens
+    assert s.num_swaps_overlapped > 0 and s.swap_overlapped_ns > 0
+    figures = {
+        "wide_kv_swap_preemptions": s.num_preemptions_swap,
+        "wide_kv_swap_batches_overlapped": s.num_swaps_overlapped,
+        "wide_kv_graphs_beside_copies": s.num_graphs_beside_copies,
+        "wide_kv_swap_overlapped_device_ms": round(s.swap_overlapped_ns / 1e6, 3),
+        "wide_kv_swap_device_ms": round((s.swap_out_ns + s.swap_in_ns) / 1e6, 3),
+        "wide_kv_steps_deferred_for_swap_out": s.num_deferred_seq_steps,
+        "wide_kv_step_ms_copy_stream_vs_llama_copies": [round(s.step_ns / 1e6, 1), round(s_llama.step_ns / 1e6, 1)],
+    }
+    print("swaps beside compute:", figures)
+    _record(figures)
+    assert s.num_graphs_beside_copies > 0, figures

@@ -141,6 +141,34 @@ void BlockManager::free(int64_t seq_id) {
     tables_.erase(it);
 }
 
+void BlockManager::free_deferred(int64_t seq_id) {
+    // Call only when the sequence exists.
+    auto it = tables_.find(seq_id);
+    assert(it != tables_.end());
+    const std::vector<int32_t> & block_ids = it->second.block_ids;
+    deferred_.insert(deferred_.end(), block_ids.rbegin(), block_ids.rend());
+    tables_.erase(it);
+}
+
+int32_t BlockManager::num_blocks_freed_by_release() const {
+    std::unordered_map<int32_t, int32_t> held;  // deferred holds per block
+    for (int32_t block_id : deferred_) {
+        held[block_id] += 1;
+    }
+    int32_t n = 0;
+    for (const auto & [block_id, count] : held) {
+        n += pool_.ref_count(block_id) == count ? 1 : 0;
+    }
+    return n;
+}
+
+void BlockManager::release_deferred() {
+    for (int32_t block_id : deferred_) {
+        pool_.decref(block_id, free_pos(block_id));
+    }
+    deferred_.clear();
+}
+
 void BlockManager::write_block_table(int64_t seq_id, int32_t * row, int32_t max_blocks) const {
     const BlockTable * table = find(seq_id);
     assert(table != nullptr && row != nullptr && max_blocks >= table->num_blocks());
@@ -203,11 +231,17 @@ std::string BlockManager::check_invariants() const {
         }
         holders[(size_t) block_id] += 1;
     }
+    for (int32_t block_id : deferred_) {
+        if (!pool_.is_valid(block_id)) {
+            return "deferred block " + std::to_string(block_id) + " is not a valid block id";
+        }
+        holders[(size_t) block_id] += 1;
+    }
     for (size_t block_id = 0; block_id < num_blocks; ++block_id) {
         if (holders[block_id] != pool_.ref_count((int32_t) block_id)) {
             return "block " + std::to_string(block_id) + " has ref count " +
                    std::to_string(pool_.ref_count((int32_t) block_id)) + " but " + std::to_string(holders[block_id]) +
-                   " tables and pins hold it";
+                   " tables, pins and deferred frees hold it";
         }
     }
     for (const BlockCopy & copy : copies_) {
@@ -240,6 +274,13 @@ std::string BlockManager::dump() const {
     }
     for (const BlockCopy & copy : copies_) {
         os << "  copy " << copy.src_block_id << " -> " << copy.dst_block_id << "\n";
+    }
+    if (!deferred_.empty()) {  // held for a swap-out's copy until release_deferred()
+        os << "  deferred free:";
+        for (int32_t block_id : deferred_) {
+            os << " " << block_id;
+        }
+        os << "\n";
     }
     if (cache_) {
         os << cache_->dump();

@@ -137,6 +137,20 @@ class BlockManager {
     // reads (copies run before the step's writes). Call only when seq_id exists.
     void free(int64_t seq_id);
 
+    // Deferred free (swap-out on a copy stream): drop the sequence's table like free(), but its
+    // blocks keep their ref counts until release_deferred(): a copy still reading them (the
+    // swap-out of this step, running beside the step's graph) is never overtaken by a new holder
+    // writing them. Until then they count as used (num_free_blocks leaves them out) and can still
+    // be shared (prefix hits, which only read them). Call only when seq_id exists.
+    void free_deferred(int64_t seq_id);
+    // Blocks free_deferred() holds now (they become free at the next release_deferred()).
+    int32_t num_deferred_blocks() const { return (int32_t) deferred_.size(); }
+    // Of those, the blocks release_deferred() would return to the free list (no other holder).
+    int32_t num_blocks_freed_by_release() const;
+    // Release every block free_deferred() held, as free() would have (last block first). Call only
+    // once the copies that read them are ordered before any later writer (the engine: next step).
+    void release_deferred();
+
     // Swap-in: create seq_id's table with num_tokens tokens in ceil(num_tokens / block_size)
     // fresh private blocks (their rows come back from host memory before the step's writes) and
     // return it. The blocks are not indexed yet: the next commit() offers their full blocks to
@@ -217,6 +231,7 @@ class BlockManager {
     std::vector<BlockCopy> copies_;  // pending, oldest first
     std::unique_ptr<PrefixCache> cache_;  // nullptr when the prefix cache is off
     std::vector<int32_t> pinned_;         // copy sources held until take_copies()
+    std::vector<int32_t> deferred_;       // free_deferred(): blocks in free() order, held until release_deferred()
     PrefixCacheStats stats_;
 };
 

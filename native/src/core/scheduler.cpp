@@ -64,8 +64,14 @@ const StepPlan & Scheduler::schedule(int64_t now_ns) {
     assert(now_ns >= now_ns_);
     out_.clear();
     now_ns_ = now_ns;
+    num_blocks_promised_ = 0;
+    kv_->begin_step();  // the previous step's swap-outs give their device blocks back now
     for (const auto & seq : running_) {
         seq->scheduled = false;
+        if (seq->status == SequenceStatus::SWAPPING_IN) {  // its copies ran with the previous step
+            seq->status = SequenceStatus::RUNNING;
+            out_.resumed.push_back(seq.get());
+        }
     }
     const bool by_priority = config_.policy == CF_SCHED_POLICY_PRIORITY;
     if (by_priority) {
@@ -107,7 +113,9 @@ void Scheduler::swap_in_swapped(int32_t * budget) {
     }
 }
 
-// Swap in and schedule the front of the swapped queue if it fits now; false (nothing changed) if not.
+// Swap in the front of the swapped queue if it fits now; false (nothing changed) if not. It is
+// SWAPPING_IN for this step (its copies run beside this step's compute) and joins the batch at the
+// next one; its next chunk's blocks were counted free (can_swap_in) but are taken only then.
 bool Scheduler::swap_in_front(int32_t * budget) {
     Sequence * seq = swapped_.front().get();
     if (num_running() >= config_.max_num_seqs || !kv_->can_swap_in(*seq, num_running(), chunk_size(*seq, *budget))) {
@@ -116,13 +124,12 @@ bool Scheduler::swap_in_front(int32_t * budget) {
     std::unique_ptr<Sequence> owned = std::move(swapped_.front());
     swapped_.pop_front();
     kv_->swap_in(*owned, &out_.blocks_to_swap_in);
-    owned->status = SequenceStatus::RUNNING;
+    owned->status = SequenceStatus::SWAPPING_IN;
     owned->scheduled = false;
     owned->holds_kv = true;
     end_wait(*owned);
     out_.swapped_in.push_back(seq);
     running_.push_back(std::move(owned));
-    push_scheduled(seq, *budget, budget);  // its blocks for this chunk are free (can_swap_in)
     return true;
 }
 
@@ -251,11 +258,16 @@ void Scheduler::push_scheduled(Sequence * seq, int32_t budget_left, int32_t * bu
 }
 
 // Give seq's next num_new_tokens tokens KV rows, preempting others while KV is short. False when
-// seq itself was preempted (its KV is free) or, alone, ends out of blocks (the engine finishes it).
+// seq itself was preempted (its KV is free), or waits a step for the blocks this step's swap-outs
+// free at the next one (StepPlan::deferred; it stays RUNNING), or, alone, ends out of blocks (the
+// engine finishes it).
 bool Scheduler::allocate_or_preempt(Sequence * seq, int32_t num_new_tokens) {
     for (;;) {
         if (kv_->allocate(*seq, num_new_tokens)) {
             return true;
+        }
+        if (waits_for_deferred_blocks(*seq, num_new_tokens)) {
+            return false;
         }
         Sequence * victim = preemption_victim(*seq);
         if (victim == nullptr) {
@@ -272,12 +284,29 @@ bool Scheduler::allocate_or_preempt(Sequence * seq, int32_t num_new_tokens) {
     return false;
 }
 
+// True (and seq is recorded in StepPlan::deferred) if the blocks that this step's swap-outs free at
+// the next step cover seq's need, after those promised to sequences deferred before it: preempting
+// more would not help sooner, since a swapped victim's blocks are not free in the step that swaps it.
+bool Scheduler::waits_for_deferred_blocks(Sequence & seq, int32_t num_new_tokens) {
+    const int64_t freed_next = kv_->num_blocks_freed_next_step();
+    if (freed_next == 0) {
+        return false;
+    }
+    const int64_t needed = kv_->num_blocks_to_allocate(seq, num_new_tokens);
+    if (needed + num_blocks_promised_ > (int64_t) kv_->num_blocks_free() + freed_next) {
+        return false;
+    }
+    num_blocks_promised_ += needed;
+    out_.deferred.push_back(&seq);
+    return true;
+}
+
 // The running sequence, other than needy and not scheduled this step, that comes last in policy
 // order; nullptr if there is none or it comes before needy (then needy gives way itself).
 Sequence * Scheduler::preemption_victim(const Sequence & needy) const {
     Sequence * victim = nullptr;
     for (const auto & seq : running_) {
-        if (seq.get() == &needy || seq->scheduled || !seq->holds_kv) {
+        if (seq.get() == &needy || seq->scheduled || !seq->holds_kv || seq->status != SequenceStatus::RUNNING) {
             continue;
         }
         if (victim == nullptr || comes_before(*victim, *seq)) {
@@ -291,8 +320,8 @@ Sequence * Scheduler::preemption_victim(const Sequence & needy) const {
 }
 
 // AUTO: swap when copying its blocks out and back is cheaper than computing its tokens again.
-// A sequence swapped in by this very plan is never swapped out by it: its blocks are not back
-// yet when the plan's swap-outs run.
+// A sequence swapped in by this very plan is never a victim of it (SWAPPING_IN; its blocks are
+// not back yet); the check below stays as a guard.
 bool Scheduler::should_swap(const Sequence & victim) const {
     if (config_.preemption_mode == CF_PREEMPTION_MODE_RECOMPUTE || !kv_->can_swap_out(victim) ||
         std::find(out_.swapped_in.begin(), out_.swapped_in.end(), &victim) != out_.swapped_in.end()) {
@@ -348,7 +377,7 @@ void Scheduler::free_kv(Sequence * seq) {
 }
 
 bool Scheduler::can_admit(const Sequence & seq) const {
-    return num_running() < config_.max_num_seqs && kv_->can_admit(seq, num_running());
+    return num_running() < config_.max_num_seqs && kv_->can_admit(seq, num_running(), /*with_deferred=*/false);
 }
 
 void Scheduler::admit_at(size_t waiting_index) {
@@ -458,7 +487,9 @@ void Scheduler::check_invariants() const {
     for (const auto & seq : running_) {
         check(ids.insert(seq->request_id).second, "request ids are unique");
         check(seq->holds_kv, "running sequences were admitted by the KV cache manager");
-        check(seq->status == SequenceStatus::RUNNING, "running sequences have status RUNNING");
+        check(seq->status == SequenceStatus::RUNNING || seq->status == SequenceStatus::SWAPPING_IN,
+              "running sequences have status RUNNING or SWAPPING_IN");
+        check(seq->status == SequenceStatus::RUNNING || !seq->scheduled, "a sequence swapping in is not scheduled");
         check(seq->num_uncomputed_tokens() >= 1, "a running sequence has a token to compute");
         check(seq->num_tokens() <= config_.n_ctx_per_seq, "a sequence fits n_ctx_per_seq");
     }
@@ -490,7 +521,8 @@ std::string Scheduler::dump() const {
        << ", waiting=" << waiting_.size()
        << ", kv_reserved=" << kv_tokens_reserved() << "/" << config_.n_ctx << ")\n";
     for (const auto & seq : running_) {
-        os << "  running req=" << seq->request_id << " prompt=" << seq->num_prompt_tokens
+        os << (seq->status == SequenceStatus::SWAPPING_IN ? "  swapping-in req=" : "  running req=")
+           << seq->request_id << " prompt=" << seq->num_prompt_tokens
            << " computed=" << seq->num_computed_tokens << " tokens=" << seq->num_tokens() << "\n";
     }
     for (const auto & seq : swapped_) {

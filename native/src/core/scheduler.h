@@ -27,9 +27,14 @@
 //
 // Preemption by swap (vLLM's SWAP mode, same section): the victim's blocks are copied to host
 // slots (StepPlan::blocks_to_swap_out) and it waits, SWAPPED, in its own queue (policy order).
+// Its device blocks become free only at the next step (deferred free, so that the copy reading
+// them overlaps the step's compute): a sequence that needs blocks the swap-outs of this step free
+// waits one step (StepPlan::deferred) instead of preempting more.
 // In a step without preemption swapped sequences come back first (blocks_to_swap_in, into fresh
-// device blocks, when their blocks, their next chunk and the watermark fit) and go on exactly
-// where they stopped; new requests are admitted only once no sequence is swapped out.
+// device blocks, when their blocks, their next chunk and the watermark fit), one step ahead: at
+// step t they take their blocks and their copies are issued (SWAPPING_IN, StepPlan::swapped_in),
+// at step t + 1 they are RUNNING again (StepPlan::resumed) and go on exactly where they stopped;
+// new requests are admitted only once no sequence is swapped out.
 // preemption_mode picks per victim: RECOMPUTE always drops, SWAP swaps while host slots last,
 // AUTO swaps when moving its bytes out and back costs less than computing its tokens again
 // (set_preemption_costs: the engine's measured rates). Only the paged KV manager can swap.
@@ -191,7 +196,8 @@ class Scheduler {
     // scheduler_priority.cpp: the PRIORITY policy's queue order, preemption and admission.
     void sort_queues();
     Sequence * first_queued();
-    bool fits_now(const Sequence & queued) const;
+    bool fits_now(const Sequence & queued, bool with_deferred) const;
+    bool waits_for_deferred_blocks(Sequence & seq, int32_t num_new_tokens);
     void preempt_for_urgent();
     void admit_by_priority(int32_t * budget);
     bool swap_in_front(int32_t * budget);
@@ -212,6 +218,7 @@ class Scheduler {
     std::unique_ptr<KvCacheManager> kv_;
     std::vector<Sequence *> order_;                    // scratch: running_ at the start of a pass
     int64_t now_ns_ = 0;                               // the step being planned (schedule)
+    int64_t num_blocks_promised_ = 0;                  // deferred blocks counted for StepPlan::deferred
     int64_t num_preemptions_ = 0;
     PreemptionStats preemption_stats_;
     StepPlan out_;

@@ -70,14 +70,16 @@ Sequence * Scheduler::first_queued() {
 
 // Would `queued` (waiting or swapped) be let in right now: a free place in the running set and
 // KV room for its prompt (waiting) or its blocks and next chunk (swapped), watermark included.
-bool Scheduler::fits_now(const Sequence & queued) const {
+// with_deferred: counting the blocks this step's swap-outs free at the next step as free.
+bool Scheduler::fits_now(const Sequence & queued, bool with_deferred) const {
     if (num_running() >= config_.max_num_seqs) {
         return false;
     }
     if (queued.status == SequenceStatus::SWAPPED) {
-        return kv_->can_swap_in(queued, num_running(), chunk_size(queued, config_.max_num_batched_tokens));
+        return kv_->can_swap_in(queued, num_running(), chunk_size(queued, config_.max_num_batched_tokens),
+                                with_deferred);
     }
-    return kv_->can_admit(queued, num_running());
+    return kv_->can_admit(queued, num_running(), with_deferred);
 }
 
 // See "Priority preemption" in scheduler.h. Runs before any running sequence is scheduled in this
@@ -88,12 +90,16 @@ void Scheduler::preempt_for_urgent() {
         return;
     }
     const int64_t urgency = effective_priority(*urgent);
-    while (!fits_now(*urgent)) {
+    while (!fits_now(*urgent, /*with_deferred=*/false)) {
+        if (fits_now(*urgent, /*with_deferred=*/true)) {
+            return;  // it fits once the blocks of this step's swap-outs are back (next step)
+        }
         // the running sequence that comes last in policy order among those strictly less urgent
         // than `urgent` by base and by effective priority (the newest among equals)
         Sequence * victim = nullptr;
         for (const auto & seq : running_) {
-            if (seq->priority <= urgent->priority || effective_priority(*seq) <= urgency) {
+            if (seq->status != SequenceStatus::RUNNING || seq->priority <= urgent->priority ||
+                effective_priority(*seq) <= urgency) {
                 continue;  // never for an equally or less urgent request
             }
             if (victim == nullptr || comes_before(*victim, *seq)) {

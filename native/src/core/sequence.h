@@ -26,7 +26,11 @@ namespace cf {
 // WAITING: queued, holding no KV (new, or preempted by recompute: its KV is computed again).
 // RUNNING: admitted, holding device KV. SWAPPED: preempted by swap, its KV blocks in host memory
 // (KvCacheManager::swap_out); swap_in() brings them back and it runs on without recompute.
-enum class SequenceStatus { WAITING, RUNNING, SWAPPED, FINISHED };
+// SWAPPING_IN: swapped in by the step being planned or executed: it holds device blocks (in the
+// running set, a place of max_num_seqs) whose bytes that step's swap-in copies bring back, and it
+// joins the batch at the next step, as RUNNING (one step ahead: the copies overlap that step's
+// compute). Never scheduled, never a preemption victim.
+enum class SequenceStatus { WAITING, RUNNING, SWAPPING_IN, SWAPPED, FINISHED };
 
 // A request's reasoning budget (cf_sampling_params.reasoning_budget and its token arrays).
 struct ReasoningBudget {

@@ -18,6 +18,8 @@ void StepPlan::clear() {
     blocks_to_copy.clear();
     preempted.clear();
     swapped_in.clear();
+    resumed.clear();
+    deferred.clear();
     out_of_blocks.clear();
 }
 

@@ -1,11 +1,23 @@
 // step_plan.h - everything one engine step must do, built once per step by Scheduler::schedule().
 //
-// The executor (engine) performs a plan in this order, and in no other:
+// What a plan asks of the executor (engine):
 //   1. blocks_to_swap_out   device block -> host slot copies (swap preemption, paged mode)
 //   2. blocks_to_swap_in    host slot -> device block copies (swapped sequences resuming)
 //   3. blocks_to_copy       copy-on-write block copies, in order
 //   4. the KV plan          slot_mapping, block_tables, context_lens, token_seq_idx (paged mode)
 //   5. decode               seqs' new tokens in batch order, then sampling where needs_sample
+// Lists 1-3 touch disjoint device blocks and host slots (a swap-out's blocks are freed only at the
+// next step, a swap-in's host slots are reused only from the next step, every copy-on-write
+// destination is a fresh block), so their copies may run in any order relative to each other (the
+// engine issues 3, then 1, then 2). Steps 4-5 must see every copy of list 3 done, and none of
+// lists 1-2 need be: no sequence of `seqs` writes a block they touch, nor reads one a swap-in
+// writes (the swapped-in sequences join the batch at the next step, `resumed`), so on a CUDA copy
+// stream they overlap this step's compute and the next step's compute waits for them
+// (engine/swapper.h). Every copy of the previous plan comes before any of this one's.
+//
+// One step ahead, swap-in (S = a swapped sequence, t = the step):
+//   plan t:    S in swapped_in, its copies in blocks_to_swap_in; S is SWAPPING_IN, not in seqs
+//   plan t+1:  S in resumed, RUNNING, in seqs if it fits the budget
 // preempted and out_of_blocks say which sequences left the running set while scheduling.
 //
 // Batch order: seqs in order (ascending request id); each sequence's new tokens
@@ -79,8 +91,14 @@ struct StepPlan {
         // step's sequences were scheduled); false = a running sequence needed a block.
         bool for_priority = false;
     };
-    // Sequences swapped in this step (their blocks in blocks_to_swap_in), now running.
+    // Sequences swapped in this step (their blocks in blocks_to_swap_in), now SWAPPING_IN: they
+    // join the batch at the next step.
     std::vector<Sequence *> swapped_in;
+    // Sequences swapped in by the previous plan, RUNNING from this step on (in seqs when scheduled).
+    std::vector<Sequence *> resumed;
+    // Running sequences left out of this step because the blocks they need come back only at the
+    // next step (this step's swap-outs release them then); they run on at the next step.
+    std::vector<Sequence *> deferred;
     std::vector<Preempted> preempted;
     // Sequences that hold the whole KV pool alone and still need a row (only the paged manager runs
     // out). They are not in `seqs`, their KV is already free, and the engine finishes them

@@ -2,7 +2,8 @@
 //
 //   consume inbox (adds, aborts) -> schedule (one StepPlan) -> clear preempted slots, finish
 //   sequences out of blocks
-//   -> execute the plan in StepPlan's order: swap-out, swap-in, block copies, then per decode group
+//   -> execute the plan: block copies (due now), swap-outs and swap-ins (beside the step's compute on a
+//      CUDA copy stream; the next step waits for them), then per decode group
 //      (batch_builder.h): KV plan, llama_decode, read sampled tokens
 //     ok:     commit computed tokens -> sample where a chunk reached the last token -> stop checks
 //     failed: finish every scheduled request with CF_FINISH_REASON_ERROR, free its KV
@@ -95,7 +96,8 @@ StepResult Engine::step_locked() {
     handle_block_shortage(out);
     StepResult result;
     result.num_scheduled_tokens = out.num_scheduled_tokens;
-    // Swap-outs run even in a step that computes nothing: their victims' blocks are free already.
+    // Block operations run even in a step that computes nothing (a swap-out's victim left the batch, a
+    // swapped-in sequence joins the next one).
     execute_block_ops(out);
     if (!out.seqs.empty()) {
         totals_.num_steps += 1;
@@ -378,16 +380,27 @@ void Engine::take_slot_id(Sequence & seq) {
     free_slot_ids_.pop_back();
 }
 
-// Steps 1-3 of the plan: swap-outs, swap-ins, then copy-on-write copies.
+// Steps 1-3 of the plan (they touch disjoint blocks, step_plan.h): the previous step's swaps become due,
+// then this step's copy-on-write copies (due now: the step writes those blocks), then its swap-outs and
+// swap-ins (deferred on a copy stream: no sequence of this step touches their blocks, so they run beside
+// its graph and the next step's graph waits for them).
 void Engine::execute_block_ops(const StepPlan & plan) {
+    swapper_.begin_step();
+    if (!plan.blocks_to_copy.empty()) {
+        swapper_.copy_blocks(plan.blocks_to_copy);
+    }
     if (!plan.blocks_to_swap_out.empty()) {
         swapper_.swap_out(plan.blocks_to_swap_out);
     }
     if (!plan.blocks_to_swap_in.empty()) {
         swapper_.swap_in(plan.blocks_to_swap_in);
     }
-    if (!plan.blocks_to_copy.empty()) {
-        swapper_.copy_blocks(plan.blocks_to_copy);
+    totals_.num_swapped_in += (int64_t) plan.swapped_in.size();
+    totals_.num_resumed += (int64_t) plan.resumed.size();
+    totals_.num_deferred_seq_steps += (int64_t) plan.deferred.size();
+    if (swapper_.on_copy_stream() && !plan.seqs.empty()) {  // this step's graph runs beside them
+        totals_.num_swaps_overlapped += (plan.blocks_to_swap_out.empty() ? 0 : 1) +
+                                        (plan.blocks_to_swap_in.empty() ? 0 : 1);
     }
 }
 
@@ -549,6 +562,8 @@ void Engine::publish() {
         stats_.swap_in_ns = swap.in_ns;
         stats_.swap_on_copy_stream = swapper_.on_copy_stream() ? 1 : 0;
         stats_.block_copy_bytes = swap.num_copy_bytes;
+        stats_.swap_overlapped_ns = swap.deferred_ns;
+        stats_.num_graphs_beside_copies = swap.num_graphs_beside;
         int64_t graphs[3];
         LlamaSession::cuda_graph_counts(graphs);
         stats_.cuda_graphs_captured = graphs[0];

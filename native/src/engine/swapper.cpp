@@ -18,6 +18,9 @@ namespace cf {
 // starts: block b of layer i is bytes [b * k_bytes, (b + 1) * k_bytes) of pools[i].k (V alike).
 struct Swapper::CopyStream {
     cf_cuda_copy_async_fn copy_async = nullptr;
+    cf_cuda_copy_async_deferred_fn copy_async_deferred = nullptr;
+    cf_cuda_copy_release_fn release = nullptr;
+    cf_cuda_copy_overlap_fn overlap = nullptr;
     cf_cuda_copy_fence_fn fence = nullptr;
     cf_cuda_copy_times_fn times = nullptr;
     struct Pool {
@@ -48,8 +51,13 @@ std::unique_ptr<Swapper::CopyStream> make_copy_stream(LlamaSession & session) {
     cs->copy_async = (cf_cuda_copy_async_fn) LlamaSession::cuda_proc("ggml_cuda_cf_copy_async");
     cs->fence = (cf_cuda_copy_fence_fn) LlamaSession::cuda_proc("ggml_cuda_cf_copy_fence");
     cs->times = (cf_cuda_copy_times_fn) LlamaSession::cuda_proc("ggml_cuda_cf_copy_times");
+    cs->copy_async_deferred =
+        (cf_cuda_copy_async_deferred_fn) LlamaSession::cuda_proc("ggml_cuda_cf_copy_async_deferred");
+    cs->release = (cf_cuda_copy_release_fn) LlamaSession::cuda_proc("ggml_cuda_cf_copy_release");
+    cs->overlap = (cf_cuda_copy_overlap_fn) LlamaSession::cuda_proc("ggml_cuda_cf_copy_overlap");
     auto pointer_device = (cf_cuda_pointer_device_fn) LlamaSession::cuda_proc("ggml_cuda_cf_pointer_device");
-    if (cs->copy_async == nullptr || cs->fence == nullptr || cs->times == nullptr || pointer_device == nullptr) {
+    if (cs->copy_async == nullptr || cs->copy_async_deferred == nullptr || cs->release == nullptr ||
+        cs->overlap == nullptr || cs->fence == nullptr || cs->times == nullptr || pointer_device == nullptr) {
         return nullptr;
     }
     const int64_t bs = session.config().block_size;
@@ -157,6 +165,16 @@ const SwapStats & Swapper::stats() {
         }
         stats_.out_ns = out_ns - measured_out_ns_;
         stats_.in_ns = in_ns - measured_in_ns_;
+        int64_t deferred_ns = 0;
+        int64_t graphs = 0;
+        for (int dev : copy_stream_->devices) {
+            int64_t o[2];
+            copy_stream_->overlap(dev, o);
+            deferred_ns += o[0];
+            graphs += o[1];
+        }
+        stats_.deferred_ns = deferred_ns - measured_deferred_ns_;
+        stats_.num_graphs_beside = graphs;
     }
     return stats_;
 }
@@ -182,6 +200,7 @@ double Swapper::measure_ns_per_byte(int32_t num_blocks) {
     if (copy_stream_) {  // its counters are the device's totals: subtract the measurement from now on
         measured_out_ns_ += after.out_ns - before.out_ns;
         measured_in_ns_ += after.in_ns - before.in_ns;
+        measured_deferred_ns_ += after.deferred_ns - before.deferred_ns;
     }
     stats_ = before;
     return ns > 0 && bytes > 0 ? (double) ns / (double) bytes : 0.0;
@@ -241,8 +260,9 @@ void Swapper::run_stream(const std::vector<BlockSwap> & swaps, bool to_host) {
     }
     session_.synchronize();  // no kernel of the previous step still touches the pools
     const int32_t kind = to_host ? CF_CUDA_COPY_SWAP_OUT : CF_CUDA_COPY_SWAP_IN;
-    for (size_t d = 0; d < cs.devices.size(); ++d) {
-        if (const int rc = cs.copy_async(cs.devices[d], cs.items[d].data(), (int32_t) cs.items[d].size(), kind)) {
+    for (size_t d = 0; d < cs.devices.size(); ++d) {  // deferred: due at the next begin_step()
+        if (const int rc = cs.copy_async_deferred(cs.devices[d], cs.items[d].data(), (int32_t) cs.items[d].size(),
+                                                  kind)) {
             throw Error(CF_STATUS_INTERNAL, std::string("swap ") + (to_host ? "out" : "in") + ": the CUDA copy stream "
                                                 "refused " + std::to_string(swaps.size()) + " blocks (error " +
                                                 std::to_string(rc) + ")");
@@ -285,6 +305,18 @@ void Swapper::copy_blocks(const std::vector<BlockCopy> & copies) {
                                          CF_CUDA_COPY_BLOCKS)) {
             throw Error(CF_STATUS_INTERNAL, "the CUDA copy stream refused " + std::to_string(copies.size()) +
                                                 " block copies (error " + std::to_string(rc) + ")");
+        }
+    }
+}
+
+void Swapper::begin_step() {
+    if (!copy_stream_) {
+        return;
+    }
+    for (int dev : copy_stream_->devices) {
+        if (const int rc = copy_stream_->release(dev)) {
+            throw Error(CF_STATUS_INTERNAL, "the CUDA copy stream could not release its swaps (error " +
+                                                std::to_string(rc) + ")");
         }
     }
 }

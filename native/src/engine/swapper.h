@@ -10,18 +10,27 @@
 //   - copy stream (every pool on a CUDA device, CacheFlow's CUDA sources built in, CACHEFLOW_SWAP_ASYNC not 0):
 //     the host buffer is pinned (the pool device's host buffer type, cudaMallocHost), and each batch of swaps or
 //     copies becomes one list of (src, dst, bytes) ranges run as one kernel on CacheFlow's CUDA side stream
-//     (kernels/cuda/copy_stream_api.h, patches/0011). The engine thread does not wait: ggml-cuda's next graph
-//     evaluation waits on the device for the copies. Times are device times (CUDA events).
+//     (kernels/cuda/copy_stream_api.h, patches/0011). The engine thread does not wait. Copy-on-write copies
+//     are due at once (this step's graph waits for them on the device); swap-outs and swap-ins are deferred:
+//     they run beside this step's graph, and the next step's graph waits for them (begin_step releases
+//     them). Times are device times (CUDA events).
 //   - llama copies (the CPU, or a CUDA build whose copy stream is unavailable): the buffer is calloc'd (pages
 //     backed only once a swap-out writes them) and llama.cpp copies each block, layer and tensor
 //     synchronously (llama_paged_swap_blocks / llama_paged_copy_blocks). Times are host wall times.
 // Outputs are bit-identical either way: both move the same bytes.
 //
-// Ordering on the copy stream: batches run in the order they were issued (a plan's swap-outs, then its
-// swap-ins, then its copies), so a block a swap-out reads is rewritten only afterwards, and a host slot a
-// swap-in reads is rewritten only by a later swap-out. The side stream itself never waits for the compute
-// stream: every call first synchronizes the llama context (the previous step's kernels are done; the engine
-// has read their results already, so this costs nothing).
+// Ordering on the copy stream: batches run in the order they were issued (step t: its copy-on-write copies,
+// then its swap-outs, then its swap-ins; the batches of step t - 1 before all of them). Why the overlap is
+// safe (the scheduler's side, step_plan.h): step t's graph touches none of the blocks of step t's swaps (a
+// swap-out's blocks are freed only at step t + 1, a swapped-in sequence joins the batch only at step t + 1),
+// and within a step the three lists touch disjoint blocks and host slots. A block freed at step t + 1 and
+// written by a new holder is written either by step t + 1's graph (which waits for everything of step t) or
+// by a later batch of the same stream. The side stream itself never waits for the compute stream: every call
+// first synchronizes the llama context (the previous step's kernels are done; the engine has read their
+// results already, so this costs nothing).
+//
+// Overlap counters (stats): deferred_ns, the device time of the deferred batches; num_graphs_beside, graph
+// evaluations enqueued while a deferred batch still ran on the device (ggml-cuda checks at each graph).
 //
 // Thread-safety: none; the stepping thread only.
 #pragma once
@@ -45,6 +54,8 @@ struct SwapStats {
     int64_t out_ns = 0;  // copy stream: device time of the completed batches; else host wall time
     int64_t in_ns = 0;
     int64_t num_copy_bytes = 0;  // copy-on-write, device -> device
+    int64_t deferred_ns = 0;       // copy stream: device time of the swap batches not waited for by their step
+    int64_t num_graphs_beside = 0; // copy stream: graph evaluations enqueued while such a batch still ran
 };
 
 class Swapper {
@@ -62,9 +73,15 @@ class Swapper {
     // Refreshes the device times of completed batches first (copy stream; no wait).
     const SwapStats & stats();
 
-    // Steps 1-3 of a plan: every swap-out (device block -> host slot), then every swap-in (host slot -> device
-    // block), then every copy-on-write copy (device block -> device block). Throws INTERNAL when a copy is
-    // refused (a bug: ids out of range, or a CUDA error). Call only with slot ids below num_slots().
+    // A step begins: the swaps issued by the previous step become due (the copy stream: graphs from now on
+    // wait for them, on the device; nothing on llama copies, where they are done already). Call once per step
+    // before that step's copies and graph, whether or not it has any.
+    void begin_step();
+    // Steps 1-3 of a plan: every swap-out (device block -> host slot), every swap-in (host slot -> device
+    // block), every copy-on-write copy (device block -> device block); the lists touch disjoint blocks, and
+    // the copy stream runs the copies first (due now), then the swaps (deferred to the next step). Throws
+    // INTERNAL when a copy is refused (a bug: ids out of range, or a CUDA error). Call only with slot ids
+    // below num_slots().
     void swap_out(const std::vector<BlockSwap> & swaps);
     void swap_in(const std::vector<BlockSwap> & swaps);
     void copy_blocks(const std::vector<BlockCopy> & copies);
@@ -85,7 +102,7 @@ class Swapper {
   private:
 
     void run_llama(const std::vector<BlockSwap> & swaps, bool to_host);
-    void run_stream(const std::vector<BlockSwap> & swaps, bool to_host);
+    void run_stream(const std::vector<BlockSwap> & swaps, bool to_host);  // deferred
     uint8_t * slot_bytes(int32_t slot) const;
 
     LlamaSession & session_;
@@ -100,6 +117,7 @@ class Swapper {
     SwapStats stats_;
     int64_t measured_out_ns_ = 0;  // copy stream: device time of measure_ns_per_byte, left out of stats_
     int64_t measured_in_ns_ = 0;
+    int64_t measured_deferred_ns_ = 0;
 };
 
 }  // namespace cf

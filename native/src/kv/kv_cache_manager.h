@@ -50,7 +50,10 @@ class KvCacheManager {
 
     // True if `seq` (waiting, holding no KV) may start running next to `num_running` running
     // sequences without starving them. Does not mutate. The scheduler checks max_num_seqs itself.
-    virtual bool can_admit(const Sequence & seq, int32_t num_running) const = 0;
+    // with_deferred: also count the blocks that this step's swap-outs free at the next step
+    // (num_blocks_freed_next_step), to ask whether seq fits once they are back (priority
+    // preemption stops preempting then); admission itself always asks without them.
+    virtual bool can_admit(const Sequence & seq, int32_t num_running, bool with_deferred = false) const = 0;
 
     // `seq` starts running: take what the mode sets aside at admission (unified: its reservation;
     // paged: the blocks of the longest cached prefix of its tokens). Returns the number of leading
@@ -104,14 +107,17 @@ class KvCacheManager {
 
     // ---- swap preemption (paged only; the stock modes never preempt, so they never swap)
     //
-    //   RUNNING --swap_out--> SWAPPED --swap_in--> RUNNING      (KV moved, nothing recomputed)
-    //      |                     \--free_swapped (abort)
+    //   RUNNING --swap_out--> SWAPPED --swap_in--> SWAPPING_IN --next step--> RUNNING
+    //      |                     \--free_swapped (abort)   (KV moved, nothing recomputed)
     //      \--free (recompute preemption) --> WAITING --admit--> RUNNING (KV computed again)
     //
     // A swapped sequence holds host slots instead of device blocks. Blocks it shared (fork,
     // prefix cache) are copied out like its own and stay valid for their other holders; it comes
-    // back in private blocks. Each step's plan runs every swap-out before every swap-in, and a
-    // host slot freed by a swap-in is reused only from the next step on.
+    // back in private blocks. A host slot freed by a swap-in is reused only from the next step on,
+    // and the device blocks a swap-out releases become free only at the next step too (deferred
+    // free, begin_step): the copies of one step touch disjoint blocks and slots, so they may run in
+    // any order and beside the step's compute (engine/swapper.h). A sequence swapped in at step t
+    // (its copies in step t's plan) joins the batch at step t + 1 (the scheduler's SWAPPING_IN).
 
     // True if swap_out(seq) can take host slots for every block of `seq` (admitted, with a table).
     // Does not mutate.
@@ -125,18 +131,21 @@ class KvCacheManager {
         return 0;
     }
     // Move seq's blocks to host slots: append (device block, host slot) pairs to *out in table
-    // order and release the device blocks (free() for it is not called then). Call only when
-    // can_swap_out(seq).
+    // order and release the device blocks at the next begin_step() (deferred free: the copy reads
+    // them during this step; free() for it is not called then). Call only when can_swap_out(seq).
     virtual void swap_out(const Sequence & seq, std::vector<BlockSwap> * out) {
         (void) seq;
         (void) out;
     }
     // True if a swapped `seq` fits back next to `num_running` running sequences: its blocks, the
     // blocks of its next num_new_tokens tokens, and the admission watermark are free.
-    virtual bool can_swap_in(const Sequence & seq, int32_t num_running, int32_t num_new_tokens) const {
+    // with_deferred as for can_admit.
+    virtual bool can_swap_in(const Sequence & seq, int32_t num_running, int32_t num_new_tokens,
+                             bool with_deferred = false) const {
         (void) seq;
         (void) num_running;
         (void) num_new_tokens;
+        (void) with_deferred;
         return false;
     }
     // Give a swapped seq fresh device blocks: append (host slot, device block) pairs to *out and
@@ -148,8 +157,20 @@ class KvCacheManager {
     }
     // Drop a swapped seq's host slots (abort). Call only for a swapped sequence.
     virtual void free_swapped(const Sequence & seq) { (void) seq; }
+    // A step's plan begins (the scheduler calls it first in schedule()): the previous step's
+    // swap-outs release their device blocks now (their copies come before anything this step
+    // issues; on a copy stream the engine makes this step's graph wait for them).
+    virtual void begin_step() {}
     // The step's plan is built (the scheduler calls it last in schedule()).
     virtual void end_step() {}
+    // Blocks this step's swap-outs return to the free list at the next begin_step().
+    virtual int32_t num_blocks_freed_next_step() const { return 0; }
+    // Blocks allocate(seq, num_new_tokens) would take from the free list now. Does not mutate.
+    virtual int64_t num_blocks_to_allocate(const Sequence & seq, int32_t num_new_tokens) const {
+        (void) seq;
+        (void) num_new_tokens;
+        return 0;
+    }
     virtual int32_t num_host_blocks_total() const { return 0; }
     virtual int32_t num_host_blocks_used() const { return 0; }
     // "" if the swapped sequences' host state agrees with `swapped` (the scheduler's list).

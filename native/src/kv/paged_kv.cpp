@@ -32,9 +32,9 @@ int64_t PagedKv::num_blocks_to_admit(const Sequence & seq) const {
     return blocks_.num_blocks_needed(match(seq), seq.num_tokens());
 }
 
-bool PagedKv::can_admit(const Sequence & seq, int32_t num_running) const {
+bool PagedKv::can_admit(const Sequence & seq, int32_t num_running, bool with_deferred) const {
     const int64_t watermark = num_running == 0 ? 0 : std::max<int64_t>(watermark_blocks_, num_running);
-    return num_blocks_to_admit(seq) + watermark <= blocks_.num_free_blocks();
+    return num_blocks_to_admit(seq) + watermark <= num_free_blocks(with_deferred);
 }
 
 int32_t PagedKv::admit(const Sequence & seq) {
@@ -91,17 +91,18 @@ void PagedKv::swap_out(const Sequence & seq, std::vector<BlockSwap> * out) {
     for (size_t i = 0; i < table.block_ids.size(); ++i) {
         out->push_back({ table.block_ids[i], swapped.host_slots[i] });
     }
-    blocks_.free(seq.request_id);
+    blocks_.free_deferred(seq.request_id);  // the swap-out copy reads them during this step
 }
 
-bool PagedKv::can_swap_in(const Sequence & seq, int32_t num_running, int32_t num_new_tokens) const {
+bool PagedKv::can_swap_in(const Sequence & seq, int32_t num_running, int32_t num_new_tokens,
+                          bool with_deferred) const {
     auto it = swapped_.find(seq.request_id);
     assert(it != swapped_.end() && num_new_tokens >= 0);
     const int32_t bs = blocks_.block_size();
     const int64_t total = (int64_t) it->second.num_tokens + num_new_tokens;
     const int64_t needed = (total + bs - 1) / bs;  // its blocks and those of the next tokens
     const int64_t watermark = num_running == 0 ? 0 : std::max<int64_t>(watermark_blocks_, num_running);
-    return needed + watermark <= blocks_.num_free_blocks();
+    return needed + watermark <= num_free_blocks(with_deferred);
 }
 
 void PagedKv::swap_in(const Sequence & seq, std::vector<BlockSwap> * out) {

@@ -28,7 +28,7 @@ class PagedKv final : public KvCacheManager {
     // block per running sequence, so that admitting a prompt does not force a preemption (and its
     // recompute) on the very next decode. Alone, a sequence may take the whole pool. Blocks of a
     // cached prefix are not needed again; cached free blocks count as free.
-    bool can_admit(const Sequence & seq, int32_t num_running) const override;
+    bool can_admit(const Sequence & seq, int32_t num_running, bool with_deferred) const override;
     int32_t admit(const Sequence & seq) override;
     bool allocate(const Sequence & seq, int32_t num_new_tokens) override;
     void commit(const Sequence & seq) override;
@@ -51,10 +51,16 @@ class PagedKv final : public KvCacheManager {
     bool can_swap_out(const Sequence & seq) const override;
     int64_t swap_bytes(const Sequence & seq) const override;
     void swap_out(const Sequence & seq, std::vector<BlockSwap> * out) override;
-    bool can_swap_in(const Sequence & seq, int32_t num_running, int32_t num_new_tokens) const override;
+    bool can_swap_in(const Sequence & seq, int32_t num_running, int32_t num_new_tokens,
+                     bool with_deferred) const override;
     void swap_in(const Sequence & seq, std::vector<BlockSwap> * out) override;
     void free_swapped(const Sequence & seq) override;
+    void begin_step() override { blocks_.release_deferred(); }
     void end_step() override { host_.end_step(); }
+    int32_t num_blocks_freed_next_step() const override { return blocks_.num_blocks_freed_by_release(); }
+    int64_t num_blocks_to_allocate(const Sequence & seq, int32_t num_new_tokens) const override {
+        return blocks_.num_blocks_needed(seq.request_id, num_new_tokens);
+    }
     int32_t num_host_blocks_total() const override { return host_.num_slots(); }
     int32_t num_host_blocks_used() const override { return host_.num_used(); }
     std::string check_swapped(const std::vector<const Sequence *> & swapped) const override;
@@ -67,6 +73,10 @@ class PagedKv final : public KvCacheManager {
     PrefixMatch match(const Sequence & seq) const;
     // Blocks admitting seq takes from the free list (its cached prefix not counted).
     int64_t num_blocks_to_admit(const Sequence & seq) const;
+    // Free blocks now, plus those the next begin_step() frees when with_deferred.
+    int64_t num_free_blocks(bool with_deferred) const {
+        return blocks_.num_free_blocks() + (with_deferred ? blocks_.num_blocks_freed_by_release() : 0);
+    }
 
     BlockManager blocks_;
     // A swapped-out sequence: its host slots in table order and its token count.

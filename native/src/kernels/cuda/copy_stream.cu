@@ -9,8 +9,11 @@
 //   - copies run on the side stream in the order they were enqueued (a swap-out that reads block b runs before
 //     a later swap-in or copy that writes b; a host slot read by a swap-in is rewritten only by a later
 //     swap-out);
-//   - every graph evaluation of ggml-cuda on that device first makes its compute stream wait for the latest
-//     enqueued batch (cudaStreamWaitEvent, before any CUDA graph capture or launch, so it is never captured);
+//   - every graph evaluation of ggml-cuda on that device first makes its compute stream wait for the `due`
+//     event (cudaStreamWaitEvent, before any CUDA graph capture or launch, so it is never captured). `due` is
+//     recorded on the side stream after each batch of copy_async and at each copy_release, so it marks the
+//     latest stream position graphs depend on; deferred batches enqueued after it (copy_async_deferred) run
+//     beside the graphs until the next release (the engine releases at the start of the next step);
 //   - the side stream does not wait for the compute stream: the engine synchronizes its context after every
 //     step (it reads the step's logits or token ids) and before it enqueues copies, so no kernel that writes or
 //     reads the pools is still running.
@@ -31,7 +34,9 @@ struct KindState {
     cudaEvent_t start = nullptr;
     cudaEvent_t done = nullptr;
     bool timing_pending = false;           // the last batch's elapsed time is not yet added to ns
+    bool deferred = false;                 // the last batch was enqueued by copy_async_deferred
     int64_t ns = 0;                        // device time of completed batches
+    int64_t deferred_ns = 0;               // of which, deferred batches
     cf_cuda_copy_item * host_items = nullptr;  // pinned staging of the item list, `capacity` items
     cf_cuda_copy_item * dev_items = nullptr;   // its device copy, read by the kernel
     int32_t capacity = 0;
@@ -42,7 +47,11 @@ struct DeviceState {
     std::atomic<bool> used{false};         // a batch was ever enqueued (read without the mutex)
     cudaStream_t stream = nullptr;
     std::array<KindState, CF_CUDA_COPY_KINDS> kinds;
-    cudaEvent_t last_done = nullptr;       // the done event of the latest batch
+    cudaEvent_t due = nullptr;             // graphs wait for it (see the ordering above)
+    bool due_recorded = false;
+    cudaEvent_t last_deferred_done = nullptr;  // done event of the latest deferred batch
+    bool deferred_unreleased = false;      // a deferred batch was enqueued since the last release
+    int64_t num_graphs_beside = 0;         // graphs enqueued while an unreleased deferred batch still ran
 };
 
 DeviceState & device_state(int device) {
@@ -71,7 +80,9 @@ void harvest(KindState & k, bool wait) {
     if (status == cudaSuccess) {
         float ms = 0.0f;
         if (cudaEventElapsedTime(&ms, k.start, k.done) == cudaSuccess) {
-            k.ns += (int64_t) ((double) ms * 1e6);
+            const int64_t ns = (int64_t) ((double) ms * 1e6);
+            k.ns += ns;
+            k.deferred_ns += k.deferred ? ns : 0;
         }
     }
     (void) cudaGetLastError();
@@ -83,6 +94,9 @@ cudaError_t init_locked(DeviceState & s) {
         return cudaSuccess;
     }
     cudaError_t err = cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking);
+    if (err == cudaSuccess) {
+        err = cudaEventCreateWithFlags(&s.due, cudaEventDisableTiming);
+    }
     for (KindState & k : s.kinds) {
         if (err == cudaSuccess) {
             err = cudaEventCreate(&k.start);
@@ -119,7 +133,7 @@ cudaError_t reserve_locked(KindState & k, int32_t n) {
     return err;
 }
 
-int copy_async(int device, const cf_cuda_copy_item * items, int32_t n_items, int32_t kind) {
+int enqueue(int device, const cf_cuda_copy_item * items, int32_t n_items, int32_t kind, bool deferred) {
     if (!valid_device(device) || kind < 0 || kind >= CF_CUDA_COPY_KINDS) {
         GGML_LOG_ERROR("cacheflow copy stream: device %d or kind %d out of range\n", device, (int) kind);
         return -1;
@@ -155,9 +169,66 @@ int copy_async(int device, const cf_cuda_copy_item * items, int32_t n_items, int
         return report(err, "launching the block copies");
     }
     k.timing_pending = true;
-    s.last_done = k.done;
+    k.deferred = deferred;
+    if (deferred) {
+        s.last_deferred_done = k.done;
+        s.deferred_unreleased = true;
+    } else {
+        if ((err = cudaEventRecord(s.due, s.stream)) != cudaSuccess) {
+            return report(err, "recording the copies' event");
+        }
+        s.due_recorded = true;
+    }
     s.used.store(true, std::memory_order_release);
     return 0;
+}
+
+int copy_async(int device, const cf_cuda_copy_item * items, int32_t n_items, int32_t kind) {
+    return enqueue(device, items, n_items, kind, /*deferred=*/false);
+}
+
+int copy_async_deferred(int device, const cf_cuda_copy_item * items, int32_t n_items, int32_t kind) {
+    return enqueue(device, items, n_items, kind, /*deferred=*/true);
+}
+
+int copy_release(int device) {
+    if (!valid_device(device)) {
+        return -1;
+    }
+    DeviceState & s = device_state(device);
+    if (!s.used.load(std::memory_order_acquire)) {
+        return 0;
+    }
+    std::lock_guard<std::mutex> lock(s.mu);
+    if (!s.deferred_unreleased) {
+        return 0;  // `due` already marks the latest batch
+    }
+    ggml_cuda_set_device(device);
+    const cudaError_t err = cudaEventRecord(s.due, s.stream);
+    if (err != cudaSuccess) {
+        return report(err, "releasing the deferred copies");
+    }
+    s.due_recorded = true;
+    s.deferred_unreleased = false;
+    return 0;
+}
+
+void copy_overlap(int device, int64_t out[2]) {
+    out[0] = 0;
+    out[1] = 0;
+    if (!valid_device(device)) {
+        return;
+    }
+    DeviceState & s = device_state(device);
+    if (!s.used.load(std::memory_order_acquire)) {
+        return;
+    }
+    std::lock_guard<std::mutex> lock(s.mu);
+    for (KindState & k : s.kinds) {
+        harvest(k, /*wait=*/false);
+        out[0] += k.deferred_ns;
+    }
+    out[1] = s.num_graphs_beside;
 }
 
 int copy_fence(int device) {
@@ -204,7 +275,8 @@ void copy_times(int device, int64_t ns[CF_CUDA_COPY_KINDS]) {
 
 }  // namespace
 
-// The compute stream of ctx waits (on the device, not the host) for the copies enqueued so far.
+// The compute stream of ctx waits (on the device, not the host) for the copies due so far; deferred batches
+// not yet released run on beside the graph (counted when one still runs as the graph is enqueued).
 void ggml_cuda_cf_before_graph(ggml_backend_cuda_context & ctx) {
     if (!valid_device(ctx.device)) {
         return;
@@ -214,13 +286,31 @@ void ggml_cuda_cf_before_graph(ggml_backend_cuda_context & ctx) {
         return;
     }
     std::lock_guard<std::mutex> lock(s.mu);
-    CUDA_CHECK(cudaStreamWaitEvent(ctx.stream(), s.last_done, 0));
+    if (s.due_recorded) {
+        CUDA_CHECK(cudaStreamWaitEvent(ctx.stream(), s.due, 0));
+    }
+    if (s.deferred_unreleased) {
+        const cudaError_t status = cudaEventQuery(s.last_deferred_done);
+        if (status == cudaErrorNotReady) {
+            s.num_graphs_beside += 1;
+            (void) cudaGetLastError();  // "not ready" is no error for ggml-cuda's later checks
+        }
+    }
 }
 
 // The functions of copy_stream_api.h by name; nullptr for any other name.
 void * ggml_cuda_cf_proc_address(const char * name) {
     if (std::strcmp(name, "ggml_cuda_cf_copy_async") == 0) {
         return (void *) static_cast<cf_cuda_copy_async_fn>(copy_async);
+    }
+    if (std::strcmp(name, "ggml_cuda_cf_copy_async_deferred") == 0) {
+        return (void *) static_cast<cf_cuda_copy_async_deferred_fn>(copy_async_deferred);
+    }
+    if (std::strcmp(name, "ggml_cuda_cf_copy_release") == 0) {
+        return (void *) static_cast<cf_cuda_copy_release_fn>(copy_release);
+    }
+    if (std::strcmp(name, "ggml_cuda_cf_copy_overlap") == 0) {
+        return (void *) static_cast<cf_cuda_copy_overlap_fn>(copy_overlap);
     }
     if (std::strcmp(name, "ggml_cuda_cf_copy_fence") == 0) {
         return (void *) static_cast<cf_cuda_copy_fence_fn>(copy_fence);

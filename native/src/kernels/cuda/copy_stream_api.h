@@ -4,8 +4,10 @@
  *
  * What it does: a list of copies (device pool <-> pinned host memory, or device <-> device) runs as one
  * kernel launch on a per-device side stream, not as one synchronous cudaMemcpy per block, layer and
- * tensor; ggml-cuda's compute stream waits for the latest enqueued copies (an event, no host wait)
- * before it evaluates its next graph. The host returns as soon as the copies are enqueued.
+ * tensor; ggml-cuda's compute stream waits for the copies due so far (an event, no host wait) before it
+ * evaluates its next graph: a batch is due at once (ggml_cuda_cf_copy_async) or once released
+ * (ggml_cuda_cf_copy_async_deferred, then ggml_cuda_cf_copy_release). The host returns as soon as the
+ * copies are enqueued.
  *
  * Ownership: the caller owns every buffer an item names and keeps it alive and unchanged until the
  * copies are known to be done (a later fence, or a graph evaluation that waited for them and was
@@ -43,6 +45,23 @@ enum {
  * before its next graph evaluation. Returns 0, or a cudaError_t value (nothing enqueued; the message is
  * logged through ggml), or -1 for invalid arguments (alignment, kind, device). */
 typedef int (*cf_cuda_copy_async_fn)(int device, const cf_cuda_copy_item * items, int32_t n_items, int32_t kind);
+
+/* "ggml_cuda_cf_copy_async_deferred": like ggml_cuda_cf_copy_async, but graph evaluations do not wait for
+ * this batch until the next ggml_cuda_cf_copy_release on `device` (swaps one step ahead: a step's swap-outs
+ * and swap-ins run beside that step's graph; the next step's graph waits for them). The caller guarantees
+ * that no graph evaluated before that release reads or writes what the batch touches. Later batches still
+ * run after it (one in-order stream). Same returns as ggml_cuda_cf_copy_async. */
+typedef int (*cf_cuda_copy_async_deferred_fn)(int device, const cf_cuda_copy_item * items, int32_t n_items,
+                                              int32_t kind);
+
+/* "ggml_cuda_cf_copy_release": every batch enqueued on `device` so far, deferred or not, is waited for by the
+ * graph evaluations from now on (on the device; no host wait). 0, -1 for an invalid device, or a cudaError_t. */
+typedef int (*cf_cuda_copy_release_fn)(int device);
+
+/* "ggml_cuda_cf_copy_overlap": overlap counters of `device` since start: out[0] = device time of the completed
+ * deferred batches, ns; out[1] = graph evaluations that began (were enqueued) while a deferred batch not yet
+ * released was still running on the device (checked with cudaEventQuery when the graph is enqueued). */
+typedef void (*cf_cuda_copy_overlap_fn)(int device, int64_t out[2]);
 
 /* "ggml_cuda_cf_copy_fence": the host waits until every copy enqueued on `device` is done. 0 or a cudaError_t. */
 typedef int (*cf_cuda_copy_fence_fn)(int device);
