@@ -8,7 +8,6 @@
 # kernel failed the float64 check.
 # Usage: OUT=results/h200_gpu bash scripts/bench_flashinfer_decode.sh [extra args for the binary]
 #   ARCH (default native), FI_INCLUDE (default _carry/flashinfer/include), BIN (default /tmp/cf_fi_decode),
-#   CF_KV_LOADS="staged" (CacheFlow's kernel again, graphs, per CACHEFLOW_PA_KV_LOADS value)
 #   NVCC_FLAGS (more nvcc flags, e.g. -DCF_PA_THREADS=256 for a kernel variant)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -35,9 +34,5 @@ rc=0
   "$BIN" "$@" || rc=$?
   echo "== CUDA graphs (--graph)"
   "$BIN" --graph "$@" || rc=$?
-  for loads in ${CF_KV_LOADS:-}; do  # CacheFlow's kernel again with other K/V loads (paged_attention.cuh)
-    echo "== CUDA graphs (--graph), CacheFlow with CACHEFLOW_PA_KV_LOADS=$loads"
-    CACHEFLOW_PA_KV_LOADS=$loads "$BIN" --graph "$@" || rc=$?
-  done
   exit "$rc"
 } 2>&1 | tee "$OUT/flashinfer_vs_cacheflow.txt"  # pipefail + set -e: a failed run is this script's status

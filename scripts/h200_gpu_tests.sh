@@ -9,7 +9,7 @@
 # each KV mode, PROFILE_PADDING_AB=1 paged again without step padding); NPL="1 64 256" batches for the decode stage
 # (DECODE_MODES="paged stock" the engine's KV modes there), PROFILE_GRAPHS_OFF=0 skips the profile's
 # runs without CUDA graphs,
-# PROFILE_KV_LOADS="registers staged" the paged step again per CACHEFLOW_PA_KV_LOADS, PROFILE_NPL for the profile stage: the engine's decode step under nsys, kernel + CUDA API summaries;
+# PROFILE_NPL for the profile stage: the engine's decode step under nsys, kernel + CUDA API summaries;
 # stage ncu: kernel time by kernel name of a few decode steps, NCU_NPL batches; stage serve: `cacheflow
 # serve` vs in-process LLM.generate on the same 128/128 requests at SERVE_STREAMS streams, issue 12;
 # stage gemm: paged decode at GEMM_NPL for each CACHEFLOW_CUDA_GEMM option of patch 0008; stage
@@ -117,10 +117,6 @@ if want profile; then
         for kv in ${PROFILE_KV_MODES:-paged}; do
           python scripts/profile_gpu_step.py -m "$MODEL" --npl "$npl" --sampling "$sampling" --kv-mode "$kv" 2>&1 \
               | grep measured | tee -a "$OUT/run.log"
-        done
-        for loads in ${PROFILE_KV_LOADS:-}; do  # the paged kernel's K/V loads (paged_attention.cuh, PagedKvLoads)
-          CACHEFLOW_PA_KV_LOADS=$loads python scripts/profile_gpu_step.py -m "$MODEL" --npl "$npl" --sampling "$sampling" \
-              --kv-mode paged 2>&1 | grep measured | sed "s/^/kv loads $loads: /" | tee -a "$OUT/run.log"
         done
         if [ "${PROFILE_PADDING_AB:-0}" = 1 ]; then
           CACHEFLOW_STEP_PADDING=0 python scripts/profile_gpu_step.py -m "$MODEL" --npl "$npl" --sampling "$sampling" \

@@ -238,16 +238,6 @@ void test_shape(int D, int n_head, int n_head_kv, int block_size, unsigned seed)
 
     const std::vector<float> got = run(m, lay, qs, q);
     const std::vector<float> want = reference(m, qs, q);
-    // Every way of moving K/V computes the same bits (paged_attention.cuh, PagedKvLoads).
-    const cf::cuda::PagedKvLoads loads = cf::cuda::paged_attention_kv_loads();
-    for (cf::cuda::PagedKvLoads other : {cf::cuda::PagedKvLoads::REGISTERS, cf::cuda::PagedKvLoads::STAGED_SHALLOW,
-                                         cf::cuda::PagedKvLoads::STAGED_DEEP}) {
-        cf::cuda::set_paged_attention_kv_loads(other);
-        const std::vector<float> same = run(m, lay, qs, q);
-        expect(std::memcmp(same.data(), got.data(), got.size() * sizeof(float)) == 0,
-               "D=" + std::to_string(D) + ": K/V loads " + std::to_string((int) other) + " change the output");
-    }
-    cf::cuda::set_paged_attention_kv_loads(loads);
     double max_err = 0;
     for (size_t i = 0; i < got.size(); ++i) max_err = std::max(max_err, (double) std::fabs(got[i] - want[i]));
     const std::string shape = "D=" + std::to_string(D) + " heads " + std::to_string(n_head) + "/" +
@@ -326,33 +316,24 @@ void bench_decode(int batch, int ctx, int D, int n_head, int n_head_kv) {
     cudaEvent_t e0, e1;
     CHECK_CUDA(cudaEventCreate(&e0));
     CHECK_CUDA(cudaEventCreate(&e1));
-    const double bytes = 2.0 * batch * (double) ctx * row * sizeof(half);
-    // One line per shape: the process's K/V loads (CACHEFLOW_PA_KV_LOADS, the engine's), then staged.
-    const cf::cuda::PagedKvLoads loads = cf::cuda::paged_attention_kv_loads();
-    std::printf("bench decode B=%-4d ctx=%-5d D=%d heads %d/%d:", batch, ctx, D, n_head, n_head_kv);
-    for (cf::cuda::PagedKvLoads mode : {loads, cf::cuda::PagedKvLoads::STAGED}) {
-        cf::cuda::set_paged_attention_kv_loads(mode);
-        for (int i = 0; i < 20; ++i) cf::cuda::paged_attention_cuda(a, ws.ptr, nullptr);
-        std::vector<float> ms;
-        for (int r = 0; r < 7; ++r) {
-            const int iters = 100;
-            CHECK_CUDA(cudaEventRecord(e0));
-            for (int i = 0; i < iters; ++i) cf::cuda::paged_attention_cuda(a, ws.ptr, nullptr);
-            CHECK_CUDA(cudaEventRecord(e1));
-            CHECK_CUDA(cudaEventSynchronize(e1));
-            float t = 0;
-            CHECK_CUDA(cudaEventElapsedTime(&t, e0, e1));
-            ms.push_back(t / iters);
-        }
-        std::sort(ms.begin(), ms.end());
-        const double us = ms[ms.size() / 2] * 1000.0;
-        const double gbs = bytes / (us * 1e3);
-        std::printf(" %s %8.1f us/layer, %7.1f GB/s of K+V (%3.0f%% of copy)%s",
-                    mode == cf::cuda::PagedKvLoads::STAGED ? "staged" : "default", us, gbs, 100.0 * gbs / g_copy_gbs,
-                    mode == cf::cuda::PagedKvLoads::STAGED ? "\n" : " |");
+    for (int i = 0; i < 20; ++i) cf::cuda::paged_attention_cuda(a, ws.ptr, nullptr);
+    std::vector<float> ms;
+    for (int r = 0; r < 7; ++r) {
+        const int iters = 100;
+        CHECK_CUDA(cudaEventRecord(e0));
+        for (int i = 0; i < iters; ++i) cf::cuda::paged_attention_cuda(a, ws.ptr, nullptr);
+        CHECK_CUDA(cudaEventRecord(e1));
+        CHECK_CUDA(cudaEventSynchronize(e1));
+        float t = 0;
+        CHECK_CUDA(cudaEventElapsedTime(&t, e0, e1));
+        ms.push_back(t / iters);
     }
-    cf::cuda::set_paged_attention_kv_loads(loads);
-    CHECK_CUDA(cudaGetLastError());
+    std::sort(ms.begin(), ms.end());
+    const double us = ms[ms.size() / 2] * 1000.0;
+    const double bytes = 2.0 * batch * (double) ctx * row * sizeof(half);
+    const double gbs = bytes / (us * 1e3);
+    std::printf("bench decode B=%-4d ctx=%-5d D=%d heads %d/%d: %8.1f us/layer, %7.1f GB/s of K+V (%3.0f%% of copy)\n",
+                batch, ctx, D, n_head, n_head_kv, us, gbs, 100.0 * gbs / g_copy_gbs);
     cudaEventDestroy(e0);
     cudaEventDestroy(e1);
 }

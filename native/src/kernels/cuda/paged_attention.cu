@@ -1,10 +1,7 @@
 // paged_attention.cu - CUDA paged attention; the contract and the work split are in paged_attention.cuh.
 #include "paged_attention.cuh"
 
-#include <atomic>
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
 
 namespace cf {
 namespace cuda {
@@ -134,8 +131,9 @@ __device__ __forceinline__ void load_split_inputs(const PagedAttentionCudaArgs &
     __syncthreads();
 }
 
-// The per-key arithmetic both kernels share (so that they compute bit-identical outputs; only how the K/V
-// rows reach the threads differs). Thread (group g, lane li) of a TG-lane group holds dims [8 li, 8 li + 8).
+// The kernel's per-key arithmetic, in functions of their own so that another way of moving K/V (e.g. the
+// cp.async-staged variant measured in stop 28: slower, removed) can reuse it and compute the same bits.
+// Thread (group g, lane li) of a TG-lane group holds dims [8 li, 8 li + 8).
 
 // Score of key i for every query head from this lane's 16 bytes of its K row: the lanes' partial dots meet
 // in a butterfly over the TG lanes; lane 0 stores scale * dot (soft-capped) in p_s[h][i] when i < nkeys.
@@ -385,168 +383,6 @@ paged_attention_split_kernel(const PagedAttentionCudaArgs a, float * part_o /* [
     }
 }
 
-// 16-byte asynchronous copy global -> shared (sm_80+: cp.async, bypassing L1; zero-filled when !valid), the
-// group commit, and the wait until at most N of this thread's committed groups are pending. Before sm_80 a
-// plain load and store (the kernel's results are the same either way; only the overlap is lost).
-__device__ __forceinline__ void copy16_async(uint4 * smem, const uint4 * gmem, bool valid) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    const unsigned dst = (unsigned) __cvta_generic_to_shared(smem);
-    const int src_bytes = valid ? 16 : 0;
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(src_bytes));
-#else
-    *smem = valid ? *gmem : make_uint4(0u, 0u, 0u, 0u);
-#endif
-}
-
-__device__ __forceinline__ void copy_async_commit() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.commit_group;\n" ::);
-#endif
-}
-
-template <int N>
-__device__ __forceinline__ void copy_async_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-#endif
-}
-
-// Keys per staged tile: a multiple of the keys one pass of the CTA covers (NG), so that every thread group
-// meets its keys in the order of the register kernel.
-__host__ __device__ constexpr int staged_tile_keys(int D) { return threads_for(D) / (D / 8) > 32 ? threads_for(D) / (D / 8) : 32; }
-
-// Dynamic shared memory of the staged kernel: NS tiles of staged_tile_keys(D) K or V rows of one KV head.
-__host__ __device__ constexpr size_t staged_smem_bytes(int D, int NS) {
-    return (size_t) NS * staged_tile_keys(D) * D * sizeof(half);
-}
-
-// The same CTA, work split and arithmetic as paged_attention_split_kernel (its shared helpers: scores,
-// softmax, P.V, finish), with another way of moving K/V: the split's K rows and then its V rows stream
-// through a ring of NS shared-memory tiles of kTile keys filled by cp.async, NS tiles in flight ahead of
-// the tile being used. A thread group still meets key i of its own residue class in increasing order, so
-// every sum runs in the register kernel's order and the outputs are bit-identical to it (the standalone
-// test checks it): NS may therefore depend on the batch. The V tiles of a split start loading while its
-// last K tiles and the softmax run, so a lone short row waits for about ceil(2 * keys / (NS * kTile))
-// memory round trips instead of the register kernel's 2 * ceil(keys / (kRowsInFlight * NG)).
-// [FlashInfer's decode kernel stages K/V tiles with cp.async in a pipeline the same way.]
-template <int D, int G, int NS>
-__global__ void __launch_bounds__(threads_for(D))
-paged_attention_staged_kernel(const PagedAttentionCudaArgs a, float * part_o /* [n_tokens][n_head][n_splits][D] */,
-                              float * part_ml /* [n_tokens][n_head][n_splits][2] */, int n_splits) {
-    constexpr int kThreads = threads_for(D);
-    constexpr int kWarps = kThreads / 32;
-    constexpr int TG = D / 8;
-    constexpr int NG = kThreads / TG;
-    constexpr int kTile = staged_tile_keys(D);
-    constexpr int kTileChunks = kTile * TG;  // 16-byte chunks of one tile
-    static_assert(kTile % NG == 0 && kTileChunks % kThreads == 0, "tile shape");
-    constexpr int kScoreFloats = G * kPagedSplitKeys;
-    constexpr int kReduceFloats = kWarps * G * D;
-
-    __shared__ float q_s[G][D];
-    __shared__ float big_s[kScoreFloats > kReduceFloats ? kScoreFloats : kReduceFloats];
-    __shared__ int32_t row_s[kPagedSplitKeys];
-    __shared__ float scratch[kWarps][G];
-    __shared__ float m_s[G];
-    __shared__ float l_s[G];
-    extern __shared__ uint4 stage_s[];  // [NS][kTile][TG] chunks: tile slot, key in the tile, lane
-    float (*p_s)[kPagedSplitKeys] = reinterpret_cast<float (*)[kPagedSplitKeys]>(big_s);
-
-    const int split = blockIdx.x;
-    const int kvh = blockIdx.y;
-    const int t = blockIdx.z;
-    const int tid = threadIdx.x;
-    const int ctx = a.token_ctx_len[t];
-    const int split_keys = split_keys_for(ctx);
-    const int k0 = split * split_keys;
-    if (k0 >= ctx) {
-        return;
-    }
-    const int nkeys = min(split_keys, ctx - k0);
-    load_split_inputs<D, G, kThreads>(a, t, kvh, k0, nkeys, q_s, row_s);
-
-    // Tiles 0 .. n_kv - 1 hold K rows of keys [tile * kTile, +kTile), tiles n_kv .. 2 n_kv - 1 the V rows.
-    const int n_kv = (nkeys + kTile - 1) / kTile;
-    const int n_tiles = 2 * n_kv;
-    // Every thread commits one group per issued tile (empty past the last), so that wait<NS - 1> at tile
-    // `tile` means: this thread's copies of that tile have landed.
-    auto issue = [&](int tile) {
-        if (tile < n_tiles) {
-            const bool is_v = tile >= n_kv;
-            const half * pool = is_v ? a.v_pool : a.k_pool;
-            const int64_t stride = is_v ? a.v_stride_row : a.k_stride_row;
-            const int key0 = (is_v ? tile - n_kv : tile) * kTile;
-            uint4 * slot = stage_s + (tile % NS) * kTileChunks;
-#pragma unroll
-            for (int c = tid; c < kTileChunks; c += kThreads) {
-                const int i = key0 + c / TG;
-                const bool valid = i < nkeys;
-                const half * src = pool + (valid ? (int64_t) row_s[i] * stride + kvh * D + (c % TG) * 8 : 0);
-                copy16_async(slot + c, reinterpret_cast<const uint4 *>(src), valid);
-            }
-        }
-        copy_async_commit();
-    };
-#pragma unroll
-    for (int s = 0; s < NS; ++s) {
-        issue(s);
-    }
-
-    const int g = tid / TG;
-    const int li = tid % TG;
-    // Q.K over the K tiles (every thread, whole warps: shuffles); the query stays in registers only here.
-    {
-        float qr[G][8];
-#pragma unroll
-        for (int h = 0; h < G; ++h) {
-#pragma unroll
-            for (int j = 0; j < 8; ++j) {
-                qr[h][j] = q_s[h][li * 8 + j];
-            }
-        }
-        for (int tile = 0; tile < n_kv; ++tile) {
-            copy_async_wait<NS - 1>();
-            __syncthreads();  // every thread's copies of this tile are visible
-            const uint4 * slot = stage_s + (tile % NS) * kTileChunks;
-#pragma unroll
-            for (int u = 0; u < kTile / NG; ++u) {
-                const int r = u * NG + g;
-                store_scores<G, TG>(qr, slot[r * TG + li], tile * kTile + r, nkeys, li, a, p_s);
-            }
-            __syncthreads();  // the slot may be refilled; after the last K tile every score is stored
-            issue(tile + NS);
-        }
-    }
-    softmax_split<G, kThreads>(p_s, nkeys, scratch, m_s, l_s);  // while the first V tiles load
-    // P.V over the V tiles.
-    float acc[G][8];
-#pragma unroll
-    for (int h = 0; h < G; ++h) {
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-            acc[h][j] = 0.0f;
-        }
-    }
-    for (int tile = n_kv; tile < n_tiles; ++tile) {
-        copy_async_wait<NS - 1>();
-        __syncthreads();
-        const uint4 * slot = stage_s + (tile % NS) * kTileChunks;
-#pragma unroll
-        for (int u = 0; u < kTile / NG; ++u) {
-            const int r = u * NG + g;
-            const int i = (tile - n_kv) * kTile + r;
-            if (i >= nkeys) {
-                break;
-            }
-            accumulate_pv<G>(acc, slot[r * TG + li], i, p_s);
-        }
-        __syncthreads();
-        issue(tile + NS);
-    }
-    finish_split<D, G, kThreads>(acc, big_s, m_s, l_s, a, t, kvh, split, ctx <= split_keys, part_o, part_ml,
-                                 n_splits);
-}
-
 // Merge the splits of rows longer than one split, in split order: grid (n_head, n_tokens), D threads.
 template <int D>
 __global__ void paged_attention_combine_kernel(const PagedAttentionCudaArgs a, const float * part_o,
@@ -585,44 +421,6 @@ int num_splits(const PagedAttentionCudaArgs & a) {
     return (int) (long_splits > 8 ? long_splits : 8);
 }
 
-// Streaming multiprocessors of the current device (read once per process; the engine uses one device).
-int num_sms() {
-    static const int n = [] {
-        int dev = 0;
-        int sms = 0;
-        if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
-            return 132;
-        }
-        return sms;
-    }();
-    return n;
-}
-
-// The staged kernel, NS tiles in flight; the first launch of each instantiation on a device allows its dynamic
-// shared memory above the 48 KB default (not a stream operation: fine while a CUDA graph is captured).
-template <int D, int G, int NS>
-cudaError_t launch_staged(const dim3 & grid, const PagedAttentionCudaArgs & a, float * part_o, float * part_ml,
-                          int n_splits, cudaStream_t stream) {
-    constexpr size_t kSmem = staged_smem_bytes(D, NS);
-    static std::atomic<uint64_t> allowed_on{0};  // bit d: the attribute is set on device d
-    int dev = 0;
-    cudaError_t err = cudaGetDevice(&dev);
-    if (err != cudaSuccess) {
-        return err;
-    }
-    const uint64_t bit = dev < 64 ? uint64_t{1} << dev : 0;
-    if ((allowed_on.load(std::memory_order_relaxed) & bit) == 0 || bit == 0) {
-        err = cudaFuncSetAttribute(paged_attention_staged_kernel<D, G, NS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                   (int) kSmem);
-        if (err != cudaSuccess) {
-            return err;
-        }
-        allowed_on.fetch_or(bit, std::memory_order_relaxed);
-    }
-    paged_attention_staged_kernel<D, G, NS><<<grid, threads_for(D), kSmem, stream>>>(a, part_o, part_ml, n_splits);
-    return cudaSuccess;
-}
-
 template <int D, int G>
 cudaError_t launch(const PagedAttentionCudaArgs & a, void * workspace, cudaStream_t stream) {
     const int n_splits = num_splits(a);
@@ -633,25 +431,7 @@ cudaError_t launch(const PagedAttentionCudaArgs & a, void * workspace, cudaStrea
         part_ml = part_o + (size_t) a.n_tokens * a.n_head * n_splits * D;
     }
     const dim3 grid((unsigned) n_splits, (unsigned) a.n_head_kv, (unsigned) a.n_tokens);
-    bool staged = false;
-    if constexpr (D <= 128) {
-        const PagedKvLoads loads = paged_attention_kv_loads();
-        if (loads != PagedKvLoads::REGISTERS) {
-            // Deep rings while the grid is small (about two CTAs per SM or fewer: latency-bound), shallow ones
-            // otherwise. The outputs do not depend on the choice (see the kernel).
-            const int64_t ctas = (int64_t) grid.x * grid.y * grid.z;
-            const bool deep = loads == PagedKvLoads::STAGED_DEEP || (loads == PagedKvLoads::STAGED && ctas <= 2 * num_sms());
-            const cudaError_t err = deep ? launch_staged<D, G, 8>(grid, a, part_o, part_ml, n_splits, stream)
-                                         : launch_staged<D, G, 4>(grid, a, part_o, part_ml, n_splits, stream);
-            if (err != cudaSuccess) {
-                return err;
-            }
-            staged = true;
-        }
-    }
-    if (!staged) {
-        paged_attention_split_kernel<D, G><<<grid, threads_for(D), 0, stream>>>(a, part_o, part_ml, n_splits);
-    }
+    paged_attention_split_kernel<D, G><<<grid, threads_for(D), 0, stream>>>(a, part_o, part_ml, n_splits);
     if (n_splits > 1) {
         const dim3 cgrid((unsigned) a.n_head, (unsigned) a.n_tokens);
         paged_attention_combine_kernel<D><<<cgrid, D, 0, stream>>>(a, part_o, part_ml, n_splits);
@@ -730,31 +510,6 @@ const char * paged_attention_cuda(const PagedAttentionCudaArgs & a, void * works
     }
     return nullptr;
 }
-
-namespace {
-PagedKvLoads kv_loads_from_env() {
-    const char * v = std::getenv("CACHEFLOW_PA_KV_LOADS");
-    if (v == nullptr || std::strcmp(v, "registers") == 0) {
-        return PagedKvLoads::REGISTERS;
-    }
-    if (std::strcmp(v, "staged") == 0) {
-        return PagedKvLoads::STAGED;
-    }
-    if (std::strcmp(v, "staged4") == 0) {
-        return PagedKvLoads::STAGED_SHALLOW;
-    }
-    if (std::strcmp(v, "staged8") == 0) {
-        return PagedKvLoads::STAGED_DEEP;
-    }
-    std::fprintf(stderr, "cacheflow: CACHEFLOW_PA_KV_LOADS=%s is not one of registers, staged, staged4, staged8; "
-                         "using registers\n", v);
-    return PagedKvLoads::REGISTERS;
-}
-PagedKvLoads g_kv_loads = kv_loads_from_env();
-}  // namespace
-
-PagedKvLoads paged_attention_kv_loads() { return g_kv_loads; }
-void set_paged_attention_kv_loads(PagedKvLoads loads) { g_kv_loads = loads; }
 
 }  // namespace cuda
 }  // namespace cf

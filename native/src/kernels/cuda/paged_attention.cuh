@@ -59,17 +59,6 @@ struct PagedAttentionCudaArgs {
     float softcap;                   // 0 = none, else s = softcap * tanh(s / softcap) after scaling
 };
 
-// How the decode kernel moves K/V rows (the outputs are bit-identical for every choice; only speed differs):
-//   REGISTERS       each thread group loads kRowsInFlight rows into registers before using them (default);
-//   STAGED          K then V tiles stream through a cp.async ring in shared memory, 8 tiles in flight while
-//                   the grid is at most about two CTAs per SM, else 4 (head sizes <= 128; 256 uses REGISTERS);
-//   STAGED_SHALLOW / STAGED_DEEP: the ring at 4 / 8 tiles whatever the grid (benchmarks).
-// The process default comes from CACHEFLOW_PA_KV_LOADS (registers | staged | staged4 | staged8), read once.
-enum class PagedKvLoads { REGISTERS, STAGED, STAGED_SHALLOW, STAGED_DEEP };
-PagedKvLoads paged_attention_kv_loads();
-// Not thread-safe with concurrent launches; for tests and benchmarks.
-void set_paged_attention_kv_loads(PagedKvLoads loads);
-
 // nullptr if the kernel covers these shapes (head size, GQA ratio up to 8, alignment), else why not.
 const char * paged_attention_cuda_unsupported(const PagedAttentionCudaArgs & args);
 
