@@ -101,6 +101,16 @@ Swapper::Swapper(LlamaSession & session, int32_t num_slots, int64_t block_bytes)
     : session_(session), num_slots_(num_slots), block_bytes_(block_bytes) {
     assert(num_slots >= 0 && block_bytes >= 0);
     copy_stream_ = make_copy_stream(session);
+    if (copy_stream_) {
+        // The copy stream's counters are per device and process: what earlier engines of this process moved is
+        // not this engine's (AUTO's swap rate came out ~25x too slow after a swap-mode engine in the same process).
+        const SwapStats earlier = stats();
+        measured_out_ns_ = earlier.out_ns;
+        measured_in_ns_ = earlier.in_ns;
+        measured_deferred_ns_ = earlier.deferred_ns;
+        measured_graphs_ = earlier.num_graphs_beside;
+        stats_ = SwapStats{};
+    }
     const size_t n_bytes = (size_t) num_slots * (size_t) block_bytes;
     if (n_bytes == 0) {
         return;
@@ -174,7 +184,7 @@ const SwapStats & Swapper::stats() {
             graphs += o[1];
         }
         stats_.deferred_ns = deferred_ns - measured_deferred_ns_;
-        stats_.num_graphs_beside = graphs;
+        stats_.num_graphs_beside = graphs - measured_graphs_;
     }
     return stats_;
 }

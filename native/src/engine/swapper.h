@@ -115,9 +115,12 @@ class Swapper {
     std::vector<int32_t> block_ids_;  // scratch
     std::vector<void *> bufs_;        // scratch
     SwapStats stats_;
-    int64_t measured_out_ns_ = 0;  // copy stream: device time of measure_ns_per_byte, left out of stats_
+    // Copy stream: device time left out of stats_ (its counters are per device and process): the totals when
+    // this Swapper was made (earlier engines of the process) plus measure_ns_per_byte's copies.
+    int64_t measured_out_ns_ = 0;
     int64_t measured_in_ns_ = 0;
     int64_t measured_deferred_ns_ = 0;
+    int64_t measured_graphs_ = 0;
 };
 
 }  // namespace cf
