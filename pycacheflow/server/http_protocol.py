@@ -21,6 +21,7 @@ is not installed (h11 keeps the names' case by itself).
 from __future__ import annotations
 
 import re
+import socket
 from typing import Any
 
 _HEAD_START = b"HTTP/1.1 "
@@ -57,6 +58,26 @@ class _CapitalizingTransport:
         return getattr(self._transport, name)
 
 
+def set_nodelay(transport: Any) -> None:
+    """Turn off Nagle's algorithm on the connection's TCP socket (no-op for other sockets).
+
+    A response goes out as several writes (the head, then each body part or SSE chunk). With
+    Nagle on, a write waits while an earlier segment is unacknowledged, and the client's
+    delayed ACK holds that acknowledgement for up to ~40 ms: on a kept-alive connection every
+    response after the first paid it (a 1-token /completion took 45 ms instead of 4, measured
+    against the fake engine, and a stream's first token likewise: 45 -> 4 ms at one stream, 54 ->
+    16 ms at 16). The event loop's transports here (uvicorn picks uvloop) left Nagle on.
+    """
+    sock = transport.get_extra_info("socket")
+    if sock is None:
+        return
+    try:
+        if sock.family in (socket.AF_INET, socket.AF_INET6):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    except (OSError, AttributeError):  # a closed connection, or a socket without options
+        pass
+
+
 def protocol_class() -> Any:
     """The uvicorn ``http`` setting: the capitalizing httptools protocol, or "h11"."""
     try:
@@ -67,6 +88,7 @@ def protocol_class() -> Any:
     class CapitalizedHeadersHttpTools(HttpToolsProtocol):  # type: ignore[misc]
         def connection_made(self, transport: Any) -> None:  # type: ignore[override]
             super().connection_made(transport)
+            set_nodelay(transport)
             self.transport = _CapitalizingTransport(transport)
 
     return CapitalizedHeadersHttpTools

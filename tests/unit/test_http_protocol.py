@@ -1,8 +1,11 @@
-"""Response heads keep llama-server's header-name casing under uvicorn's httptools protocol."""
+"""Response heads keep llama-server's header-name casing under uvicorn's httptools protocol, and
+connections send without Nagle delays."""
 
 from __future__ import annotations
 
-from pycacheflow.server.http_protocol import capitalize_head, protocol_class
+import socket
+
+from pycacheflow.server.http_protocol import capitalize_head, protocol_class, set_nodelay
 
 
 def test_a_response_head_gets_capitalized_names_and_untouched_values():
@@ -25,3 +28,31 @@ def test_the_protocol_is_uvicorns_httptools_one_when_installed():
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
     assert issubclass(protocol_class(), HttpToolsProtocol)
+
+
+class _Transport:
+    def __init__(self, sock: object) -> None:
+        self._sock = sock
+
+    def get_extra_info(self, name: str) -> object:
+        return self._sock if name == "socket" else None
+
+
+def test_connections_send_without_nagle_delays():
+    """Each response is several writes; with Nagle on, a kept-alive connection's writes waited for
+    the client's delayed ACK (~40 ms per response): the protocol turns it off per connection."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    client = socket.create_connection(listener.getsockname())
+    conn, _ = listener.accept()
+    try:
+        assert conn.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 0
+        set_nodelay(_Transport(conn))
+        assert conn.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
+        set_nodelay(_Transport(None))  # no socket (e.g. a test transport): nothing to do
+        unix_a, unix_b = socket.socketpair()
+        set_nodelay(_Transport(unix_a))  # not TCP: left alone
+        unix_a.close()
+        unix_b.close()
+    finally:
+        for s in (conn, client, listener):
+            s.close()
