@@ -82,6 +82,7 @@
 //     native/src/kernels/cuda/paged_attention.cu native/tests/cuda/bench_flashinfer_decode.cu -o /tmp/fi_vs_cf
 //   /tmp/fi_vs_cf [--graph] [--pdl 0|1] [--quick]
 // Exit status 0 = every correctness check passed.
+#include "device_helpers.cuh"
 #include "paged_attention.cuh"
 
 // before FlashInfer: cuda::fast_mod_div where the toolkit's CCCL lacks it (nvcc 13.0; see the file)
@@ -105,14 +106,8 @@
 
 namespace {
 
-#define CHECK_CUDA(x)                                                                         \
-    do {                                                                                      \
-        cudaError_t err_ = (x);                                                               \
-        if (err_ != cudaSuccess) {                                                            \
-            std::fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, cudaGetErrorString(err_)); \
-            std::exit(2);                                                                     \
-        }                                                                                     \
-    } while (0)
+using cf_test::copy_bandwidth_gbs;
+using cf_test::DeviceBuffer;
 
 using FiParams = flashinfer::BatchDecodeParams<half, half, half, int32_t>;
 using FiVariant = flashinfer::DefaultAttention</*custom_mask=*/false, /*sliding_window=*/false,
@@ -125,24 +120,6 @@ constexpr int kKvHeads = 8;    // KV heads (GQA 4)
 constexpr int kWarmup = 20;
 constexpr int kIters = 100;
 constexpr int kRepeats = 7;
-
-template <typename T>
-struct DeviceBuffer {
-    T * ptr = nullptr;
-    size_t n = 0;
-    explicit DeviceBuffer(size_t count) : n(count) { CHECK_CUDA(cudaMalloc(&ptr, std::max<size_t>(1, n) * sizeof(T))); }
-    explicit DeviceBuffer(const std::vector<T> & host) : DeviceBuffer(host.size()) {
-        CHECK_CUDA(cudaMemcpy(ptr, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
-    }
-    DeviceBuffer(const DeviceBuffer &) = delete;
-    DeviceBuffer & operator=(const DeviceBuffer &) = delete;
-    ~DeviceBuffer() { cudaFree(ptr); }
-    std::vector<T> download() const {
-        std::vector<T> host(n);
-        CHECK_CUDA(cudaMemcpy(host.data(), ptr, n * sizeof(T), cudaMemcpyDeviceToHost));
-        return host;
-    }
-};
 
 // K/V element values: a hash of (seed, element index) mapped to k / 1024 with k in [-1024, 1024),
 // exact in f16 and computed identically on the host (reference) and the device (fill).
@@ -208,31 +185,6 @@ double time_us(Launch && launch, cudaStream_t stream, bool graph) {
     return ms[ms.size() / 2] * 1000.0;
 }
 
-// Device-to-device copy bandwidth (GB/s, bytes read + bytes written, 1 GiB cudaMemcpyAsync, median of
-// 7 runs of 5 copies): the ceiling of test_paged_attention_cuda.cu, measured the same way.
-double copy_bandwidth_gbs(cudaStream_t stream) {
-    const size_t n = (size_t) 1 << 30;
-    DeviceBuffer<char> src(n), dst(n);
-    CHECK_CUDA(cudaMemset(src.ptr, 1, n));
-    cudaEvent_t e0, e1;
-    CHECK_CUDA(cudaEventCreate(&e0));
-    CHECK_CUDA(cudaEventCreate(&e1));
-    CHECK_CUDA(cudaMemcpyAsync(dst.ptr, src.ptr, n, cudaMemcpyDeviceToDevice, stream));
-    std::vector<float> ms;
-    for (int r = 0; r < 7; ++r) {
-        CHECK_CUDA(cudaEventRecord(e0, stream));
-        for (int i = 0; i < 5; ++i) CHECK_CUDA(cudaMemcpyAsync(dst.ptr, src.ptr, n, cudaMemcpyDeviceToDevice, stream));
-        CHECK_CUDA(cudaEventRecord(e1, stream));
-        CHECK_CUDA(cudaEventSynchronize(e1));
-        float t = 0;
-        CHECK_CUDA(cudaEventElapsedTime(&t, e0, e1));
-        ms.push_back(t / 5);
-    }
-    std::sort(ms.begin(), ms.end());
-    cudaEventDestroy(e0);
-    cudaEventDestroy(e1);
-    return 2.0 * n / (ms[ms.size() / 2] * 1e6);
-}
 
 // FlashInfer's batch decode for one shape: its plan (scheduler.cuh), then its kernel per launch.
 template <uint32_t D>

@@ -6,6 +6,7 @@
 //   native/src/kernels/cuda/paged_attention.cu native/tests/cuda/test_paged_attention_cuda.cu
 // (the CUDA build adds it as a ctest; tests/kernels/test_paged_attention_cuda.py runs it under the gpu marker).
 // Exit status 0 = every check passed.
+#include "device_helpers.cuh"
 #include "paged_attention.cuh"
 
 #include <algorithm>
@@ -19,19 +20,12 @@
 #include <vector>
 
 using cf::cuda::PagedAttentionCudaArgs;
+using cf_test::copy_bandwidth_gbs;
+using cf_test::DeviceBuffer;
 
 namespace {
 
 int g_failures = 0;
-
-#define CHECK_CUDA(x)                                                                         \
-    do {                                                                                      \
-        cudaError_t err_ = (x);                                                               \
-        if (err_ != cudaSuccess) {                                                            \
-            std::fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, cudaGetErrorString(err_)); \
-            std::exit(2);                                                                     \
-        }                                                                                     \
-    } while (0)
 
 void expect(bool ok, const std::string & what) {
     if (!ok) {
@@ -39,23 +33,6 @@ void expect(bool ok, const std::string & what) {
         ++g_failures;
     }
 }
-
-template <typename T>
-struct DeviceBuffer {
-    T * ptr = nullptr;
-    size_t n = 0;
-    explicit DeviceBuffer(size_t count) : n(count) { CHECK_CUDA(cudaMalloc(&ptr, std::max<size_t>(1, n) * sizeof(T))); }
-    DeviceBuffer(const std::vector<T> & host) : DeviceBuffer(host.size()) { upload(host); }
-    ~DeviceBuffer() { cudaFree(ptr); }
-    void upload(const std::vector<T> & host) {
-        CHECK_CUDA(cudaMemcpy(ptr, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
-    }
-    std::vector<T> download() const {
-        std::vector<T> host(n);
-        CHECK_CUDA(cudaMemcpy(host.data(), ptr, n * sizeof(T), cudaMemcpyDeviceToHost));
-        return host;
-    }
-};
 
 // A K/V pool and the logical content of each sequence (values by position, so that the same sequence
 // can be laid out in other blocks).
@@ -256,31 +233,6 @@ void test_shape(int D, int n_head, int n_head_kv, int block_size, unsigned seed)
     }
 }
 
-// Device-to-device copy bandwidth (GB/s, bytes read + bytes written, 1 GiB cudaMemcpy, median of 7):
-// the ceiling the decode kernel's K/V read rate is compared with.
-double copy_bandwidth_gbs() {
-    const size_t n = (size_t) 1 << 30;
-    DeviceBuffer<char> src(n), dst(n);
-    CHECK_CUDA(cudaMemset(src.ptr, 1, n));
-    cudaEvent_t e0, e1;
-    CHECK_CUDA(cudaEventCreate(&e0));
-    CHECK_CUDA(cudaEventCreate(&e1));
-    CHECK_CUDA(cudaMemcpy(dst.ptr, src.ptr, n, cudaMemcpyDeviceToDevice));
-    std::vector<float> ms;
-    for (int r = 0; r < 7; ++r) {
-        CHECK_CUDA(cudaEventRecord(e0));
-        for (int i = 0; i < 5; ++i) CHECK_CUDA(cudaMemcpyAsync(dst.ptr, src.ptr, n, cudaMemcpyDeviceToDevice));
-        CHECK_CUDA(cudaEventRecord(e1));
-        CHECK_CUDA(cudaEventSynchronize(e1));
-        float t = 0;
-        CHECK_CUDA(cudaEventElapsedTime(&t, e0, e1));
-        ms.push_back(t / 5);
-    }
-    std::sort(ms.begin(), ms.end());
-    cudaEventDestroy(e0);
-    cudaEventDestroy(e1);
-    return 2.0 * n / (ms[ms.size() / 2] * 1e6);
-}
 
 double g_copy_gbs = 0.0;
 
