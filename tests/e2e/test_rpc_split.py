@@ -140,6 +140,40 @@ def test_bad_rpc_and_device_values_name_the_field(tiny_model_path, make_llm, rpc
         make_llm(tiny_model_path, rpc_servers=rpc_servers)
 
 
+def test_endpoints_that_do_not_answer_the_rpc_handshake_fail_by_name(tiny_model_path, make_llm, rpc_servers):
+    """ggml-rpc waits forever for a handshake answer (and aborts the process on a wrong one): a port that
+    accepts but stays silent (like an rpc-server busy with another client), one that closes at once, and
+    one rpc-server under two names each fail before any connection is handed to ggml-rpc, naming why."""
+    import threading
+
+    silent = socket.create_server(("127.0.0.1", 0))  # accepts (kernel backlog) and never answers
+    closing = socket.create_server(("127.0.0.1", 0))
+
+    def close_each() -> None:
+        while True:
+            try:
+                conn, _ = closing.accept()
+            except OSError:
+                return
+            conn.recv(64)
+            conn.close()
+
+    threading.Thread(target=close_each, daemon=True).start()
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(InvalidArgumentError, match="did not answer the RPC handshake within 5 s"):
+            make_llm(tiny_model_path, rpc_servers=(f"127.0.0.1:{silent.getsockname()[1]}",), n_gpu_layers=-1)
+        assert time.monotonic() - t0 < 30
+        with pytest.raises(InvalidArgumentError, match="closed the connection at the RPC handshake"):
+            make_llm(tiny_model_path, rpc_servers=(f"127.0.0.1:{closing.getsockname()[1]}",), n_gpu_layers=-1)
+    finally:
+        silent.close()
+        closing.close()
+    port = rpc_servers[0].rsplit(":", 1)[1]
+    with pytest.raises(InvalidArgumentError, match="name the same address"):
+        make_llm(tiny_model_path, rpc_servers=(f"localhost:{port}", f"127.0.0.1:{port}"), n_gpu_layers=-1)
+
+
 def test_split_mode_none_puts_the_model_on_main_gpu(tiny_model_path, make_llm, rpc_servers):
     llm = make_llm(tiny_model_path, kv_mode="paged", rpc_servers=rpc_servers, n_gpu_layers=-1,
                    split_mode="none", main_gpu=1, **CONFIG)  # fmt: skip

@@ -2,6 +2,7 @@
 #include "engine/devices.h"
 
 #include "core/error.h"
+#include "ggml-rpc.h"
 #include "llama.h"
 
 #include <netdb.h>
@@ -17,6 +18,7 @@
 #include <cstring>
 #include <fcntl.h>
 #include <mutex>
+#include <utility>
 
 namespace cf {
 
@@ -48,14 +50,115 @@ void parse_endpoint(const std::string & endpoint, std::string & host, std::strin
     port = digits;
 }
 
-// "" when a TCP connection to host:port opens within the timeout, else why not.
-std::string tcp_probe(const std::string & host, const std::string & port) {
+// Waits until fd is ready for `events` within timeout_ms; false on timeout or error.
+bool wait_fd(int fd, short events, int timeout_ms) {
+    pollfd p = {fd, events, 0};
+    return ::poll(&p, 1, timeout_ms) > 0 && (p.revents & (events | POLLHUP)) != 0;
+}
+
+// Sends or receives exactly n bytes on the non-blocking fd, each wait within timeout_ms; false otherwise.
+bool send_all(int fd, const uint8_t * data, size_t n, int timeout_ms) {
+    while (n > 0) {
+        if (!wait_fd(fd, POLLOUT, timeout_ms)) {
+            return false;
+        }
+        const ssize_t k = ::send(fd, data, n, MSG_NOSIGNAL);
+        if (k <= 0) {
+            return false;
+        }
+        data += k;
+        n -= (size_t) k;
+    }
+    return true;
+}
+
+bool recv_all(int fd, uint8_t * data, size_t n, int timeout_ms, bool * timed_out) {
+    while (n > 0) {
+        if (!wait_fd(fd, POLLIN, timeout_ms)) {
+            *timed_out = true;
+            return false;
+        }
+        const ssize_t k = ::recv(fd, data, n, 0);
+        if (k <= 0) {
+            return false;  // closed by the peer
+        }
+        data += k;
+        n -= (size_t) k;
+    }
+    return true;
+}
+
+// The RPC handshake as ggml-rpc's client does it (ggml-rpc.cpp, negotiate_hello, protocol 107 of the
+// pinned tree): request | cmd HELLO = 14 (1 byte) | size (8 bytes) | rpc_msg_hello_req (24 bytes of
+// transport capabilities; zeros = plain TCP) |, answer | size (8 bytes) | rpc_msg_hello_rsp: major, minor,
+// patch, padding, 24 bytes of capabilities |. ggml-rpc itself waits forever for the answer and aborts the
+// process on a mismatch, so the engine asks first: "" when an rpc-server of this protocol answered, else why
+// not, in words for the user. The probe's connection is closed at once (the server then serves the next).
+constexpr uint8_t kRpcCmdHello = 14;
+constexpr size_t kRpcCapsBytes = 24;
+
+std::string handshake(int fd, const std::string & endpoint) {
+    uint8_t request[1 + 8 + kRpcCapsBytes] = {};
+    request[0] = kRpcCmdHello;
+    const uint64_t size = kRpcCapsBytes;
+    std::memcpy(request + 1, &size, sizeof(size));
+    uint8_t answer[8 + 4 + kRpcCapsBytes] = {};
+    bool timed_out = false;
+    if (!send_all(fd, request, sizeof(request), kConnectTimeoutMs) ||
+        !recv_all(fd, answer, 8, kConnectTimeoutMs, &timed_out)) {
+        if (timed_out) {
+            return "the rpc-server at " + endpoint + " accepted the connection but did not answer the RPC handshake within " +
+                   std::to_string(kConnectTimeoutMs / 1000) + " s: it is busy with another engine (an rpc-server serves one "
+                   "client at a time) or it is not an rpc-server";
+        }
+        return endpoint + " closed the connection at the RPC handshake: it is not an rpc-server of this build";
+    }
+    uint64_t answer_size = 0;
+    std::memcpy(&answer_size, answer, sizeof(answer_size));
+    if (answer_size != 4 + kRpcCapsBytes || !recv_all(fd, answer + 8, 4 + kRpcCapsBytes, kConnectTimeoutMs, &timed_out)) {
+        return endpoint + " gave no RPC handshake answer of this protocol: it is not an rpc-server of this build";
+    }
+    const int major = answer[8];
+    if (major != RPC_PROTO_MAJOR_VERSION) {
+        return "the rpc-server at " + endpoint + " speaks RPC protocol " + std::to_string(major) + ", this build " +
+               std::to_string(RPC_PROTO_MAJOR_VERSION) + " (a stock llama.cpp rpc-server does not know the paged " +
+               "attention op: run `cacheflow rpc-server` there)";
+    }
+    return "";
+}
+
+// Every numeric address:port host:port resolves to ("127.0.0.1:50052"), none when it does not resolve
+// (to tell two names of one server apart; the probe reports the resolution error).
+std::vector<std::string> numeric_addresses(const std::string & host, const std::string & port) {
+    std::vector<std::string> out;
+    addrinfo hints = {};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    addrinfo * addrs = nullptr;
+    if (getaddrinfo(host.c_str(), port.c_str(), &hints, &addrs) != 0) {
+        return out;
+    }
+    for (addrinfo * a = addrs; a != nullptr; a = a->ai_next) {
+        char numeric[NI_MAXHOST] = {};
+        char service[NI_MAXSERV] = {};
+        if (getnameinfo(a->ai_addr, a->ai_addrlen, numeric, sizeof(numeric), service, sizeof(service),
+                        NI_NUMERICHOST | NI_NUMERICSERV) == 0) {
+            out.push_back(std::string(numeric) + ":" + service);
+        }
+    }
+    freeaddrinfo(addrs);
+    return out;
+}
+
+// "" when host:port resolves, connects within the timeout and answers the RPC handshake (handshake), else
+// why not.
+std::string rpc_probe(const std::string & host, const std::string & port, const std::string & endpoint) {
     addrinfo hints = {};
     hints.ai_family = AF_UNSPEC;
     hints.ai_socktype = SOCK_STREAM;
     addrinfo * addrs = nullptr;
     if (const int rc = getaddrinfo(host.c_str(), port.c_str(), &hints, &addrs); rc != 0) {
-        return gai_strerror(rc);
+        return "cannot connect to rpc-server at " + endpoint + " (" + gai_strerror(rc) + ")";
     }
     std::string why = "no address";
     for (addrinfo * a = addrs; a != nullptr; a = a->ai_next) {
@@ -75,15 +178,18 @@ std::string tcp_probe(const std::string & host, const std::string & port) {
                 ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
             }
         }
-        ::close(fd);
         if (err == 0) {
+            std::string answer = handshake(fd, endpoint);
+            ::close(fd);
             freeaddrinfo(addrs);
-            return "";
+            return answer;
         }
+        ::close(fd);
         why = std::strerror(err);
     }
     freeaddrinfo(addrs);
-    return why;
+    return "cannot connect to rpc-server at " + endpoint + " (" + why + "); start one there with `cacheflow rpc-server " +
+           "--host " + host + " --port " + port + "`";
 }
 
 using rpc_add_server_fn = ggml_backend_reg_t (*)(const char * endpoint);
@@ -175,6 +281,18 @@ std::string device_label(ggml_backend_dev_t dev) {
     return std::string(ggml_backend_dev_name(dev)) + " (" + ggml_backend_dev_description(dev) + ")";
 }
 
+// The devices ggml's registry already has for endpoint (registered by an earlier engine of the process).
+static std::vector<ggml_backend_dev_t> registered_rpc_devices(const std::string & endpoint) {
+    std::vector<ggml_backend_dev_t> devs;
+    for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {
+        ggml_backend_dev_t dev = ggml_backend_dev_get(i);
+        if (is_rpc(dev) && endpoint == ggml_backend_dev_description(dev)) {
+            devs.push_back(dev);
+        }
+    }
+    return devs;
+}
+
 std::vector<ggml_backend_dev_t> add_rpc_servers(const std::string & servers) {
     static std::mutex mutex;  // the registry is process-wide
     std::lock_guard<std::mutex> lock(mutex);
@@ -189,25 +307,45 @@ std::vector<ggml_backend_dev_t> add_rpc_servers(const std::string & servers) {
     for (const std::string & endpoint : endpoints) {
         parse_endpoint(endpoint, host, port);  // all well-formed before any is connected to
     }
+    // No two endpoints name one server, and every new endpoint answers the RPC handshake, before ggml-rpc
+    // connects to any: ggml-rpc waits forever for a server that does not answer (a busy one serves another
+    // client) and would connect to one server twice under two names, the second connection waiting forever.
+    std::vector<std::pair<std::string, std::vector<std::string>>> resolved;  // endpoint, its addresses
     for (const std::string & endpoint : endpoints) {
         parse_endpoint(endpoint, host, port);
+        std::vector<std::string> addresses = numeric_addresses(host, port);
+        for (const auto & [other, other_addresses] : resolved) {
+            const bool same = other != endpoint && std::any_of(addresses.begin(), addresses.end(), [&](const std::string & a) {
+                return std::find(other_addresses.begin(), other_addresses.end(), a) != other_addresses.end();
+            });
+            if (same) {
+                fail_invalid("rpc_servers: " + other + " and " + endpoint + " name the same address (" + addresses[0] +
+                             "): list each rpc-server once");
+            }
+        }
+        resolved.emplace_back(endpoint, std::move(addresses));
+    }
+    std::vector<std::string> probed;
+    for (const std::string & endpoint : endpoints) {
+        if (std::find(probed.begin(), probed.end(), endpoint) != probed.end() || !registered_rpc_devices(endpoint).empty()) {
+            continue;
+        }
+        parse_endpoint(endpoint, host, port);
+        if (const std::string why = rpc_probe(host, port, endpoint); !why.empty()) {
+            fail_invalid("rpc_servers: " + why);
+        }
+        probed.push_back(endpoint);
+    }
+    for (const std::string & endpoint : endpoints) {
         // ggml-rpc keeps one registry entry per endpoint; registering it twice would list its devices twice
-        bool registered = false;
-        for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {
-            ggml_backend_dev_t dev = ggml_backend_dev_get(i);
-            if (is_rpc(dev) && endpoint == ggml_backend_dev_description(dev)) {
-                registered = true;
+        const std::vector<ggml_backend_dev_t> known = registered_rpc_devices(endpoint);
+        if (!known.empty()) {
+            for (ggml_backend_dev_t dev : known) {
                 if (std::find(devs.begin(), devs.end(), dev) == devs.end()) {
                     devs.push_back(dev);
                 }
             }
-        }
-        if (registered) {
             continue;
-        }
-        if (const std::string why = tcp_probe(host, port); !why.empty()) {
-            fail_invalid("rpc_servers: cannot connect to rpc-server at " + endpoint + " (" + why +
-                         "); start one there with `cacheflow rpc-server --host " + host + " --port " + port + "`");
         }
         ggml_backend_reg_t reg = add(endpoint.c_str());
         if (reg == nullptr || ggml_backend_reg_dev_count(reg) == 0) {
