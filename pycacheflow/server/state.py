@@ -294,11 +294,7 @@ class ServerState:
         Raises:
             ProtocolError: the prompt is empty, too long or has a bad token id (400).
         """
-        self._warn_ignored(request)
-        max_choices = self.info.max_num_seqs  # llama-server: n_cmpl's hard limits are [1, n_parallel]
-        if request.num_choices > max_choices:
-            raise ProtocolError(f"Field 'n': value must be between 1 and {max_choices}, got "
-                                f"{request.num_choices}")  # fmt: skip
+        self._warn_ignored(request)  # (n is within [1, slots]: the parser's bound, config.defaults.max_choices)
         prompt = self.resolve_prompt(prompt)
         if request.logit_bias or request.params.ignore_eos:
             request = replace(request, params=replace(
