@@ -48,18 +48,23 @@ pytestmark = [
 ]
 
 
-@pytest.fixture(scope="module")
-def gpu_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def _write_f16_model(out: Path, *shape: str) -> Path:
+    """A random-weight F16 llama GGUF at out with the real tokenizer (scripts/make_tiny_gguf.py; shape:
+    its --n-layer ... --seed arguments); skips without a tokenizer GGUF."""
     tok = _tokenizer_source()
     if tok is None:
         pytest.skip("no tokenizer GGUF (set CACHEFLOW_TOKENIZER_GGUF)")
-    out = tmp_path_factory.mktemp("gpu_model") / "llama-4l-f16.gguf"
     cmd = [sys.executable, str(ROOT / "scripts" / "make_tiny_gguf.py"), str(out), "--tokenizer-from", str(tok),
-           "--dtype", "f16", "--n-layer", "4", "--n-embd", "256", "--n-head", "4", "--n-head-kv", "2",
-           "--n-ff", "512", "--seed", "1"]
+           "--dtype", "f16", *shape]
     result = subprocess.run(cmd, capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stderr
     return out
+
+
+@pytest.fixture(scope="module")
+def gpu_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _write_f16_model(tmp_path_factory.mktemp("gpu_model") / "llama-4l-f16.gguf", "--n-layer", "4",
+                            "--n-embd", "256", "--n-head", "4", "--n-head-kv", "2", "--n-ff", "512", "--seed", "1")
 
 
 def _prompts(n_vocab: int) -> list[list[int]]:
@@ -188,7 +193,7 @@ def test_swap_on_the_cuda_copy_stream(gpu_model: Path, monkeypatch: pytest.Monke
     assert s.num_swaps_overlapped > 0 and s.swap_overlapped_ns > 0
     assert s_llama.num_swaps_overlapped == 0 and s_llama.swap_overlapped_ns == 0
     assert s_llama.num_graphs_beside_copies == 0
-    gbs = lambda b, ns: round(b / ns, 2) if ns else None  # noqa: E731  bytes per ns = GB/s
+    gbs = lambda b, ns: round(b / ns, 2) if ns else None  # bytes per ns = GB/s
     figures = {
         "swap_copy_stream_vs_llama_copies": _agreement(stream_tokens, llama_tokens),
         "swap_pressure_vs_roomy": _agreement(stream_tokens, roomy_tokens),
@@ -213,16 +218,8 @@ def test_swap_on_the_cuda_copy_stream(gpu_model: Path, monkeypatch: pytest.Monke
 def wide_kv_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """8 layers, 16 KV heads of 64: 512 KiB per 16-token block, so that a victim's swap takes the copy
     stream a few hundred microseconds, long enough to be seen running beside the next graph."""
-    tok = _tokenizer_source()
-    if tok is None:
-        pytest.skip("no tokenizer GGUF (set CACHEFLOW_TOKENIZER_GGUF)")
-    out = tmp_path_factory.mktemp("wide_kv_model") / "llama-8l-kv16-f16.gguf"
-    cmd = [sys.executable, str(ROOT / "scripts" / "make_tiny_gguf.py"), str(out), "--tokenizer-from", str(tok),
-           "--dtype", "f16", "--n-layer", "8", "--n-embd", "1024", "--n-head", "16", "--n-head-kv", "16",
-           "--n-ff", "2048", "--seed", "2"]
-    result = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    assert result.returncode == 0, result.stderr
-    return out
+    return _write_f16_model(tmp_path_factory.mktemp("wide_kv_model") / "llama-8l-kv16-f16.gguf", "--n-layer", "8",
+                            "--n-embd", "1024", "--n-head", "16", "--n-head-kv", "16", "--n-ff", "2048", "--seed", "2")
 
 
 def test_swaps_overlap_compute_on_the_copy_stream(wide_kv_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
