@@ -66,7 +66,7 @@ def set_nodelay(transport: Any) -> None:
     delayed ACK holds that acknowledgement for up to ~40 ms: on a kept-alive connection every
     response after the first paid it (a 1-token /completion took 45 ms instead of 4, measured
     against the fake engine, and a stream's first token likewise: 45 -> 4 ms at one stream, 54 ->
-    16 ms at 16). The event loop's transports here (uvicorn picks uvloop) left Nagle on.
+    16 ms at 16). The event loop's transports left Nagle on.
     """
     sock = transport.get_extra_info("socket")
     if sock is None:
