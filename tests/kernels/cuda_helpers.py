@@ -25,14 +25,15 @@ needs_cuda = [pytest.mark.gpu,
                                  reason="needs an NVIDIA GPU and nvcc")]  # fmt: skip
 
 
-def build_and_run(kernel: Path, test: Path, exe: Path, flags: tuple[str, ...] = ()) -> str:
-    """nvcc kernel + test into exe, run it; asserts both steps succeed and PASS is printed.
-    Returns the test's stdout."""
+def build_and_run(kernel: Path, test: Path, exe: Path, flags: tuple[str, ...] = (),
+                  extra_sources: tuple[Path, ...] = (), args: tuple[str, ...] = ()) -> str:
+    """nvcc kernel (+ extra_sources) + test into exe, run it with args; asserts both steps succeed and PASS is
+    printed. Returns the test's stdout."""
     build = subprocess.run(["nvcc", "-std=c++17", "-O3", *flags, "-arch=native", f"-I{KERNELS}",
-                            str(kernel), str(test), "-o", str(exe)],
+                            f"-I{KERNELS.parent}", str(kernel), *map(str, extra_sources), str(test), "-o", str(exe)],
                            capture_output=True, text=True, check=False)  # fmt: skip
     assert build.returncode == 0, build.stderr
-    result = subprocess.run([str(exe)], capture_output=True, text=True, check=False)
+    result = subprocess.run([str(exe), *args], capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "PASS" in result.stdout
     return result.stdout

@@ -71,9 +71,12 @@ typedef int (*cf_cuda_kv_stream_reserve_fn)(const cf_kv_stream_desc * desc);
 typedef void (*cf_cuda_kv_stream_release_fn)(const cf_kv_stream_desc * desc);
 
 /* "ggml_cuda_cf_kv_stream_stats": since reserve, out[0] = bytes staged (host -> device), out[1] = device time of the
- * staging copies in ns (CUDA events around each layer's copy; only completed ones are counted), out[2] = layers
+ * staging copies in ns (on CUDA measured inside each layer's gather kernel, %globaltimer from its first CTA's start
+ * to its last CTA's end, so CUDA graph replays count too; only completed copies are counted), out[2] = layers
  * whose attention had to wait for its copy (the copy's end event was not complete when the layer was enqueued,
- * eager launches only; -1 when unknown), out[3] = decodes that staged at least one block. */
+ * eager launches only; -1 when unknown), out[3] = decodes that staged at least one block. out[0], out[1] and
+ * out[3] count graph replays; call it between decodes, after the context synchronized (it waits for the side
+ * stream). */
 typedef void (*cf_cuda_kv_stream_stats_fn)(const cf_kv_stream_desc * desc, int64_t out[4]);
 
 #ifdef __cplusplus

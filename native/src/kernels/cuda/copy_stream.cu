@@ -21,6 +21,7 @@
 
 #include "block_copy.cuh"
 #include "copy_stream_api.h"
+#include "kv_stream.cuh"
 
 #include <algorithm>
 #include <array>
@@ -298,7 +299,7 @@ void ggml_cuda_cf_before_graph(ggml_backend_cuda_context & ctx) {
     }
 }
 
-// The functions of copy_stream_api.h by name; nullptr for any other name.
+// The functions of copy_stream_api.h and kv_stream.h by name; nullptr for any other name.
 void * ggml_cuda_cf_proc_address(const char * name) {
     if (std::strcmp(name, "ggml_cuda_cf_copy_async") == 0) {
         return (void *) static_cast<cf_cuda_copy_async_fn>(copy_async);
@@ -320,6 +321,15 @@ void * ggml_cuda_cf_proc_address(const char * name) {
     }
     if (std::strcmp(name, "ggml_cuda_cf_copy_times") == 0) {
         return (void *) static_cast<cf_cuda_copy_times_fn>(copy_times);
+    }
+    if (std::strcmp(name, "ggml_cuda_cf_kv_stream_reserve") == 0) {  // kv_stream.h, kv_stream.cu
+        return (void *) static_cast<cf_cuda_kv_stream_reserve_fn>(cf::cuda::kv_stream_reserve);
+    }
+    if (std::strcmp(name, "ggml_cuda_cf_kv_stream_release") == 0) {
+        return (void *) static_cast<cf_cuda_kv_stream_release_fn>(cf::cuda::kv_stream_release);
+    }
+    if (std::strcmp(name, "ggml_cuda_cf_kv_stream_stats") == 0) {
+        return (void *) static_cast<cf_cuda_kv_stream_stats_fn>(cf::cuda::kv_stream_stats);
     }
     return nullptr;
 }

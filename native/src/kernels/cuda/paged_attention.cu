@@ -1,6 +1,7 @@
 // paged_attention.cu - CUDA paged attention; the contract and the work split are in paged_attention.cuh.
 #include "paged_attention.cuh"
 
+#include <climits>
 #include <cstdio>
 
 namespace cf {
@@ -110,6 +111,14 @@ __device__ void block_reduce(float (&v)[G], float (*scratch)[G] /* [kWarps][G] *
         v[h] = r;
     }
     __syncthreads();  // scratch is reused by the next call
+}
+
+// Pointer to column `col` of K or V row r: the pool's row, or with streaming (r >= stage_base, see
+// PagedAttentionCudaArgs) the staging slot's row r - stage_base. One select per row load; without
+// streaming the launcher sets stage_base to INT32_MAX, so the pool row is always taken.
+__device__ __forceinline__ const half * kv_row(const half * pool, const half * stage, int64_t stride, int32_t r,
+                                               int32_t stage_base, int col) {
+    return r < stage_base ? pool + (int64_t) r * stride + col : stage + (int64_t) (r - stage_base) * stride + col;
 }
 
 // A CTA's inputs in shared memory: the query heads of its GQA group (q_s[G][D]) and the pool rows of its
@@ -309,6 +318,7 @@ paged_attention_split_kernel(const PagedAttentionCudaArgs a, float * part_o /* [
         return;  // beyond this row's context (the grid covers the most splits any row may have)
     }
     const int nkeys = min(split_keys, ctx - k0);
+    const int32_t stage_base = (int32_t) a.stage_base_row;  // INT32_MAX without streaming (launch)
     load_split_inputs<D, G, kThreads>(a, t, kvh, k0, nkeys, q_s, row_s);
 
     // Q.K: group g of TG threads takes keys g, g + NG, ...; lane li holds dims [8 li, 8 li + 8).
@@ -330,7 +340,7 @@ paged_attention_split_kernel(const PagedAttentionCudaArgs a, float * part_o /* [
 #pragma unroll
             for (int u = 0; u < kRowsInFlight; ++u) {
                 const int i = base + u * NG + g;
-                raw[u] = i < nkeys ? *reinterpret_cast<const uint4 *>(a.k_pool + (int64_t) row_s[i] * a.k_stride_row + kvh * D + li * 8)
+                raw[u] = i < nkeys ? *reinterpret_cast<const uint4 *>(kv_row(a.k_pool, a.k_stage, a.k_stride_row, row_s[i], stage_base, kvh * D + li * 8))
                                    : make_uint4(0u, 0u, 0u, 0u);
             }
 #pragma unroll
@@ -366,7 +376,7 @@ paged_attention_split_kernel(const PagedAttentionCudaArgs a, float * part_o /* [
 #pragma unroll
             for (int u = 0; u < kRowsInFlight; ++u) {
                 const int i = base + u * NG;
-                raw[u] = i < nkeys ? *reinterpret_cast<const uint4 *>(a.v_pool + (int64_t) row_s[i] * a.v_stride_row + kvh * D + li * 8)
+                raw[u] = i < nkeys ? *reinterpret_cast<const uint4 *>(kv_row(a.v_pool, a.v_stage, a.v_stride_row, row_s[i], stage_base, kvh * D + li * 8))
                                    : make_uint4(0u, 0u, 0u, 0u);
             }
 #pragma unroll
@@ -422,7 +432,11 @@ int num_splits(const PagedAttentionCudaArgs & a) {
 }
 
 template <int D, int G>
-cudaError_t launch(const PagedAttentionCudaArgs & a, void * workspace, cudaStream_t stream) {
+cudaError_t launch(const PagedAttentionCudaArgs & args, void * workspace, cudaStream_t stream) {
+    PagedAttentionCudaArgs a = args;
+    if (a.k_stage == nullptr) {
+        a.stage_base_row = INT32_MAX;  // no row index reaches it: every row is the pool's
+    }
     const int n_splits = num_splits(a);
     float * part_o = nullptr;
     float * part_ml = nullptr;
@@ -466,6 +480,11 @@ const char * paged_attention_cuda_unsupported(const PagedAttentionCudaArgs & a) 
     if (a.k_stride_row % 8 != 0 || a.v_stride_row % 8 != 0 ||
         reinterpret_cast<uintptr_t>(a.k_pool) % 16 != 0 || reinterpret_cast<uintptr_t>(a.v_pool) % 16 != 0) {
         return "K/V pool rows must be 16-byte aligned";
+    }
+    if (a.k_stage != nullptr &&
+        (a.v_stage == nullptr || reinterpret_cast<uintptr_t>(a.k_stage) % 16 != 0 ||
+         reinterpret_cast<uintptr_t>(a.v_stage) % 16 != 0 || a.stage_base_row < 0 || a.stage_base_row > INT32_MAX)) {
+        return "K/V staging rows must both be set, 16-byte aligned, with a base row in [0, INT32_MAX]";
     }
     if (a.block_size < 1 || a.block_table_stride < 1 || a.n_tokens < 0) {
         return "block size, block table width and token count must be positive";

@@ -57,6 +57,12 @@ struct PagedAttentionCudaArgs {
     int32_t block_size;              // tokens per block, >= 1
     float scale;                     // KQ scale
     float softcap;                   // 0 = none, else s = softcap * tanh(s / softcap) after scaling
+    // KV streaming (../kv_stream.h, kv_stream.cuh): a row index r >= stage_base_row is row r - stage_base_row of
+    // k_stage / v_stage ([*][k_stride_row] / [*][v_stride_row] f16, device, 16-byte aligned) instead of the pool's.
+    // k_stage == nullptr: no streaming (stage_base_row is ignored; outputs bit-identical to before).
+    const half * k_stage;
+    const half * v_stage;
+    int64_t stage_base_row;          // desc->stage_base_block * block_size, in [0, INT32_MAX]
 };
 
 // nullptr if the kernel covers these shapes (head size, GQA ratio up to 8, alignment), else why not.

@@ -3,7 +3,13 @@
 //
 // Compiled into the ggml-cuda target (hook of patches/0004-ggml-paged-attn-op.patch), which declares the two
 // functions below and calls them from its compute and supports_op switches.
+//
+// KV streaming (../kv_stream.h): a node whose op params [4..5] hold a non-null cf_kv_stream_desc pointer streams
+// layer op params [6]: kv_stream.cu's before-hook (wait for the layer's staged rows; at layer 0 fork the side stream
+// and start the first copies), the kernel reading ids >= stage_base_block from the staging slot, the after-hook
+// (prefetch layer + depth into the slot just read). The desc must be reserved and agree with the node's tensors.
 #include "ggml-cuda/common.cuh"
+#include "kv_stream.cuh"
 #include "paged_attention.cuh"
 
 #include <cstring>
@@ -76,6 +82,34 @@ const char * paged_attention_cuda_layout_unsupported(const ggml_tensor * op) {
     return nullptr;
 }
 
+const cf_kv_stream_desc * kv_stream_desc(const ggml_tensor * t) {
+    const uint64_t lo = (uint32_t) op_param_i32(t, CF_KV_STREAM_PARAM_DESC_LO);
+    const uint64_t hi = (uint32_t) op_param_i32(t, CF_KV_STREAM_PARAM_DESC_HI);
+    return reinterpret_cast<const cf_kv_stream_desc *>((uintptr_t) (lo | (hi << 32)));
+}
+
+// Aborts, naming the field, when desc disagrees with dst's tensors or the context's device.
+void kv_stream_check(const ggml_backend_cuda_context & ctx, const ggml_tensor * dst, const cf_kv_stream_desc * d,
+                     int layer) {
+    const ggml_tensor * k = dst->src[1];
+    const ggml_tensor * v = dst->src[2];
+    const char * why = nullptr;
+    if (d->device != ctx.device) {
+        why = "desc->device is not the device of the node";
+    } else if (d->block_size != op_param_i32(dst, 2)) {
+        why = "desc->block_size is not the op's block size (op params [2])";
+    } else if (d->k_row_bytes != (int64_t) k->nb[1] || d->v_row_bytes != (int64_t) v->nb[1]) {
+        why = "desc->k_row_bytes / v_row_bytes are not the K / V pool row strides (nb[1])";
+    } else if ((int64_t) d->stage_base_block * d->block_size > k->ne[1]) {
+        why = "desc->stage_base_block * block_size exceeds the pool's rows (CUDA: stage_base_block = kv_size / block_size)";
+    } else if (layer < 0 || layer >= d->n_layer) {
+        why = "op params [6] (layer) is not in [0, desc->n_layer)";
+    }
+    if (why != nullptr) {
+        GGML_ABORT("paged attention (CUDA) KV streaming: %s (node %s, layer %d)", why, dst->name, layer);
+    }
+}
+
 }  // namespace
 
 bool ggml_cuda_paged_attn_supported(int device, const ggml_tensor * op) {
@@ -90,7 +124,19 @@ void ggml_cuda_paged_attn(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
     if (const char * why = paged_attention_cuda_layout_unsupported(dst)) {
         GGML_ABORT("paged attention (CUDA): %s", why);
     }
-    const cf::cuda::PagedAttentionCudaArgs args = paged_attention_cuda_args(dst);
+    cf::cuda::PagedAttentionCudaArgs args = paged_attention_cuda_args(dst);
+    const cf_kv_stream_desc * desc = kv_stream_desc(dst);
+    const int layer = op_param_i32(dst, CF_KV_STREAM_PARAM_LAYER);
+    if (desc != nullptr) {
+        kv_stream_check(ctx, dst, desc, layer);
+        cf::cuda::KvStreamStage stage{};
+        if (const char * err = cf::cuda::kv_stream_before_layer(ctx.stream(), desc, layer, &stage)) {
+            GGML_ABORT("%s", err);
+        }
+        args.k_stage = stage.k;
+        args.v_stage = stage.v;
+        args.stage_base_row = stage.base_row;
+    }
     const size_t workspace_bytes = cf::cuda::paged_attention_cuda_workspace_bytes(args);
     ggml_cuda_pool_alloc<char> workspace(ctx.pool());
     if (workspace_bytes > 0) {
@@ -98,5 +144,10 @@ void ggml_cuda_paged_attn(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
     }
     if (const char * err = cf::cuda::paged_attention_cuda(args, workspace.ptr, ctx.stream())) {
         GGML_ABORT("%s", err);
+    }
+    if (desc != nullptr) {
+        if (const char * err = cf::cuda::kv_stream_after_layer(ctx.stream(), desc, layer)) {
+            GGML_ABORT("%s", err);
+        }
     }
 }
