@@ -7,7 +7,7 @@
 // (cudaEventRecord + cudaStreamWaitEvent), the pattern that is legal inside CUDA stream capture.
 #pragma once
 
-#include "kv_stream.h"
+#include "../kv_stream.h"
 
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
