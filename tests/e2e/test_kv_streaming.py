@@ -39,6 +39,17 @@ def test_streamed_running_set_equals_roomy_pool(model_path: str) -> None:
     assert st.swap_blocks_used == 0  # every host slot came back
 
 
+def test_streamed_running_set_tiny_model(tiny_model_path) -> None:
+    """The same equality on the 2-layer random-weight model (other head shapes, F32/F16 weights)."""
+    roomy = LLM(str(tiny_model_path), n_ctx=4096, **COMMON)
+    want = _tokens(roomy, PROMPTS, 80)
+    del roomy
+    llm = LLM(str(tiny_model_path), n_ctx=256, kv_streaming="on", kv_stream_blocks=64, **COMMON)
+    got = _tokens(llm, PROMPTS, 80)
+    assert got == want
+    assert llm.stats().kv_stream_demotions > 0 and llm.stats().kv_staged_blocks > 0
+
+
 def test_prompt_longer_than_device_pool(model_path: str) -> None:
     prompt = " ".join(f"item {i} is a {'red' if i % 2 else 'blue'} box;" for i in range(90))  # ~600 tokens
     roomy = LLM(model_path, n_ctx=4096, **COMMON)
