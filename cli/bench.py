@@ -17,7 +17,15 @@ from pathlib import Path
 
 import click
 
-from cli.common import PREEMPTION_OPTION, SWAP_SPACE_OPTION, swap_space_bytes
+from cli.common import (
+    KV_STREAM_BLOCKS_OPTION,
+    KV_STREAM_DEPTH_OPTION,
+    KV_STREAMING_OPTION,
+    PREEMPTION_OPTION,
+    SWAP_SPACE_OPTION,
+    kv_stream_config,
+    swap_space_bytes,
+)
 from pycacheflow.config import KV_MODES
 
 DATASETS = ("random", "sharegpt", "shared-prefix")
@@ -80,6 +88,9 @@ def _common(fn: Callable) -> Callable:
         ),
         PREEMPTION_OPTION,
         SWAP_SPACE_OPTION,
+        KV_STREAMING_OPTION,
+        KV_STREAM_BLOCKS_OPTION,
+        KV_STREAM_DEPTH_OPTION,
         click.option(
             "--endpoint",
             type=click.Choice(("/completion", "/v1/completions")),
@@ -267,6 +278,7 @@ def _offline(
                 preemption={
                     "preemption_mode": str(opts["preemption"]),
                     "swap_space_bytes": swap_space_bytes(float(opts["swap_space"])),
+                    **kv_stream_config(opts),
                 },
             )
             rows += [results.result_row(command, r, ctx.hw, ctx.params) for r in runs]

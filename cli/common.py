@@ -12,6 +12,7 @@ from pycacheflow.config import (
     DEFAULT_SWAP_SPACE_BYTES,
     PAGED_ATTENTIONS,
     PREEMPTION_MODES,
+    KV_STREAMING_MODES,
     EngineConfig,
 )
 from pycacheflow.errors import CacheFlowError, InvalidArgumentError, OutOfMemoryError
@@ -119,6 +120,49 @@ SWAP_SPACE_OPTION = click.option(
     "only when used, on CUDA it is pinned at start for the copy stream); 0 = none, preempted "
     "sequences are recomputed.",
 )
+
+
+KV_STREAMING_OPTION = click.option(
+    "--kv-streaming",
+    type=click.Choice(KV_STREAMING_MODES),
+    default="auto",
+    show_default=True,
+    help="KV streaming (paged mode): 'on' moves middle KV blocks of running sequences to host slots of "
+    "--swap-space under pool pressure (before preempting) and stages them back each decode, so a prompt "
+    "larger than the device pool still runs; 'auto' is off on the CPU and, on CUDA, on only for a sequence "
+    "that cannot get a block even alone. Not with --rpc.",
+)
+
+KV_STREAM_BLOCKS_OPTION = click.option(
+    "--kv-stream-blocks",
+    type=click.IntRange(min=1, max=65536),
+    default=64,
+    show_default=True,
+    help="KV streaming: host-resident blocks of the running sequences together, at most (the staging "
+    "capacity; needs as many host slots of --swap-space; on the CPU the pool grows by this many blocks).",
+)
+
+KV_STREAM_DEPTH_OPTION = click.option(
+    "--kv-stream-depth",
+    type=click.IntRange(min=1),
+    default=2,
+    show_default=True,
+    help="KV streaming on CUDA: layers whose staging copies may be in flight at once.",
+)
+
+
+def kv_stream_options(f):
+    """--kv-streaming, --kv-stream-blocks, --kv-stream-depth."""
+    return KV_STREAMING_OPTION(KV_STREAM_BLOCKS_OPTION(KV_STREAM_DEPTH_OPTION(f)))
+
+
+def kv_stream_config(options: dict) -> dict[str, object]:
+    """The EngineConfig fields of the kv_stream_options."""
+    return {
+        "kv_streaming": str(options["kv_streaming"]),
+        "kv_stream_blocks": int(options["kv_stream_blocks"]),
+        "kv_stream_depth": int(options["kv_stream_depth"]),
+    }
 
 
 def swap_space_bytes(gib: float) -> int:

@@ -24,6 +24,8 @@ from cli.common import (
     PAGED_ATTENTION_OPTION,
     PREEMPTION_OPTION,
     SWAP_SPACE_OPTION,
+    kv_stream_config,
+    kv_stream_options,
     ByteSize,
     _under_option,
     explicit_fields,
@@ -161,6 +163,7 @@ def cacheflow() -> None:
 @CACHE_PROMPT_OPTION
 @PREEMPTION_OPTION
 @SWAP_SPACE_OPTION
+@kv_stream_options
 @click.option(
     "--batch-tokens",
     type=int,
@@ -373,6 +376,7 @@ def _base_config_kwargs(options: dict[str, object]) -> dict[str, object]:
         "enable_prefix_caching": options["cache_prompt"],
         "preemption_mode": options["preemption"],
         "swap_space_bytes": swap_space_bytes(options["swap_space"]),
+        **kv_stream_config(options),
         "max_num_batched_tokens": options["batch_tokens"],
         "n_threads": options["threads"],
         "n_gpu_layers": options["gpu_layers"],

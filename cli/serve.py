@@ -26,6 +26,8 @@ from cli.common import (
     PAGED_ATTENTION_OPTION,
     PREEMPTION_OPTION,
     SWAP_SPACE_OPTION,
+    kv_stream_config,
+    kv_stream_options,
     ByteSize,
     explicit_fields,
     load_llm,
@@ -323,6 +325,7 @@ def _env(name: str) -> str:
 )
 @PREEMPTION_OPTION
 @SWAP_SPACE_OPTION
+@kv_stream_options
 @device_options
 @click.option(
     "--shutdown-timeout",
@@ -500,6 +503,7 @@ def _engine_kwargs(options: dict[str, object]) -> dict[str, object]:
         "enable_prefix_caching": bool(options["cache_prompt"]),
         "preemption_mode": options["preemption"],
         "swap_space_bytes": swap_space_bytes(float(options["swap_space"])),
+        **kv_stream_config(options),
         "policy": options["policy"],
         "priority_aging_ms": int(options["priority_aging_ms"]),
         "log_level": "info" if options["verbose"] else "error",

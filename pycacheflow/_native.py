@@ -24,6 +24,7 @@ from pycacheflow.config import (
     PAGED_ATTENTIONS,
     POLICIES,
     PREEMPTION_MODES,
+    KV_STREAMING_MODES,
     SPLIT_MODES,
     c_enum_name,
 )
@@ -62,6 +63,7 @@ _PAGED_ATTENTION_VALUES = {
 _PREEMPTION_MODE_VALUES = {
     name: getattr(lib, c_enum_name("CF_PREEMPTION_MODE_", name)) for name in PREEMPTION_MODES
 }
+_KV_STREAMING_VALUES = {name: getattr(lib, c_enum_name("CF_KV_STREAMING_", name)) for name in KV_STREAMING_MODES}
 _SPLIT_MODE_VALUES = {name: getattr(lib, c_enum_name("CF_SPLIT_MODE_", name)) for name in SPLIT_MODES}
 
 _DRAIN_CAPACITY = 1024  # events moved per cf_engine_drain call
@@ -209,6 +211,9 @@ def _engine_config(config: EngineConfig, keep: list) -> object:
     c.swap_space_bytes = config.swap_space_bytes
     c.priority_aging_ms = config.priority_aging_ms
     c.sampling_threads = config.sampling_threads
+    c.kv_streaming = _KV_STREAMING_VALUES[config.kv_streaming]
+    c.kv_stream_blocks = config.kv_stream_blocks
+    c.kv_stream_depth = config.kv_stream_depth
     if config.rpc_servers:
         c.rpc_servers = _keep_str(",".join(config.rpc_servers), keep)
     if config.devices is not None:

@@ -12,6 +12,7 @@ POLICIES = ("fcfs", "sjf", "priority")
 LOG_LEVELS = ("none", "error", "warn", "info", "debug")
 PAGED_ATTENTIONS = ("invariant", "ggml")
 PREEMPTION_MODES = ("auto", "recompute", "swap")
+KV_STREAMING_MODES = ("auto", "off", "on")
 SPLIT_MODES = ("none", "layer", "row")  # CF_SPLIT_MODE_*; "row" is refused by the engine
 DEFAULT_SWAP_SPACE_BYTES = 4 << 30  # cf_engine_default_config's (vLLM's default swap space)
 
@@ -101,6 +102,15 @@ class EngineConfig:
         main_gpu: split_mode "none": index of the device in use that gets the model; -1 = none.
         tensor_split: split_mode "layer": proportion of the layers per device in use (finite,
             >= 0), at most one per device; () = by free memory.
+        kv_streaming: paged mode: "on" lets middle blocks of running sequences live in host slots of
+            the swap space under pool pressure (before anyone is preempted) and stages them back into
+            the attention op each decode (so a prompt larger than the device pool still runs); "off";
+            "auto" (the default): off on the CPU, on a CUDA device only for a sequence that could not
+            get a block even alone. Not with rpc_servers. README "KV streaming" has the rule.
+        kv_stream_blocks: R, host-resident blocks of the running sequences together at most (the
+            staging capacity per layer slot); in [1, 65536], default 64; needs R host slots of swap
+            space. On the CPU the pool grows by R blocks of staging rows.
+        kv_stream_depth: CUDA: layers whose staging copies may be in flight at once (>= 1, default 2).
 
     Raises:
         ValueError: on construction, for a value that cannot cross the C ABI (an int of 2**31 or
@@ -132,6 +142,9 @@ class EngineConfig:
     split_mode: str = "layer"
     main_gpu: int = 0
     tensor_split: tuple[float, ...] = ()
+    kv_streaming: str = "auto"
+    kv_stream_blocks: int = 64
+    kv_stream_depth: int = 2
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, (str, os.PathLike)) or not os.fspath(self.model):
@@ -147,6 +160,11 @@ class EngineConfig:
         _check_choice("paged_attention", self.paged_attention, PAGED_ATTENTIONS)
         _check_int("swap_space_bytes", self.swap_space_bytes, limit_bits=62)
         _check_choice("preemption_mode", self.preemption_mode, PREEMPTION_MODES)
+        _check_choice("kv_streaming", self.kv_streaming, KV_STREAMING_MODES)
+        for name in ("kv_stream_blocks", "kv_stream_depth"):
+            _check_int(name, getattr(self, name))
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not isinstance(self.enable_prefix_caching, bool):
             raise TypeError(f"enable_prefix_caching must be a bool, got {self.enable_prefix_caching!r}")
         if self.flash_attn is not None and not isinstance(self.flash_attn, bool):

@@ -271,6 +271,15 @@ class EngineStats(NamedTuple):
     num_swaps_overlapped: int
     swap_overlapped_ns: int
     num_graphs_beside_copies: int
+    kv_streaming: int
+    kv_streamed_blocks: int
+    kv_stream_demotions: int
+    kv_stream_promotions: int
+    kv_staged_blocks: int
+    kv_staged_bytes: int
+    kv_staging_decodes: int
+    kv_stream_cuda_wait_layers: int
+    kv_stream_cuda_copy_ns: int
     ttft_by_priority: tuple[PriorityTTFT, ...] = ()
 
     @property

@@ -91,6 +91,16 @@ typedef enum cf_preemption_mode {
                                          is short                                             */
 } cf_preemption_mode;
 
+typedef enum cf_kv_streaming {
+    CF_KV_STREAMING_AUTO = 0, /* the default: off on the CPU; on a CUDA device only for a sequence that could not
+                                 otherwise get a block even alone (its older blocks stream from the host)   */
+    CF_KV_STREAMING_OFF = 1,  /* every block of a running sequence is on the device                        */
+    CF_KV_STREAMING_ON = 2    /* under pool pressure, before preempting, middle blocks of running sequences
+                                 move to host slots of the swap space and are staged back into the paged
+                                 attention op's staging rows each decode (FastFlowLM's layer-ahead KV
+                                 streaming; native/src/kernels/kv_stream.h has the contract)             */
+} cf_kv_streaming;
+
 typedef enum cf_paged_attention {
     CF_PAGED_ATTENTION_INVARIANT = 0,  /* f32, one reduction order per (sequence, position): a
                                           sequence's outputs do not depend on how its prompt
@@ -192,6 +202,17 @@ typedef struct cf_engine_config {
                                         them; NULL = by free memory. Caller-owned.             */
     int32_t num_tensor_split;        /* entries of tensor_split, in [0, 16] and at most the
                                         number of devices in use; default 0                   */
+    /* KV streaming (paged mode; README "KV streaming"): blocks of running sequences may live in the
+       host slots of the swap space (swap_space_bytes) and are staged in per decode.             */
+    int32_t kv_streaming;            /* cf_kv_streaming, default CF_KV_STREAMING_AUTO. ON needs paged
+                                        mode and no rpc_servers (CF_STATUS_INVALID_ARGUMENT).  */
+    int32_t kv_stream_blocks;        /* R: host-resident blocks of the running sequences together,
+                                        at most, = the staging rows (blocks per layer slot); in
+                                        [1, 65536], default 64; needs R host slots of swap space.
+                                        On the CPU the pool grows by R blocks of staging rows. */
+    int32_t kv_stream_depth;         /* CUDA: layers whose staging may be in flight at once, >= 1,
+                                        default 2 (capped at the layer count); the CPU stages
+                                        each layer just before its attention                   */
 } cf_engine_config;
 
 typedef struct cf_engine * cf_engine_t;
@@ -370,6 +391,19 @@ typedef struct cf_engine_stats {
                                             time that could run beside compute)                */
     int64_t num_graphs_beside_copies;    /* copy stream: graph evaluations launched while such
                                             a swap batch was still running on the device       */
+    /* KV streaming (cf_engine_config.kv_streaming; 0 when off), since init unless "now":        */
+    int32_t kv_streaming;                /* 1 if on (resolved), else 0                         */
+    int32_t kv_streamed_blocks;          /* host-resident blocks of running sequences now      */
+    int64_t kv_stream_demotions;         /* blocks moved device -> host (in swap_out_bytes)     */
+    int64_t kv_stream_promotions;        /* blocks moved host -> device (in swap_in_bytes)      */
+    int64_t kv_staged_blocks;            /* blocks staged into the attention op, summed over
+                                            decodes (each block once per decode, all layers)   */
+    int64_t kv_staged_bytes;             /* their bytes (every layer's K and V rows)            */
+    int64_t kv_staging_decodes;          /* llama_decode calls that staged at least one block  */
+    int64_t kv_stream_cuda_wait_layers;  /* CUDA: layers whose attention waited for its staging
+                                            copy (ggml-cuda's count; -1 unknown or the CPU)    */
+    int64_t kv_stream_cuda_copy_ns;      /* CUDA: device time of the staging copies, ns; -1 on
+                                            the CPU                                            */
 } cf_engine_stats;
 
 CF_API cf_status cf_engine_get_stats(cf_engine_t engine, cf_engine_stats * out_stats);

@@ -216,6 +216,108 @@ void test_paged_swap() {
     }
 }
 
+// KV streaming placement (PagedKv's rule): demotion of middle blocks (not sinks, not the window, not shared)
+// into host slots with a deferred device free, the R cap, the plan's host reads, promotion back once
+// blocks are plentiful, and free() of a streamed sequence returning every host slot; invariants after each call.
+void check_all(const KvCacheManager & kv, const std::vector<std::unique_ptr<Sequence>> & running) {
+    check(kv, running);
+    const std::string error = kv.check_swapped({});
+    if (!error.empty()) {
+        std::fprintf(stderr, "%s\n%s", error.c_str(), kv.dump().c_str());
+        assert(false);
+    }
+}
+
+void test_paged_streaming() {
+    KvStreamPolicy policy;
+    policy.enabled = true;
+    policy.max_staged = 3;
+    policy.sink_blocks = 1;
+    policy.window_blocks = 2;
+    // 10 blocks of 4 tokens, 4 host slots; prefix cache on (committed ref-1 blocks may still move)
+    std::unique_ptr<KvCacheManager> kv = make_paged_kv(10, 4, true, /*num_host_blocks=*/4, /*block_bytes=*/64, policy);
+    const BlockManager & blocks = *kv->block_manager();
+    std::vector<std::unique_ptr<Sequence>> running;
+    running.push_back(make_seq(1, 32, 8));  // 8 blocks once computed
+    Sequence & a = *running[0];
+    a.status = SequenceStatus::RUNNING;
+    a.holds_kv = true;
+    kv->admit(a);
+    assert(kv->allocate(a, 32));
+    a.num_computed_tokens = 32;
+    kv->commit(a);
+    check_all(*kv, running);
+    assert(!kv->allocate(a, 12));  // 3 more blocks, 2 free
+    std::vector<BlockSwap> out;
+    // candidates: blocks 1..(8 - 2) and below the last indexed one: at most R = 3 move
+    assert(kv->demote(a, 10, running, &out) == 3 && out.size() == 3);
+    assert(kv->kv_stream_stats().num_host_resident == 3 && kv->num_host_blocks_used() == 3);
+    const BlockTable & t = *blocks.find(1);
+    assert(!is_host_entry(t.block_ids[0]) && is_host_entry(t.block_ids[1]) && is_host_entry(t.block_ids[3]));
+    assert(!is_host_entry(t.block_ids[4]) && !is_host_entry(t.block_ids[7]));
+    assert(kv->num_blocks_freed_next_step() == 3);  // deferred: the copies read them this step
+    check_all(*kv, running);
+    assert(kv->demote(a, 1, running, &out) == 0);  // the R cap
+    StepPlan plan;
+    kv->end_step();
+    kv->begin_step();  // next step: the demoted blocks are free
+    assert(kv->allocate(a, 12));
+    plan.seqs.push_back({&a, 12, false});
+    kv->fill_plan(&plan);
+    int32_t host_reads = 0;
+    for (int32_t b = 0; b < plan.max_blocks; ++b) {
+        host_reads += is_host_entry(plan.block_tables[(size_t) b]) ? 1 : 0;
+    }
+    assert(host_reads == 3 && plan.blocks_to_swap_in.empty());  // no room to promote yet
+    kv->end_step();
+    a.num_computed_tokens = 44;
+    kv->commit(a);
+    check_all(*kv, running);
+    // free a: every host slot comes back (parked until end_step)
+    kv->free(a);
+    running.clear();
+    check_all(*kv, running);
+    kv->end_step();
+    assert(kv->num_host_blocks_used() == 0 && kv->kv_stream_stats().num_host_resident == 0);
+    assert(kv->kv_stream_stats().num_demotions == 3);
+
+    // promotion: host entries move back into fresh blocks when the pool has room; the plan reads the host
+    // slot in that step and the fresh block from the next one
+    running.push_back(make_seq(2, 24, 8));
+    Sequence & b = *running[0];
+    b.status = SequenceStatus::RUNNING;
+    b.holds_kv = true;
+    b.params.cache_prompt = false;  // any full computed middle block may move
+    kv->begin_step();
+    kv->admit(b);
+    assert(kv->allocate(b, 24));
+    b.num_computed_tokens = 24;
+    out.clear();
+    assert(kv->demote(b, 2, running, &out) == 2);
+    check_all(*kv, running);
+    kv->end_step();
+    kv->begin_step();  // 10 - 6 + 2 = 6 free > 2 * watermark (2)
+    assert(kv->allocate(b, 1));
+    StepPlan p2;
+    p2.seqs.push_back({&b, 1, true});
+    kv->fill_plan(&p2);
+    assert(p2.blocks_to_swap_in.size() >= 1);
+    int32_t host_now = 0;
+    for (int32_t i = 0; i < p2.max_blocks; ++i) {
+        host_now += is_host_entry(p2.block_tables[(size_t) i]) ? 1 : 0;
+    }
+    assert(host_now == 2);  // promoted entries still read their host slots in this step
+    check_all(*kv, running);
+    kv->end_step();
+    assert(kv->kv_stream_stats().num_promotions == (int64_t) p2.blocks_to_swap_in.size());
+    b.num_computed_tokens = 25;
+    kv->free(b);
+    running.clear();
+    kv->end_step();
+    check_all(*kv, running);
+    assert(kv->num_host_blocks_used() == 0);
+}
+
 }  // namespace
 
 int main() {
@@ -226,6 +328,7 @@ int main() {
     test_unified_specifics();
     test_paged_specifics();
     test_paged_swap();
+    test_paged_streaming();
     std::printf("test_kv_manager: ok\n");
     return 0;
 }

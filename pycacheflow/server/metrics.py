@@ -182,6 +182,24 @@ class _Collector:
              s.swap_overlapped_ns / 1e9),
         ):  # fmt: skip
             yield CounterMetricFamily(f"cacheflow:{name}", doc, value=value)
+        for name, doc, value in (
+            ("kv_stream_demotions_total", "KV blocks moved to host slots by KV streaming",
+             s.kv_stream_demotions),
+            ("kv_stream_promotions_total", "KV blocks moved back to the device by KV streaming",
+             s.kv_stream_promotions),
+            ("kv_staged_blocks_total", "Host-resident KV blocks staged into paged attention, per decode",
+             s.kv_staged_blocks),
+            ("kv_staged_bytes_total", "Bytes of those staged blocks (every layer's K and V rows)",
+             s.kv_staged_bytes),
+            ("kv_staging_decodes_total", "Decodes that staged at least one host-resident block",
+             s.kv_staging_decodes),
+        ):  # fmt: skip
+            yield CounterMetricFamily(f"cacheflow:{name}", doc, value=value)
+        yield GaugeMetricFamily(
+            "cacheflow:kv_streamed_blocks",
+            "KV blocks of running sequences that live in host slots now (KV streaming)",
+            value=s.kv_streamed_blocks,
+        )
         yield from _ttft_by_priority(s)
         yield GaugeMetricFamily(
             "cacheflow:swapped_sequences",

@@ -117,6 +117,7 @@ void BlockManager::fork(int64_t parent_seq_id, int64_t child_seq_id) {
     assert(find(parent_seq_id) != nullptr && find(child_seq_id) == nullptr);
     BlockTable child = *find(parent_seq_id);  // copied before emplace can rehash the map
     for (int32_t block_id : child.block_ids) {
+        assert(!is_host_entry(block_id));  // a host slot has one holder: sequences that fork are never streamed
         pool_.incref(block_id);
     }
     tables_.emplace(child_seq_id, std::move(child));
@@ -136,6 +137,10 @@ void BlockManager::free(int64_t seq_id) {
     assert(it != tables_.end());
     const std::vector<int32_t> & block_ids = it->second.block_ids;
     for (auto rit = block_ids.rbegin(); rit != block_ids.rend(); ++rit) {
+        if (is_host_entry(*rit)) {
+            num_host_entries_ -= 1;  // its host slot is the caller's
+            continue;
+        }
         pool_.decref(*rit, free_pos(*rit));
     }
     tables_.erase(it);
@@ -146,8 +151,53 @@ void BlockManager::free_deferred(int64_t seq_id) {
     auto it = tables_.find(seq_id);
     assert(it != tables_.end());
     const std::vector<int32_t> & block_ids = it->second.block_ids;
-    deferred_.insert(deferred_.end(), block_ids.rbegin(), block_ids.rend());
+    for (auto rit = block_ids.rbegin(); rit != block_ids.rend(); ++rit) {
+        if (is_host_entry(*rit)) {
+            num_host_entries_ -= 1;
+        } else {
+            deferred_.push_back(*rit);
+        }
+    }
     tables_.erase(it);
+}
+
+int32_t BlockManager::demote(int64_t seq_id, int32_t i, int32_t host_slot) {
+    BlockTable * table = find_mut(seq_id);
+    assert(table != nullptr && i >= 0 && i + 1 < table->num_blocks() && host_slot >= 0);
+    const int32_t block_id = table->block_ids[(size_t) i];
+    assert(!is_host_entry(block_id) && pool_.ref_count(block_id) == 1 && rows_filled(*table, i) == block_size());
+    table->block_ids[(size_t) i] = host_entry(host_slot);
+    deferred_.push_back(block_id);  // the copy to the host reads it during this step
+    num_host_entries_ += 1;
+    return block_id;
+}
+
+int32_t BlockManager::promote(int64_t seq_id, int32_t i) {
+    BlockTable * table = find_mut(seq_id);
+    assert(table != nullptr && i >= 0 && i < table->num_blocks() && is_host_entry(table->block_ids[(size_t) i]));
+    std::vector<int32_t> fresh;
+    take_blocks(1, &fresh);
+    table->block_ids[(size_t) i] = fresh[0];
+    num_host_entries_ -= 1;
+    return fresh[0];
+}
+
+void BlockManager::host_slots(int64_t seq_id, std::vector<int32_t> * out) const {
+    const BlockTable * table = find(seq_id);
+    if (table == nullptr) {
+        return;
+    }
+    for (int32_t entry : table->block_ids) {
+        if (is_host_entry(entry)) {
+            out->push_back(host_slot_of(entry));
+        }
+    }
+}
+
+void BlockManager::all_host_slots(std::vector<int32_t> * out) const {
+    for (const auto & entry : tables_) {
+        host_slots(entry.first, out);
+    }
 }
 
 int32_t BlockManager::num_blocks_freed_by_release() const {
@@ -196,6 +246,7 @@ std::string BlockManager::check_invariants() const {
     std::vector<int32_t> fill(num_blocks, 0);     // rows filled as holders see it; 0 = no holder yet
     std::vector<int32_t> stamp(num_blocks, 0);    // 1 + index of the last table seen holding it
     int32_t table_index = 0;
+    int32_t num_host_entries = 0;
     for (const auto & [seq_id, table] : tables_) {
         table_index += 1;
         const std::string seq = "seq " + std::to_string(seq_id);
@@ -208,6 +259,13 @@ std::string BlockManager::check_invariants() const {
         }
         for (int32_t i = 0; i < table.num_blocks(); ++i) {
             const int32_t block_id = table.block_ids[(size_t) i];
+            if (is_host_entry(block_id)) {
+                num_host_entries += 1;
+                if (i + 1 == table.num_blocks() || rows_filled(table, i) != block_size()) {
+                    return seq + ": host entry " + std::to_string(i) + " is the last or a partial block";
+                }
+                continue;
+            }
             const std::string block = seq + ": block " + std::to_string(block_id);
             if (!pool_.is_valid(block_id)) {
                 return block + " is not a valid block id";
@@ -224,6 +282,10 @@ std::string BlockManager::check_invariants() const {
             }
             fill[(size_t) block_id] = rows;
         }
+    }
+    if (num_host_entries != num_host_entries_) {
+        return std::to_string(num_host_entries) + " host entries in the tables, " + std::to_string(num_host_entries_) +
+               " counted";
     }
     for (int32_t block_id : pinned_) {
         if (!pool_.is_valid(block_id)) {
@@ -268,7 +330,13 @@ std::string BlockManager::dump() const {
         const BlockTable & table = tables_.at(seq_id);
         os << "  seq " << seq_id << ": num_tokens=" << table.num_tokens << " blocks=[";
         for (int32_t i = 0; i < table.num_blocks(); ++i) {
-            os << (i ? " " : "") << table.block_ids[(size_t) i];
+            const int32_t entry = table.block_ids[(size_t) i];
+            os << (i ? " " : "");
+            if (is_host_entry(entry)) {
+                os << "h" << host_slot_of(entry);
+            } else {
+                os << entry;
+            }
         }
         os << "]\n";
     }

@@ -22,6 +22,15 @@
 // a block in use (ref >= 1) is never in the free list, so never evicted. Cached free blocks count
 // as free everywhere (num_free_blocks, admission).
 //
+// Host-resident entries (KV streaming, issue 16; kernels/kv_stream.h). A table entry may name a host
+// slot instead of a device block: the entry holds host_entry(h) = -2 - h (<= -2; CF_BLOCK_ID_NONE is -1).
+// Only a full, private (ref 1) block away from the table's end is moved there (demote()), and moved back
+// into a fresh block (promote()); the pool knows nothing of host entries (no ref count), the host slot ids
+// belong to the caller (PagedKv's HostBlockPool), and the last block of a table is always on the device.
+//
+//   block_ids:  |  7  |  3  | -2-4 | -2-9 |  12 |  5  |     entries 2, 3: host slots 4 and 9
+//   on:         | dev | dev | host | host | dev | dev |     (sink blocks | streamed middle | window)
+//
 // Thread-safety: none; the engine calls it from the stepping thread only.
 #pragma once
 
@@ -35,6 +44,11 @@
 #include <vector>
 
 namespace cf {
+
+// Host-resident table entries (see the file comment).
+constexpr int32_t host_entry(int32_t host_slot) { return -2 - host_slot; }
+constexpr bool is_host_entry(int32_t entry) { return entry <= -2; }
+constexpr int32_t host_slot_of(int32_t entry) { return -2 - entry; }
 
 struct BlockTable {
     std::vector<int32_t> block_ids;  // [num_blocks] block ids in token order
@@ -158,6 +172,22 @@ class BlockManager {
     // (can_allocate(seq_id, num_tokens)), with num_tokens >= 1.
     const BlockTable & allocate_table(int64_t seq_id, int32_t num_tokens);
 
+    // ---- host-resident entries (KV streaming; see the file comment)
+
+    // Entry i of seq_id (a device block: full, ref 1, not the last) moves to host slot host_slot: the entry
+    // becomes host_entry(host_slot) and the device block is released at the next release_deferred() (the
+    // caller's copy device -> host reads it during this step). Returns the device block id.
+    int32_t demote(int64_t seq_id, int32_t i, int32_t host_slot);
+    // Host entry i of seq_id moves back into a fresh private block (the caller copies host -> device):
+    // returns its id. Call only when a block is free (num_free_blocks() >= 1).
+    int32_t promote(int64_t seq_id, int32_t i);
+    // Host entries in all tables now.
+    int32_t num_host_entries() const { return num_host_entries_; }
+    // Append the host slots of seq_id's host entries (table order) to *out; nothing for an unknown seq.
+    void host_slots(int64_t seq_id, std::vector<int32_t> * out) const;
+    // Append the host slots of every table's host entries to *out.
+    void all_host_slots(std::vector<int32_t> * out) const;
+
     // ---- prefix cache (call only when prefix_caching())
 
     // The longest cached prefix of tokens[0, max_tokens) (see PrefixMatch and prefix_cache.h).
@@ -233,6 +263,7 @@ class BlockManager {
     std::vector<int32_t> pinned_;         // copy sources held until take_copies()
     std::vector<int32_t> deferred_;       // free_deferred(): blocks in free() order, held until release_deferred()
     PrefixCacheStats stats_;
+    int32_t num_host_entries_ = 0;  // host entries over all tables
 };
 
 }  // namespace cf

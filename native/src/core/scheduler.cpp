@@ -266,6 +266,15 @@ bool Scheduler::allocate_or_preempt(Sequence * seq, int32_t num_new_tokens) {
         if (kv_->allocate(*seq, num_new_tokens)) {
             return true;
         }
+        if (kv_->streams()) {
+            // KV streaming: move middle blocks to the host before preempting anyone (PagedKv's rule); their
+            // device blocks are free at the next step, and seq waits for them there
+            const int64_t short_by = kv_->num_blocks_to_allocate(*seq, num_new_tokens) + num_blocks_promised_ -
+                                     ((int64_t) kv_->num_blocks_free() + kv_->num_blocks_freed_next_step());
+            if (short_by > 0) {
+                kv_->demote(*seq, short_by, running_, &out_.blocks_to_swap_out);
+            }
+        }
         if (waits_for_deferred_blocks(*seq, num_new_tokens)) {
             return false;
         }

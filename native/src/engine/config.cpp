@@ -101,6 +101,16 @@ EngineConfig EngineConfig::from_c(const cf_engine_config & c) {
         fail_invalid("swap_space_bytes must be >= 0, got " + std::to_string(c.swap_space_bytes));
     }
     check_devices(c);
+    check_range("kv_streaming", c.kv_streaming, CF_KV_STREAMING_AUTO, CF_KV_STREAMING_ON);
+    check_range("kv_stream_blocks", c.kv_stream_blocks, 1, 65536);
+    check_range("kv_stream_depth", c.kv_stream_depth, 1, 65536);
+    if (c.kv_streaming == CF_KV_STREAMING_ON && stock) {
+        fail_invalid("kv_streaming=on needs the paged KV cache (kv_mode paged or auto)");
+    }
+    if (c.kv_streaming == CF_KV_STREAMING_ON && c.rpc_servers != nullptr && c.rpc_servers[0] != '\0') {
+        fail_invalid("kv_streaming=on does not work with rpc_servers: the paged attention op of an rpc-server "
+                     "cannot read the engine's host memory");
+    }
     if (c.max_num_batched_tokens < c.max_num_seqs) {
         // every running sequence's decode token must fit one step (llama.cpp sizes its output
         // buffer by n_seq_max and aborts on a smaller n_batch)
@@ -146,6 +156,9 @@ EngineConfig EngineConfig::from_c(const cf_engine_config & c) {
     out.split_mode = (cf_split_mode) c.split_mode;
     out.main_gpu = c.main_gpu;
     out.tensor_split.assign(c.tensor_split, c.tensor_split + c.num_tensor_split);
+    out.kv_streaming = (cf_kv_streaming) c.kv_streaming;
+    out.kv_stream_blocks = c.kv_stream_blocks;
+    out.kv_stream_depth = c.kv_stream_depth;
     if (!out.rpc_servers.empty() && out.n_gpu_layers == 0 && out.devices != "none") {
         fail_invalid("rpc_servers needs n_gpu_layers != 0 (-1 = all layers): with 0 no layer goes to an RPC device");
     }
@@ -179,6 +192,9 @@ cf_engine_config default_engine_config() {
     c.main_gpu = 0;
     c.tensor_split = nullptr;
     c.num_tensor_split = 0;
+    c.kv_streaming = CF_KV_STREAMING_AUTO;
+    c.kv_stream_blocks = 64;
+    c.kv_stream_depth = 2;
     return c;
 }
 

@@ -43,6 +43,9 @@ struct EngineConfig {
     cf_split_mode split_mode = CF_SPLIT_MODE_LAYER;
     int32_t main_gpu = 0;          // split_mode none: index into the devices in use; -1 = none
     std::vector<float> tensor_split;  // proportions per device in use (finite, >= 0); empty = by free memory
+    cf_kv_streaming kv_streaming = CF_KV_STREAMING_AUTO;  // resolved by LlamaSession (ON or OFF)
+    int32_t kv_stream_blocks = 64;  // R (cacheflow.h)
+    int32_t kv_stream_depth = 2;    // D, CUDA
 
     bool kv_unified() const { return kv_mode == CF_KV_MODE_STOCK_UNIFIED; }
     bool paged() const { return kv_mode == CF_KV_MODE_PAGED; }

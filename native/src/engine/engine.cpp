@@ -31,8 +31,22 @@ int32_t num_host_blocks(const LlamaSession & session) {
 
 std::unique_ptr<KvCacheManager> make_kv_manager(const LlamaSession & session) {
     if (session.config().paged()) {
+        KvStreamPolicy stream;
+        if (session.kv_streaming()) {
+            stream.enabled = true;
+            stream.alone_only = session.kv_stream_alone_only();
+            stream.max_staged = session.kv_stream_blocks();
+            if (stream.max_staged > num_host_blocks(session)) {
+                throw Error(CF_STATUS_INVALID_ARGUMENT,
+                            "kv_stream_blocks=" + std::to_string(stream.max_staged) + " needs as many host slots of "
+                            "swap space, but swap_space_bytes=" + std::to_string(session.config().swap_space_bytes) +
+                            " holds " + std::to_string(num_host_blocks(session)) + " blocks of " +
+                            std::to_string(session.paged_block_bytes()) + " bytes; raise swap_space_bytes "
+                            "(--swap-space) or lower kv_stream_blocks");
+            }
+        }
         return make_paged_kv(session.num_blocks(), session.config().block_size, session.config().enable_prefix_caching,
-                             num_host_blocks(session), session.paged_block_bytes());
+                             num_host_blocks(session), session.paged_block_bytes(), stream);
     }
     if (session.config().preemption_mode == CF_PREEMPTION_MODE_SWAP) {
         std::fprintf(stderr, "cacheflow: preemption_mode=swap has no effect on the stock KV cache: it reserves "
@@ -80,6 +94,13 @@ Engine::Engine(const EngineConfig & config)
     batch_.set_padding(session_->max_padded_tokens());
     stats_.kv_tokens_capacity = session_->n_ctx();
     stats_.kv_blocks_total = session_->num_blocks();
+    if (session_->kv_streaming()) {
+        if (session_->kv_stream_on_cuda() && !swapper_.on_copy_stream()) {
+            throw Error(CF_STATUS_UNSUPPORTED, "KV streaming on CUDA needs the pinned swap space of the copy stream "
+                                               "(CACHEFLOW_SWAP_ASYNC=0 turns it off)");
+        }
+        session_->start_kv_stream(swapper_.host_base());  // before the first decode (CUDA: reserve, warm-up)
+    }
     measure_swap_rate();
 }
 

@@ -571,6 +571,17 @@ void Engine::publish() {
         stats_.cuda_graphs_direct = graphs[2];
         stats_.num_llama_decodes = session_->num_decodes();
         stats_.num_llama_graphs_reused = session_->num_graphs_reused();
+        const KvStreamStats placement = scheduler_.kv().kv_stream_stats();
+        const LlamaSession::KvStreamCounters staging = session_->kv_stream_counters();
+        stats_.kv_streaming = session_->kv_streaming() ? 1 : 0;
+        stats_.kv_streamed_blocks = placement.num_host_resident;
+        stats_.kv_stream_demotions = placement.num_demotions;
+        stats_.kv_stream_promotions = placement.num_promotions;
+        stats_.kv_staged_blocks = staging.num_staged_blocks;
+        stats_.kv_staged_bytes = staging.num_staged_bytes;
+        stats_.kv_staging_decodes = staging.num_staging_decodes;
+        stats_.kv_stream_cuda_wait_layers = staging.cuda[2];
+        stats_.kv_stream_cuda_copy_ns = staging.cuda[1];
     }
     events_.push(step_events_, step_text_, step_logprobs_);
     step_events_.clear();

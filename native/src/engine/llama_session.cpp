@@ -280,15 +280,30 @@ std::unique_ptr<LlamaSession> LlamaSession::open(const EngineConfig & config) {
     std::unique_ptr<LlamaSession> session(new LlamaSession(config));
     session->load_model();
     session->resolve_kv_mode();
+    session->resolve_kv_streaming();
     session->init_greedy_samplers();
     session->create_context();
-    session->warm_up_on_own_thread();
+    session->init_kv_stream_desc();
+    if (session->kv_stream_cuda_) {
+        session->warm_up_deferred_ = true;  // start_kv_stream reserves the staging pool first
+    } else {
+        session->warm_up_on_own_thread();
+    }
     return session;
 }
 
 LlamaSession::~LlamaSession() {
+    if (kv_stream_reserved_) {
+        if (auto release = (cf_cuda_kv_stream_release_fn) cuda_proc_address("ggml_cuda_cf_kv_stream_release")) {
+            llama_synchronize(ctx_);
+            release(stream_desc_.get());
+        }
+    }
     if (ctx_ != nullptr) {
         llama_free(ctx_);
+    }
+    if (pinned_lists_ != nullptr) {
+        ggml_backend_buffer_free(pinned_lists_);
     }
     free_samplers();  // after the context, which points at them
     if (model_ != nullptr) {
@@ -436,6 +451,14 @@ void LlamaSession::create_context() {
         }
         cp.kv_block_size = (uint32_t) config_.block_size;
         cp.paged_attn_kernel = paged_attn_kernel(config_.paged_attention);
+        if (kv_streaming()) {
+            stream_desc_ = std::make_unique<cf_kv_stream_desc>();
+            std::memset(stream_desc_.get(), 0, sizeof(cf_kv_stream_desc));
+            cp.paged_kv_stream = stream_desc_.get();
+            if (!kv_stream_cuda_) {  // the staging rows are R more blocks of the pool, on top of what was asked
+                cp.n_ctx = (uint32_t) ((int64_t) cp.n_ctx + (int64_t) config_.kv_stream_blocks * config_.block_size);
+            }
+        }
     }
 
     // A KV cache larger than the memory of all devices together cannot be allocated; saying so
@@ -465,9 +488,187 @@ void LlamaSession::create_context() {
             scratch_block_ = --num_blocks_;  // where padding tokens write their KV rows
             max_padded_tokens_ = std::min(512, n_batch_);
         }
+        int32_t max_seq_blocks = num_blocks_;
+        if (kv_streaming()) {
+            if (!kv_stream_cuda_) {
+                num_blocks_ -= config_.kv_stream_blocks;  // blocks [num_blocks_, + R): the staging rows
+                if (num_blocks_ < 1) {
+                    throw Error(CF_STATUS_INVALID_ARGUMENT, "kv_stream_blocks (" + std::to_string(config_.kv_stream_blocks) +
+                                                                ") leaves no block of the KV cache for sequences");
+                }
+            }
+            max_seq_blocks = num_blocks_ + config_.kv_stream_blocks;  // a sequence's older blocks can stream
+        }
         n_ctx_ = num_blocks_ * config_.block_size;
-        n_ctx_per_seq_ = n_ctx_train > 0 ? std::min(n_ctx_train, n_ctx_) : n_ctx_;
+        const int32_t max_seq_tokens = max_seq_blocks * config_.block_size;
+        n_ctx_per_seq_ = n_ctx_train > 0 ? std::min(n_ctx_train, max_seq_tokens) : max_seq_tokens;
     }
+}
+
+// kv_streaming AUTO: off on the CPU; on a CUDA device (every layer there, one device, ggml-cuda with the
+// streaming entry points) on for a sequence that runs alone only (it could not get a block otherwise).
+// ON where it cannot work fails with the reason. Needs R host slots of swap space (checked by the Engine).
+void LlamaSession::resolve_kv_streaming() {
+    const bool asked = config_.kv_streaming == CF_KV_STREAMING_ON;
+    config_.kv_streaming = CF_KV_STREAMING_OFF;
+    auto refuse = [&](const std::string & why) {
+        if (asked) {
+            throw Error(CF_STATUS_UNSUPPORTED, "kv_streaming=on: " + why);
+        }
+    };
+    if (!config_.paged()) {
+        return refuse("the model runs on the stock KV cache, not the paged one");
+    }
+    if (!config_.rpc_servers.empty()) {
+        return refuse("not with rpc_servers (an rpc-server cannot read the engine's host memory)");
+    }
+    const int32_t n_layer = llama_model_n_layer(model_);
+    const bool offloaded = config_.n_gpu_layers != 0 && !offload_devices_.empty();
+    if (!offloaded) {
+        config_.kv_streaming = asked ? CF_KV_STREAMING_ON : CF_KV_STREAMING_OFF;  // AUTO: off on the CPU
+        return;
+    }
+    if (config_.n_gpu_layers > 0 && config_.n_gpu_layers < n_layer) {
+        return refuse("the layers are split between the CPU and a device (set n_gpu_layers to all)");
+    }
+    if (offload_devices_.size() != 1 || std::strncmp(ggml_backend_dev_name(offload_devices_[0]), "CUDA", 4) != 0) {
+        return refuse("the KV cache must be on one CUDA device");
+    }
+    if (cuda_proc_address("ggml_cuda_cf_kv_stream_reserve") == nullptr) {
+        return refuse("this ggml-cuda has no KV streaming (ggml_cuda_cf_kv_stream_reserve)");
+    }
+    kv_stream_cuda_ = true;
+    kv_stream_alone_only_ = !asked;
+    config_.kv_streaming = CF_KV_STREAMING_ON;
+}
+
+void LlamaSession::init_kv_stream_desc() {
+    if (!kv_streaming()) {
+        return;
+    }
+    const std::vector<PoolTensors> pools = paged_pool_tensors();
+    if (pools.empty()) {
+        throw Error(CF_STATUS_INTERNAL, "KV streaming: the context has no KV pools");
+    }
+    const int64_t k_row = (int64_t) pools[0].k->nb[1];
+    const int64_t v_row = (int64_t) pools[0].v->nb[1];
+    for (const PoolTensors & p : pools) {
+        const bool host = p.k->buffer != nullptr && ggml_backend_buffer_is_host(p.k->buffer);
+        if ((int64_t) p.k->nb[1] != k_row || (int64_t) p.v->nb[1] != v_row || host == kv_stream_cuda_) {
+            throw Error(CF_STATUS_UNSUPPORTED, "KV streaming needs every layer's K/V rows of one size on one device");
+        }
+    }
+    const int32_t R = config_.kv_stream_blocks;
+    cf_kv_stream_desc & d = *stream_desc_;
+    d.n_layer = (int32_t) pools.size();
+    d.block_size = config_.block_size;
+    d.max_staged = R;
+    d.depth = std::max(1, std::min(config_.kv_stream_depth, d.n_layer));
+    d.k_row_bytes = k_row;
+    d.v_row_bytes = v_row;
+    d.host_block_bytes = (int64_t) d.n_layer * d.block_size * (k_row + v_row);
+    if (d.host_block_bytes != paged_block_bytes()) {
+        throw Error(CF_STATUS_INTERNAL, "KV streaming: host layout of " + std::to_string(d.host_block_bytes) +
+                                            " bytes per block, llama_paged_block_bytes says " +
+                                            std::to_string(paged_block_bytes()));
+    }
+    if (kv_stream_cuda_) {
+        d.stage_base_block = llama_paged_n_blocks(ctx_);
+        d.device = (int32_t) std::strtol(ggml_backend_dev_name(offload_devices_[0]) + 4, nullptr, 10);
+        if (llama_paged_set_staged_ids(ctx_, R) != 0) {
+            throw Error(CF_STATUS_INTERNAL, "llama_paged_set_staged_ids refused " + std::to_string(R));
+        }
+        ggml_backend_buffer_type_t host_type = ggml_backend_dev_host_buffer_type(offload_devices_[0]);
+        pinned_lists_ = host_type ? ggml_backend_buft_alloc_buffer(host_type, (size_t) (R + 1) * sizeof(int32_t)) : nullptr;
+        if (pinned_lists_ == nullptr) {
+            throw Error(CF_STATUS_OUT_OF_MEMORY, "KV streaming: no pinned host memory for the staged list");
+        }
+        staged_slots_ = (int32_t *) ggml_backend_buffer_get_base(pinned_lists_);
+    } else {
+        d.stage_base_block = num_blocks_;  // create_context kept blocks [num_blocks_, + R) for staging
+        d.device = -1;
+        staged_list_.assign((size_t) R + 1, 0);
+        staged_slots_ = staged_list_.data();
+    }
+    num_staged_ = staged_slots_ + R;
+    std::fill(staged_slots_, staged_slots_ + R + 1, 0);
+    d.staged_slots = staged_slots_;
+    d.num_staged = num_staged_;
+    d.host_base = nullptr;  // start_kv_stream
+}
+
+void LlamaSession::start_kv_stream(const uint8_t * host_base) {
+    if (!kv_streaming() || host_base == nullptr) {
+        throw Error(CF_STATUS_INTERNAL, "start_kv_stream without KV streaming or host memory");
+    }
+    stream_desc_->host_base = host_base;
+    if (kv_stream_cuda_) {
+        auto reserve = (cf_cuda_kv_stream_reserve_fn) cuda_proc_address("ggml_cuda_cf_kv_stream_reserve");
+        const int rc = reserve != nullptr ? reserve(stream_desc_.get()) : -1;
+        if (rc != 0) {
+            throw Error(CF_STATUS_OUT_OF_MEMORY, "KV streaming: ggml_cuda_cf_kv_stream_reserve failed (" +
+                                                     std::to_string(rc) + ") for " +
+                                                     std::to_string(stream_desc_->max_staged) + " blocks x depth " +
+                                                     std::to_string(stream_desc_->depth));
+        }
+        kv_stream_reserved_ = true;
+    }
+    if (warm_up_deferred_) {
+        warm_up_deferred_ = false;
+        warm_up_on_own_thread();
+    }
+}
+
+// Host entries (block_manager.h: host_entry(slot) <= -2) of this decode's tables become staged ids
+// stage_base_block + j, j in order of appearance, and staged_slots[j] their slots (kv_stream.h).
+void LlamaSession::stage_kv_plan(llama_paged_plan & plan) {
+    const int32_t bs = config_.block_size;
+    int32_t n = 0;
+    bool copied = false;
+    for (int32_t s = 0; s < plan.n_seqs; ++s) {
+        const int32_t used = (plan.seq_lens[s] + bs - 1) / bs;
+        for (int32_t b = 0; b < used; ++b) {
+            const size_t at = (size_t) s * (size_t) plan.max_blocks + (size_t) b;
+            const int32_t entry = plan.block_tables[at];
+            if (!is_host_entry(entry)) {
+                continue;
+            }
+            if (!copied) {
+                staged_tables_.assign(plan.block_tables, plan.block_tables + (size_t) plan.n_seqs * (size_t) plan.max_blocks);
+                copied = true;
+            }
+            if (n == stream_desc_->max_staged) {
+                throw Error(CF_STATUS_INTERNAL, "a decode with more than kv_stream_blocks=" +
+                                                    std::to_string(stream_desc_->max_staged) + " host-resident blocks");
+            }
+            if (n == 0) {
+                llama_synchronize(ctx_);  // the previous decode may still read the list
+            }
+            staged_slots_[n] = host_slot_of(entry);
+            staged_tables_[at] = stream_desc_->stage_base_block + n;
+            n += 1;
+        }
+    }
+    if (n == 0 && *num_staged_ != 0) {
+        llama_synchronize(ctx_);
+    }
+    *num_staged_ = n;
+    if (copied) {
+        plan.block_tables = staged_tables_.data();
+        stream_counters_.num_staged_blocks += n;
+        stream_counters_.num_staged_bytes += (int64_t) n * stream_desc_->host_block_bytes;
+        stream_counters_.num_staging_decodes += 1;
+    }
+}
+
+LlamaSession::KvStreamCounters LlamaSession::kv_stream_counters() const {
+    KvStreamCounters out = stream_counters_;
+    if (kv_stream_reserved_) {
+        if (auto stats = (cf_cuda_kv_stream_stats_fn) cuda_proc_address("ggml_cuda_cf_kv_stream_stats")) {
+            stats(stream_desc_.get(), out.cuda);
+        }
+    }
+    return out;
 }
 
 // Greedy slots use the batched argmax of the context (greedy_argmax, patch 0005): no chain per
@@ -701,6 +902,9 @@ void LlamaSession::set_kv_plan(const StepPlan & step, size_t begin, size_t end, 
     plan.n_tokens = n_tokens;
     plan.n_seqs = (int32_t) (end - begin);
     plan.max_blocks = step.max_blocks;
+    if (kv_streaming()) {
+        stage_kv_plan(plan);  // before padding, which copies the tables
+    }
     if (num_padding > 0) {
         pad_kv_plan(plan, num_padding);
     }

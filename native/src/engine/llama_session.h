@@ -42,6 +42,7 @@
 #include "core/step_plan.h"
 #include "engine/config.h"
 #include "ggml-backend.h"
+#include "kernels/kv_stream.h"
 
 #include <cstdint>
 #include <memory>
@@ -69,6 +70,8 @@ class LlamaSession {
     // UNSUPPORTED (no decoder / encoder-decoder; kv_mode=paged on a model it does not cover;
     // llama.cpp refused the context settings), OUT_OF_MEMORY (the context, whose largest buffer is
     // the KV cache, could not be allocated; the message gives the KV size and what to lower).
+    // With KV streaming on a CUDA device the warm-up decode waits for start_kv_stream() (the staging pool is
+    // reserved first).
     static std::unique_ptr<LlamaSession> open(const EngineConfig & config);
     ~LlamaSession();
     LlamaSession(const LlamaSession &) = delete;
@@ -133,6 +136,32 @@ class LlamaSession {
     static void * cuda_proc(const char * name);
 
     void fill_info(cf_model_info * info) const;
+
+    // ---- KV streaming (kernels/kv_stream.h; config().kv_streaming resolved to ON or OFF at open)
+    //
+    // The session owns the descriptor (its address is llama_context_params.paged_kv_stream, so every paged
+    // attention node carries it), its staged_slots [max_staged] / num_staged [1] lists (pinned on CUDA) and,
+    // on the CPU, the staging rows: max_staged more pool blocks from stage_base_block on, never handed to the
+    // block manager (num_blocks() leaves them out, like the scratch block of step padding). On CUDA
+    // stage_base_block = llama_paged_n_blocks (the whole pool) and the rows are ggml-cuda's staging pool.
+    bool kv_streaming() const { return config_.kv_streaming == CF_KV_STREAMING_ON; }
+    // Streaming only for a sequence that runs alone (kv_streaming AUTO resolved to ON on CUDA).
+    bool kv_stream_alone_only() const { return kv_stream_alone_only_; }
+    bool kv_stream_on_cuda() const { return kv_stream_cuda_; }
+    int32_t kv_stream_blocks() const { return kv_streaming() ? config_.kv_stream_blocks : 0; }
+    // The host tier is ready (the Swapper's buffer, host_block_bytes == paged_block_bytes() per slot, pinned on
+    // CUDA): set host_base, on CUDA reserve the staging pool (ggml_cuda_cf_kv_stream_reserve) and run the
+    // warm-up decode. Call once, before the first decode, when kv_streaming(). Throws UNSUPPORTED / INTERNAL.
+    void start_kv_stream(const uint8_t * host_base);
+    // Counters of staging since open: blocks staged (sum over decodes of *num_staged), their bytes (all layers),
+    // decodes that staged; on CUDA also ggml-cuda's stats (out[4] of cf_cuda_kv_stream_stats_fn, else -1s).
+    struct KvStreamCounters {
+        int64_t num_staged_blocks = 0;
+        int64_t num_staged_bytes = 0;
+        int64_t num_staging_decodes = 0;
+        int64_t cuda[4] = {-1, -1, -1, -1};
+    };
+    KvStreamCounters kv_stream_counters() const;
 
     const llama_model * model() const { return model_; }
     const llama_vocab * vocab() const { return vocab_; }
@@ -222,6 +251,23 @@ class LlamaSession {
     std::vector<int32_t> padded_slot_mapping_, padded_block_tables_, padded_seq_lens_;
     std::vector<int32_t> copy_src_;  // copy_blocks scratch
     std::vector<int32_t> copy_dst_;
+
+    // KV streaming
+    void resolve_kv_streaming();
+    void init_kv_stream_desc();  // after the context exists
+    // Rewrite the host entries (<= -2) of plan's block tables into staged ids and fill the staged list.
+    void stage_kv_plan(llama_paged_plan & plan);
+    bool kv_stream_alone_only_ = false;
+    bool kv_stream_cuda_ = false;
+    bool warm_up_deferred_ = false;
+    bool kv_stream_reserved_ = false;
+    std::unique_ptr<cf_kv_stream_desc> stream_desc_;
+    int32_t * staged_slots_ = nullptr;  // [max_staged], then num_staged: in staged_list_ (CPU) or pinned_lists_
+    int32_t * num_staged_ = nullptr;
+    std::vector<int32_t> staged_list_;
+    ggml_backend_buffer * pinned_lists_ = nullptr;
+    std::vector<int32_t> staged_tables_;  // stage_kv_plan scratch
+    KvStreamCounters stream_counters_;
 };
 
 }  // namespace cf

@@ -70,6 +70,9 @@ class Swapper {
     int32_t num_slots() const { return num_slots_; }
     int64_t block_bytes() const { return block_bytes_; }
     bool on_copy_stream() const { return copy_stream_ != nullptr; }
+    // The host buffer (slot h at h * block_bytes; pinned on the copy stream route), nullptr without slots.
+    // KV streaming reads host-resident blocks from it (kernels/kv_stream.h).
+    const uint8_t * host_base() const { return slot_bytes_base(); }
     // Refreshes the device times of completed batches first (copy stream; no wait).
     const SwapStats & stats();
 
@@ -104,6 +107,7 @@ class Swapper {
     void run_llama(const std::vector<BlockSwap> & swaps, bool to_host);
     void run_stream(const std::vector<BlockSwap> & swaps, bool to_host);  // deferred
     uint8_t * slot_bytes(int32_t slot) const;
+    const uint8_t * slot_bytes_base() const { return copy_stream_ ? pinned_base_ : host_.get(); }
 
     LlamaSession & session_;
     int32_t num_slots_;

@@ -41,6 +41,22 @@
 
 namespace cf {
 
+// KV streaming's placement policy (paged only; see PagedKv and kernels/kv_stream.h).
+struct KvStreamPolicy {
+    bool enabled = false;     // host-resident blocks may exist
+    bool alone_only = false;  // demote only for a sequence running alone (it could not get a block otherwise)
+    int32_t max_staged = 0;   // R: host-resident blocks of the running sequences together, at most (>= 1 when enabled)
+    int32_t sink_blocks = 1;  // leading blocks of a sequence that stay on the device (attention sinks)
+    int32_t window_blocks = 2;  // trailing blocks that stay on the device (>= 1: the one being written)
+};
+
+// KV streaming counters (zeros when off).
+struct KvStreamStats {
+    int32_t num_host_resident = 0;  // host entries of running sequences now
+    int64_t num_demotions = 0;      // blocks moved device -> host since start
+    int64_t num_promotions = 0;     // blocks moved host -> device since start
+};
+
 class KvCacheManager {
   public:
     virtual ~KvCacheManager() = default;
@@ -178,6 +194,21 @@ class KvCacheManager {
         return swapped.empty() ? "" : "sequences are swapped but this KV manager cannot swap";
     }
 
+    // ---- KV streaming (paged only; PagedKv's comment has the rule)
+    virtual bool streams() const { return false; }
+    // `needy` could not get its next blocks: move up to num_blocks middle blocks of running sequences (needy
+    // included) to host slots, appending the copies (device block, host slot) to *out (the plan's
+    // blocks_to_swap_out); their device blocks are free at the next step (num_blocks_freed_next_step).
+    // Returns the blocks moved (0 when streaming is off, or nothing may move). Call while scheduling.
+    virtual int32_t demote(const Sequence & needy, int64_t num_blocks,
+                           const std::vector<std::unique_ptr<Sequence>> & running, std::vector<BlockSwap> * out) {
+        (void) needy;
+        (void) num_blocks;
+        (void) running;
+        (void) out;
+        return 0;
+    }
+    virtual KvStreamStats kv_stream_stats() const { return {}; }
     // Free blocks now (paged), for admission decisions outside can_admit (a fork needs at most
     // one: its copy-on-write block). The stock modes report 0.
     int32_t num_blocks_free() const { return num_blocks_total() - num_blocks_used(); }
@@ -203,6 +234,7 @@ std::unique_ptr<KvCacheManager> make_stock_unified_kv(int32_t n_ctx, int32_t n_c
 // prefix cache when prefix_caching is true, and num_host_blocks host slots of block_bytes bytes
 // each for swap preemption (0: no swap space).
 std::unique_ptr<KvCacheManager> make_paged_kv(int32_t num_blocks, int32_t block_size, bool prefix_caching = false,
-                                              int32_t num_host_blocks = 0, int64_t block_bytes = 0);
+                                              int32_t num_host_blocks = 0, int64_t block_bytes = 0,
+                                              const KvStreamPolicy & stream = KvStreamPolicy());
 
 }  // namespace cf

@@ -7,11 +7,21 @@
 namespace cf {
 
 PagedKv::PagedKv(int32_t num_blocks, int32_t block_size, bool prefix_caching, int32_t num_host_blocks,
-                 int64_t block_bytes)
+                 int64_t block_bytes, const KvStreamPolicy & stream)
     : blocks_(num_blocks, block_size, prefix_caching),
       host_(num_host_blocks),
       block_bytes_(block_bytes),
-      watermark_blocks_(std::max<int64_t>(1, num_blocks / 100)) {}
+      watermark_blocks_(std::max<int64_t>(1, num_blocks / 100)),
+      stream_(stream) {
+    assert(!stream_.enabled || (stream_.max_staged >= 1 && stream_.max_staged <= num_host_blocks &&
+                                stream_.sink_blocks >= 0 && stream_.window_blocks >= 1));
+}
+
+void PagedKv::begin_step() {
+    blocks_.release_deferred();
+    demoted_.clear();
+    promoted_.clear();
+}
 
 PrefixMatch PagedKv::match(const Sequence & seq) const {
     PrefixMatch m = blocks_.match_prefix(seq.tokens.data(), seq.num_tokens() - 1);
@@ -34,7 +44,13 @@ int64_t PagedKv::num_blocks_to_admit(const Sequence & seq) const {
 
 bool PagedKv::can_admit(const Sequence & seq, int32_t num_running, bool with_deferred) const {
     const int64_t watermark = num_running == 0 ? 0 : std::max<int64_t>(watermark_blocks_, num_running);
-    return num_blocks_to_admit(seq) + watermark <= num_free_blocks(with_deferred);
+    int64_t needed = num_blocks_to_admit(seq);
+    if (stream_.enabled) {
+        // its older blocks can stream: it needs at most the device part of a table (all but R blocks),
+        // and not more than the pool less one block
+        needed = std::min<int64_t>(needed, std::max<int64_t>(1, num_blocks_total() - 1));
+    }
+    return needed + watermark <= num_free_blocks(with_deferred);
 }
 
 int32_t PagedKv::admit(const Sequence & seq) {
@@ -60,6 +76,11 @@ bool PagedKv::allocate(const Sequence & seq, int32_t num_new_tokens) {
 
 void PagedKv::free(const Sequence & seq) {
     if (blocks_.find(seq.request_id) != nullptr) {  // none if it never got a block
+        std::vector<int32_t> slots;
+        blocks_.host_slots(seq.request_id, &slots);
+        for (int32_t h : slots) {
+            host_.free(h);  // parked until end_step: a copy of this step may still write it
+        }
         blocks_.free(seq.request_id);
     }
 }
@@ -68,14 +89,23 @@ void PagedKv::fork(const Sequence & parent, const Sequence & child) {
     blocks_.fork(parent.request_id, child.request_id);
 }
 
+namespace {
+
+int32_t num_device_entries(const BlockTable & table) {
+    return (int32_t) std::count_if(table.block_ids.begin(), table.block_ids.end(),
+                                   [](int32_t id) { return !is_host_entry(id); });
+}
+
+}  // namespace
+
 bool PagedKv::can_swap_out(const Sequence & seq) const {
     const BlockTable * table = blocks_.find(seq.request_id);
-    return table != nullptr && table->num_tokens > 0 && table->num_blocks() <= host_.num_free();
+    return table != nullptr && table->num_tokens > 0 && num_device_entries(*table) <= host_.num_free();
 }
 
 int64_t PagedKv::swap_bytes(const Sequence & seq) const {
     const BlockTable * table = blocks_.find(seq.request_id);
-    return table == nullptr ? 0 : (int64_t) table->num_blocks() * block_bytes_;
+    return table == nullptr ? 0 : (int64_t) num_device_entries(*table) * block_bytes_;
 }
 
 // Every block is copied out, shared or not: a shared block's other holders keep it on the device
@@ -85,11 +115,18 @@ void PagedKv::swap_out(const Sequence & seq, std::vector<BlockSwap> * out) {
     const BlockTable & table = *blocks_.find(seq.request_id);
     SwappedTable & swapped = swapped_[seq.request_id];
     swapped.num_tokens = table.num_tokens;
-    const bool ok = host_.allocate(table.num_blocks(), &swapped.host_slots);
+    std::vector<int32_t> fresh;
+    const bool ok = host_.allocate(num_device_entries(table), &fresh);
     assert(ok);
     (void) ok;
-    for (size_t i = 0; i < table.block_ids.size(); ++i) {
-        out->push_back({ table.block_ids[i], swapped.host_slots[i] });
+    size_t next = 0;
+    for (int32_t entry : table.block_ids) {
+        if (is_host_entry(entry)) {  // streamed: its rows are on the host already (or go there this step)
+            swapped.host_slots.push_back(host_slot_of(entry));
+            continue;
+        }
+        swapped.host_slots.push_back(fresh[next]);
+        out->push_back({ entry, fresh[next++] });
     }
     blocks_.free_deferred(seq.request_id);  // the swap-out copy reads them during this step
 }
@@ -131,6 +168,7 @@ std::string PagedKv::check_swapped(const std::vector<const Sequence *> & swapped
                std::to_string(swapped.size()) + " swapped sequences";
     }
     std::vector<int32_t> held;
+    blocks_.all_host_slots(&held);  // host entries of running sequences (KV streaming)
     const int32_t bs = blocks_.block_size();
     for (const Sequence * seq : swapped) {
         auto it = swapped_.find(seq->request_id);
@@ -163,6 +201,14 @@ std::string PagedKv::check_invariants(const std::vector<std::unique_ptr<Sequence
         return "paged: " + std::to_string(blocks_.num_seqs()) + " block tables but only " +
                std::to_string(running.size()) + " sequences running (only running sequences hold blocks)";
     }
+    if (!stream_.enabled && blocks_.num_host_entries() > 0) {
+        return "paged: host entries without KV streaming";
+    }
+    if (blocks_.num_host_entries() + (int32_t) promoted_.size() > std::max(stream_.max_staged, 0)) {
+        return "paged: " + std::to_string(blocks_.num_host_entries()) + " host entries and " +
+               std::to_string(promoted_.size()) + " promoted this step exceed max_staged " +
+               std::to_string(stream_.max_staged);
+    }
     for (const auto & seq : running) {
         const BlockTable * table = blocks_.find(seq->request_id);
         if (table != nullptr && table->num_tokens < seq->num_computed_tokens) {
@@ -176,7 +222,9 @@ std::string PagedKv::check_invariants(const std::vector<std::unique_ptr<Sequence
 
 std::string PagedKv::dump() const {
     std::string res = "PagedKv(watermark=" + std::to_string(watermark_blocks_) + ", host slots " +
-                      std::to_string(host_.num_used()) + "/" + std::to_string(host_.num_slots()) + " used)\n";
+                      std::to_string(host_.num_used()) + "/" + std::to_string(host_.num_slots()) + " used, " +
+                      std::to_string(blocks_.num_host_entries()) + " host entries, max_staged " +
+                      std::to_string(stream_.max_staged) + ")\n";
     for (const auto & kv : swapped_) {
         res += "  swapped req=" + std::to_string(kv.first) + " tokens=" + std::to_string(kv.second.num_tokens) +
                " host slots=" + std::to_string(kv.second.host_slots.size()) + "\n";
@@ -187,6 +235,9 @@ std::string PagedKv::dump() const {
 // The one place where slots are computed: token pos of a sequence goes to row
 // block_ids[pos / block_size] * block_size + pos % block_size (BlockManager's layout).
 void PagedKv::fill_plan(StepPlan * plan) {
+    if (stream_.enabled && demoted_.empty() && blocks_.num_host_entries() > 0) {
+        promote(plan);
+    }
     const int32_t bs = blocks_.block_size();
     const size_t n_seqs = plan->seqs.size();
     int32_t max_blocks = 1;
@@ -205,17 +256,113 @@ void PagedKv::fill_plan(StepPlan * plan) {
         const BlockTable & table = *blocks_.find(s.seq->request_id);
         const int32_t start = s.seq->num_computed_tokens;
         for (int32_t pos = start; pos < start + s.num_new_tokens; ++pos) {
+            assert(!is_host_entry(table.block_ids[(size_t) (pos / bs)]));  // new rows go to device blocks
             plan->slot_mapping.push_back(table.block_ids[(size_t) (pos / bs)] * bs + pos % bs);
         }
         plan->context_lens.push_back(table.num_tokens);
-        std::copy(table.block_ids.begin(), table.block_ids.end(), plan->block_tables.begin() + (std::ptrdiff_t) (i * (size_t) max_blocks));
+        int32_t * row = plan->block_tables.data() + i * (size_t) max_blocks;
+        std::copy(table.block_ids.begin(), table.block_ids.end(), row);
+        if (!demoted_.empty() || !promoted_.empty()) {
+            for (int32_t b = 0; b < table.num_blocks(); ++b) {
+                row[b] = read_entry(s.seq->request_id, b, row[b]);
+            }
+        }
     }
     blocks_.take_copies(&plan->blocks_to_copy);
 }
 
+int32_t PagedKv::read_entry(int64_t seq_id, int32_t i, int32_t entry) const {
+    for (const Moved & m : demoted_) {
+        if (m.seq_id == seq_id && m.index == i) {
+            return m.read;
+        }
+    }
+    for (const Moved & m : promoted_) {
+        if (m.seq_id == seq_id && m.index == i) {
+            return m.read;
+        }
+    }
+    return entry;
+}
+
+bool PagedKv::demote_one(const Sequence & seq, std::vector<BlockSwap> * out) {
+    const BlockTable * table = blocks_.find(seq.request_id);
+    if (table == nullptr || seq.status != SequenceStatus::RUNNING || !seq.holds_kv || seq.fork_pending) {
+        return false;
+    }
+    const int32_t bs = blocks_.block_size();
+    int32_t end = std::min(seq.num_computed_tokens / bs, table->num_blocks() - stream_.window_blocks);
+    if (uses_cache(seq)) {
+        end = std::min(end, table->num_hashed_blocks - 1);  // the last indexed block is the next commit's parent
+    }
+    for (int32_t i = stream_.sink_blocks; i < end; ++i) {
+        const int32_t id = table->block_ids[(size_t) i];
+        if (is_host_entry(id) || blocks_.pool().ref_count(id) != 1) {
+            continue;
+        }
+        std::vector<int32_t> slot;
+        if (!host_.allocate(1, &slot)) {
+            return false;
+        }
+        const int32_t block_id = blocks_.demote(seq.request_id, i, slot[0]);
+        out->push_back({ block_id, slot[0] });
+        demoted_.push_back({ seq.request_id, i, block_id });
+        num_demotions_ += 1;
+        return true;
+    }
+    return false;
+}
+
+int32_t PagedKv::demote(const Sequence & needy, int64_t num_blocks,
+                        const std::vector<std::unique_ptr<Sequence>> & running, std::vector<BlockSwap> * out) {
+    if (!stream_.enabled || num_blocks <= 0 || (stream_.alone_only && running.size() > 1)) {
+        return 0;
+    }
+    (void) needy;  // it is one of `running`, and its own older blocks move like anyone's
+    int32_t n = 0;
+    for (auto it = running.rbegin(); it != running.rend() && n < num_blocks; ++it) {  // newest first
+        while (n < num_blocks && blocks_.num_host_entries() + (int32_t) promoted_.size() < stream_.max_staged &&
+               demote_one(**it, out)) {
+            n += 1;
+        }
+    }
+    return n;
+}
+
+void PagedKv::promote(StepPlan * plan) {
+    const int64_t keep_free = 2 * std::max<int64_t>(watermark_blocks_, (int64_t) plan->seqs.size());
+    for (const ScheduledSeq & s : plan->seqs) {
+        const BlockTable * table = blocks_.find(s.seq->request_id);
+        for (int32_t i = 0; i < table->num_blocks(); ++i) {
+            const int32_t entry = table->block_ids[(size_t) i];
+            if (!is_host_entry(entry)) {
+                continue;
+            }
+            if ((int64_t) blocks_.num_free_blocks() - 1 < keep_free) {
+                return;
+            }
+            const int32_t h = host_slot_of(entry);
+            const int32_t block_id = blocks_.promote(s.seq->request_id, i);
+            plan->blocks_to_swap_in.push_back({ h, block_id });
+            host_.free(h);  // parked until end_step: this step still reads it
+            promoted_.push_back({ s.seq->request_id, i, entry });
+            num_promotions_ += 1;
+        }
+    }
+}
+
+KvStreamStats PagedKv::kv_stream_stats() const {
+    KvStreamStats out;
+    out.num_host_resident = blocks_.num_host_entries();
+    out.num_demotions = num_demotions_;
+    out.num_promotions = num_promotions_;
+    return out;
+}
+
 std::unique_ptr<KvCacheManager> make_paged_kv(int32_t num_blocks, int32_t block_size, bool prefix_caching,
-                                              int32_t num_host_blocks, int64_t block_bytes) {
-    return std::make_unique<PagedKv>(num_blocks, block_size, prefix_caching, num_host_blocks, block_bytes);
+                                              int32_t num_host_blocks, int64_t block_bytes,
+                                              const KvStreamPolicy & stream) {
+    return std::make_unique<PagedKv>(num_blocks, block_size, prefix_caching, num_host_blocks, block_bytes, stream);
 }
 
 }  // namespace cf

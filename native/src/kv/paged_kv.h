@@ -6,6 +6,33 @@
 // nor fills the cache. Swap preemption keeps a host block pool here too (HostBlockPool: slot ids;
 // the engine's Swapper owns the bytes): a swapped sequence's host slots, in table order.
 //
+// KV streaming (issue 16; KvStreamPolicy, kernels/kv_stream.h). The same host slots also hold
+// host-resident blocks of running sequences (BlockManager's host entries). The rule:
+//   - demote (Scheduler, when a sequence's allocate() fails, before anyone is preempted; alone_only: only
+//     when it runs alone): middle blocks of running sequences, newest sequence first and its oldest middle
+//     block first, move to host slots. A candidate is full and computed, private (ref 1: never a forked or
+//     prefix-shared block), not among the first sink_blocks or the last window_blocks of its table, for a
+//     sequence using the prefix cache already indexed and not its last indexed block (the parent of the
+//     next commit), and of a sequence that will not fork (fork_pending). The copy goes to
+//     blocks_to_swap_out; the device block is freed at the next step (deferred, like a swap-out), so the
+//     needy sequence waits one step (StepPlan::deferred). Never more than max_staged (R) host entries over
+//     all running sequences (plus this step's promotions): past that the scheduler preempts as before.
+//   - promote (fill_plan, in a step without demotions): while more than twice the admission watermark of
+//     blocks stays free, host entries of the step's sequences move back into fresh blocks
+//     (blocks_to_swap_in); the host slot is parked until end_step.
+//   - reads: an entry demoted in this step still reads its device block (the copy runs beside the step), and
+//     an entry promoted in this step still reads its host slot (its fresh block is written beside it); every
+//     other host entry reads its host slot. fill_plan writes host reads as host_entry(slot) (<= -2) in the
+//     plan's block tables; the engine rewrites them per decode to staging ids (LlamaSession::set_kv_plan).
+//
+//   step t:   allocate fails -> demote b (copy b -> h in blocks_to_swap_out); table entry = h, reads b
+//   step t+1: b is free (deferred free released); entry reads h through staging
+//   step u:   promote h -> fresh b' (blocks_to_swap_in); entry = b', reads h; h parked
+//   step u+1: entry reads b'
+//
+// Preemption of a streamed sequence: recompute frees its host slots with its blocks; swap-out keeps its
+// host entries' slots as they are (already on the host) and copies only its device blocks.
+//
 // Thread-safety: none; the engine calls it from the stepping thread only.
 #pragma once
 
@@ -20,8 +47,9 @@ class PagedKv final : public KvCacheManager {
   public:
     // num_blocks >= 1 blocks of block_size >= 1 rows (see BlockPool).
     // num_host_blocks >= 0 host slots of block_bytes bytes each (swap space; 0: none).
+    // stream: KV streaming's policy (off by default); max_staged <= num_host_blocks when enabled.
     PagedKv(int32_t num_blocks, int32_t block_size, bool prefix_caching = false, int32_t num_host_blocks = 0,
-            int64_t block_bytes = 0);
+            int64_t block_bytes = 0, const KvStreamPolicy & stream = KvStreamPolicy());
 
     const char * name() const override { return "paged"; }
     // Free blocks for the rest of the prompt plus a watermark: 1% of the pool and at least one
@@ -55,7 +83,7 @@ class PagedKv final : public KvCacheManager {
                      bool with_deferred) const override;
     void swap_in(const Sequence & seq, std::vector<BlockSwap> * out) override;
     void free_swapped(const Sequence & seq) override;
-    void begin_step() override { blocks_.release_deferred(); }
+    void begin_step() override;
     void end_step() override { host_.end_step(); }
     int32_t num_blocks_freed_next_step() const override { return blocks_.num_blocks_freed_by_release(); }
     int64_t num_blocks_to_allocate(const Sequence & seq, int32_t num_new_tokens) const override {
@@ -65,6 +93,11 @@ class PagedKv final : public KvCacheManager {
     int32_t num_host_blocks_used() const override { return host_.num_used(); }
     std::string check_swapped(const std::vector<const Sequence *> & swapped) const override;
     void fork(const Sequence & parent, const Sequence & child) override;
+
+    bool streams() const override { return stream_.enabled; }
+    int32_t demote(const Sequence & needy, int64_t num_blocks, const std::vector<std::unique_ptr<Sequence>> & running,
+                   std::vector<BlockSwap> * out) override;
+    KvStreamStats kv_stream_stats() const override;
 
   private:
     bool uses_cache(const Sequence & seq) const { return blocks_.prefix_caching() && seq.params.cache_prompt; }
@@ -88,6 +121,24 @@ class PagedKv final : public KvCacheManager {
     int64_t block_bytes_;
     std::unordered_map<int64_t, SwappedTable> swapped_;  // by request id
     int64_t watermark_blocks_;  // free blocks kept for running sequences: 1% of the pool, at least 1
+
+    // KV streaming
+    // Demote one candidate block of seq (see the rule above); false if it has none left.
+    bool demote_one(const Sequence & seq, std::vector<BlockSwap> * out);
+    // Promote host entries of the plan's sequences while blocks are plentiful.
+    void promote(StepPlan * plan);
+    // What entry i of seq's table reads in this step: a device block id, or host_entry(slot).
+    int32_t read_entry(int64_t seq_id, int32_t i, int32_t entry) const;
+    struct Moved {  // one entry moved in this step
+        int64_t seq_id;
+        int32_t index;
+        int32_t read;  // what it still reads in this step: the old device block (demoted) or host_entry(slot)
+    };
+    KvStreamPolicy stream_;
+    std::vector<Moved> demoted_;   // this step's demotions
+    std::vector<Moved> promoted_;  // this step's promotions
+    int64_t num_demotions_ = 0;
+    int64_t num_promotions_ = 0;
 };
 
 }  // namespace cf

@@ -4,7 +4,13 @@
 // backend's compute_forward and supports_op; CMake compiles this folder into ggml-cpu
 // (GGML_CPU_PAGED_ATTN_SOURCES), so they are defined here, outside the fetched tree. The op's
 // contract (shapes, dtypes, op params) is at ggml_paged_attn in ggml.h.
+//
+// KV streaming (kernels/kv_stream.h): a node whose op params [4..5] carry a cf_kv_stream_desc first copies
+// layer L's (op param [6]) K and V rows of each staged host slot staged_slots[j] into the pool rows of block
+// stage_base_block + j (the staging rows, which the block manager never hands out), split over the op's
+// threads, then all threads meet at a barrier and the kernel runs unchanged. No overlap on the CPU.
 #include "paged_attention_cpu.h"
+#include "../kv_stream.h"
 
 // ggml-cpu's internal headers: struct ggml_compute_params and the declarations this file defines
 #include "ggml-cpu-impl.h"
@@ -33,6 +39,37 @@ float op_param_f32(const ggml_tensor * t, int i) {
 
 int32_t op_param_i32(const ggml_tensor * t, int i) {
     return t->op_params[i];
+}
+
+// The node's KV streaming descriptor, or nullptr (op params [4..5] zero: no streaming).
+const cf_kv_stream_desc * kv_stream_desc(const ggml_tensor * t) {
+    const uint64_t lo = (uint32_t) op_param_i32(t, CF_KV_STREAM_PARAM_DESC_LO);
+    const uint64_t hi = (uint32_t) op_param_i32(t, CF_KV_STREAM_PARAM_DESC_HI);
+    return (const cf_kv_stream_desc *) (uintptr_t) (lo | (hi << 32));
+}
+
+// Thread ith of nth copies staged blocks j = ith, ith + nth, ... of layer `layer` from the host tier into the
+// pools' staging rows (kv_stream.h: host slot layout, block id rule). Returns the number staged (all threads).
+int32_t stage_host_blocks(const cf_kv_stream_desc & d, int32_t layer, ggml_tensor * k, ggml_tensor * v, int ith,
+                          int nth) {
+    const int32_t n = *d.num_staged;
+    GGML_ASSERT(n >= 0 && n <= d.max_staged && layer >= 0 && layer < d.n_layer);
+    if (n == 0) {
+        return 0;
+    }
+    // the pools' rows are the host rows: same row bytes, rows contiguous (ggml_paged_attn checks contiguity)
+    GGML_ASSERT((int64_t) k->nb[1] == d.k_row_bytes && (int64_t) v->nb[1] == d.v_row_bytes);
+    GGML_ASSERT(d.stage_base_block >= 0 && (int64_t) (d.stage_base_block + d.max_staged) * d.block_size <= k->ne[1]);
+    const int64_t k_block_bytes = (int64_t) d.block_size * d.k_row_bytes;
+    const int64_t v_block_bytes = (int64_t) d.block_size * d.v_row_bytes;
+    for (int32_t j = ith; j < n; j += nth) {
+        const uint8_t * slot = d.host_base + (int64_t) d.staged_slots[j] * d.host_block_bytes +
+                               (int64_t) layer * (k_block_bytes + v_block_bytes);
+        const int64_t row0 = (int64_t) (d.stage_base_block + j) * d.block_size;
+        std::memcpy((char *) k->data + row0 * k->nb[1], slot, (size_t) k_block_bytes);
+        std::memcpy((char *) v->data + row0 * v->nb[1], slot + k_block_bytes, (size_t) v_block_bytes);
+    }
+    return n;
 }
 
 }  // namespace
@@ -93,9 +130,16 @@ PagedAttentionArgs paged_attention_args(const ggml_tensor * dst) {
 
 }  // namespace cf
 
-// Thread params->ith of params->nth computes its share of the work items (no scratch buffer, no barrier).
+// Thread params->ith of params->nth computes its share of the work items (no scratch buffer). With KV
+// streaming and staged blocks, the threads first stage their share of the blocks and meet at a barrier.
 void ggml_compute_forward_paged_attn(const ggml_compute_params * params, ggml_tensor * dst) {
     const cf::PagedAttentionArgs args = cf::paged_attention_args(dst);
+    if (const cf_kv_stream_desc * desc = cf::kv_stream_desc(dst)) {
+        const int32_t layer = cf::op_param_i32(dst, CF_KV_STREAM_PARAM_LAYER);
+        if (cf::stage_host_blocks(*desc, layer, dst->src[1], dst->src[2], params->ith, params->nth) > 0) {
+            ggml_barrier(params->threadpool);  // every staged row is in place before any thread reads
+        }
+    }
     switch (cf::op_param_i32(dst, cf::kParamKernel)) {
         case GGML_PAGED_ATTN_KERNEL_GGML:
             cf::paged_attention_cpu_ggml(args, params->ith, params->nth);
