@@ -505,9 +505,11 @@ void LlamaSession::create_context() {
     }
 }
 
-// kv_streaming AUTO: off on the CPU; on a CUDA device (every layer there, one device, ggml-cuda with the
-// streaming entry points) on for a sequence that runs alone only (it could not get a block otherwise).
-// ON where it cannot work fails with the reason. Needs R host slots of swap space (checked by the Engine).
+// kv_streaming AUTO: off, on the CPU and on CUDA alike, for now: the engine's CUDA path (op params, reserve,
+// staged lists) has not run on a GPU yet (stop 29: only kernels/cuda's standalone test has), and with streaming
+// on every paged op of a decode runs through the layer-ahead hooks. ON asks for it: on a CUDA device every layer
+// must be there, on one device, with ggml-cuda's streaming entry points. ON where it cannot work fails with the
+// reason. Needs R host slots of swap space (checked by the Engine).
 void LlamaSession::resolve_kv_streaming() {
     const bool asked = config_.kv_streaming == CF_KV_STREAMING_ON;
     config_.kv_streaming = CF_KV_STREAMING_OFF;
@@ -537,8 +539,11 @@ void LlamaSession::resolve_kv_streaming() {
     if (cuda_proc_address("ggml_cuda_cf_kv_stream_reserve") == nullptr) {
         return refuse("this ggml-cuda has no KV streaming (ggml_cuda_cf_kv_stream_reserve)");
     }
+    if (!asked) {
+        return;  // AUTO: off (above)
+    }
     kv_stream_cuda_ = true;
-    kv_stream_alone_only_ = !asked;
+    kv_stream_alone_only_ = false;
     config_.kv_streaming = CF_KV_STREAMING_ON;
 }
 
