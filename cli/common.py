@@ -129,8 +129,8 @@ KV_STREAMING_OPTION = click.option(
     show_default=True,
     help="KV streaming (paged mode): 'on' moves middle KV blocks of running sequences to host slots of "
     "--swap-space under pool pressure (before preempting) and stages them back each decode, so a prompt "
-    "larger than the device pool still runs; 'auto' is off on the CPU and, on CUDA, on only for a sequence "
-    "that cannot get a block even alone. Not with --rpc.",
+    "larger than the device pool still runs; 'auto' is off (on the CPU the staging copy is pure cost; on "
+    "CUDA the engine's streaming path has not run on a GPU yet). Not with --rpc.",
 )
 
 KV_STREAM_BLOCKS_OPTION = click.option(

@@ -105,8 +105,8 @@ class EngineConfig:
         kv_streaming: paged mode: "on" lets middle blocks of running sequences live in host slots of
             the swap space under pool pressure (before anyone is preempted) and stages them back into
             the attention op each decode (so a prompt larger than the device pool still runs); "off";
-            "auto" (the default): off on the CPU, on a CUDA device only for a sequence that could not
-            get a block even alone. Not with rpc_servers. README "KV streaming" has the rule.
+            "auto" (the default): off (on CUDA too, until the engine's CUDA streaming path has run on
+            a GPU; "on" asks for it). Not with rpc_servers. README "KV streaming" has the rule.
         kv_stream_blocks: R, host-resident blocks of the running sequences together at most (the
             staging capacity per layer slot); in [1, 65536], default 64; needs R host slots of swap
             space. On the CPU the pool grows by R blocks of staging rows.

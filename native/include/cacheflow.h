@@ -92,8 +92,8 @@ typedef enum cf_preemption_mode {
 } cf_preemption_mode;
 
 typedef enum cf_kv_streaming {
-    CF_KV_STREAMING_AUTO = 0, /* the default: off on the CPU; on a CUDA device only for a sequence that could not
-                                 otherwise get a block even alone (its older blocks stream from the host)   */
+    CF_KV_STREAMING_AUTO = 0, /* the default: off, on the CPU and (until the engine's CUDA streaming path has
+                                 run on a GPU) on CUDA; ON asks for streaming                              */
     CF_KV_STREAMING_OFF = 1,  /* every block of a running sequence is on the device                        */
     CF_KV_STREAMING_ON = 2    /* under pool pressure, before preempting, middle blocks of running sequences
                                  move to host slots of the swap space and are staged back into the paged
