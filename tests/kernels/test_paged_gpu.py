@@ -251,3 +251,56 @@ def test_swaps_overlap_compute_on_the_copy_stream(wide_kv_model: Path, monkeypat
     }
     print("swaps beside compute:", figures)
     _record(figures)  # num_graphs_beside_copies depends on timing: recorded, not asserted
+
+
+def _streamed_run(model: Path, prompts: list[list[int]], n_out: int, n_ctx: int, **config) -> tuple[list, object]:
+    """Greedy tokens and stats of one CUDA engine (paged, fully offloaded, swap preemption)."""
+    from pycacheflow import LLM, SamplingParams
+
+    with LLM(model=str(model), n_gpu_layers=99, kv_mode="paged", n_ctx=n_ctx, preemption_mode="swap",
+             swap_space_bytes=64 << 20, **config) as llm:
+        outs = llm.generate(prompts, SamplingParams(max_tokens=n_out, ignore_eos=True))
+        return [list(o.token_ids) for o in outs], llm.stats()
+
+
+def test_kv_streaming_engine_on_the_gpu(gpu_model: Path) -> None:
+    """Issue 16, the engine's CUDA path: a 600-token prompt in a 16-block device pool (it cannot fit on the
+    device; its middle blocks live in host slots and the layer-ahead hooks stage them per layer on the side
+    stream) gives exactly the tokens of a roomy pool under the same schedule (one sequence, chunks of 64, so
+    every decode is B=1 both ways), at staging depths 1, 2 and 4; then 8 sequences that overflow the pool
+    together: same tokens at depths 1 and 2 (one schedule), agreement with a roomy pool reported."""
+    rng = random.Random(16)
+    one = [[rng.randrange(100, 30000) for _ in range(600)]]
+    common = dict(max_num_seqs=1, max_num_batched_tokens=64)
+    want, roomy = _streamed_run(gpu_model, one, 48, 4096, kv_streaming="off", **common)
+    assert roomy.kv_streaming == 0 and roomy.num_preemptions == 0 and len(want[0]) == 48
+    figures: dict = {}
+    for depth in (1, 2, 4):
+        got, s = _streamed_run(gpu_model, one, 48, 256, kv_streaming="on", kv_stream_blocks=64,
+                               kv_stream_depth=depth, **common)
+        assert s.kv_streaming == 1 and s.kv_blocks_total * 16 < 600 + 48
+        assert s.kv_stream_demotions > 0 and s.kv_staged_blocks > 0 and s.kv_staging_decodes > 0
+        assert s.kv_stream_cuda_copy_ns > 0, "the staging copies ran on the device"
+        assert got == want, f"depth {depth}: streamed tokens differ from the roomy pool's"
+        assert s.kv_streamed_blocks == 0 and s.swap_blocks_used == 0
+        figures[f"kv_stream_one_seq_depth{depth}"] = {
+            "staged_blocks": s.kv_staged_blocks, "staging_decodes": s.kv_staging_decodes,
+            "wait_layers": s.kv_stream_cuda_wait_layers,
+            "staging_GBps_device": round(s.kv_staged_bytes / s.kv_stream_cuda_copy_ns, 2)}
+    many = [[rng.randrange(100, 30000) for _ in range(rng.randrange(120, 160))] for _ in range(8)]
+    common = dict(max_num_seqs=8, max_num_batched_tokens=64)
+    roomy_tokens, _ = _streamed_run(gpu_model, many, 100, 4096, kv_streaming="off", **common)
+    by_depth = {}
+    for depth in (1, 2):
+        by_depth[depth], s = _streamed_run(gpu_model, many, 100, 256, kv_streaming="on", kv_stream_blocks=64,
+                                           kv_stream_depth=depth, **common)
+        assert all(len(t) == 100 for t in by_depth[depth])
+        assert s.kv_stream_demotions > 0 and s.kv_staged_blocks > 0
+        assert s.kv_streamed_blocks == 0 and s.swap_blocks_used == 0
+    assert by_depth[1] == by_depth[2]
+    figures["kv_stream_8_seqs_vs_roomy"] = _agreement(by_depth[2], roomy_tokens)
+    figures["kv_stream_8_seqs_demotions"] = s.kv_stream_demotions
+    figures["kv_stream_8_seqs_promotions"] = s.kv_stream_promotions
+    figures["kv_stream_8_seqs_preemptions"] = s.num_preemptions
+    print("KV streaming on CUDA:", figures)
+    _record(figures)
