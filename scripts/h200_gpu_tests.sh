@@ -21,7 +21,9 @@
 # scripts/bench_flashinfer_decode.sh, the paged attention kernel next to FlashInfer's batch decode on the kernel
 # stage's shapes (FlashInfer's headers from _carry/flashinfer, prepare_gpu_carry.sh; needs only nvcc), issue 11;
 # stage priority: bench_priority.py on the GPU under saturation, urgent p99 TTFT under "priority" vs "fcfs" (preemption
-# by swap on the copy stream; PRIO_NUM_LOW, PRIO_LOW_TOKENS, PRIO_URGENT_INTERVAL_MS), issue 13, about a minute.
+# by swap on the copy stream; PRIO_NUM_LOW, PRIO_LOW_TOKENS, PRIO_URGENT_INTERVAL_MS), issue 13, about a minute;
+# stage kvstream: bench_kv_streaming.py on a random-weight Llama-3.1-8B-shape model (written beside the build, MODEL_8B),
+# KVS_CASES PROMPTxBATCH, KVS_MODES, KVS_OUT_LEN, plus the pinned host-to-device reference, issue 16.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-results/h200_gpu}
@@ -40,6 +42,14 @@ if want build; then
   python -m pip install -q --no-deps --no-index --find-links _carry/wheels cffi pycparser starlette uvicorn \
       prometheus_client httpx httpcore h11 anyio sniffio idna certifi typing_extensions tqdm gguf pyyaml orjson httptools uvloop \
       2>&1 | tail -2 || true
+  if want kvstream && [ ! -f "${MODEL_8B:-/tmp/llama-8b-shape-f16.gguf}" ]; then
+    # the 8B-shape model (16 GB) takes a couple of minutes of one core: written beside the build
+    log "write the 8B-shape random-weight model in the background"
+    nohup python scripts/make_tiny_gguf.py "${MODEL_8B:-/tmp/llama-8b-shape-f16.gguf}.part" \
+        --tokenizer-from _carry/tokenizer.gguf --dtype f16 --n-layer 32 --n-embd 4096 --n-head 32 --n-head-kv 8 \
+        --n-ff 14336 --n-ctx-train 131072 --seed 0 > "$OUT/make_8b.log" 2>&1 \
+        && mv "${MODEL_8B:-/tmp/llama-8b-shape-f16.gguf}.part" "${MODEL_8B:-/tmp/llama-8b-shape-f16.gguf}" &
+  fi
   log "build (CUDA) in $BUILD_DIR"
   export CACHEFLOW_LLAMA_CPP_DIR=$PWD/_carry/llama.cpp CACHEFLOW_CUDA=ON CMAKE_BUILD_PARALLEL_LEVEL=16
   rm -rf vendor/llama.cpp
@@ -260,5 +270,23 @@ if want vs_llama_server; then  # issue 11: cacheflow serve (defaults: paged on C
       wait $cf_pid 2>/dev/null || true
     fi
   done
+fi
+if want kvstream; then  # issue 16: long contexts on the 8B shape, streaming vs all on device vs preemption
+  MODEL_8B=${MODEL_8B:-/tmp/llama-8b-shape-f16.gguf}
+  if [ ! -f "$MODEL_8B" ]; then
+    log "waiting for the 8B-shape model"
+    for _ in $(seq 1 600); do [ -f "$MODEL_8B" ] && break; sleep 1; done
+  fi
+  log "pinned host-to-device reference (kv_stream standalone --bench)"
+  nvcc -std=c++17 -O3 --use_fast_math -arch=native -I native/src/kernels/cuda -I native/src/kernels \
+      native/src/kernels/cuda/paged_attention.cu native/src/kernels/cuda/kv_stream.cu \
+      native/tests/cuda/test_kv_stream_cuda.cu -o /tmp/cf_kvs_bench 2>&1 | tail -3
+  /tmp/cf_kvs_bench --bench > "$OUT/kv_stream_bench.txt" 2>&1 || log "kv_stream standalone failed"
+  grep -iE "memcpy|gather|PASS|FAIL" "$OUT/kv_stream_bench.txt" | head -8 | tee -a "$OUT/run.log"
+  log "long-context benchmark on the 8B shape: ${KVS_CASES:-32768x1 32768x4 131072x1}"
+  python scripts/bench_kv_streaming.py -m "$MODEL_8B" -ngl 99 --cases ${KVS_CASES:-32768x1 32768x4 131072x1} \
+      --modes ${KVS_MODES:-device stream-fit stream recompute swap} --output-len ${KVS_OUT_LEN:-32} \
+      --out "$OUT/kv_streaming.json" 2>&1 | tee "$OUT/kv_streaming.log" | grep -E '^\|' | tee -a "$OUT/run.log" \
+      || log "long-context benchmark failed"
 fi
 log "done"
