@@ -260,6 +260,9 @@ def _streamed_run(model: Path, prompts: list[list[int]], n_out: int, n_ctx: int,
     with LLM(model=str(model), n_gpu_layers=99, kv_mode="paged", n_ctx=n_ctx, preemption_mode="swap",
              swap_space_bytes=64 << 20, **config) as llm:
         outs = llm.generate(prompts, SamplingParams(max_tokens=n_out, ignore_eos=True))
+        # a finished sequence's host slots are parked until the next step's end (a copy of its last step may
+        # still write them); one more short request runs that step
+        llm.generate([prompts[0][:8]], SamplingParams(max_tokens=1))
         return [list(o.token_ids) for o in outs], llm.stats()
 
 
