@@ -271,6 +271,8 @@ class EngineStats(NamedTuple):
     num_swaps_overlapped: int
     swap_overlapped_ns: int
     num_graphs_beside_copies: int
+    num_graphs_overlapping_copies: int
+    swap_compute_overlap_ns: int
     kv_streaming: int
     kv_streamed_blocks: int
     kv_stream_demotions: int

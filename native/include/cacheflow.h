@@ -391,6 +391,11 @@ typedef struct cf_engine_stats {
                                             time that could run beside compute)                */
     int64_t num_graphs_beside_copies;    /* copy stream: graph evaluations launched while such
                                             a swap batch was still running on the device       */
+    int64_t num_graphs_overlapping_copies; /* copy stream, device timeline (CUDA events): graphs
+                                            that began on the device before the swap batch
+                                            beside them had ended                              */
+    int64_t swap_compute_overlap_ns;     /* copy stream, device timeline: time such batches and
+                                            the graphs beside them ran at once, ns             */
     /* KV streaming (cf_engine_config.kv_streaming; 0 when off), since init unless "now":        */
     int32_t kv_streaming;                /* 1 if on (resolved), else 0                         */
     int32_t kv_streamed_blocks;          /* host-resident blocks of running sequences now      */

@@ -54,6 +54,7 @@ def test_32_swapped_requests_match_their_unconstrained_runs(tiny_model_path, mak
     # every swap-out came back one step ahead: swapped in at one step, in the batch at the next
     assert s.num_swapped_in == s.num_resumed == s.num_preemptions_swap
     assert s.num_swaps_overlapped == 0 and s.swap_overlapped_ns == 0 and s.num_graphs_beside_copies == 0
+    assert s.num_graphs_overlapping_copies == 0 and s.swap_compute_overlap_ns == 0
 
 
 @pytest.mark.parametrize("n_ctx", [256, 384])

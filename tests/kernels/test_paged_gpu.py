@@ -193,6 +193,7 @@ def test_swap_on_the_cuda_copy_stream(gpu_model: Path, monkeypatch: pytest.Monke
     assert s.num_swaps_overlapped > 0 and s.swap_overlapped_ns > 0
     assert s_llama.num_swaps_overlapped == 0 and s_llama.swap_overlapped_ns == 0
     assert s_llama.num_graphs_beside_copies == 0
+    assert s_llama.num_graphs_overlapping_copies == 0 and s_llama.swap_compute_overlap_ns == 0
     gbs = lambda b, ns: round(b / ns, 2) if ns else None  # bytes per ns = GB/s
     figures = {
         "swap_copy_stream_vs_llama_copies": _agreement(stream_tokens, llama_tokens),
@@ -244,6 +245,10 @@ def test_swaps_overlap_compute_on_the_copy_stream(wide_kv_model: Path, monkeypat
         "wide_kv_swap_preemptions": s.num_preemptions_swap,
         "wide_kv_swap_batches_overlapped": s.num_swaps_overlapped,
         "wide_kv_graphs_beside_copies": s.num_graphs_beside_copies,
+        # device timeline (CUDA events on the compute and copy streams): graphs that began before the swap batch
+        # beside them ended, and the time both ran at once
+        "wide_kv_graphs_overlapping_copies_device": s.num_graphs_overlapping_copies,
+        "wide_kv_swap_compute_overlap_device_ms": round(s.swap_compute_overlap_ns / 1e6, 3),
         "wide_kv_swap_overlapped_device_ms": round(s.swap_overlapped_ns / 1e6, 3),
         "wide_kv_swap_device_ms": round((s.swap_out_ns + s.swap_in_ns) / 1e6, 3),
         "wide_kv_steps_deferred_for_swap_out": s.num_deferred_seq_steps,

@@ -564,6 +564,8 @@ void Engine::publish() {
         stats_.block_copy_bytes = swap.num_copy_bytes;
         stats_.swap_overlapped_ns = swap.deferred_ns;
         stats_.num_graphs_beside_copies = swap.num_graphs_beside;
+        stats_.num_graphs_overlapping_copies = swap.num_graphs_overlapping;
+        stats_.swap_compute_overlap_ns = swap.compute_overlap_ns;
         int64_t graphs[3];
         LlamaSession::cuda_graph_counts(graphs);
         stats_.cuda_graphs_captured = graphs[0];

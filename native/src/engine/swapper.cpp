@@ -109,6 +109,8 @@ Swapper::Swapper(LlamaSession & session, int32_t num_slots, int64_t block_bytes)
         measured_in_ns_ = earlier.in_ns;
         measured_deferred_ns_ = earlier.deferred_ns;
         measured_graphs_ = earlier.num_graphs_beside;
+        measured_graphs_overlapping_ = earlier.num_graphs_overlapping;
+        measured_overlap_ns_ = earlier.compute_overlap_ns;
         stats_ = SwapStats{};
     }
     const size_t n_bytes = (size_t) num_slots * (size_t) block_bytes;
@@ -177,14 +179,20 @@ const SwapStats & Swapper::stats() {
         stats_.in_ns = in_ns - measured_in_ns_;
         int64_t deferred_ns = 0;
         int64_t graphs = 0;
+        int64_t graphs_overlapping = 0;
+        int64_t overlap_ns = 0;
         for (int dev : copy_stream_->devices) {
-            int64_t o[2];
+            int64_t o[4];
             copy_stream_->overlap(dev, o);
             deferred_ns += o[0];
             graphs += o[1];
+            graphs_overlapping += o[2];
+            overlap_ns += o[3];
         }
         stats_.deferred_ns = deferred_ns - measured_deferred_ns_;
         stats_.num_graphs_beside = graphs - measured_graphs_;
+        stats_.num_graphs_overlapping = graphs_overlapping - measured_graphs_overlapping_;
+        stats_.compute_overlap_ns = overlap_ns - measured_overlap_ns_;
     }
     return stats_;
 }

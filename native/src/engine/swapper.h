@@ -30,7 +30,9 @@
 // results already, so this costs nothing).
 //
 // Overlap counters (stats): deferred_ns, the device time of the deferred batches; num_graphs_beside, graph
-// evaluations enqueued while a deferred batch still ran on the device (ggml-cuda checks at each graph).
+// evaluations enqueued while a deferred batch still ran on the device (ggml-cuda checks at each graph);
+// num_graphs_overlapping and compute_overlap_ns, the same on the device timeline (when the graph began on the
+// device vs when the batch ended there: overlap with compute, not only with the host's work).
 //
 // Thread-safety: none; the stepping thread only.
 #pragma once
@@ -56,6 +58,10 @@ struct SwapStats {
     int64_t num_copy_bytes = 0;  // copy-on-write, device -> device
     int64_t deferred_ns = 0;       // copy stream: device time of the swap batches not waited for by their step
     int64_t num_graphs_beside = 0; // copy stream: graph evaluations enqueued while such a batch still ran
+    // copy stream, device timeline (CUDA events on both streams): graphs that began on the device before the
+    // deferred batch beside them ended, and the time both ran at once, ns
+    int64_t num_graphs_overlapping = 0;
+    int64_t compute_overlap_ns = 0;
 };
 
 class Swapper {
@@ -125,6 +131,8 @@ class Swapper {
     int64_t measured_in_ns_ = 0;
     int64_t measured_deferred_ns_ = 0;
     int64_t measured_graphs_ = 0;
+    int64_t measured_graphs_overlapping_ = 0;
+    int64_t measured_overlap_ns_ = 0;
 };
 
 }  // namespace cf

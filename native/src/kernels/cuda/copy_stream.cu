@@ -53,6 +53,14 @@ struct DeviceState {
     cudaEvent_t last_deferred_done = nullptr;  // done event of the latest deferred batch
     bool deferred_unreleased = false;      // a deferred batch was enqueued since the last release
     int64_t num_graphs_beside = 0;         // graphs enqueued while an unreleased deferred batch still ran
+    int32_t last_deferred_kind = -1;       // kind of the latest deferred batch (its events are kinds[kind]'s)
+    // Device-timeline probe: the first graph evaluated while a deferred batch is unreleased records
+    // graph_begin on its compute stream; once that event and the batch's done event have completed, the
+    // batch's end is compared with the graph's start on the device (cudaEventElapsedTime across streams).
+    cudaEvent_t graph_begin = nullptr;
+    int32_t probe_kind = -1;               // kinds[probe_kind] holds the probed batch's events; -1: none pending
+    int64_t num_graphs_overlapping = 0;    // graphs that began on the device before the batch beside them ended
+    int64_t overlap_ns = 0;                // summed: that batch's end - the graph's start (both on the device)
 };
 
 DeviceState & device_state(int device) {
@@ -90,6 +98,31 @@ void harvest(KindState & k, bool wait) {
     k.timing_pending = false;
 }
 
+// Resolves the device-timeline probe once its events have completed (waits for them if `wait`).
+void resolve_probe(DeviceState & s, bool wait) {
+    if (s.probe_kind < 0) {
+        return;
+    }
+    KindState & k = s.kinds[s.probe_kind];
+    for (cudaEvent_t e : {s.graph_begin, k.done}) {
+        const cudaError_t status = wait ? cudaEventSynchronize(e) : cudaEventQuery(e);
+        if (status == cudaErrorNotReady) {
+            (void) cudaGetLastError();
+            return;
+        }
+    }
+    float to_graph_ms = 0.0f;
+    float to_done_ms = 0.0f;
+    if (cudaEventElapsedTime(&to_graph_ms, k.start, s.graph_begin) == cudaSuccess &&
+        cudaEventElapsedTime(&to_done_ms, k.start, k.done) == cudaSuccess && to_graph_ms < to_done_ms) {
+        // the graph began before the batch ended: they ran at once from max(start, graph) to the batch's end
+        s.num_graphs_overlapping += 1;
+        s.overlap_ns += (int64_t) ((double) (to_done_ms - std::max(to_graph_ms, 0.0f)) * 1e6);
+    }
+    (void) cudaGetLastError();
+    s.probe_kind = -1;
+}
+
 cudaError_t init_locked(DeviceState & s) {
     if (s.stream != nullptr) {
         return cudaSuccess;
@@ -97,6 +130,9 @@ cudaError_t init_locked(DeviceState & s) {
     cudaError_t err = cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking);
     if (err == cudaSuccess) {
         err = cudaEventCreateWithFlags(&s.due, cudaEventDisableTiming);
+    }
+    if (err == cudaSuccess) {
+        err = cudaEventCreate(&s.graph_begin);
     }
     for (KindState & k : s.kinds) {
         if (err == cudaSuccess) {
@@ -155,6 +191,9 @@ int enqueue(int device, const cf_cuda_copy_item * items, int32_t n_items, int32_
     }
     KindState & k = s.kinds[kind];
     harvest(k, /*wait=*/true);  // its staging buffers are about to be rewritten
+    if (s.probe_kind == kind) {
+        resolve_probe(s, /*wait=*/true);  // its events are about to be recorded again
+    }
     if ((err = reserve_locked(k, n_items)) != cudaSuccess) {
         return report(err, "allocating the item list");
     }
@@ -173,6 +212,7 @@ int enqueue(int device, const cf_cuda_copy_item * items, int32_t n_items, int32_
     k.deferred = deferred;
     if (deferred) {
         s.last_deferred_done = k.done;
+        s.last_deferred_kind = kind;
         s.deferred_unreleased = true;
     } else {
         if ((err = cudaEventRecord(s.due, s.stream)) != cudaSuccess) {
@@ -214,9 +254,8 @@ int copy_release(int device) {
     return 0;
 }
 
-void copy_overlap(int device, int64_t out[2]) {
-    out[0] = 0;
-    out[1] = 0;
+void copy_overlap(int device, int64_t out[4]) {
+    out[0] = out[1] = out[2] = out[3] = 0;
     if (!valid_device(device)) {
         return;
     }
@@ -230,6 +269,9 @@ void copy_overlap(int device, int64_t out[2]) {
         out[0] += k.deferred_ns;
     }
     out[1] = s.num_graphs_beside;
+    resolve_probe(s, /*wait=*/false);
+    out[2] = s.num_graphs_overlapping;
+    out[3] = s.overlap_ns;
 }
 
 int copy_fence(int device) {
@@ -295,6 +337,13 @@ void ggml_cuda_cf_before_graph(ggml_backend_cuda_context & ctx) {
         if (status == cudaErrorNotReady) {
             s.num_graphs_beside += 1;
             (void) cudaGetLastError();  // "not ready" is no error for ggml-cuda's later checks
+        }
+        resolve_probe(s, /*wait=*/false);
+        if (s.probe_kind < 0 && s.last_deferred_kind >= 0) {
+            // where this graph starts on the device, for the latest deferred batch's end to be compared with
+            // (recorded before any capture or launch of the graph, like the wait above)
+            CUDA_CHECK(cudaEventRecord(s.graph_begin, ctx.stream()));
+            s.probe_kind = s.last_deferred_kind;
         }
     }
 }

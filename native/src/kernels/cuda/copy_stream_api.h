@@ -60,8 +60,13 @@ typedef int (*cf_cuda_copy_release_fn)(int device);
 
 /* "ggml_cuda_cf_copy_overlap": overlap counters of `device` since start: out[0] = device time of the completed
  * deferred batches, ns; out[1] = graph evaluations that began (were enqueued) while a deferred batch not yet
- * released was still running on the device (checked with cudaEventQuery when the graph is enqueued). */
-typedef void (*cf_cuda_copy_overlap_fn)(int device, int64_t out[2]);
+ * released was still running on the device (checked with cudaEventQuery when the graph is enqueued);
+ * on the device timeline (CUDA events: one on the compute stream where the first graph evaluated beside an
+ * unreleased deferred batch starts, compared with the latest such batch's done event): out[2] = graphs that
+ * began on the device before the batch beside them had ended, out[3] = the time they ran at once, ns (the
+ * batch's end minus the later of its start and the graph's start, summed). Probes still in flight are not
+ * counted yet. */
+typedef void (*cf_cuda_copy_overlap_fn)(int device, int64_t out[4]);
 
 /* "ggml_cuda_cf_copy_fence": the host waits until every copy enqueued on `device` is done. 0 or a cudaError_t. */
 typedef int (*cf_cuda_copy_fence_fn)(int device);
