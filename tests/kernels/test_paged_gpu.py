@@ -295,6 +295,13 @@ def test_kv_streaming_engine_on_the_gpu(gpu_model: Path) -> None:
             "staged_blocks": s.kv_staged_blocks, "staging_decodes": s.kv_staging_decodes,
             "wait_layers": s.kv_stream_cuda_wait_layers,
             "staging_GBps_device": round(s.kv_staged_bytes / s.kv_stream_cuda_copy_ns, 2)}
+    # the CPU path on the same small model (its own arithmetic: agreement reported, as paged vs stock above)
+    from pycacheflow import LLM, SamplingParams
+
+    with LLM(model=str(gpu_model), n_gpu_layers=0, kv_mode="paged", n_ctx=4096, **common) as cpu:
+        on_cpu = [list(o.token_ids) for o in cpu.generate(one, SamplingParams(max_tokens=48, ignore_eos=True))]
+    figures["kv_stream_one_seq_vs_cpu_common_prefix_tokens"] = next(
+        (i for i, (a, b) in enumerate(zip(want[0], on_cpu[0])) if a != b), 48)
     many = [[rng.randrange(100, 30000) for _ in range(rng.randrange(120, 160))] for _ in range(8)]
     common = dict(max_num_seqs=8, max_num_batched_tokens=64)
     roomy_tokens, _ = _streamed_run(gpu_model, many, 100, 4096, kv_streaming="off", **common)
