@@ -76,10 +76,14 @@ constexpr int kMaxSplits = 1024;
 
 // Split rule: a row of ctx keys uses splits of S = max(kMinSplitKeys, pow2 >= ctx / kTargetSplits) keys, i.e.
 // every row of up to kMinSplitKeys keys is one split, longer rows get about kTargetSplits splits of a power of
-// two keys (B=1 at 8K: 8 KV heads x 32 splits = 256 CTAs, two waves of 128-thread CTAs on 132 SMs; 32K: 1,024-key
-// splits). A function of ctx alone (batch invariance). CF_PA_PIPE_MIN_SPLIT / CF_PA_PIPE_TARGET_SPLITS are build
-// knobs for the standalone benchmark; PagedAttentionCudaArgs::split_keys (CACHEFLOW_PA_SPLIT_KEYS) fixes S at run
-// time for its sweep.
+// two keys (B=1 at 8K: 8 KV heads x 32 splits = 256 CTAs, one wave of the wide variant's 2 CTAs per SM on 132
+// SMs; 32K: 1,024-key splits, 8 tiles per warp). A function of ctx alone (batch invariance). Where it comes from:
+// a lone long row must fill the GPU (FlashInfer's plan gives it 64-128 CTAs per KV head:
+// results/h200_gpu/stop28/flashinfer_vs_cacheflow.txt), the rule may not look at the batch, so at B=32 8K the same
+// 256-key splits give 8,192 CTAs whose prologue (block ids, q) the pipelined loop must amortize; short rows keep
+// the two-pass kernel's one 256-key split (its B=64/256 ctx 200 figures). Not measured yet: `--bench` sweeps
+// fixed S = 128..2,048 at >= 8K to confirm or move it. CF_PA_PIPE_MIN_SPLIT / CF_PA_PIPE_TARGET_SPLITS are build
+// knobs; PagedAttentionCudaArgs::split_keys (CACHEFLOW_PA_SPLIT_KEYS) fixes S at run time.
 #ifndef CF_PA_PIPE_MIN_SPLIT
 #define CF_PA_PIPE_MIN_SPLIT 256
 #endif
