@@ -1,6 +1,8 @@
-// test_paged_attention_cuda.cu - the CUDA paged attention kernel against a float64 reference, its batch
-// invariance (a row's output is bit-identical alone, in any batch, with any table width and wherever its
-// blocks sit), and its speed on decode shapes (CUDA events, medians; printed, not asserted).
+// test_paged_attention_cuda.cu - the CUDA paged attention kernels (two-pass and pipelined, PagedKernel) against
+// a float64 reference, their batch invariance (a row's output is bit-identical alone, in any batch, with any table
+// width and wherever its blocks sit), and their speed on decode shapes (CUDA events, medians; printed, not
+// asserted). `--bench` times both kernels on every shape and, at contexts >= 8K, the pipelined kernel with fixed
+// split lengths and without PDL, then prints issue 11's summary (the least share of the copy bandwidth at >= 8K).
 //
 // Standalone: nvcc -std=c++17 -arch=sm_90 -O3 --use_fast_math -I native/src/kernels/cuda
 //   native/src/kernels/cuda/paged_attention.cu native/tests/cuda/test_paged_attention_cuda.cu
@@ -132,8 +134,39 @@ struct Query {
     int ctx;  // attends to positions [0, ctx)
 };
 
+// A kernel choice (PagedAttentionCudaArgs::kernel, split_keys, pdl) and its label in the output.
+struct Variant {
+    const char * label;
+    int32_t kernel;
+    int32_t split_keys;  // 0 = the kernel's rule
+    int32_t pdl;         // -1 = off
+    int32_t tile_rows;   // 0 = default (8), 4 = narrow
+};
+
+constexpr Variant kTwoPass{"two_pass", cf::cuda::kPagedKernelTwoPass, 0, 0, 0};
+constexpr Variant kPipelined{"pipelined", cf::cuda::kPagedKernelPipelined, 0, 0, 0};
+constexpr Variant kPipelinedNarrow{"pipelined", cf::cuda::kPagedKernelPipelined, 0, 0, 4};
+constexpr Variant kPipelinedNoPdl{"pipelined", cf::cuda::kPagedKernelPipelined, 0, -1, 0};
+
+Variant pipelined_split(int32_t keys) { return {"pipelined", cf::cuda::kPagedKernelPipelined, keys, 0, 0}; }
+
+std::string label_of(const Variant & v) {
+    std::string label = v.label;
+    if (v.tile_rows == 4) label += " rows4";
+    if (v.split_keys) label += " S=" + std::to_string(v.split_keys);
+    if (v.pdl < 0) label += " no PDL";
+    return label;
+}
+
+void apply(const Variant & v, PagedAttentionCudaArgs & a) {
+    a.kernel = v.kernel;
+    a.split_keys = v.split_keys;
+    a.pdl = v.pdl;
+    a.tile_rows = v.tile_rows;
+}
+
 // Runs the kernel over `queries` (q values from q_of(query index)); returns [n][n_head][head_dim].
-std::vector<float> run(const Model & m, const Layout & lay, const std::vector<Query> & queries,
+std::vector<float> run(const Variant & v, const Model & m, const Layout & lay, const std::vector<Query> & queries,
                        const std::vector<float> & q_all /* [n][n_head][head_dim] */, int table_stride_extra = 0) {
     const int n = (int) queries.size();
     int stride = 1;
@@ -152,9 +185,11 @@ std::vector<float> run(const Model & m, const Layout & lay, const std::vector<Qu
     DeviceBuffer<half> d_k(lay.k_pool), d_v(lay.v_pool);
     DeviceBuffer<int32_t> d_tables(tables), d_seq(seq_idx), d_ctx(ctx);
     DeviceBuffer<float> d_out((size_t) n * m.n_head * m.head_dim);
-    const PagedAttentionCudaArgs a =
+    PagedAttentionCudaArgs a =
         make_args({m.head_dim, m.n_head, m.n_head_kv, m.block_size}, d_q.ptr, d_k.ptr, d_v.ptr,
                   (int64_t) m.num_blocks * m.block_size, d_tables.ptr, stride, d_seq.ptr, d_ctx.ptr, d_out.ptr, n);
+    apply(v, a);
+    CHECK_CUDA(cudaMemset(d_out.ptr, 0xff, d_out.n * sizeof(float)));  // NaN: every element must be written
     DeviceBuffer<char> ws(cf::cuda::paged_attention_cuda_workspace_bytes(a));
     if (const char * err = cf::cuda::paged_attention_cuda(a, ws.ptr, nullptr)) {
         std::fprintf(stderr, "%s\n", err);
@@ -198,7 +233,8 @@ std::vector<float> rows_of(const std::vector<float> & all, const Model & m, size
     return std::vector<float>(all.begin() + (ptrdiff_t) (i * w), all.begin() + (ptrdiff_t) ((i + 1) * w));
 }
 
-void test_shape(int D, int n_head, int n_head_kv, int block_size, unsigned seed) {
+void test_shape(int D, int n_head, int n_head_kv, int block_size, unsigned seed,
+                const std::vector<Variant> & variants) {
     std::mt19937 rng(seed);
     const std::vector<int> lens = {1, 17, 70, 200, 511, 512, 513, 1030, 1300, 2100};  // chunks cross 64, 512, 1024
     Model m = make_model(D, n_head, n_head_kv, block_size, lens, rng);
@@ -212,31 +248,84 @@ void test_shape(int D, int n_head, int n_head_kv, int block_size, unsigned seed)
     std::uniform_real_distribution<float> u(-2.0f, 2.0f);
     std::vector<float> q((size_t) qs.size() * n_head * D);
     for (auto & x : q) x = u(rng);
-
-    const std::vector<float> got = run(m, lay, qs, q);
     const std::vector<float> want = reference(m, qs, q);
-    double max_err = 0;
-    for (size_t i = 0; i < got.size(); ++i) max_err = std::max(max_err, (double) std::fabs(got[i] - want[i]));
-    const std::string shape = "D=" + std::to_string(D) + " heads " + std::to_string(n_head) + "/" +
-                              std::to_string(n_head_kv) + " bs=" + std::to_string(block_size);
-    std::printf("%-28s %zu rows, max |err| vs float64 = %.2e\n", shape.c_str(), qs.size(), max_err);
-    expect(max_err < 2e-3, shape + ": max error " + std::to_string(max_err) + " >= 2e-3");
-
-    // Invariance: each row alone, with a wider table (more splits in the grid) and another block layout.
     Layout other = make_layout(m, seed + 99);
-    for (size_t i = 0; i < qs.size(); i += 7) {
-        const std::vector<float> q1(q.begin() + (ptrdiff_t) (i * n_head * D), q.begin() + (ptrdiff_t) ((i + 1) * n_head * D));
-        const std::vector<float> alone = run(m, other, {qs[i]}, q1, /*table_stride_extra=*/64);
-        expect(std::memcmp(alone.data(), rows_of(got, m, i).data(), alone.size() * sizeof(float)) == 0,
-               shape + ": row " + std::to_string(i) + " (ctx " + std::to_string(qs[i].ctx) +
-                   ") differs alone/relocated from its batched output");
+
+    for (const Variant & v : variants) {
+        const std::vector<float> got = run(v, m, lay, qs, q);
+        double max_err = 0;
+        for (size_t i = 0; i < got.size(); ++i) {
+            const double e = std::fabs((double) got[i] - want[i]);
+            max_err = std::isnan(e) ? INFINITY : std::max(max_err, e);
+        }
+        const std::string shape = "D=" + std::to_string(D) + " heads " + std::to_string(n_head) + "/" +
+                                  std::to_string(n_head_kv) + " bs=" + std::to_string(block_size) + " " + label_of(v);
+        std::printf("%-50s %zu rows, max |err| vs float64 = %.2e\n", shape.c_str(), qs.size(), max_err);
+        expect(max_err < 2e-3, shape + ": max error " + std::to_string(max_err) + " >= 2e-3");
+
+        // Invariance: each row alone, with a wider table (more splits in the grid) and another block layout.
+        for (size_t i = 0; i < qs.size(); i += 7) {
+            const std::vector<float> q1(q.begin() + (ptrdiff_t) (i * n_head * D),
+                                        q.begin() + (ptrdiff_t) ((i + 1) * n_head * D));
+            const std::vector<float> alone = run(v, m, other, {qs[i]}, q1, /*table_stride_extra=*/64);
+            expect(std::memcmp(alone.data(), rows_of(got, m, i).data(), alone.size() * sizeof(float)) == 0,
+                   shape + ": row " + std::to_string(i) + " (ctx " + std::to_string(qs[i].ctx) +
+                       ") differs alone/relocated from its batched output");
+        }
     }
 }
 
-
 double g_copy_gbs = 0.0;
 
-void bench_decode(int batch, int ctx, int D, int n_head, int n_head_kv) {
+// Per-variant least share of the copy bandwidth at contexts >= 8K (issue 11's target: >= 70%).
+struct LongShapeMin {
+    std::string label;
+    double pct;
+};
+std::vector<LongShapeMin> g_long_min;
+
+void note_long(const std::string & label, double pct) {
+    for (auto & e : g_long_min) {
+        if (e.label == label) {
+            e.pct = std::min(e.pct, pct);
+            return;
+        }
+    }
+    g_long_min.push_back({label, pct});
+}
+
+// Median us per launch of paged_attention_cuda(a): 20 warm-up launches, then 7 repeats of 100 between events.
+double time_layer_us(const PagedAttentionCudaArgs & a, void * ws) {
+    cudaEvent_t e0, e1;
+    CHECK_CUDA(cudaEventCreate(&e0));
+    CHECK_CUDA(cudaEventCreate(&e1));
+    for (int i = 0; i < 20; ++i) {
+        if (const char * err = cf::cuda::paged_attention_cuda(a, ws, nullptr)) {
+            std::fprintf(stderr, "%s\n", err);
+            std::exit(2);
+        }
+    }
+    std::vector<float> ms;
+    for (int r = 0; r < 7; ++r) {
+        const int iters = 100;
+        CHECK_CUDA(cudaEventRecord(e0));
+        for (int i = 0; i < iters; ++i) cf::cuda::paged_attention_cuda(a, ws, nullptr);
+        CHECK_CUDA(cudaEventRecord(e1));
+        CHECK_CUDA(cudaEventSynchronize(e1));
+        float t = 0;
+        CHECK_CUDA(cudaEventElapsedTime(&t, e0, e1));
+        ms.push_back(t / iters);
+    }
+    CHECK_CUDA(cudaGetLastError());
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    std::sort(ms.begin(), ms.end());
+    return ms[ms.size() / 2] * 1000.0;
+}
+
+// One decode layer (B rows at context ctx, 16-token blocks in a random permutation) timed for each variant; the
+// outputs of every variant are compared with the first's (max |diff|, must stay under 1e-3).
+void bench_decode(int batch, int ctx, int D, int n_head, int n_head_kv, const std::vector<Variant> & variants) {
     std::mt19937 rng(7);
     const int bs = 16;
     const int blocks_per_seq = (ctx + bs - 1) / bs;
@@ -261,53 +350,91 @@ void bench_decode(int batch, int ctx, int D, int n_head, int n_head_kv) {
     DeviceBuffer<half> d_k(pool), d_v(pool);
     DeviceBuffer<int32_t> d_tables(tables), d_seq(seq_idx), d_ctx(ctxs);
     DeviceBuffer<float> d_out((size_t) batch * n_head * D);
-    const PagedAttentionCudaArgs a = make_args({D, n_head, n_head_kv, bs}, d_q.ptr, d_k.ptr, d_v.ptr,
-                                               (int64_t) num_blocks * bs, d_tables.ptr, stride, d_seq.ptr,
-                                               d_ctx.ptr, d_out.ptr, batch);
-    DeviceBuffer<char> ws(cf::cuda::paged_attention_cuda_workspace_bytes(a));
-    cudaEvent_t e0, e1;
-    CHECK_CUDA(cudaEventCreate(&e0));
-    CHECK_CUDA(cudaEventCreate(&e1));
-    for (int i = 0; i < 20; ++i) cf::cuda::paged_attention_cuda(a, ws.ptr, nullptr);
-    std::vector<float> ms;
-    for (int r = 0; r < 7; ++r) {
-        const int iters = 100;
-        CHECK_CUDA(cudaEventRecord(e0));
-        for (int i = 0; i < iters; ++i) cf::cuda::paged_attention_cuda(a, ws.ptr, nullptr);
-        CHECK_CUDA(cudaEventRecord(e1));
-        CHECK_CUDA(cudaEventSynchronize(e1));
-        float t = 0;
-        CHECK_CUDA(cudaEventElapsedTime(&t, e0, e1));
-        ms.push_back(t / iters);
-    }
-    std::sort(ms.begin(), ms.end());
-    const double us = ms[ms.size() / 2] * 1000.0;
     const double bytes = 2.0 * batch * (double) ctx * row * sizeof(half);
-    const double gbs = bytes / (us * 1e3);
-    std::printf("bench decode B=%-4d ctx=%-5d D=%d heads %d/%d: %8.1f us/layer, %7.1f GB/s of K+V (%3.0f%% of copy)\n",
-                batch, ctx, D, n_head, n_head_kv, us, gbs, 100.0 * gbs / g_copy_gbs);
-    cudaEventDestroy(e0);
-    cudaEventDestroy(e1);
+    std::vector<float> first;
+    double best_fixed = 0.0;
+    int best_keys = 0;
+    for (const Variant & v : variants) {
+        PagedAttentionCudaArgs a = make_args({D, n_head, n_head_kv, bs}, d_q.ptr, d_k.ptr, d_v.ptr,
+                                             (int64_t) num_blocks * bs, d_tables.ptr, stride, d_seq.ptr, d_ctx.ptr,
+                                             d_out.ptr, batch);
+        apply(v, a);
+        DeviceBuffer<char> ws(cf::cuda::paged_attention_cuda_workspace_bytes(a));
+        CHECK_CUDA(cudaMemset(d_out.ptr, 0xff, d_out.n * sizeof(float)));
+        const double us = time_layer_us(a, ws.ptr);
+        const std::vector<float> out = d_out.download();
+        double diff = 0;
+        if (first.empty()) {
+            first = out;
+        }
+        for (size_t i = 0; i < out.size(); ++i) {
+            const double e = std::fabs((double) out[i] - first[i]);
+            diff = std::isnan(e) ? INFINITY : std::max(diff, e);
+        }
+        const double gbs = bytes / (us * 1e3);
+        const double pct = 100.0 * gbs / g_copy_gbs;
+        const std::string label = label_of(v);
+        std::printf("bench decode B=%-4d ctx=%-5d D=%-3d heads %d/%d %-22s %8.1f us/layer, %7.1f GB/s of K+V"
+                    " (%3.0f%% of copy) max|diff| %.1e\n",
+                    batch, ctx, D, n_head, n_head_kv, label.c_str(), us, gbs, pct, diff);
+        expect(diff < 1e-3, "bench B=" + std::to_string(batch) + " ctx=" + std::to_string(ctx) + " " + label +
+                                ": differs from " + variants[0].label + " by " + std::to_string(diff));
+        if (v.split_keys == 0 && ctx >= 8192) {
+            note_long(label, pct);
+        }
+        if (v.split_keys != 0 && pct > best_fixed) {
+            best_fixed = pct;
+            best_keys = v.split_keys;
+        }
+    }
+    if (best_keys != 0) {
+        std::printf("bench decode B=%-4d ctx=%-5d D=%-3d best fixed split: S=%d (%.0f%% of copy)\n", batch, ctx, D,
+                    best_keys, best_fixed);
+        if (ctx >= 8192) note_long("pipelined best fixed S", best_fixed);
+    }
+}
+
+// Both kernels on every shape; at contexts >= 8K also the pipelined kernel with fixed split lengths and without PDL.
+void bench_shape(int batch, int ctx, int D) {
+    std::vector<Variant> vs = {kTwoPass, kPipelined, kPipelinedNarrow};
+    if (ctx >= 8192) {
+        vs.push_back(kPipelinedNoPdl);
+        for (int keys : {128, 256, 512, 1024, 2048}) {
+            vs.push_back(pipelined_split(keys));
+        }
+    }
+    bench_decode(batch, ctx, D, 32, 8, vs);
 }
 
 }  // namespace
 
 int main(int argc, char ** argv) {
     const bool bench = argc > 1 && std::strcmp(argv[1], "--bench") == 0;
-    test_shape(64, 9, 3, 16, 1);    // SmolLM2-135M
-    test_shape(64, 32, 8, 16, 2);   // Llama-3.2-1B
-    test_shape(128, 32, 8, 16, 3);  // Llama-3.1-8B
-    test_shape(128, 16, 2, 32, 4);
-    test_shape(64, 8, 8, 8, 5);
+    const bool long_only = bench && argc > 2 && std::strcmp(argv[2], "long") == 0;  // `--bench long`: >= 8K only
+    const std::vector<Variant> all = {kTwoPass, kPipelined, kPipelinedNarrow, kPipelinedNoPdl, pipelined_split(64)};
+    test_shape(64, 9, 3, 16, 1, all);    // SmolLM2-135M
+    test_shape(64, 32, 8, 16, 2, all);   // Llama-3.2-1B
+    test_shape(128, 32, 8, 16, 3, all);  // Llama-3.1-8B
+    test_shape(128, 16, 2, 32, 4, all);
+    test_shape(64, 8, 8, 8, 5, all);
+    test_shape(256, 16, 8, 12, 6, all);  // head size 256, a block size that is not a power of two
+    test_shape(64, 24, 3, 5, 7, all);    // GQA 8
     if (bench) {
         g_copy_gbs = copy_bandwidth_gbs();
         std::printf("bench device-to-device copy: %.1f GB/s (read + write)\n", g_copy_gbs);
-        for (int b : {1, 64, 256}) bench_decode(b, 200, 64, 32, 8);     // Llama-3.2-1B shape
-        for (int b : {1, 16, 64}) bench_decode(b, 2048, 64, 32, 8);
-        for (int b : {1, 8, 32}) bench_decode(b, 8192, 64, 32, 8);
-        for (int b : {1, 4}) bench_decode(b, 32768, 64, 32, 8);
-        for (int b : {1, 32, 128}) bench_decode(b, 256, 128, 32, 8);   // Llama-3.1-8B shape
-        for (int b : {8, 32}) bench_decode(b, 8192, 128, 32, 8);
+        if (!long_only) {
+            for (int b : {1, 64, 256}) bench_shape(b, 200, 64);  // Llama-3.2-1B shape
+            for (int b : {1, 16, 64}) bench_shape(b, 2048, 64);
+        }
+        for (int b : {1, 8, 32}) bench_shape(b, 8192, 64);
+        for (int b : {1, 4}) bench_shape(b, 32768, 64);
+        if (!long_only) {
+            for (int b : {1, 32, 128}) bench_shape(b, 256, 128);  // Llama-3.1-8B shape
+        }
+        for (int b : {8, 32}) bench_shape(b, 8192, 128);
+        std::printf("issue 11 (contexts >= 8K, target >= 70%% of copy), least share per kernel:");
+        for (const auto & e : g_long_min) std::printf(" %s %.0f%%;", e.label.c_str(), e.pct);
+        std::printf("\n");
     }
     if (g_failures) {
         std::printf("%d check(s) failed\n", g_failures);

@@ -1,8 +1,11 @@
 // paged_attention.cu - CUDA paged attention; the contract and the work split are in paged_attention.cuh.
 #include "paged_attention.cuh"
+#include "paged_attention_pipelined.cuh"
 
 #include <climits>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 
 namespace cf {
 namespace cuda {
@@ -77,17 +80,7 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
-// 16 bytes of f16 (8 halves, in order) as f32.
-__device__ __forceinline__ void halves_to_float(const uint4 & raw, float out[8]) {
-    const half2 * h2 = reinterpret_cast<const half2 *>(&raw);
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-        const float2 f = __half22float2(h2[j]);
-        out[2 * j] = f.x;
-        out[2 * j + 1] = f.y;
-    }
-}
-
+using pipelined::halves_to_float;  // 16 bytes of f16 as 8 f32
 // Block-wide reduction of G values per thread (one per query head) in one pass; every thread gets
 // the G results in v. The order (lane butterfly, then warps 0..kWarps-1) is fixed, so the results
 // depend only on the inputs.
@@ -113,13 +106,7 @@ __device__ void block_reduce(float (&v)[G], float (*scratch)[G] /* [kWarps][G] *
     __syncthreads();  // scratch is reused by the next call
 }
 
-// Pointer to column `col` of K or V row r: the pool's row, or with streaming (r >= stage_base, see
-// PagedAttentionCudaArgs) the staging slot's row r - stage_base. One select per row load; without
-// streaming the launcher sets stage_base to INT32_MAX, so the pool row is always taken.
-__device__ __forceinline__ const half * kv_row(const half * pool, const half * stage, int64_t stride, int32_t r,
-                                               int32_t stage_base, int col) {
-    return r < stage_base ? pool + (int64_t) r * stride + col : stage + (int64_t) (r - stage_base) * stride + col;
-}
+using pipelined::kv_row;  // K/V row pointer, pool or staging slot (streaming)
 
 // A CTA's inputs in shared memory: the query heads of its GQA group (q_s[G][D]) and the pool rows of its
 // split's keys (row_s[i] = slot of position k0 + i, i < nkeys); ends with a __syncthreads.
@@ -419,9 +406,9 @@ __global__ void paged_attention_combine_kernel(const PagedAttentionCudaArgs a, c
     a.out[((int64_t) t * a.n_head + head) * D + d] = o / l;
 }
 
-// Splits of the grid: the most split_count(ctx) of any ctx the block table width allows (a
-// function of the width alone, so a captured CUDA graph stays valid while rows grow within it).
-int num_splits(const PagedAttentionCudaArgs & a) {
+// Splits of the two-pass kernel's grid: the most split_count(ctx) of any ctx the block table width allows
+// (a function of the width alone, so a captured CUDA graph stays valid while rows grow within it).
+int two_pass_num_splits(const PagedAttentionCudaArgs & a) {
     const int64_t max_ctx = a.block_table_stride * a.block_size;
     const int64_t short_max = 8 * (int64_t) kShortSplitKeys;  // split_count(ctx) <= 8 up to twice that
     if (max_ctx <= short_max) {
@@ -431,13 +418,108 @@ int num_splits(const PagedAttentionCudaArgs & a) {
     return (int) (long_splits > 8 ? long_splits : 8);
 }
 
+// The process's defaults for the A/B knobs of PagedAttentionCudaArgs (read once): CACHEFLOW_PA_KERNEL=two_pass|
+// pipelined, CACHEFLOW_PA_SPLIT_KEYS=N (pipelined: N keys per split), CACHEFLOW_PA_PDL=0|1,
+// CACHEFLOW_PA_TILE_ROWS=4|8 (pipelined: the narrow or wide register budget).
+// The pipelined kernel stays opt-in until it has passed the standalone test on a GPU (it was written and compiled
+// for sm_90 without one); then kPagedKernelPipelined becomes the default here.
+struct EnvDefaults {
+    int32_t kernel = kPagedKernelTwoPass;
+    int32_t split_keys = 0;
+    int32_t pdl = 0;
+    int32_t tile_rows = 0;
+};
+
+const EnvDefaults & env_defaults() {
+    static const EnvDefaults d = [] {
+        EnvDefaults e;
+        if (const char * v = std::getenv("CACHEFLOW_PA_KERNEL")) {
+            if (std::strcmp(v, "two_pass") == 0) {
+                e.kernel = kPagedKernelTwoPass;
+            } else if (std::strcmp(v, "pipelined") == 0) {
+                e.kernel = kPagedKernelPipelined;
+            } else {
+                std::fprintf(stderr, "cacheflow: CACHEFLOW_PA_KERNEL=%s is not two_pass or pipelined; ignored\n", v);
+            }
+        }
+        if (const char * v = std::getenv("CACHEFLOW_PA_SPLIT_KEYS")) {
+            e.split_keys = std::atoi(v) > 0 ? std::atoi(v) : 0;
+        }
+        if (const char * v = std::getenv("CACHEFLOW_PA_PDL")) {
+            e.pdl = std::atoi(v) != 0 ? 1 : -1;
+        }
+        if (const char * v = std::getenv("CACHEFLOW_PA_TILE_ROWS")) {
+            e.tile_rows = std::atoi(v) == pipelined::kTileRowsNarrow ? pipelined::kTileRowsNarrow : 0;
+        }
+        return e;
+    }();
+    return d;
+}
+
+// Whether the current device takes programmatic dependent launches (sm_90+), cached per device.
+bool device_has_pdl() {
+    static int cached[64] = {};  // 0 = not asked yet, 1 = yes, -1 = no; racing writers store the same value
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) {
+        return false;
+    }
+    if (cached[dev] == 0) {
+        int major = 0;
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+        cached[dev] = major >= 9 ? 1 : -1;
+    }
+    return cached[dev] == 1;
+}
+
+// What one call launches: the kernel, its split rule and grid splits, PDL.
+struct Plan {
+    bool pipelined;
+    int split_keys;  // pipelined: fixed keys per split, 0 = the rule
+    bool pdl;
+    bool narrow;     // pipelined: the narrow register budget (tile_rows 4)
+    int n_splits;    // splits of the grid
+};
+
+Plan plan_for(const PagedAttentionCudaArgs & a) {
+    const EnvDefaults & env = env_defaults();
+    Plan p{};
+    p.pipelined = (a.kernel != kPagedKernelDefault ? a.kernel : env.kernel) == kPagedKernelPipelined;
+    if (!p.pipelined) {
+        p.n_splits = two_pass_num_splits(a);
+        return p;
+    }
+    p.split_keys = a.split_keys != 0 ? a.split_keys : env.split_keys;
+    const int32_t pdl = a.pdl != 0 ? a.pdl : env.pdl;
+    p.pdl = pdl >= 0 && device_has_pdl();
+    p.narrow = (a.tile_rows != 0 ? a.tile_rows : env.tile_rows) == pipelined::kTileRowsNarrow;
+    p.n_splits = pipelined::max_split_count(a.block_table_stride * a.block_size, p.split_keys);
+    return p;
+}
+
+// cudaLaunchKernelEx, with the programmatic-stream-serialization attribute when pdl.
+template <typename... Params, typename... Args>
+cudaError_t launch_ex(void (*kernel)(Params...), dim3 grid, dim3 block, bool pdl, cudaStream_t stream,
+                      Args... args) {
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = 0;
+    cfg.stream = stream;
+    cfg.attrs = attr;
+    cfg.numAttrs = pdl ? 1 : 0;
+    return cudaLaunchKernelEx(&cfg, kernel, args...);
+}
+
 template <int D, int G>
-cudaError_t launch(const PagedAttentionCudaArgs & args, void * workspace, cudaStream_t stream) {
+cudaError_t launch(const PagedAttentionCudaArgs & args, const Plan & plan, void * workspace, cudaStream_t stream) {
     PagedAttentionCudaArgs a = args;
     if (a.k_stage == nullptr) {
         a.stage_base_row = INT32_MAX;  // no row index reaches it: every row is the pool's
     }
-    const int n_splits = num_splits(a);
+    const int n_splits = plan.n_splits;
     float * part_o = nullptr;
     float * part_ml = nullptr;
     if (n_splits > 1) {
@@ -445,25 +527,37 @@ cudaError_t launch(const PagedAttentionCudaArgs & args, void * workspace, cudaSt
         part_ml = part_o + (size_t) a.n_tokens * a.n_head * n_splits * D;
     }
     const dim3 grid((unsigned) n_splits, (unsigned) a.n_head_kv, (unsigned) a.n_tokens);
+    const dim3 cgrid((unsigned) a.n_head, (unsigned) a.n_tokens);
+    if (plan.pipelined) {
+        const int bs_shift = (a.block_size & (a.block_size - 1)) == 0 ? __builtin_ctz((unsigned) a.block_size) : -1;
+        auto kernel = plan.narrow ? pipelined::split_kernel<D, G, pipelined::kTileRowsNarrow>
+                                  : pipelined::split_kernel<D, G, pipelined::kTileRowsWide>;
+        cudaError_t err = launch_ex(kernel, grid, dim3(pipelined::kThreads), plan.pdl, stream, a, part_o, part_ml,
+                                    n_splits, plan.split_keys, bs_shift);
+        if (err == cudaSuccess && n_splits > 1) {
+            err = launch_ex(pipelined::combine_kernel<D>, cgrid, dim3(pipelined::kCombineThreads), plan.pdl, stream, a,
+                            (const float *) part_o, (const float *) part_ml, n_splits, plan.split_keys);
+        }
+        return err != cudaSuccess ? err : cudaGetLastError();
+    }
     paged_attention_split_kernel<D, G><<<grid, threads_for(D), 0, stream>>>(a, part_o, part_ml, n_splits);
     if (n_splits > 1) {
-        const dim3 cgrid((unsigned) a.n_head, (unsigned) a.n_tokens);
         paged_attention_combine_kernel<D><<<cgrid, D, 0, stream>>>(a, part_o, part_ml, n_splits);
     }
     return cudaGetLastError();
 }
 
 template <int D>
-cudaError_t launch_gqa(const PagedAttentionCudaArgs & a, void * workspace, cudaStream_t stream) {
+cudaError_t launch_gqa(const PagedAttentionCudaArgs & a, const Plan & p, void * workspace, cudaStream_t stream) {
     switch (a.n_head / a.n_head_kv) {
-        case 1: return launch<D, 1>(a, workspace, stream);
-        case 2: return launch<D, 2>(a, workspace, stream);
-        case 3: return launch<D, 3>(a, workspace, stream);
-        case 4: return launch<D, 4>(a, workspace, stream);
-        case 5: return launch<D, 5>(a, workspace, stream);
-        case 6: return launch<D, 6>(a, workspace, stream);
-        case 7: return launch<D, 7>(a, workspace, stream);
-        case 8: return launch<D, 8>(a, workspace, stream);
+        case 1: return launch<D, 1>(a, p, workspace, stream);
+        case 2: return launch<D, 2>(a, p, workspace, stream);
+        case 3: return launch<D, 3>(a, p, workspace, stream);
+        case 4: return launch<D, 4>(a, p, workspace, stream);
+        case 5: return launch<D, 5>(a, p, workspace, stream);
+        case 6: return launch<D, 6>(a, p, workspace, stream);
+        case 7: return launch<D, 7>(a, p, workspace, stream);
+        case 8: return launch<D, 8>(a, p, workspace, stream);
         default: return cudaErrorInvalidValue;  // excluded by paged_attention_cuda_unsupported
     }
 }
@@ -489,11 +583,15 @@ const char * paged_attention_cuda_unsupported(const PagedAttentionCudaArgs & a) 
     if (a.block_size < 1 || a.block_table_stride < 1 || a.n_tokens < 0) {
         return "block size, block table width and token count must be positive";
     }
+    if (a.kernel < kPagedKernelDefault || a.kernel > kPagedKernelPipelined || a.split_keys < 0 || a.pdl < -1 ||
+        a.pdl > 1 || (a.tile_rows != 0 && a.tile_rows != 4 && a.tile_rows != 8)) {
+        return "kernel must be a PagedKernel, split_keys >= 0, pdl -1, 0 or 1, tile_rows 0, 4 or 8";
+    }
     return nullptr;
 }
 
 size_t paged_attention_cuda_workspace_bytes(const PagedAttentionCudaArgs & a) {
-    const int n_splits = num_splits(a);
+    const int n_splits = plan_for(a).n_splits;
     if (n_splits <= 1) {
         return 0;
     }
@@ -510,16 +608,17 @@ const char * paged_attention_cuda(const PagedAttentionCudaArgs & a, void * works
     if (a.n_tokens == 0) {
         return nullptr;
     }
-    if (paged_attention_cuda_workspace_bytes(a) > 0 && workspace == nullptr) {
-        std::snprintf(message, sizeof(message), CF_CUDA_WHERE "paged attention: no workspace for %d splits",
-                      num_splits(a));
+    const Plan plan = plan_for(a);
+    if (plan.n_splits > 1 && (workspace == nullptr || reinterpret_cast<uintptr_t>(workspace) % 16 != 0)) {
+        std::snprintf(message, sizeof(message),
+                      CF_CUDA_WHERE "paged attention: no 16-byte aligned workspace for %d splits", plan.n_splits);
         return message;
     }
     cudaError_t err = cudaSuccess;
     switch (a.head_dim) {
-        case 64: err = launch_gqa<64>(a, workspace, stream); break;
-        case 128: err = launch_gqa<128>(a, workspace, stream); break;
-        case 256: err = launch_gqa<256>(a, workspace, stream); break;
+        case 64: err = launch_gqa<64>(a, plan, workspace, stream); break;
+        case 128: err = launch_gqa<128>(a, plan, workspace, stream); break;
+        case 256: err = launch_gqa<256>(a, plan, workspace, stream); break;
         default: break;
     }
     if (err != cudaSuccess) {

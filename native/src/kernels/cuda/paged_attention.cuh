@@ -6,15 +6,23 @@
 // block_tables[row][p / block_size] * block_size + p % block_size. Causality comes from the context
 // lengths, so no KQ mask exists. Query head h reads KV head h / (n_head / n_head_kv).
 //
-// Work decomposition (grid = splits x KV heads x tokens, 128 threads per CTA):
+// Work decomposition (grid = splits x KV heads x tokens, 128 threads per CTA), two kernels behind one launcher
+// (PagedAttentionCudaArgs::kernel, default CACHEFLOW_PA_KERNEL, else the two-pass kernel until the pipelined one has
+// passed on a GPU):
 //   - one CTA computes all n_head / n_head_kv query heads of one KV head for one token, so each
 //     K/V row is loaded once per GQA group (FlashInfer's GQA decode; vLLM's legacy kernel loads it
 //     once per query head instead);
 //   - keys are cut into splits of S positions at ABSOLUTE boundaries [S s, S s + S) (flash-decoding,
-//     Dao et al. 2023), S a function of the row's own context length (paged_attention.cu,
-//     split_keys_for; by default kPagedSplitKeys = 256 for every row, shorter splits for short rows
-//     behind a build knob); a row with one split writes its output directly, longer rows write (max,
-//     sum, partial output) per split and a combine kernel merges them in split order.
+//     Dao et al. 2023), S a function of the row's own context length; a row with one split writes its
+//     output directly, longer rows write (max, sum, partial output) per split and a combine kernel merges
+//     them in an order fixed by the split count;
+//   - two-pass kernel (paged_attention.cu): S = kPagedSplitKeys = 256 for every row (split_keys_for;
+//     shorter splits for short rows behind a build knob), scores of the whole split, a block-wide softmax,
+//     then P.V;
+//   - pipelined kernel (paged_attention_pipelined.cuh, issue 11's long rows): S = max(256, pow2 >= ctx / 32)
+//     (about 32 splits per long row), each warp streams its own tiles with an online softmax, K/V of the next
+//     tile in flight while one is computed; the combine kernel and the split kernel use programmatic
+//     dependent launch on sm_90.
 // Batch invariance (shared/ARCHITECTURE.md, "Outputs that do not depend on the load"): every
 // reduction over keys (scores, max, sum, P.V) runs in an order fixed by the row's own context length
 // alone: not by the number of tokens in the step, the other sequences, the grid's split count or where
@@ -63,18 +71,38 @@ struct PagedAttentionCudaArgs {
     const half * k_stage;
     const half * v_stage;
     int64_t stage_base_row;          // desc->stage_base_block * block_size, in [0, INT32_MAX]
+    // Kernel choice, for A/B runs (all 0 = the defaults; each is constant for a node, so batch invariance and
+    // captured CUDA graphs hold).
+    //   kernel: a PagedKernel; 0 = CACHEFLOW_PA_KERNEL (two_pass | pipelined) if set, else two_pass
+    //     (paged_attention.cu, EnvDefaults).
+    //   split_keys (pipelined only): > 0 = every split that many keys (at least ctx / 1024); 0 =
+    //     CACHEFLOW_PA_SPLIT_KEYS if set, else the rule (paged_attention_pipelined.cuh, split_keys_for).
+    //   pdl (pipelined only): 1 = programmatic dependent launch, -1 = none, 0 = CACHEFLOW_PA_PDL (0 | 1) if set,
+    //     else on where the device has it (sm_90+).
+    //   tile_rows (pipelined only): K/V rows per lane per tile, 8 (wide) or 4 (narrow register budget, more CTAs
+    //     per SM); 0 = CACHEFLOW_PA_TILE_ROWS if set, else 8.
+    int32_t kernel;
+    int32_t split_keys;
+    int32_t pdl;
+    int32_t tile_rows;
+};
+
+enum PagedKernel : int32_t {
+    kPagedKernelDefault = 0,
+    kPagedKernelTwoPass = 1,    // paged_attention.cu's register kernel (the only one before issue 11's work)
+    kPagedKernelPipelined = 2,  // paged_attention_pipelined.cuh
 };
 
 // nullptr if the kernel covers these shapes (head size, GQA ratio up to 8, alignment), else why not.
 const char * paged_attention_cuda_unsupported(const PagedAttentionCudaArgs & args);
 
 // Bytes of device workspace paged_attention_cuda needs (partial results of multi-split rows; 0 when
-// block_table_stride * block_size <= one split, where every row has one split).
+// block_table_stride * block_size <= one split, where every row has one split). Depends on the kernel chosen.
 size_t paged_attention_cuda_workspace_bytes(const PagedAttentionCudaArgs & args);
 
 // Launch on `stream` (asynchronous; capturable in a CUDA graph: the grid depends only on n_tokens,
 // n_head_kv and block_table_stride * block_size). `workspace` must hold
-// paged_attention_cuda_workspace_bytes(args) bytes (may be nullptr when that is 0).
+// paged_attention_cuda_workspace_bytes(args) bytes, 16-byte aligned (may be nullptr when that is 0).
 // Returns nullptr on success, else a message with file and line (unsupported shapes, launch error).
 const char * paged_attention_cuda(const PagedAttentionCudaArgs & args, void * workspace, cudaStream_t stream);
 
