@@ -25,7 +25,8 @@ fi
 nvcc -std=c++17 -O3 -DNDEBUG --use_fast_math --expt-relaxed-constexpr \
     -DFLASHINFER_ENABLE_F16 -DFLASHINFER_ENABLE_BF16 -DFLASHINFER_ENABLE_FP8_E4M3 -DFLASHINFER_ENABLE_FP8_E5M2 \
     -arch="$ARCH" ${NVCC_FLAGS:-} -I native/src/kernels/cuda -I "$FI_INCLUDE" \
-    native/src/kernels/cuda/paged_attention.cu native/tests/cuda/bench_flashinfer_decode.cu -o "$BIN" \
+    native/src/kernels/cuda/paged_attention.cu native/src/kernels/cuda/paged_prefill_mma.cu \
+    native/tests/cuda/bench_flashinfer_decode.cu -o "$BIN" \
     > "$OUT/flashinfer_vs_cacheflow_build.log" 2>&1 || { tail -30 "$OUT/flashinfer_vs_cacheflow_build.log" >&2; exit 1; }
 rc=0
 {

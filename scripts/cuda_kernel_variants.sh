@@ -12,7 +12,7 @@ VARIANTS=("$@")
 for v in "${VARIANTS[@]}"; do
   set -- $v
   nvcc -std=c++17 -O3 --use_fast_math -arch=native -DCF_PA_THREADS="$1" -DCF_PA_ROWS_IN_FLIGHT="$2" -DCF_PA_SHORT_SPLIT="${3:-64}" \
-      -I native/src/kernels/cuda native/src/kernels/cuda/paged_attention.cu \
+      -I native/src/kernels/cuda native/src/kernels/cuda/paged_attention.cu native/src/kernels/cuda/paged_prefill_mma.cu \
       native/tests/cuda/test_paged_attention_cuda.cu -o "/tmp/cf_pa_$1_$2_${3:-64}" &
 done
 wait

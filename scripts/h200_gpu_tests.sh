@@ -81,7 +81,8 @@ fi
 if want kernel; then
   log "paged attention kernel benchmark"
   nvcc -std=c++17 -O3 --use_fast_math -arch=native -I native/src/kernels/cuda \
-      native/src/kernels/cuda/paged_attention.cu native/tests/cuda/test_paged_attention_cuda.cu -o /tmp/cf_pa_bench
+      native/src/kernels/cuda/paged_attention.cu native/src/kernels/cuda/paged_prefill_mma.cu \
+      native/tests/cuda/test_paged_attention_cuda.cu -o /tmp/cf_pa_bench
   /tmp/cf_pa_bench --bench | tee "$OUT/kernel_bench.txt" | tee -a "$OUT/run.log"
 fi
 
@@ -279,7 +280,7 @@ if want kvstream; then  # issue 16: long contexts on the 8B shape, streaming vs 
   fi
   log "pinned host-to-device reference (kv_stream standalone --bench)"
   nvcc -std=c++17 -O3 --use_fast_math -arch=native -I native/src/kernels/cuda -I native/src/kernels \
-      native/src/kernels/cuda/paged_attention.cu native/src/kernels/cuda/kv_stream.cu \
+      native/src/kernels/cuda/paged_attention.cu native/src/kernels/cuda/paged_prefill_mma.cu native/src/kernels/cuda/kv_stream.cu \
       native/tests/cuda/test_kv_stream_cuda.cu -o /tmp/cf_kvs_bench 2>&1 | tail -3
   /tmp/cf_kvs_bench --bench > "$OUT/kv_stream_bench.txt" 2>&1 || log "kv_stream standalone failed"
   grep -iE "memcpy|gather|PASS|FAIL" "$OUT/kv_stream_bench.txt" | head -8 | tee -a "$OUT/run.log"

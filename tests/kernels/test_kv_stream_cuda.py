@@ -19,5 +19,5 @@ pytestmark = needs_cuda
 def test_kv_stream_cuda_matches_resident_pools(tmp_path: Path) -> None:
     out = build_and_run(KERNELS / "kv_stream.cu", CUDA_TESTS / "test_kv_stream_cuda.cu",
                         tmp_path / "test_kv_stream_cuda", flags=("--use_fast_math",),
-                        extra_sources=(KERNELS / "paged_attention.cu",), args=("--bench",))  # fmt: skip
+                        extra_sources=(KERNELS / "paged_attention.cu", KERNELS / "paged_prefill_mma.cu"), args=("--bench",))  # fmt: skip
     print(out)

@@ -79,7 +79,8 @@
 // Build and run: scripts/bench_flashinfer_decode.sh (nvcc on the GPU machine), or by hand:
 //   nvcc -std=c++17 -O3 -DNDEBUG --use_fast_math --expt-relaxed-constexpr -DFLASHINFER_ENABLE_F16
 //     -arch=native -I native/src/kernels/cuda -I _carry/flashinfer/include
-//     native/src/kernels/cuda/paged_attention.cu native/tests/cuda/bench_flashinfer_decode.cu -o /tmp/fi_vs_cf
+//     native/src/kernels/cuda/paged_attention.cu native/src/kernels/cuda/paged_prefill_mma.cu
+//     native/tests/cuda/bench_flashinfer_decode.cu -o /tmp/fi_vs_cf
 //   /tmp/fi_vs_cf [--graph] [--pdl 0|1] [--quick]
 // Exit status 0 = every correctness check passed.
 #include "device_helpers.cuh"

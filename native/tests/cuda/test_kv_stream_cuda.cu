@@ -8,7 +8,7 @@
 //
 // Standalone (from the repository root):
 //   nvcc -std=c++17 -O3 --use_fast_math -arch=sm_90 -I native/src/kernels/cuda -I native/src/kernels
-//     native/src/kernels/cuda/paged_attention.cu native/src/kernels/cuda/kv_stream.cu
+//     native/src/kernels/cuda/paged_attention.cu native/src/kernels/cuda/paged_prefill_mma.cu native/src/kernels/cuda/kv_stream.cu
 //     native/tests/cuda/test_kv_stream_cuda.cu -o test_kv_stream_cuda
 //   ./test_kv_stream_cuda [--bench]
 // (tests/kernels/test_kv_stream_cuda.py runs it under the gpu marker, with --bench). Exit 0 = every check passed;

@@ -3,13 +3,18 @@
 // width and wherever its blocks sit), and their speed on decode shapes (CUDA events, medians; printed, not
 // asserted). `--bench` times both kernels on every shape and, at contexts >= 8K, the pipelined kernel with fixed
 // split lengths and without PDL, then prints issue 11's summary (the least share of the copy bandwidth at >= 8K).
+// Then the opt-in tensor-core prefill path (paged_prefill_mma.cuh) on ragged prefill batches against float64
+// (asserted: within 2e-3 of the output scale), and with --bench a 2048-token chunk at context 2K / 8K / 32K,
+// rows kernel vs MMA path (us per layer, TFLOP/s). --bench-prefill: those three lines alone.
 //
 // Standalone: nvcc -std=c++17 -arch=sm_90 -O3 --use_fast_math -I native/src/kernels/cuda
-//   native/src/kernels/cuda/paged_attention.cu native/tests/cuda/test_paged_attention_cuda.cu
+//   native/src/kernels/cuda/paged_attention.cu native/src/kernels/cuda/paged_prefill_mma.cu
+//   native/tests/cuda/test_paged_attention_cuda.cu
 // (the CUDA build adds it as a ctest; tests/kernels/test_paged_attention_cuda.py runs it under the gpu marker).
 // Exit status 0 = every check passed.
 #include "device_helpers.cuh"
 #include "paged_attention.cuh"
+#include "paged_prefill_mma.cuh"
 
 #include <algorithm>
 #include <cmath>
@@ -275,6 +280,220 @@ void test_shape(int D, int n_head, int n_head_kv, int block_size, unsigned seed,
     }
 }
 
+
+// ---- the opt-in tensor-core prefill path (paged_prefill_mma.cuh) ------------------------------------------
+
+// Runs `queries` with the MMA path on or off. stage_base_block >= 0: pool rows from that block on are served
+// from k_stage / v_stage (copies) and the pool's own rows there become NaN, so a wrong read cannot pass.
+std::vector<float> run_mode(const Model & m, const Layout & lay, const std::vector<Query> & queries,
+                            const std::vector<float> & q_all, bool mma, int stage_base_block = -1) {
+    const int n = (int) queries.size();
+    int stride = 1;
+    for (const auto & t : lay.tables) stride = std::max(stride, (int) t.size());
+    std::vector<int32_t> tables(lay.tables.size() * (size_t) stride, -1);
+    for (size_t s = 0; s < lay.tables.size(); ++s) {
+        std::copy(lay.tables[s].begin(), lay.tables[s].end(), tables.begin() + (ptrdiff_t) (s * stride));
+    }
+    std::vector<int32_t> seq_idx(n), ctx(n);
+    for (int i = 0; i < n; ++i) {
+        seq_idx[i] = queries[i].seq;
+        ctx[i] = queries[i].ctx;
+    }
+    const size_t row = (size_t) m.n_head_kv * m.head_dim;
+    std::vector<half> k_pool = lay.k_pool, v_pool = lay.v_pool, k_stage(1), v_stage(1);
+    if (stage_base_block >= 0) {
+        const size_t first = (size_t) stage_base_block * m.block_size * row;
+        k_stage.assign(k_pool.begin() + (ptrdiff_t) first, k_pool.end());
+        v_stage.assign(v_pool.begin() + (ptrdiff_t) first, v_pool.end());
+        std::fill(k_pool.begin() + (ptrdiff_t) first, k_pool.end(), __ushort_as_half(0x7e00));  // NaN
+        std::fill(v_pool.begin() + (ptrdiff_t) first, v_pool.end(), __ushort_as_half(0x7e00));
+    }
+    DeviceBuffer<float> d_q(q_all);
+    DeviceBuffer<half> d_k(k_pool), d_v(v_pool), d_ks(k_stage), d_vs(v_stage);
+    DeviceBuffer<int32_t> d_tables(tables), d_seq(seq_idx), d_ctx(ctx);
+    DeviceBuffer<float> d_out((size_t) n * m.n_head * m.head_dim);
+    PagedAttentionCudaArgs a =
+        make_args({m.head_dim, m.n_head, m.n_head_kv, m.block_size}, d_q.ptr, d_k.ptr, d_v.ptr,
+                  (int64_t) m.num_blocks * m.block_size, d_tables.ptr, stride, d_seq.ptr, d_ctx.ptr, d_out.ptr, n);
+    if (stage_base_block >= 0) {
+        a.k_stage = d_ks.ptr;
+        a.v_stage = d_vs.ptr;
+        a.stage_base_row = (int64_t) stage_base_block * m.block_size;
+    }
+    cf::cuda::paged_prefill_mma_set_enabled_for_testing(mma);
+    DeviceBuffer<char> ws(cf::cuda::paged_attention_cuda_workspace_bytes(a));
+    if (const char * err = cf::cuda::paged_attention_cuda(a, ws.ptr, nullptr)) {
+        std::fprintf(stderr, "%s\n", err);
+        std::exit(2);
+    }
+    CHECK_CUDA(cudaDeviceSynchronize());
+    cf::cuda::paged_prefill_mma_set_enabled_for_testing(false);
+    return d_out.download();
+}
+
+// Which queries the MMA path takes (paged_prefill_mma.cuh): runs of >= kPagedPrefillMinRun consecutive
+// tokens of one sequence whose contexts grow by one.
+std::vector<bool> mma_tokens(const std::vector<Query> & qs) {
+    std::vector<bool> mma(qs.size(), false);
+    for (size_t s = 0; s < qs.size();) {
+        size_t e = s + 1;
+        while (e < qs.size() && qs[e].seq == qs[s].seq && qs[e].ctx == qs[e - 1].ctx + 1) ++e;
+        if (e - s >= (size_t) cf::cuda::kPagedPrefillMinRun) std::fill(mma.begin() + (ptrdiff_t) s, mma.begin() + (ptrdiff_t) e, true);
+        s = e;
+    }
+    return mma;
+}
+
+// One ragged prefill batch: a decode row, chunks of random length in [1, max_chunk] over contexts up to
+// max_ctx (some adjacent, so that one query tile holds the end of a run and the start of the next), a short
+// run below the MMA threshold, and one chunk at the largest context. Checks, for the MMA path: sampled rows
+// (every row of short runs, 24 of each long one) within 2e-3 of the output scale of a float64 reference;
+// rows-kernel tokens bit-identical to the path off; the largest chunk bit-identical alone and with staged
+// rows (the MMA path's own outputs do not depend on the batch or on where the rows are read).
+void test_prefill_shape(int D, int n_head, int n_head_kv, int block_size, int max_ctx, int max_chunk, unsigned seed) {
+    std::mt19937 rng(seed);
+    std::vector<int> lens, chunks;
+    std::uniform_int_distribution<int> chunk_len(1, max_chunk);
+    for (int i = 0; i < 5; ++i) {
+        const int c = chunk_len(rng);
+        lens.push_back(std::uniform_int_distribution<int>(c, std::max(c, max_ctx / 4))(rng));
+        chunks.push_back(c);
+    }
+    lens.push_back(300), chunks.push_back(1);                     // a decode row
+    lens.push_back(1000), chunks.push_back(40);                   // a run below the threshold
+    lens.push_back(65), chunks.push_back(65);                     // a whole prompt, right after the previous run
+    lens.push_back(max_ctx), chunks.push_back(std::min(max_chunk, max_ctx));  // the largest context
+    Model m = make_model(D, n_head, n_head_kv, block_size, lens, rng);
+    Layout lay = make_layout(m, seed + 1);
+    std::vector<Query> qs;
+    for (int s = 0; s < (int) lens.size(); ++s) {
+        for (int p = lens[s] - chunks[s]; p < lens[s]; ++p) qs.push_back({s, p + 1});
+    }
+    std::uniform_real_distribution<float> u(-2.0f, 2.0f);
+    std::vector<float> q((size_t) qs.size() * n_head * D);
+    for (auto & x : q) x = u(rng);
+    const std::vector<bool> mma = mma_tokens(qs);
+
+    const std::vector<float> got = run_mode(m, lay, qs, q, true);
+    const std::vector<float> rows = run_mode(m, lay, qs, q, false);
+    // Sampled rows for the float64 reference.
+    std::vector<size_t> pick;
+    for (size_t s = 0; s < qs.size();) {
+        size_t e = s + 1;
+        while (e < qs.size() && qs[e].seq == qs[s].seq) ++e;
+        if (e - s <= 24) {
+            for (size_t i = s; i < e; ++i) pick.push_back(i);
+        } else {
+            pick.push_back(s), pick.push_back(e - 1);
+            for (int k = 0; k < 22; ++k) pick.push_back(s + std::uniform_int_distribution<size_t>(0, e - s - 1)(rng));
+        }
+        s = e;
+    }
+    std::vector<Query> sub;
+    std::vector<float> sub_q;
+    const size_t w = (size_t) n_head * D;
+    for (size_t i : pick) {
+        sub.push_back(qs[i]);
+        sub_q.insert(sub_q.end(), q.begin() + (ptrdiff_t) (i * w), q.begin() + (ptrdiff_t) ((i + 1) * w));
+    }
+    const std::vector<float> want = reference(m, sub, sub_q);
+    double max_err = 0, scale = 0;
+    for (size_t j = 0; j < pick.size(); ++j) {
+        for (size_t k = 0; k < w; ++k) {
+            max_err = std::max(max_err, (double) std::fabs(got[pick[j] * w + k] - want[j * w + k]));
+            scale = std::max(scale, (double) std::fabs(want[j * w + k]));
+        }
+    }
+    size_t n_mma = 0, n_same = 0, n_rows = 0;
+    for (size_t i = 0; i < qs.size(); ++i) {
+        n_mma += mma[i];
+        if (!mma[i]) {
+            ++n_rows;
+            n_same += std::memcmp(&got[i * w], &rows[i * w], w * sizeof(float)) == 0;
+        }
+    }
+    const std::string shape = "prefill D=" + std::to_string(D) + " heads " + std::to_string(n_head) + "/" +
+                              std::to_string(n_head_kv) + " bs=" + std::to_string(block_size) + " ctx<=" +
+                              std::to_string(max_ctx);
+    std::printf("%-44s %zu tokens (%zu MMA), %zu checked: max |err| vs float64 = %.2e, %.2e of output scale %.3f\n",
+                shape.c_str(), qs.size(), n_mma, pick.size(), max_err, max_err / scale, scale);
+    expect(n_mma > 0 && n_mma < qs.size(), shape + ": the batch must mix MMA and rows-kernel tokens");
+    expect(max_err < 2e-3 * scale, shape + ": max error " + std::to_string(max_err) + " >= 2e-3 of the output scale");
+    expect(n_same == n_rows, shape + ": " + std::to_string(n_rows - n_same) + " rows-kernel tokens changed with the MMA path on");
+
+    // The largest chunk alone, and the whole batch with the upper half of the pool staged.
+    const size_t first = qs.size() - (size_t) chunks.back();
+    const std::vector<Query> last(qs.begin() + (ptrdiff_t) first, qs.end());
+    const std::vector<float> last_q(q.begin() + (ptrdiff_t) (first * w), q.end());
+    const std::vector<float> alone = run_mode(m, lay, last, last_q, true);
+    expect(!mma[first] || std::memcmp(alone.data(), &got[first * w], alone.size() * sizeof(float)) == 0,
+           shape + ": the largest chunk alone differs from its batched MMA output");
+    const std::vector<float> staged = run_mode(m, lay, qs, q, true, m.num_blocks / 2);
+    expect(std::memcmp(staged.data(), got.data(), got.size() * sizeof(float)) == 0,
+           shape + ": staged rows change the outputs");
+}
+
+
+// One prefill chunk of `chunk` tokens ending at context `ctx` (one sequence, shuffled blocks of 16): the rows
+// kernel and the MMA path, median us per layer and causal attention TFLOP/s (4 D FLOP per query head and key).
+void bench_prefill(int chunk, int ctx, int D, int n_head, int n_head_kv) {
+    std::mt19937 rng(11);
+    const int bs = 16;
+    const int num_blocks = (ctx + bs - 1) / bs;
+    const int row = n_head_kv * D;
+    std::vector<half> pool((size_t) num_blocks * bs * row);
+    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+    for (auto & x : pool) x = __float2half(u(rng));
+    std::vector<int32_t> table(num_blocks);
+    std::iota(table.begin(), table.end(), 0);
+    std::shuffle(table.begin(), table.end(), rng);
+    std::vector<int32_t> seq_idx(chunk, 0), ctxs(chunk);
+    double flop = 0;
+    for (int i = 0; i < chunk; ++i) {
+        ctxs[i] = ctx - chunk + 1 + i;
+        flop += 4.0 * D * n_head * ctxs[i];
+    }
+    std::vector<float> q((size_t) chunk * n_head * D);
+    for (auto & x : q) x = u(rng);
+    DeviceBuffer<float> d_q(q);
+    DeviceBuffer<half> d_k(pool), d_v(pool);
+    DeviceBuffer<int32_t> d_table(table), d_seq(seq_idx), d_ctx(ctxs);
+    DeviceBuffer<float> d_out((size_t) chunk * n_head * D);
+    const PagedAttentionCudaArgs a = make_args({D, n_head, n_head_kv, bs}, d_q.ptr, d_k.ptr, d_v.ptr,
+                                               (int64_t) num_blocks * bs, d_table.ptr, num_blocks, d_seq.ptr,
+                                               d_ctx.ptr, d_out.ptr, chunk);
+    cudaEvent_t e0, e1;
+    CHECK_CUDA(cudaEventCreate(&e0));
+    CHECK_CUDA(cudaEventCreate(&e1));
+    double us[2];
+    for (int mode = 0; mode < 2; ++mode) {
+        cf::cuda::paged_prefill_mma_set_enabled_for_testing(mode == 1);
+        DeviceBuffer<char> ws(cf::cuda::paged_attention_cuda_workspace_bytes(a));
+        const int iters = mode == 1 ? 10 : (ctx > 8192 ? 2 : 4);
+        cf::cuda::paged_attention_cuda(a, ws.ptr, nullptr);
+        std::vector<float> ms;
+        for (int r = 0; r < 3; ++r) {
+            CHECK_CUDA(cudaEventRecord(e0));
+            for (int i = 0; i < iters; ++i) cf::cuda::paged_attention_cuda(a, ws.ptr, nullptr);
+            CHECK_CUDA(cudaEventRecord(e1));
+            CHECK_CUDA(cudaEventSynchronize(e1));
+            float t = 0;
+            CHECK_CUDA(cudaEventElapsedTime(&t, e0, e1));
+            ms.push_back(t / iters);
+        }
+        std::sort(ms.begin(), ms.end());
+        us[mode] = ms[1] * 1000.0;
+    }
+    cf::cuda::paged_prefill_mma_set_enabled_for_testing(false);
+    const double tf_rows = flop / (us[0] * 1e6), tf_mma = flop / (us[1] * 1e6);
+    std::printf("bench prefill chunk=%d ctx=%-5d D=%d heads %d/%d: rows %9.1f us/layer (%5.1f TFLOP/s), "
+                "mma %8.1f us/layer (%5.1f TFLOP/s, %4.1f%% of 990), mma %5.1fx faster\n",
+                chunk, ctx, D, n_head, n_head_kv, us[0], tf_rows, us[1], tf_mma, 100.0 * tf_mma / 990.0,
+                us[0] / us[1]);
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+}
+
 double g_copy_gbs = 0.0;
 
 // Per-variant least share of the copy bandwidth at contexts >= 8K (issue 11's target: >= 70%).
@@ -410,6 +629,10 @@ void bench_shape(int batch, int ctx, int D) {
 
 int main(int argc, char ** argv) {
     const bool bench = argc > 1 && std::strcmp(argv[1], "--bench") == 0;
+    if (argc > 1 && std::strcmp(argv[1], "--bench-prefill") == 0) {  // the prefill lines alone (kernel variants)
+        for (int c : {2048, 8192, 32768}) bench_prefill(2048, c, 128, 32, 8);
+        return 0;
+    }
     const bool long_only = bench && argc > 2 && std::strcmp(argv[2], "long") == 0;  // `--bench long`: >= 8K only
     const std::vector<Variant> all = {kTwoPass, kPipelined, kPipelinedNarrow, kPipelinedNoPdl, pipelined_split(64)};
     test_shape(64, 9, 3, 16, 1, all);    // SmolLM2-135M
@@ -419,6 +642,12 @@ int main(int argc, char ** argv) {
     test_shape(64, 8, 8, 8, 5, all);
     test_shape(256, 16, 8, 12, 6, all);  // head size 256, a block size that is not a power of two
     test_shape(64, 24, 3, 5, 7, all);    // GQA 8
+    test_prefill_shape(64, 32, 8, 16, 4096, 700, 11);     // GQA 4, D 64
+    test_prefill_shape(128, 32, 8, 32, 6000, 2048, 12);   // GQA 4, D 128, blocks of 32
+    test_prefill_shape(128, 8, 8, 16, 3000, 300, 13);     // GQA 1
+    test_prefill_shape(64, 16, 2, 32, 5000, 1200, 14);    // GQA 8
+    test_prefill_shape(128, 24, 8, 16, 2500, 500, 15);    // GQA 3: 21 tokens per query tile
+    test_prefill_shape(128, 8, 1, 16, 32768, 2048, 16);   // GQA 8, a 2048-token chunk at 32K
     if (bench) {
         g_copy_gbs = copy_bandwidth_gbs();
         std::printf("bench device-to-device copy: %.1f GB/s (read + write)\n", g_copy_gbs);
@@ -435,6 +664,7 @@ int main(int argc, char ** argv) {
         std::printf("issue 11 (contexts >= 8K, target >= 70%% of copy), least share per kernel:");
         for (const auto & e : g_long_min) std::printf(" %s %.0f%%;", e.label.c_str(), e.pct);
         std::printf("\n");
+        for (int c : {2048, 8192, 32768}) bench_prefill(2048, c, 128, 32, 8);  // Llama-3.1-8B prefill
     }
     if (g_failures) {
         std::printf("%d check(s) failed\n", g_failures);

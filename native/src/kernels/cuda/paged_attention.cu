@@ -1,6 +1,7 @@
 // paged_attention.cu - CUDA paged attention; the contract and the work split are in paged_attention.cuh.
 #include "paged_attention.cuh"
 #include "paged_attention_pipelined.cuh"
+#include "paged_prefill_mma.cuh"
 
 #include <climits>
 #include <cstdio>
@@ -590,7 +591,7 @@ const char * paged_attention_cuda_unsupported(const PagedAttentionCudaArgs & a) 
     return nullptr;
 }
 
-size_t paged_attention_cuda_workspace_bytes(const PagedAttentionCudaArgs & a) {
+static size_t rows_workspace_bytes(const PagedAttentionCudaArgs & a) {
     const int n_splits = plan_for(a).n_splits;
     if (n_splits <= 1) {
         return 0;
@@ -598,7 +599,12 @@ size_t paged_attention_cuda_workspace_bytes(const PagedAttentionCudaArgs & a) {
     return (size_t) a.n_tokens * a.n_head * n_splits * ((size_t) a.head_dim + 2) * sizeof(float);
 }
 
-const char * paged_attention_cuda(const PagedAttentionCudaArgs & a, void * workspace, cudaStream_t stream) {
+// Where the prefill path's workspace starts: after the rows kernel's, 256-byte aligned.
+static size_t rows_workspace_end(const PagedAttentionCudaArgs & a) {
+    return (rows_workspace_bytes(a) + 255) & ~(size_t) 255;
+}
+
+static const char * paged_attention_rows_cuda(const PagedAttentionCudaArgs & a, void * workspace, cudaStream_t stream) {
     static thread_local char message[256];
     if (const char * why = paged_attention_cuda_unsupported(a)) {
         std::snprintf(message, sizeof(message), CF_CUDA_WHERE "paged attention: %s (head size %d, %d/%d heads)", why,
@@ -627,6 +633,27 @@ const char * paged_attention_cuda(const PagedAttentionCudaArgs & a, void * works
         return message;
     }
     return nullptr;
+}
+
+// Opt-in tensor-core prefill (paged_prefill_mma.cuh): its workspace follows the rows kernel's; the rows
+// kernel runs first with the MMA runs' contexts cut to one key, then the MMA kernel overwrites those rows.
+size_t paged_attention_cuda_workspace_bytes(const PagedAttentionCudaArgs & a) {
+    return rows_workspace_end(a) + paged_prefill_mma_workspace_bytes(a);
+}
+
+const char * paged_attention_cuda(const PagedAttentionCudaArgs & a, void * workspace, cudaStream_t stream) {
+    if (paged_attention_cuda_unsupported(a) != nullptr || !paged_prefill_mma_applies(a)) {
+        return paged_attention_rows_cuda(a, workspace, stream);
+    }
+    void * prefill_ws = workspace == nullptr ? nullptr : static_cast<char *>(workspace) + rows_workspace_end(a);
+    PagedAttentionCudaArgs rows = a;
+    if (const char * err = paged_prefill_mma_prepare(a, prefill_ws, stream, &rows.token_ctx_len)) {
+        return err;
+    }
+    if (const char * err = paged_attention_rows_cuda(rows, workspace, stream)) {
+        return err;
+    }
+    return paged_prefill_mma_launch(a, prefill_ws, stream);
 }
 
 }  // namespace cuda

@@ -29,6 +29,14 @@
 // the blocks sit. A row's output is therefore bit-identical in any batch (the test proves it).
 //
 // Arithmetic: f16 K/V converted to f32, scores, softmax and accumulation in f32.
+//
+// Prefill on tensor cores (opt-in, paged_prefill_mma.cuh): with CACHEFLOW_PAGED_PREFILL=mma in the
+// environment (read once, at the first call), runs of >= 64 consecutive tokens of one sequence whose
+// contexts grow by one (prefill chunks) are computed by a FlashAttention-2-style mma.sync kernel instead;
+// every other token still runs the kernel above, bit for bit. That path rounds Q and P to f16 (outputs
+// within ~2e-4 of the output scale of float64 on the H200 test, vs ~1e-7 here) and a token's kernel then
+// depends on the length of its chunk, so the batch invariance above holds only with the path off
+// (default). The workspace size and the CUDA-graph rule below include it.
 #pragma once
 
 #include <cuda_fp16.h>
