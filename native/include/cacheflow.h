@@ -634,7 +634,9 @@ typedef struct cf_output_event {
                                      num_prompt_tokens]; 0 on other events                   */
     int32_t error_len;            /* final event of a request that ended with
                                      CF_FINISH_REASON_ERROR because of itself (its grammar
-                                     left no token to sample): bytes of the UTF-8 reason,
+                                     left no token to sample, or with KV streaming on it
+                                     needed more KV blocks than the device pool and
+                                     kv_stream_blocks give it): bytes of the UTF-8 reason,
                                      which follow this event's text in the text buffer
                                      (cf_engine_drain_outputs; not returned by
                                      cf_engine_drain); 0 otherwise (an engine failure that

@@ -5,6 +5,7 @@
 #include "seq_builders.h"
 
 #include <cassert>
+#include <climits>
 #include <cstdio>
 #include <functional>
 #include <memory>
@@ -318,6 +319,65 @@ void test_paged_streaming() {
     assert(kv->num_host_blocks_used() == 0);
 }
 
+KvStreamPolicy stream_policy(int32_t max_staged) {
+    KvStreamPolicy policy;
+    policy.enabled = true;
+    policy.max_staged = max_staged;
+    policy.sink_blocks = 1;
+    policy.window_blocks = 2;
+    return policy;
+}
+
+// A RUNNING sequence of prompt_len tokens, admitted by kv, with all of them allocated and computed
+// (committed to the prefix cache where kv has one).
+Sequence & add_computed(KvCacheManager & kv, std::vector<std::unique_ptr<Sequence>> & running, int64_t id,
+                        int32_t prompt_len) {
+    running.push_back(make_seq(id, prompt_len, 8));
+    Sequence & seq = *running.back();
+    seq.status = SequenceStatus::RUNNING;
+    seq.holds_kv = true;
+    seq.num_computed_tokens = kv.admit(seq);
+    assert(kv.allocate(seq, prompt_len - seq.num_computed_tokens));
+    seq.num_computed_tokens = prompt_len;
+    kv.commit(seq);
+    return seq;
+}
+
+// The chunk cap, the fork rule and the out-of-blocks reason of a streaming manager; none without streaming.
+void test_streaming_limits() {
+    std::unique_ptr<KvCacheManager> off = make_paged_kv(10, 4, false, 4, 64);
+    std::unique_ptr<KvCacheManager> kv = make_paged_kv(10, 4, false, 4, 64, stream_policy(3));
+    std::unique_ptr<Sequence> fresh = make_seq(1, 100, 8);
+    assert(off->max_chunk_tokens(*fresh) == INT32_MAX && kv->max_chunk_tokens(*fresh) == (10 - 1 - 2) * 4);
+    std::unique_ptr<Sequence> fits = make_seq(2, 36, 8);  // 9 blocks + a copy-on-write block = the pool
+    std::unique_ptr<Sequence> long_prompt = make_seq(3, 37, 8);
+    assert(kv->fork_fits(*fits) && !kv->fork_fits(*long_prompt) && off->fork_fits(*long_prompt));
+    std::vector<std::unique_ptr<Sequence>> running;
+    Sequence & parent = add_computed(*kv, running, 4, 6);  // 2 blocks, 2 rows left
+    assert(kv->max_chunk_tokens(parent) == 2 + 7 * 4);
+    running.push_back(make_seq(5, 6, 8));
+    Sequence & child = *running.back();
+    child.status = SequenceStatus::RUNNING;
+    child.holds_kv = true;
+    kv->fork(parent, child);
+    child.num_computed_tokens = 6;
+    assert(kv->max_chunk_tokens(child) == 2 + 6 * 4);  // its shared last block is copied first: 7 new blocks
+    assert(kv->num_blocks_to_allocate(child, kv->max_chunk_tokens(child)) == 7);
+    kv->free(child);
+    running.pop_back();
+    assert(off->out_of_blocks_reason(*fresh, 4).empty());
+    assert(kv->allocate(parent, 26));  // 8 blocks
+    parent.num_computed_tokens = 32;
+    std::vector<BlockSwap> out;
+    assert(kv->demote(parent, 4, running, &out) == 3);  // R = 3
+    const std::string why = kv->out_of_blocks_reason(parent, 12);
+    assert(why.find("request 4 holds 8 blocks (5 of the device pool's 10, 3 host-resident)") != std::string::npos);
+    assert(why.find("kv_stream_blocks=3 host-resident blocks already") != std::string::npos);
+    kv->free(parent);
+    running.clear();
+    check_all(*kv, running);
+}
+
 }  // namespace
 
 int main() {
@@ -329,6 +389,7 @@ int main() {
     test_paged_specifics();
     test_paged_swap();
     test_paged_streaming();
+    test_streaming_limits();
     std::printf("test_kv_manager: ok\n");
     return 0;
 }

@@ -101,8 +101,9 @@ struct StepPlan {
     std::vector<Sequence *> deferred;
     std::vector<Preempted> preempted;
     // Sequences that hold the whole KV pool alone and still need a row (only the paged manager runs
-    // out). They are not in `seqs`, their KV is already free, and the engine finishes them
-    // (CF_FINISH_REASON_LENGTH).
+    // out). They are not in `seqs`, their KV is already free, and the engine finishes them:
+    // CF_FINISH_REASON_LENGTH, or CF_FINISH_REASON_ERROR with Sequence::error_message when the KV
+    // manager gave a reason (KV streaming's limits, KvCacheManager::out_of_blocks_reason).
     std::vector<Sequence *> out_of_blocks;
 
     // Empty every list, keeping capacity.

@@ -299,8 +299,9 @@ void Engine::handle_block_shortage(const StepPlan & out) {
                           seq->num_tokens());
     }
     totals_.num_preemptions = scheduler_.num_preemptions();
-    for (Sequence * seq : out.out_of_blocks) {
-        finish(seq, CF_FINISH_REASON_LENGTH, CF_TOKEN_NONE, step_start_ns_);
+    for (Sequence * seq : out.out_of_blocks) {  // its context is full, or KV streaming's limits (the reason)
+        finish(seq, seq->error_message.empty() ? CF_FINISH_REASON_LENGTH : CF_FINISH_REASON_ERROR, CF_TOKEN_NONE,
+               step_start_ns_);
     }
 }
 

@@ -34,6 +34,7 @@
 #include "core/sequence.h"
 #include "core/step_plan.h"
 
+#include <climits>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -209,6 +210,31 @@ class KvCacheManager {
         return 0;
     }
     virtual KvStreamStats kv_stream_stats() const { return {}; }
+    // Tokens allocate(seq, n) can ever get in one step, however much the others free: with streaming, the
+    // new blocks of a chunk and the blocks of seq that stay on the device (sink_blocks + window_blocks) must
+    // fit the device pool together, so a chunk is capped at (num_blocks_total - sink - window, at least 1)
+    // new blocks plus the free rows of seq's last block. >= 1; INT32_MAX when the manager does not stream
+    // (the pool alone bounds a sequence there, and n_ctx_per_seq bounds it). Does not mutate.
+    virtual int32_t max_chunk_tokens(const Sequence & seq) const {
+        (void) seq;
+        return INT32_MAX;
+    }
+    // True if `parent` (waiting, fork_pending) can compute its prompt for its choices to fork: a sequence
+    // whose choices wait never streams (its blocks are about to be shared), so with streaming its prompt
+    // and a copy-on-write block must fit the device pool. Always true without streaming. Does not mutate.
+    virtual bool fork_fits(const Sequence & parent) const {
+        (void) parent;
+        return true;
+    }
+    // Why allocate(seq, num_new_tokens) failed for a sequence running alone (the scheduler ends it), for
+    // its error: with streaming, the blocks it holds on the device and the host against the limits; ""
+    // when the manager does not stream (then only a full context ends a sequence, finish reason length).
+    // Call before free(seq). Does not mutate.
+    virtual std::string out_of_blocks_reason(const Sequence & seq, int32_t num_new_tokens) const {
+        (void) seq;
+        (void) num_new_tokens;
+        return "";
+    }
     // Free blocks now (paged), for admission decisions outside can_admit (a fork needs at most
     // one: its copy-on-write block). The stock modes report 0.
     int32_t num_blocks_free() const { return num_blocks_total() - num_blocks_used(); }
