@@ -4,6 +4,7 @@
 #include "kv/kv_cache_manager.h"
 #include "seq_builders.h"
 
+#include <algorithm>
 #include <cassert>
 #include <climits>
 #include <cstdio>
@@ -343,6 +344,11 @@ Sequence & add_computed(KvCacheManager & kv, std::vector<std::unique_ptr<Sequenc
     return seq;
 }
 
+int32_t num_host_entries(const BlockManager & blocks, int64_t id) {
+    const BlockTable & table = *blocks.find(id);
+    return (int32_t) std::count_if(table.block_ids.begin(), table.block_ids.end(), is_host_entry);
+}
+
 // The chunk cap, the fork rule and the out-of-blocks reason of a streaming manager; none without streaming.
 void test_streaming_limits() {
     std::unique_ptr<KvCacheManager> off = make_paged_kv(10, 4, false, 4, 64);
@@ -378,6 +384,63 @@ void test_streaming_limits() {
     check_all(*kv, running);
 }
 
+// Swap-out of a streamed sequence: its host entries keep their slots (only device blocks are copied out),
+// swap-in brings every block back into fresh device blocks (in table order), and every slot is free once
+// the swap-in's step is built. A table longer than the device pool is not swapped (it could not come back).
+void test_streaming_swap() {
+    std::unique_ptr<KvCacheManager> kv = make_paged_kv(10, 4, false, 6, 64, stream_policy(3));
+    const BlockManager & blocks = *kv->block_manager();
+    std::vector<std::unique_ptr<Sequence>> running;
+    Sequence & seq = add_computed(*kv, running, 1, 24);  // 6 blocks
+    std::vector<BlockSwap> demoted;
+    assert(kv->demote(seq, 2, running, &demoted) == 2);  // entries 1, 2 to slots h1, h2
+    const std::vector<int32_t> device = blocks.find(1)->block_ids;
+    kv->end_step();
+    kv->begin_step();
+    assert(kv->can_swap_out(seq) && kv->swap_bytes(seq) == 4 * 64);
+    std::vector<BlockSwap> out;
+    kv->swap_out(seq, &out);
+    assert(out.size() == 4 && out[0].src_block_id == device[0] && out[1].src_block_id == device[3]);
+    assert(kv->num_host_blocks_used() == 6 && kv->kv_stream_stats().num_host_resident == 0);
+    kv->end_step();
+    kv->begin_step();
+    seq.status = SequenceStatus::SWAPPED;
+    seq.holds_kv = false;
+    std::unique_ptr<Sequence> swapped = std::move(running[0]);
+    running.clear();
+    assert(kv->check_swapped({ swapped.get() }).empty() && kv->num_blocks_used() == 0);
+    assert(kv->can_swap_in(*swapped, 0, 1000));  // streaming: its blocks and one more token's must fit
+    std::vector<BlockSwap> in;
+    kv->swap_in(*swapped, &in);
+    const std::vector<int32_t> slots = { out[0].dst_block_id, host_slot_of(device[1]), host_slot_of(device[2]),
+                                         out[1].dst_block_id, out[2].dst_block_id, out[3].dst_block_id };
+    assert(in.size() == 6);
+    for (size_t i = 0; i < in.size(); ++i) {
+        assert(in[i].src_block_id == slots[i] && in[i].dst_block_id == blocks.find(1)->block_ids[i]);
+    }
+    kv->end_step();
+    assert(kv->num_host_blocks_used() == 0 && num_host_entries(blocks, 1) == 0);
+    swapped->status = SequenceStatus::RUNNING;
+    swapped->holds_kv = true;
+    running.push_back(std::move(swapped));
+    check_all(*kv, running);
+    kv->free(*running[0]);
+    running.clear();
+
+    std::unique_ptr<KvCacheManager> small = make_paged_kv(5, 4, false, 8, 64, stream_policy(4));
+    Sequence & big = add_computed(*small, running, 2, 16);  // the whole 5-block pool but one
+    assert(small->demote(big, 1, running, &demoted) == 1);
+    small->end_step();
+    small->begin_step();
+    assert(small->allocate(big, 8));  // 6 blocks, 1 of them host-resident
+    big.num_computed_tokens = 24;
+    assert(!small->can_swap_out(big));
+    small->free(big);
+    running.clear();
+    small->end_step();
+    check_all(*small, running);
+}
+
 }  // namespace
 
 int main() {
@@ -390,6 +453,7 @@ int main() {
     test_paged_swap();
     test_paged_streaming();
     test_streaming_limits();
+    test_streaming_swap();
     std::printf("test_kv_manager: ok\n");
     return 0;
 }

@@ -1,7 +1,9 @@
 // test_scheduler_stream.cpp - KV streaming (issue 16) in cf::Scheduler over the paged KV manager, without a
 // model: a prompt longer than the device pool runs alone in capped chunks (never out of blocks, every token
-// computed once), a sequence that really runs out ends with the manager's reason, and a prompt that must
-// stream gives up the fork of its choices (they compute it themselves). Invariants every step.
+// computed once), a sequence that really runs out ends with the manager's reason, swap preemption of
+// sequences holding host-resident blocks resumes them exactly and returns every host slot, and a prompt that
+// must stream gives up the fork of its choices (they compute it themselves), and a sequence left alone gives
+// way to swapped ones that hold the host slots it would stream into. Invariants every step.
 #undef NDEBUG  // the checks must run in Release builds too
 #include "core/scheduler.h"
 #include "seq_builders.h"
@@ -46,15 +48,32 @@ struct StepLog {
     std::vector<int64_t> finished;
     std::vector<Sequence *> out_of_blocks;  // with their error_message, before finish()
     std::map<int64_t, std::string> errors;
+    int32_t num_swapped_with_host_entries = 0;  // swap-outs of sequences that held host-resident blocks
 };
+
+int32_t num_host_entries(const Scheduler & sched, int64_t request_id) {
+    const BlockTable * table = sched.kv().block_manager()->find(request_id);
+    int32_t n = 0;
+    for (int32_t entry : table == nullptr ? std::vector<int32_t>() : table->block_ids) {
+        n += is_host_entry(entry) ? 1 : 0;
+    }
+    return n;
+}
 
 // One engine-like step (test_scheduler_swap.cpp's run_step): sequences out of blocks end with their reason,
 // the plan is computed, kToken sampled where asked, sequences finish at max_tokens or n_ctx_per_seq.
 const StepPlan & run_step(Scheduler & sched, StepLog & log) {
+    std::map<int64_t, int32_t> host_before;
+    for (const auto & seq : sched.running()) {
+        host_before[seq->request_id] = num_host_entries(sched, seq->request_id);
+    }
     const StepPlan & out = sched.schedule();
     for (Sequence * seq : out.out_of_blocks) {
         log.errors[seq->request_id] = seq->error_message;
         log.finished.push_back(sched.finish(seq, CF_FINISH_REASON_ERROR)->request_id);
+    }
+    for (const StepPlan::Preempted & p : out.preempted) {
+        log.num_swapped_with_host_entries += p.swapped && host_before[p.seq->request_id] > 0 ? 1 : 0;
     }
     for (const ScheduledSeq & s : out.seqs) {
         log.num_computed[s.seq->request_id] += s.num_new_tokens;
@@ -113,6 +132,42 @@ void test_really_out_of_blocks_says_why() {
     assert(sched.kv().num_blocks_used() == 0 && sched.kv().num_host_blocks_used() == 0);
 }
 
+// Four sequences of 8 blocks each in an 8-block pool with R = 3: streaming takes the newest sequence's middle
+// blocks first, and once R is reached the newest is swapped out, host-resident blocks and all. Swapped
+// sequences resume where they stopped: every token is computed once, and every host slot comes back.
+void test_swap_out_of_streamed_sequences() {
+    for (const bool prefix_caching : { false, true }) {
+        Scheduler sched(stream_config(64, 32, CF_PREEMPTION_MODE_SWAP), streaming_kv(8, 3, 64, prefix_caching));
+        StepLog log;
+        for (int64_t id = 1; id <= 4; ++id) {
+            sched.add(make_seq(id, 10 + (int32_t) id, 20));
+        }
+        run_all(sched, log);
+        assert(log.errors.empty() && log.finished.size() == 4);
+        assert(log.num_swapped_with_host_entries >= 1 && sched.preemption_stats().num_recompute == 0);
+        for (int64_t id = 1; id <= 4; ++id) {
+            const int32_t once = 10 + (int32_t) id + 19;
+            assert(prefix_caching ? log.num_computed[id] <= once : log.num_computed[id] == once);
+        }
+        assert(sched.kv().num_blocks_used() == 0 && sched.kv().num_host_blocks_used() == 0);
+    }
+}
+
+// Swapped sequences hold host slots that the sequence left running would stream into: it gives way
+// (recompute: the host is full) instead of ending out of blocks, the swapped one comes back and finishes,
+// then it does. 8 blocks, R = 4, 8 host slots; two sequences growing to the 48 tokens of n_ctx_per_seq.
+void test_lone_sequence_gives_way_to_swapped() {
+    Scheduler sched(stream_config(48, 32, CF_PREEMPTION_MODE_SWAP), streaming_kv(8, 4, 8));
+    StepLog log;
+    for (int64_t id = 1; id <= 2; ++id) {
+        sched.add(make_seq(id, 4, 43));
+    }
+    run_all(sched, log);
+    assert(log.errors.empty() && log.finished.size() == 2);
+    assert(sched.preemption_stats().num_swap >= 1 && sched.preemption_stats().num_recompute >= 1);
+    assert(sched.kv().num_blocks_used() == 0 && sched.kv().num_host_blocks_used() == 0);
+}
+
 // A parent whose 40-token prompt (10 blocks) exceeds the 8-block pool would have to stream, and a sequence
 // whose choices wait to fork never streams: the fork is given up, and parent and choice each compute the
 // prompt (streaming it) and finish.
@@ -136,7 +191,9 @@ void test_fork_given_up_for_a_streamed_prompt() {
 int main() {
     test_long_prompt_alone_in_capped_chunks();
     test_really_out_of_blocks_says_why();
+    test_swap_out_of_streamed_sequences();
     test_fork_given_up_for_a_streamed_prompt();
+    test_lone_sequence_gives_way_to_swapped();
     std::printf("test_scheduler_stream: ok\n");
     return 0;
 }

@@ -288,8 +288,11 @@ bool Scheduler::allocate_or_preempt(Sequence * seq, int32_t num_new_tokens) {
         }
         preempt(victim);
     }
-    if (num_running() > 1) {
-        preempt(seq);  // the others are scheduled already; seq resumes once they free blocks
+    // The others are scheduled already: seq resumes once they free blocks. With streaming, a sequence
+    // alone also gives way to swapped ones: they may hold the host slots it would stream into, and they
+    // come back (swap_in_swapped) once it is out.
+    if (num_running() > 1 || (kv_->streams() && !swapped_.empty())) {
+        preempt(seq);
         return false;
     }
     // alone and the pool is not enough: it ends, and gives its blocks back now; with streaming the

@@ -25,8 +25,9 @@
 // and output again and goes on where it stopped. If no other sequence can give way, the sequence
 // that needs the block is preempted itself; alone in the pool it cannot grow at all and ends
 // (out_of_blocks, with the KV manager's reason when it streams). With KV streaming, middle blocks move
-// to the host (KvCacheManager::demote) before anyone is preempted. No admission happens in a step that
-// preempted.
+// to the host (KvCacheManager::demote) before anyone is preempted, and a sequence alone gives way
+// (preempts itself) while swapped sequences wait, since they may hold the host slots it would stream
+// into. No admission happens in a step that preempted.
 //
 // Preemption by swap (vLLM's SWAP mode, same section): the victim's blocks are copied to host
 // slots (StepPlan::blocks_to_swap_out) and it waits, SWAPPED, in its own queue (policy order).

@@ -137,7 +137,9 @@ class KvCacheManager {
     // (its copies in step t's plan) joins the batch at step t + 1 (the scheduler's SWAPPING_IN).
 
     // True if swap_out(seq) can take host slots for every block of `seq` (admitted, with a table).
-    // Does not mutate.
+    // With KV streaming its host-resident blocks keep their slots (only device blocks take new ones),
+    // and a table that could not come back to the device pool whole (its blocks and one more token's)
+    // is not swapped. Does not mutate.
     virtual bool can_swap_out(const Sequence & seq) const {
         (void) seq;
         return false;
@@ -155,7 +157,8 @@ class KvCacheManager {
         (void) out;
     }
     // True if a swapped `seq` fits back next to `num_running` running sequences: its blocks, the
-    // blocks of its next num_new_tokens tokens, and the admission watermark are free.
+    // blocks of its next num_new_tokens tokens (with KV streaming, of its next token only: the rest of
+    // its chunk gets blocks by streaming once it runs), and the admission watermark are free.
     // with_deferred as for can_admit.
     virtual bool can_swap_in(const Sequence & seq, int32_t num_running, int32_t num_new_tokens,
                              bool with_deferred = false) const {

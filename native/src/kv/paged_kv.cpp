@@ -100,9 +100,15 @@ int32_t num_device_entries(const BlockTable & table) {
 
 }  // namespace
 
+// With streaming a table may be longer than the device pool, but swap_in() brings every block back to the
+// device: such a sequence could never come back, so it is not swapped (recompute streams it again).
 bool PagedKv::can_swap_out(const Sequence & seq) const {
     const BlockTable * table = blocks_.find(seq.request_id);
-    return table != nullptr && table->num_tokens > 0 && num_device_entries(*table) <= host_.num_free();
+    if (table == nullptr || table->num_tokens == 0 || num_device_entries(*table) > host_.num_free()) {
+        return false;
+    }
+    const int32_t bs = blocks_.block_size();
+    return !stream_.enabled || ((int64_t) table->num_tokens + bs) / bs <= num_blocks_total();  // its blocks + 1 token
 }
 
 int64_t PagedKv::swap_bytes(const Sequence & seq) const {
@@ -137,6 +143,9 @@ bool PagedKv::can_swap_in(const Sequence & seq, int32_t num_running, int32_t num
                           bool with_deferred) const {
     auto it = swapped_.find(seq.request_id);
     assert(it != swapped_.end() && num_new_tokens >= 0);
+    if (stream_.enabled) {
+        num_new_tokens = std::min(num_new_tokens, 1);  // the rest of its chunk gets blocks by streaming, later
+    }
     const int32_t bs = blocks_.block_size();
     const int64_t total = (int64_t) it->second.num_tokens + num_new_tokens;
     const int64_t needed = (total + bs - 1) / bs;  // its blocks and those of the next tokens

@@ -31,7 +31,10 @@
 //   step u+1: entry reads b'
 //
 // Preemption of a streamed sequence: recompute frees its host slots with its blocks; swap-out keeps its
-// host entries' slots as they are (already on the host) and copies only its device blocks.
+// host entries' slots as they are (already on the host) and copies only its device blocks. Swap-in brings
+// every block back into device blocks, so a table that could not come back whole (its blocks plus one
+// token's > the pool) is not swapped out (can_swap_out), and can_swap_in counts one token of the next
+// chunk only (the rest gets blocks by streaming once it runs).
 //
 // Limits (what the scheduler asks before it plans): max_chunk_tokens caps a chunk so that its new blocks
 // plus sink_blocks + window_blocks fit the pool (else a lone long prompt could never be allocated);
