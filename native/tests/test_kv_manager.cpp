@@ -349,6 +349,62 @@ int32_t num_host_entries(const BlockManager & blocks, int64_t id) {
     return (int32_t) std::count_if(table.block_ids.begin(), table.block_ids.end(), is_host_entry);
 }
 
+// Shared blocks never move to the host: a forked table's (ref 2) nor a prefix-cache hit's, nor any of a
+// sequence whose choices wait to fork; once the sharing ends the same blocks may move.
+void test_streaming_never_demotes_shared() {
+    {
+        std::unique_ptr<KvCacheManager> kv = make_paged_kv(12, 4, false, 8, 64, stream_policy(8));
+        const BlockManager & blocks = *kv->block_manager();
+        std::vector<std::unique_ptr<Sequence>> running;
+        Sequence & parent = add_computed(*kv, running, 1, 32);  // 8 full blocks
+        running.push_back(make_seq(2, 32, 8));
+        Sequence & child = *running.back();
+        child.status = SequenceStatus::RUNNING;
+        child.holds_kv = true;
+        kv->fork(parent, child);
+        child.num_computed_tokens = 32;
+        assert(kv->allocate(child, 1));  // its own 9th block; its first 8 stay shared
+        child.num_computed_tokens = 33;
+        std::vector<BlockSwap> out;
+        assert(kv->demote(child, 8, running, &out) == 0 && out.empty());
+        for (int32_t i = 0; i < 8; ++i) {
+            assert(blocks.pool().ref_count(blocks.find(1)->block_ids[(size_t) i]) == 2);
+        }
+        check_all(*kv, running);
+        kv->free(child);
+        running.pop_back();
+        parent.fork_pending = true;  // choices about to fork: nothing of it moves either
+        assert(kv->demote(parent, 8, running, &out) == 0);
+        parent.fork_pending = false;
+        assert(kv->demote(parent, 8, running, &out) == 5 && num_host_entries(blocks, 1) == 5);  // blocks 1..5
+        kv->free(parent);
+        running.clear();
+        check_all(*kv, running);
+        assert(kv->num_host_blocks_used() == 0);  // freed outside a step: the slots are back at once
+    }
+    {
+        std::unique_ptr<KvCacheManager> kv = make_paged_kv(12, 4, true, 8, 64, stream_policy(8));
+        const BlockManager & blocks = *kv->block_manager();
+        std::vector<std::unique_ptr<Sequence>> running;
+        Sequence & a = add_computed(*kv, running, 1, 32);
+        Sequence & b = add_computed(*kv, running, 2, 32);  // a prefix hit: a's first 7 blocks
+        for (int32_t i = 0; i < 7; ++i) {
+            const int32_t id = blocks.find(1)->block_ids[(size_t) i];
+            assert(blocks.find(2)->block_ids[(size_t) i] == id && blocks.pool().ref_count(id) == 2);
+        }
+        std::vector<BlockSwap> out;
+        assert(kv->demote(b, 8, running, &out) == 0 && kv->demote(a, 8, running, &out) == 0);
+        assert(blocks.num_host_entries() == 0);
+        check_all(*kv, running);
+        kv->free(b);
+        running.pop_back();
+        assert(kv->demote(a, 8, running, &out) == 5);  // private again: its middle blocks 1..5 move
+        kv->free(a);
+        running.clear();
+        check_all(*kv, running);
+    }
+}
+
 // The chunk cap, the fork rule and the out-of-blocks reason of a streaming manager; none without streaming.
 void test_streaming_limits() {
     std::unique_ptr<KvCacheManager> off = make_paged_kv(10, 4, false, 4, 64);
@@ -452,6 +508,7 @@ int main() {
     test_paged_specifics();
     test_paged_swap();
     test_paged_streaming();
+    test_streaming_never_demotes_shared();
     test_streaming_limits();
     test_streaming_swap();
     std::printf("test_kv_manager: ok\n");
