@@ -208,8 +208,11 @@ typedef struct cf_engine_config {
                                         mode and no rpc_servers (CF_STATUS_INVALID_ARGUMENT).  */
     int32_t kv_stream_blocks;        /* R: host-resident blocks of the running sequences together,
                                         at most, = the staging rows (blocks per layer slot); in
-                                        [1, 65536], default 64; needs R host slots of swap space.
-                                        On the CPU the pool grows by R blocks of staging rows. */
+                                        [1, 65536], default 64; needs R host slots of swap space
+                                        (one KV block each; else CF_STATUS_INVALID_ARGUMENT
+                                        before the KV cache is allocated). Read only with
+                                        streaming on. On the CPU the pool grows by R blocks of
+                                        staging rows.                                          */
     int32_t kv_stream_depth;         /* CUDA: layers whose staging may be in flight at once, >= 1,
                                         default 2 (capped at the layer count); the CPU stages
                                         each layer just before its attention                   */
