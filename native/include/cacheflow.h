@@ -770,9 +770,13 @@ typedef enum cf_profile_event_kind {
     CF_PROFILE_EVENT_REQUEST_SWAP_OUT = 8,         /* preempted by swap: KV blocks to host memory */
     CF_PROFILE_EVENT_REQUEST_SWAP_IN = 9,          /* swapped in: KV blocks copied back           */
     CF_PROFILE_EVENT_REQUEST_PREFIX_HIT = 10,      /* prompt tokens found in the prefix cache    */
-    CF_PROFILE_EVENT_REQUEST_PRIORITY_PREEMPT = 11 /* the reason of the PREEMPT or SWAP_OUT event
+    CF_PROFILE_EVENT_REQUEST_PRIORITY_PREEMPT = 11, /* the reason of the PREEMPT or SWAP_OUT event
                                                       just before it: room for a more urgent
                                                       request (priority policy), not blocks    */
+    CF_PROFILE_EVENT_REQUEST_KV_DEMOTE = 12,       /* KV streaming: blocks of it moved to host
+                                                      slots (it keeps running)                 */
+    CF_PROFILE_EVENT_REQUEST_KV_PROMOTE = 13       /* KV streaming: host-resident blocks of it
+                                                      moved back into device blocks            */
 } cf_profile_event_kind;
 
 /* One profiler event. Fields a kind does not list are 0.
@@ -792,6 +796,10 @@ typedef enum cf_profile_event_kind {
  *                             (bytes copied).
  *   REQUEST_PRIORITY_PREEMPT: request_id (the victim), num_tokens = its tokens; recorded right
  *                             after its PREEMPT or SWAP_OUT event (same step and time).
+ *   REQUEST_KV_DEMOTE / KV_PROMOTE: request_id, num_tokens = KV rows moved (blocks x block_size),
+ *                             num_bytes = bytes copied (every layer's K and V rows); one event per
+ *                             request, step and direction, at the step's start (the copies run
+ *                             with that step).
  * step_id = cf_engine_stats.num_steps when the event was recorded: the 1-based number of the
  * step it belongs to, or of the previous step for events recorded while a step reads its inbox
  * (arrivals, aborts), before it begins. */

@@ -105,6 +105,15 @@ struct StepPlan {
     // CF_FINISH_REASON_LENGTH, or CF_FINISH_REASON_ERROR with Sequence::error_message when the KV
     // manager gave a reason (KV streaming's limits, KvCacheManager::out_of_blocks_reason).
     std::vector<Sequence *> out_of_blocks;
+    // KV streaming's moves in this plan, one per block (KvCacheManager::fill_plan): demotions, whose
+    // copies are in blocks_to_swap_out, then promotions, whose copies are in blocks_to_swap_in (both
+    // lists also carry swap preemption's copies). For stats and the profiler; the executor needs
+    // nothing from it.
+    struct StreamedBlock {
+        int64_t request_id;
+        bool to_host;  // true: demoted (device -> host), false: promoted (host -> device)
+    };
+    std::vector<StreamedBlock> streamed_blocks;
 
     // Empty every list, keeping capacity.
     void clear();

@@ -96,7 +96,8 @@ class KvCacheManager {
 
     // Write the KV part of the step plan for plan->seqs, which are final and in batch order (every
     // one allocated this step): slot_mapping, block_tables, max_blocks and context_lens, and move
-    // the block copies (copy-on-write) that allocate() recorded into blocks_to_copy, oldest first.
+    // the block copies (copy-on-write) that allocate() recorded into blocks_to_copy, oldest first;
+    // with KV streaming also promote (blocks_to_swap_in) and list the step's moves in streamed_blocks.
     // The stock implementations write nothing (llama.cpp places the rows itself).
     virtual void fill_plan(StepPlan * plan) = 0;
 

@@ -281,6 +281,12 @@ void PagedKv::fill_plan(StepPlan * plan) {
         }
     }
     blocks_.take_copies(&plan->blocks_to_copy);
+    for (const Moved & m : demoted_) {
+        plan->streamed_blocks.push_back({ m.seq_id, true });
+    }
+    for (const Moved & m : promoted_) {
+        plan->streamed_blocks.push_back({ m.seq_id, false });
+    }
 }
 
 int32_t PagedKv::read_entry(int64_t seq_id, int32_t i, int32_t entry) const {
