@@ -94,6 +94,11 @@ Engine::Engine(const EngineConfig & config)
         }
         session_->start_kv_stream(swapper_.host_base());  // before the first decode (CUDA: reserve, warm-up)
     }
+    // stats before the first step: whether streaming resolved to on, and the CPU's -1s (cacheflow.h)
+    const LlamaSession::KvStreamCounters staging = session_->kv_stream_counters();
+    stats_.kv_streaming = session_->kv_streaming() ? 1 : 0;
+    stats_.kv_stream_cuda_wait_layers = staging.cuda[2];
+    stats_.kv_stream_cuda_copy_ns = staging.cuda[1];
     measure_swap_rate();
 }
 
