@@ -17,6 +17,7 @@ from pathlib import Path
 
 import click
 
+from cli import kv_stream
 from cli.common import (
     KV_STREAM_BLOCKS_OPTION,
     KV_STREAM_DEPTH_OPTION,
@@ -248,6 +249,7 @@ def _offline(
     kv_series: bool = False,
     churn: bool = False,
 ) -> None:
+    kv_stream.check_flags(opts)
     from pycacheflow.bench import offline, results
 
     ctx = _Context(opts)

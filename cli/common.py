@@ -15,6 +15,7 @@ from pycacheflow.config import (
     KV_STREAMING_MODES,
     EngineConfig,
 )
+from cli.kv_stream import flag_message
 from pycacheflow.errors import CacheFlowError, InvalidArgumentError, OutOfMemoryError
 
 if TYPE_CHECKING:
@@ -135,11 +136,13 @@ KV_STREAMING_OPTION = click.option(
 
 KV_STREAM_BLOCKS_OPTION = click.option(
     "--kv-stream-blocks",
-    type=click.IntRange(min=1, max=65536),
+    type=click.IntRange(min=1),
     default=64,
     show_default=True,
     help="KV streaming: host-resident blocks of the running sequences together, at most (the staging "
-    "capacity; needs as many host slots of --swap-space; on the CPU the pool grows by this many blocks).",
+    "capacity, at most 65536). Needs as many host slots of --swap-space, one KV block each (every "
+    "layer's K and V of --block-size tokens; the default model's is 360 KiB, so 4 GiB holds 11,650), "
+    "checked at start; on the CPU the pool grows by this many blocks. Only with KV streaming on.",
 )
 
 KV_STREAM_DEPTH_OPTION = click.option(
@@ -147,13 +150,30 @@ KV_STREAM_DEPTH_OPTION = click.option(
     type=click.IntRange(min=1),
     default=2,
     show_default=True,
-    help="KV streaming on CUDA: layers whose staging copies may be in flight at once.",
+    help="KV streaming on CUDA: layers whose staging copies may be in flight at once (a warning on the "
+    "CPU, which stages one layer at a time).",
 )
 
 
 def kv_stream_options(f):
     """--kv-streaming, --kv-stream-blocks, --kv-stream-depth."""
     return KV_STREAMING_OPTION(KV_STREAM_BLOCKS_OPTION(KV_STREAM_DEPTH_OPTION(f)))
+
+
+# EngineConfig field -> the option that sets it, and the click parameter of that option (the commands'
+# option maps include them, so that the engine's messages about these fields land under their flags).
+KV_STREAM_OPTION_NAMES = {
+    "kv_streaming": "--kv-streaming",
+    "kv_stream_blocks": "--kv-stream-blocks",
+    "kv_stream_depth": "--kv-stream-depth",
+    "swap_space_bytes": "--swap-space",
+}
+KV_STREAM_PARAMS = {
+    "kv_streaming": "kv_streaming",
+    "kv_stream_blocks": "kv_stream_blocks",
+    "kv_stream_depth": "kv_stream_depth",
+    "swap_space_bytes": "swap_space",
+}
 
 
 def kv_stream_config(options: dict) -> dict[str, object]:
@@ -173,7 +193,7 @@ def swap_space_bytes(gib: float) -> int:
 def to_click_error(exc: CacheFlowError) -> click.ClickException:
     """A runtime failure as the one-line `Error: <Type>: <message>` click prints (exit 1)."""
     # Native InvalidArgument on init/submit is still a runtime failure from the user's view.
-    return click.ClickException(f"{type(exc).__name__}: {exc}")
+    return click.ClickException(f"{type(exc).__name__}: {flag_message(str(exc))}")
 
 
 def load_llm(
@@ -252,14 +272,14 @@ def _under_option(
     the option the user gave, so that ``-c 100000`` is not blamed on --batch-tokens.
     """
     option_names = option_names or {}
-    words = [w.split("[", 1)[0].strip("(),:;=") for w in message.split()]
+    words = [w.split("[", 1)[0].split("=", 1)[0].strip("(),:;=") for w in message.split()]
     fields = [w for w in words if w in option_names]
     if not fields:
-        return message
+        return flag_message(message)
     chosen = next((f for f in fields if f in explicit), fields[0])
     option = option_names[chosen]
     hint = (hints or {}).get(option)
-    return f"Invalid value for {option}: {message}" + (f" ({hint})" if hint else "")
+    return f"Invalid value for {option}: {flag_message(message)}" + (f" ({hint})" if hint else "")
 
 
 def explicit_fields(param_of_field: dict[str, str]) -> set[str]:

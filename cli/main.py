@@ -17,10 +17,13 @@ import click
 
 import pycacheflow
 from cli.bench import bench
+from cli import kv_stream
 from cli.common import (
     BLOCK_SIZE_OPTION,
     CACHE_PROMPT_OPTION,
     KV_CACHE_MEMORY_HELP,
+    KV_STREAM_OPTION_NAMES,
+    KV_STREAM_PARAMS,
     PAGED_ATTENTION_OPTION,
     PREEMPTION_OPTION,
     SWAP_SPACE_OPTION,
@@ -50,6 +53,7 @@ from pycacheflow.text import encode_utf8
 
 if TYPE_CHECKING:
     from pycacheflow import LLM, RequestOutput
+    from pycacheflow.outputs import EngineStats
 
 DEFAULT_PROMPT = "Write a haiku about caching."
 
@@ -235,6 +239,7 @@ def generate(
     if not prompt_list:
         prompt_list, chat = [DEFAULT_PROMPT], True
     params = _sampling_params(options)
+    kv_stream.check_flags(options)
     config_kwargs = _config_kwargs(options)
     if trace is not None:
         from pycacheflow.profiler import DEFAULT_PROFILE_CAPACITY
@@ -242,10 +247,13 @@ def generate(
         config_kwargs["profile_capacity"] = DEFAULT_PROFILE_CAPACITY
     llm = load_llm(model, config_kwargs, "--ctx-size, --kv-cache-memory or -c/--concurrency",
                    ENGINE_OPTION_NAMES, explicit_fields(ENGINE_PARAMS), ENGINE_OPTION_HINTS)
+    for line in kv_stream.flag_warnings(llm):
+        click.echo(line, err=True)
     try:
         t0 = time.perf_counter()
         outputs = _run(llm, prompt_list, params, chat, stream, as_json)
         wall_s = time.perf_counter() - t0
+        stats = llm.stats()
         if trace is not None:
             _export_trace(llm, trace)
     except CacheFlowError as exc:
@@ -253,7 +261,18 @@ def generate(
     finally:
         llm.close()
     if not quiet:
-        click.echo(format_summary(outputs, wall_s), err=True)
+        click.echo(format_summary(outputs, wall_s, stats), err=True)
+    _exit_on_request_errors(outputs)
+
+
+def _exit_on_request_errors(outputs: list[RequestOutput]) -> None:
+    """Name every prompt that ended with an error on stderr (in flag terms) and exit 1 if any did."""
+    failed = [(i, o) for i, o in enumerate(outputs) if o.finish_reason == "error"]
+    for index, out in failed:
+        click.echo(f"cacheflow: prompt {index + 1} ended with an error: "
+                   f"{kv_stream.flag_message(out.error or '')}", err=True)  # fmt: skip
+    if failed:
+        raise click.exceptions.Exit(1)
 
 
 def _export_trace(llm: LLM, path: Path) -> None:
@@ -333,6 +352,7 @@ ENGINE_OPTION_NAMES = {
     "max_num_batched_tokens": "--batch-tokens",
     "n_threads": "--threads",
     "n_gpu_layers": "--gpu-layers",
+    **KV_STREAM_OPTION_NAMES,
     **DEVICE_OPTION_NAMES,
 }
 
@@ -346,6 +366,7 @@ ENGINE_PARAMS = {
     "max_num_batched_tokens": "batch_tokens",
     "n_threads": "threads",
     "n_gpu_layers": "gpu_layers",
+    **KV_STREAM_PARAMS,
     **DEVICE_PARAMS,
 }
 
@@ -426,23 +447,29 @@ def _echo_header(index: int, prompts: list[str]) -> None:
         click.echo(f"=== [{index + 1}/{len(prompts)}] {shown} ===")
 
 
-def format_summary(outputs: list[RequestOutput], wall_s: float) -> str:
-    """Stats summary: requests, tokens, mean TTFT/TPOT (ms), output tokens/s, wall time.
+def format_summary(
+    outputs: list[RequestOutput], wall_s: float, stats: EngineStats | None = None
+) -> str:
+    """Stats summary: requests, tokens, mean TTFT/TPOT (ms), output tokens/s, wall time, and with
+    KV streaming on its counters (blocks demoted, promoted, staged).
 
     Args:
         outputs: finished requests.
         wall_s: seconds from the first submission to the last finish.
+        stats: the engine's stats after the run; None = no streaming line.
     """
     num_prompt = sum(o.metrics.num_prompt_tokens for o in outputs)
     num_output = sum(o.metrics.num_output_tokens for o in outputs)
     ttfts = [o.metrics.ttft_s for o in outputs if o.metrics.ttft_s is not None]
     tpots = [o.metrics.tpot_s for o in outputs if o.metrics.tpot_s is not None]
     rate = num_output / wall_s if wall_s > 0 else 0.0
-    return (
+    summary = (
         f"requests: {len(outputs)}  prompt tokens: {num_prompt}  output tokens: {num_output}\n"
         f"mean TTFT: {_mean_ms(ttfts)}  mean TPOT: {_mean_ms(tpots)}  "
         f"output: {rate:.1f} tok/s  wall: {wall_s:.2f} s"
     )
+    streaming = kv_stream.summary_line(stats) if stats is not None else None
+    return summary + (f"\n{streaming}" if streaming else "")
 
 
 def _mean_ms(values: list[float]) -> str:

@@ -20,9 +20,12 @@ from typing import TYPE_CHECKING
 import click
 
 import pycacheflow
+from cli import kv_stream
 from cli.common import (
     BLOCK_SIZE_OPTION,
     KV_CACHE_MEMORY_HELP,
+    KV_STREAM_OPTION_NAMES,
+    KV_STREAM_PARAMS,
     PAGED_ATTENTION_OPTION,
     PREEMPTION_OPTION,
     SWAP_SPACE_OPTION,
@@ -388,6 +391,7 @@ def serve(**options: object) -> None:
 
         serve_data_parallel(options, click.get_current_context().meta[RAW_ARGS_KEY])
         return
+    kv_stream.check_flags(options)
     config_kwargs = _engine_kwargs(options)
     defaults = request_defaults(options)
     chat_template = chat_template_option(options)
@@ -405,6 +409,8 @@ def serve(**options: object) -> None:
                        SERVE_OPTION_NAMES, explicit_fields(SERVE_PARAMS),
                        n_ctx_slot=plan.n_ctx_slot,
                        ctx_size=int(options["ctx_size"]))  # fmt: skip
+        for line in kv_stream.flag_warnings(llm):
+            click.echo(line, err=True)
         try:
             app = _make_app(llm, options, defaults, chat_template, template_kwargs,
                             plan.n_ctx_slot)  # fmt: skip
@@ -425,6 +431,7 @@ SERVE_OPTION_NAMES = {
     "max_num_batched_tokens": "-b/--batch-size or -ub/--ubatch-size",
     "n_threads": "-t/--threads",
     "n_gpu_layers": "-ngl/--gpu-layers",
+    **KV_STREAM_OPTION_NAMES,
     **DEVICE_OPTION_NAMES,
 }
 
@@ -437,6 +444,7 @@ SERVE_PARAMS = {
     "max_num_batched_tokens": "batch_size",
     "n_threads": "threads",
     "n_gpu_layers": "gpu_layers",
+    **KV_STREAM_PARAMS,
     **DEVICE_PARAMS,
 }
 

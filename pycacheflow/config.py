@@ -108,9 +108,13 @@ class EngineConfig:
             "auto" (the default): off (on CUDA too, until the engine's CUDA streaming path has run on
             a GPU; "on" asks for it). Not with rpc_servers. README "KV streaming" has the rule.
         kv_stream_blocks: R, host-resident blocks of the running sequences together at most (the
-            staging capacity per layer slot); in [1, 65536], default 64; needs R host slots of swap
-            space. On the CPU the pool grows by R blocks of staging rows.
+            staging capacity per layer slot); in [1, 65536], default 64; needs R host slots of
+            swap_space_bytes, one KV block each (every layer's K and V of block_size tokens), or
+            the engine raises InvalidArgumentError naming both fields before it allocates the KV
+            cache. On the CPU the pool grows by R blocks of staging rows. Read only when streaming
+            is on.
         kv_stream_depth: CUDA: layers whose staging copies may be in flight at once (>= 1, default 2).
+            Read only when streaming is on, on CUDA (the CPU stages one layer at a time).
 
     Raises:
         ValueError: on construction, for a value that cannot cross the C ABI (an int of 2**31 or

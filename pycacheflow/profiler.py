@@ -41,6 +41,8 @@ REQUEST_SWAP_OUT = 8
 REQUEST_SWAP_IN = 9
 REQUEST_PREFIX_HIT = 10
 REQUEST_PRIORITY_PREEMPT = 11  # the PREEMPT / SWAP_OUT just before was for a more urgent request
+REQUEST_KV_DEMOTE = 12  # KV streaming: num_tokens KV rows (num_bytes bytes) moved to host slots
+REQUEST_KV_PROMOTE = 13  # KV streaming: host-resident rows moved back into device blocks
 EVENT_KIND_NAMES = {
     STEP_BEGIN: "step_begin",
     STEP_END: "step_end",
@@ -53,6 +55,17 @@ EVENT_KIND_NAMES = {
     REQUEST_SWAP_IN: "request_swap_in",
     REQUEST_PREFIX_HIT: "request_prefix_hit",
     REQUEST_PRIORITY_PREEMPT: "request_priority_preempt",
+    REQUEST_KV_DEMOTE: "request_kv_demote",
+    REQUEST_KV_PROMOTE: "request_kv_promote",
+}
+# Request events that move a request's KV (or drop it), exported as instant events on its track.
+_KV_MOVE_NAMES = {
+    REQUEST_PREEMPT: "preempted (recompute)",
+    REQUEST_SWAP_OUT: "swapped out",
+    REQUEST_SWAP_IN: "swapped in",
+    REQUEST_PRIORITY_PREEMPT: "preempted for priority",
+    REQUEST_KV_DEMOTE: "KV demoted to host",
+    REQUEST_KV_PROMOTE: "KV promoted to device",
 }
 
 _ENGINE_PID = 1
@@ -268,8 +281,11 @@ class Profile:
         Process 1 "CacheFlow engine" has the "steps" thread (complete "X" events with the
         batch in args) and counters ("C" events): "KV cache (tokens)" with used and reserved
         rows, "batch" with sequences, decode and prefill tokens, "waiting requests". Process 2
-        "requests" has one thread per request with "queued", "prefill" and "decode" spans.
-        Timestamps are microseconds from the first event.
+        "requests" has one thread per request with "queued", "prefill" and "decode" spans, and
+        instant ("i") events, category "kv", where its KV moved: "preempted (recompute)",
+        "swapped out", "swapped in", "preempted for priority", and with KV streaming "KV demoted
+        to host" / "KV promoted to device" (args: tokens, bytes). Timestamps are microseconds
+        from the first event.
         """
         t0 = self.start_ns
         trace: list[dict[str, object]] = _trace_metadata()
@@ -277,6 +293,7 @@ class Profile:
             trace += self._step_events(s, t0)
         for r in self.requests():
             trace += _request_events(r, t0, self.events[-1].time_ns if self.events else t0)
+        trace += [_kv_move_event(e, t0) for e in self.events if e.kind in _KV_MOVE_NAMES]
         other = {**self.metadata, "num_dropped_events": self.num_dropped}
         return {"traceEvents": trace, "displayTimeUnit": "ms", "otherData": other}
 
@@ -496,6 +513,23 @@ def _request_events(r: RequestSpan, t0: int, last_ns: int) -> list[dict[str, obj
             }
         )
     return events
+
+
+def _kv_move_event(e: ProfileEvent, t0: int) -> dict[str, object]:
+    """An instant event on the request's track for a PREEMPT, SWAP_*, PRIORITY_PREEMPT or KV_*."""
+    args: dict[str, object] = {"step_id": e.step_id, "tokens": e.num_tokens}
+    if e.kind in (REQUEST_KV_DEMOTE, REQUEST_KV_PROMOTE):
+        args["bytes"] = e.num_bytes
+    return {
+        "name": _KV_MOVE_NAMES[e.kind],
+        "cat": "kv",
+        "ph": "i",
+        "s": "t",
+        "pid": _REQUESTS_PID,
+        "tid": e.request_id,
+        "ts": _us(e.time_ns - t0),
+        "args": args,
+    }
 
 
 def _json_ready(value: object) -> object:

@@ -208,8 +208,11 @@ typedef struct cf_engine_config {
                                         mode and no rpc_servers (CF_STATUS_INVALID_ARGUMENT).  */
     int32_t kv_stream_blocks;        /* R: host-resident blocks of the running sequences together,
                                         at most, = the staging rows (blocks per layer slot); in
-                                        [1, 65536], default 64; needs R host slots of swap space.
-                                        On the CPU the pool grows by R blocks of staging rows. */
+                                        [1, 65536], default 64; needs R host slots of swap space
+                                        (one KV block each; else CF_STATUS_INVALID_ARGUMENT
+                                        before the KV cache is allocated). Read only with
+                                        streaming on. On the CPU the pool grows by R blocks of
+                                        staging rows.                                          */
     int32_t kv_stream_depth;         /* CUDA: layers whose staging may be in flight at once, >= 1,
                                         default 2 (capped at the layer count); the CPU stages
                                         each layer just before its attention                   */
@@ -639,7 +642,9 @@ typedef struct cf_output_event {
                                      num_prompt_tokens]; 0 on other events                   */
     int32_t error_len;            /* final event of a request that ended with
                                      CF_FINISH_REASON_ERROR because of itself (its grammar
-                                     left no token to sample): bytes of the UTF-8 reason,
+                                     left no token to sample, or with KV streaming on it
+                                     needed more KV blocks than the device pool and
+                                     kv_stream_blocks give it): bytes of the UTF-8 reason,
                                      which follow this event's text in the text buffer
                                      (cf_engine_drain_outputs; not returned by
                                      cf_engine_drain); 0 otherwise (an engine failure that
@@ -770,9 +775,13 @@ typedef enum cf_profile_event_kind {
     CF_PROFILE_EVENT_REQUEST_SWAP_OUT = 8,         /* preempted by swap: KV blocks to host memory */
     CF_PROFILE_EVENT_REQUEST_SWAP_IN = 9,          /* swapped in: KV blocks copied back           */
     CF_PROFILE_EVENT_REQUEST_PREFIX_HIT = 10,      /* prompt tokens found in the prefix cache    */
-    CF_PROFILE_EVENT_REQUEST_PRIORITY_PREEMPT = 11 /* the reason of the PREEMPT or SWAP_OUT event
+    CF_PROFILE_EVENT_REQUEST_PRIORITY_PREEMPT = 11, /* the reason of the PREEMPT or SWAP_OUT event
                                                       just before it: room for a more urgent
                                                       request (priority policy), not blocks    */
+    CF_PROFILE_EVENT_REQUEST_KV_DEMOTE = 12,       /* KV streaming: blocks of it moved to host
+                                                      slots (it keeps running)                 */
+    CF_PROFILE_EVENT_REQUEST_KV_PROMOTE = 13       /* KV streaming: host-resident blocks of it
+                                                      moved back into device blocks            */
 } cf_profile_event_kind;
 
 /* One profiler event. Fields a kind does not list are 0.
@@ -792,6 +801,10 @@ typedef enum cf_profile_event_kind {
  *                             (bytes copied).
  *   REQUEST_PRIORITY_PREEMPT: request_id (the victim), num_tokens = its tokens; recorded right
  *                             after its PREEMPT or SWAP_OUT event (same step and time).
+ *   REQUEST_KV_DEMOTE / KV_PROMOTE: request_id, num_tokens = KV rows moved (blocks x block_size),
+ *                             num_bytes = bytes copied (every layer's K and V rows); one event per
+ *                             request, step and direction, at the step's start (the copies run
+ *                             with that step).
  * step_id = cf_engine_stats.num_steps when the event was recorded: the 1-based number of the
  * step it belongs to, or of the previous step for events recorded while a step reads its inbox
  * (arrivals, aborts), before it begins. */

@@ -4,7 +4,9 @@
 #include "kv/kv_cache_manager.h"
 #include "seq_builders.h"
 
+#include <algorithm>
 #include <cassert>
+#include <climits>
 #include <cstdio>
 #include <functional>
 #include <memory>
@@ -318,6 +320,183 @@ void test_paged_streaming() {
     assert(kv->num_host_blocks_used() == 0);
 }
 
+KvStreamPolicy stream_policy(int32_t max_staged) {
+    KvStreamPolicy policy;
+    policy.enabled = true;
+    policy.max_staged = max_staged;
+    policy.sink_blocks = 1;
+    policy.window_blocks = 2;
+    return policy;
+}
+
+// A RUNNING sequence of prompt_len tokens, admitted by kv, with all of them allocated and computed
+// (committed to the prefix cache where kv has one).
+Sequence & add_computed(KvCacheManager & kv, std::vector<std::unique_ptr<Sequence>> & running, int64_t id,
+                        int32_t prompt_len) {
+    running.push_back(make_seq(id, prompt_len, 8));
+    Sequence & seq = *running.back();
+    seq.status = SequenceStatus::RUNNING;
+    seq.holds_kv = true;
+    seq.num_computed_tokens = kv.admit(seq);
+    assert(kv.allocate(seq, prompt_len - seq.num_computed_tokens));
+    seq.num_computed_tokens = prompt_len;
+    kv.commit(seq);
+    return seq;
+}
+
+int32_t num_host_entries(const BlockManager & blocks, int64_t id) {
+    const BlockTable & table = *blocks.find(id);
+    return (int32_t) std::count_if(table.block_ids.begin(), table.block_ids.end(), is_host_entry);
+}
+
+// Shared blocks never move to the host: a forked table's (ref 2) nor a prefix-cache hit's, nor any of a
+// sequence whose choices wait to fork; once the sharing ends the same blocks may move.
+void test_streaming_never_demotes_shared() {
+    {
+        std::unique_ptr<KvCacheManager> kv = make_paged_kv(12, 4, false, 8, 64, stream_policy(8));
+        const BlockManager & blocks = *kv->block_manager();
+        std::vector<std::unique_ptr<Sequence>> running;
+        Sequence & parent = add_computed(*kv, running, 1, 32);  // 8 full blocks
+        running.push_back(make_seq(2, 32, 8));
+        Sequence & child = *running.back();
+        child.status = SequenceStatus::RUNNING;
+        child.holds_kv = true;
+        kv->fork(parent, child);
+        child.num_computed_tokens = 32;
+        assert(kv->allocate(child, 1));  // its own 9th block; its first 8 stay shared
+        child.num_computed_tokens = 33;
+        std::vector<BlockSwap> out;
+        assert(kv->demote(child, 8, running, &out) == 0 && out.empty());
+        for (int32_t i = 0; i < 8; ++i) {
+            assert(blocks.pool().ref_count(blocks.find(1)->block_ids[(size_t) i]) == 2);
+        }
+        check_all(*kv, running);
+        kv->free(child);
+        running.pop_back();
+        parent.fork_pending = true;  // choices about to fork: nothing of it moves either
+        assert(kv->demote(parent, 8, running, &out) == 0);
+        parent.fork_pending = false;
+        assert(kv->demote(parent, 8, running, &out) == 5 && num_host_entries(blocks, 1) == 5);  // blocks 1..5
+        kv->free(parent);
+        running.clear();
+        check_all(*kv, running);
+        assert(kv->num_host_blocks_used() == 0);  // freed outside a step: the slots are back at once
+    }
+    {
+        std::unique_ptr<KvCacheManager> kv = make_paged_kv(12, 4, true, 8, 64, stream_policy(8));
+        const BlockManager & blocks = *kv->block_manager();
+        std::vector<std::unique_ptr<Sequence>> running;
+        Sequence & a = add_computed(*kv, running, 1, 32);
+        Sequence & b = add_computed(*kv, running, 2, 32);  // a prefix hit: a's first 7 blocks
+        for (int32_t i = 0; i < 7; ++i) {
+            const int32_t id = blocks.find(1)->block_ids[(size_t) i];
+            assert(blocks.find(2)->block_ids[(size_t) i] == id && blocks.pool().ref_count(id) == 2);
+        }
+        std::vector<BlockSwap> out;
+        assert(kv->demote(b, 8, running, &out) == 0 && kv->demote(a, 8, running, &out) == 0);
+        assert(blocks.num_host_entries() == 0);
+        check_all(*kv, running);
+        kv->free(b);
+        running.pop_back();
+        assert(kv->demote(a, 8, running, &out) == 5);  // private again: its middle blocks 1..5 move
+        kv->free(a);
+        running.clear();
+        check_all(*kv, running);
+    }
+}
+
+// The chunk cap, the fork rule and the out-of-blocks reason of a streaming manager; none without streaming.
+void test_streaming_limits() {
+    std::unique_ptr<KvCacheManager> off = make_paged_kv(10, 4, false, 4, 64);
+    std::unique_ptr<KvCacheManager> kv = make_paged_kv(10, 4, false, 4, 64, stream_policy(3));
+    std::unique_ptr<Sequence> fresh = make_seq(1, 100, 8);
+    assert(off->max_chunk_tokens(*fresh) == INT32_MAX && kv->max_chunk_tokens(*fresh) == (10 - 1 - 2) * 4);
+    std::unique_ptr<Sequence> fits = make_seq(2, 36, 8);  // 9 blocks + a copy-on-write block = the pool
+    std::unique_ptr<Sequence> long_prompt = make_seq(3, 37, 8);
+    assert(kv->fork_fits(*fits) && !kv->fork_fits(*long_prompt) && off->fork_fits(*long_prompt));
+    std::vector<std::unique_ptr<Sequence>> running;
+    Sequence & parent = add_computed(*kv, running, 4, 6);  // 2 blocks, 2 rows left
+    assert(kv->max_chunk_tokens(parent) == 2 + 7 * 4);
+    running.push_back(make_seq(5, 6, 8));
+    Sequence & child = *running.back();
+    child.status = SequenceStatus::RUNNING;
+    child.holds_kv = true;
+    kv->fork(parent, child);
+    child.num_computed_tokens = 6;
+    assert(kv->max_chunk_tokens(child) == 2 + 6 * 4);  // its shared last block is copied first: 7 new blocks
+    assert(kv->num_blocks_to_allocate(child, kv->max_chunk_tokens(child)) == 7);
+    kv->free(child);
+    running.pop_back();
+    assert(off->out_of_blocks_reason(*fresh, 4).empty());
+    assert(kv->allocate(parent, 26));  // 8 blocks
+    parent.num_computed_tokens = 32;
+    std::vector<BlockSwap> out;
+    assert(kv->demote(parent, 4, running, &out) == 3);  // R = 3
+    const std::string why = kv->out_of_blocks_reason(parent, 12);
+    assert(why.find("request 4 holds 8 blocks (5 of the device pool's 10, 3 host-resident)") != std::string::npos);
+    assert(why.find("kv_stream_blocks=3 host-resident blocks already") != std::string::npos);
+    kv->free(parent);
+    running.clear();
+    check_all(*kv, running);
+}
+
+// Swap-out of a streamed sequence: its host entries keep their slots (only device blocks are copied out),
+// swap-in brings every block back into fresh device blocks (in table order), and every slot is free once
+// the swap-in's step is built. A table longer than the device pool is not swapped (it could not come back).
+void test_streaming_swap() {
+    std::unique_ptr<KvCacheManager> kv = make_paged_kv(10, 4, false, 6, 64, stream_policy(3));
+    const BlockManager & blocks = *kv->block_manager();
+    std::vector<std::unique_ptr<Sequence>> running;
+    Sequence & seq = add_computed(*kv, running, 1, 24);  // 6 blocks
+    std::vector<BlockSwap> demoted;
+    assert(kv->demote(seq, 2, running, &demoted) == 2);  // entries 1, 2 to slots h1, h2
+    const std::vector<int32_t> device = blocks.find(1)->block_ids;
+    kv->end_step();
+    kv->begin_step();
+    assert(kv->can_swap_out(seq) && kv->swap_bytes(seq) == 4 * 64);
+    std::vector<BlockSwap> out;
+    kv->swap_out(seq, &out);
+    assert(out.size() == 4 && out[0].src_block_id == device[0] && out[1].src_block_id == device[3]);
+    assert(kv->num_host_blocks_used() == 6 && kv->kv_stream_stats().num_host_resident == 0);
+    kv->end_step();
+    kv->begin_step();
+    seq.status = SequenceStatus::SWAPPED;
+    seq.holds_kv = false;
+    std::unique_ptr<Sequence> swapped = std::move(running[0]);
+    running.clear();
+    assert(kv->check_swapped({ swapped.get() }).empty() && kv->num_blocks_used() == 0);
+    assert(kv->can_swap_in(*swapped, 0, 1000));  // streaming: its blocks and one more token's must fit
+    std::vector<BlockSwap> in;
+    kv->swap_in(*swapped, &in);
+    const std::vector<int32_t> slots = { out[0].dst_block_id, host_slot_of(device[1]), host_slot_of(device[2]),
+                                         out[1].dst_block_id, out[2].dst_block_id, out[3].dst_block_id };
+    assert(in.size() == 6);
+    for (size_t i = 0; i < in.size(); ++i) {
+        assert(in[i].src_block_id == slots[i] && in[i].dst_block_id == blocks.find(1)->block_ids[i]);
+    }
+    kv->end_step();
+    assert(kv->num_host_blocks_used() == 0 && num_host_entries(blocks, 1) == 0);
+    swapped->status = SequenceStatus::RUNNING;
+    swapped->holds_kv = true;
+    running.push_back(std::move(swapped));
+    check_all(*kv, running);
+    kv->free(*running[0]);
+    running.clear();
+
+    std::unique_ptr<KvCacheManager> small = make_paged_kv(5, 4, false, 8, 64, stream_policy(4));
+    Sequence & big = add_computed(*small, running, 2, 16);  // the whole 5-block pool but one
+    assert(small->demote(big, 1, running, &demoted) == 1);
+    small->end_step();
+    small->begin_step();
+    assert(small->allocate(big, 8));  // 6 blocks, 1 of them host-resident
+    big.num_computed_tokens = 24;
+    assert(!small->can_swap_out(big));
+    small->free(big);
+    running.clear();
+    small->end_step();
+    check_all(*small, running);
+}
+
 }  // namespace
 
 int main() {
@@ -329,6 +508,9 @@ int main() {
     test_paged_specifics();
     test_paged_swap();
     test_paged_streaming();
+    test_streaming_never_demotes_shared();
+    test_streaming_limits();
+    test_streaming_swap();
     std::printf("test_kv_manager: ok\n");
     return 0;
 }

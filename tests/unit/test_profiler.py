@@ -121,6 +121,28 @@ def test_chrome_trace_is_valid_and_complete(profile):
     assert trace["otherData"]["model"] == "m"
 
 
+def test_kv_moves_are_instant_events_on_the_request_track():
+    events = [
+        *two_request_events(),
+        ev(prof.REQUEST_KV_DEMOTE, 21, step_id=3, request_id=2, num_tokens=32, num_bytes=2 * 368640),
+        ev(prof.REQUEST_SWAP_OUT, 22, step_id=3, request_id=2, num_tokens=9),
+        ev(prof.REQUEST_SWAP_IN, 24, step_id=3, request_id=2, num_tokens=9),
+        ev(prof.REQUEST_KV_PROMOTE, 27, step_id=4, request_id=2, num_tokens=16, num_bytes=368640),
+    ]
+    trace = json.loads(json.dumps(Profile(events, kv_tokens_capacity=32).chrome_trace()))
+    check_chrome_trace(trace)
+    moves = [e for e in trace["traceEvents"] if e.get("cat") == "kv"]
+    assert [(e["name"], e["ph"], e["tid"], e["ts"]) for e in moves] == [
+        ("KV demoted to host", "i", 2, 21000.0),
+        ("swapped out", "i", 2, 22000.0),
+        ("swapped in", "i", 2, 24000.0),
+        ("KV promoted to device", "i", 2, 27000.0),
+    ]
+    assert moves[0]["args"] == {"step_id": 3, "tokens": 32, "bytes": 2 * 368640}
+    assert moves[1]["args"] == {"step_id": 3, "tokens": 9}
+    assert prof.EVENT_KIND_NAMES[prof.REQUEST_KV_DEMOTE] == "request_kv_demote"
+
+
 def test_unfinished_request_runs_to_the_last_event():
     events = two_request_events()[:10]  # request 2 has its first token, nothing after
     trace = Profile(events, kv_tokens_capacity=32).chrome_trace()

@@ -70,6 +70,21 @@ void Profiler::request(cf_profile_event_kind kind, int64_t step_id, int64_t time
     push(ev);
 }
 
+void Profiler::request_copy(cf_profile_event_kind kind, int64_t step_id, int64_t time_ns, int64_t request_id,
+                            int32_t num_tokens, int64_t num_bytes) {
+    if (capacity_ == 0) {
+        return;
+    }
+    cf_profile_event ev{};
+    ev.kind = kind;
+    ev.time_ns = time_ns;
+    ev.step_id = step_id;
+    ev.request_id = request_id;
+    ev.num_tokens = num_tokens;
+    ev.num_bytes = num_bytes;
+    push(ev);
+}
+
 int32_t Profiler::drain(cf_profile_event * out, int32_t capacity) {
     if (capacity_ == 0 || capacity <= 0) {
         return 0;

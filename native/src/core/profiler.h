@@ -58,6 +58,11 @@ class Profiler {
     void request(cf_profile_event_kind kind, int64_t step_id, int64_t time_ns, int64_t request_id,
                  int32_t num_tokens, int32_t finish_reason = CF_FINISH_REASON_NONE);
 
+    // A request event that moved KV (CF_PROFILE_EVENT_REQUEST_KV_DEMOTE / KV_PROMOTE): num_tokens KV rows,
+    // num_bytes bytes copied.
+    void request_copy(cf_profile_event_kind kind, int64_t step_id, int64_t time_ns, int64_t request_id,
+                      int32_t num_tokens, int64_t num_bytes);
+
     // ---- consumer side: thread-safe.
 
     // Move up to capacity recorded events, oldest recorded first, into out[0..n); returns n.

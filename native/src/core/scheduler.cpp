@@ -14,7 +14,8 @@ Scheduler::Scheduler(const SchedulerConfig & config, std::unique_ptr<KvCacheMana
     : config_(config), kv_(std::move(kv)) {
     assert(kv_ != nullptr);
     assert(config.max_num_seqs >= 1 && config.max_num_batched_tokens >= 1);
-    assert(config.n_ctx_per_seq >= 1 && config.n_ctx >= config.n_ctx_per_seq);
+    // with KV streaming a sequence may outgrow the device pool (n_ctx) by its host-resident blocks
+    assert(config.n_ctx_per_seq >= 1 && (config.n_ctx >= config.n_ctx_per_seq || kv_->streams()));
     order_.reserve((size_t) config.max_num_seqs);
     running_.reserve((size_t) config.max_num_seqs);
     out_.seqs.reserve((size_t) config.max_num_seqs);
@@ -52,6 +53,8 @@ void Scheduler::add(std::unique_ptr<Sequence> seq) {
     if (!kv_->supports_fork()) {  // choices compute their prompts like any request
         seq->fork_pending = false;
         seq->fork_parent_id = 0;
+    } else if (seq->fork_pending && !kv_->fork_fits(*seq)) {
+        seq->fork_pending = false;  // its prompt must stream: its choices give up the fork and compute it too
     }
     auto pos = std::upper_bound(waiting_.begin(), waiting_.end(), seq,
                                 [this](const std::unique_ptr<Sequence> & x, const std::unique_ptr<Sequence> & y) {
@@ -229,9 +232,10 @@ void Scheduler::fork_choices() {
     }
 }
 
-// Tokens seq computes next under budget_left: the rest of it, stopping where its choices fork.
+// Tokens seq computes next under budget_left: the rest of it, stopping where its choices fork, and no
+// more than the KV cache manager can ever allocate it in one step (KV streaming's chunk cap).
 int32_t Scheduler::chunk_size(const Sequence & seq, int32_t budget_left) const {
-    int32_t n = std::min(seq.num_uncomputed_tokens(), budget_left);
+    int32_t n = std::min({seq.num_uncomputed_tokens(), budget_left, kv_->max_chunk_tokens(seq)});
     if (seq.fork_pending && seq.num_computed_tokens < seq.num_prompt_tokens - 1) {
         n = std::min(n, seq.num_prompt_tokens - 1 - seq.num_computed_tokens);  // choices fork there
     }
@@ -284,11 +288,17 @@ bool Scheduler::allocate_or_preempt(Sequence * seq, int32_t num_new_tokens) {
         }
         preempt(victim);
     }
-    if (num_running() > 1) {
-        preempt(seq);  // the others are scheduled already; seq resumes once they free blocks
+    // The others are scheduled already: seq resumes once they free blocks. With streaming, a sequence
+    // alone also gives way to swapped ones: they may hold the host slots it would stream into, and they
+    // come back (swap_in_swapped) once it is out.
+    if (num_running() > 1 || (kv_->streams() && !swapped_.empty())) {
+        preempt(seq);
         return false;
     }
-    free_kv(seq);  // alone and the pool is not enough: it ends, and gives its blocks back now
+    // alone and the pool is not enough: it ends, and gives its blocks back now; with streaming the
+    // manager says why (the engine ends it with that error; without, the context is full: length)
+    seq->error_message = kv_->out_of_blocks_reason(*seq, num_new_tokens);
+    free_kv(seq);
     out_.out_of_blocks.push_back(seq);
     return false;
 }

@@ -9,7 +9,8 @@
 // copies), preempted and out-of-blocks sequences. The engine executes the plan, samples, and
 // reports back through commit_step() and finish(). Each step mixes, under max_num_batched_tokens:
 //   1. one decode token for every running sequence whose prompt is computed,
-//   2. the next prompt chunk of running sequences still prefilling (chunked prefill),
+//   2. the next prompt chunk of running sequences still prefilling (chunked prefill; a chunk is at most
+//      KvCacheManager::max_chunk_tokens, which only KV streaming limits),
 //   3. prompt chunks of newly admitted waiting sequences, in policy order.
 // Admission needs room in the running set (max_num_seqs) and KV capacity, which the KV cache manager
 // decides (kv/kv_cache_manager.h: stock split, stock unified or paged); every scheduled token gets
@@ -23,7 +24,10 @@
 // blocks and returns it to the waiting queue with its output kept; re-admitted, it prefills prompt
 // and output again and goes on where it stopped. If no other sequence can give way, the sequence
 // that needs the block is preempted itself; alone in the pool it cannot grow at all and ends
-// (out_of_blocks). No admission happens in a step that preempted.
+// (out_of_blocks, with the KV manager's reason when it streams). With KV streaming, middle blocks move
+// to the host (KvCacheManager::demote) before anyone is preempted, and a sequence alone gives way
+// (preempts itself) while swapped sequences wait, since they may hold the host slots it would stream
+// into. No admission happens in a step that preempted.
 //
 // Preemption by swap (vLLM's SWAP mode, same section): the victim's blocks are copied to host
 // slots (StepPlan::blocks_to_swap_out) and it waits, SWAPPED, in its own queue (policy order).
@@ -109,7 +113,8 @@ struct SchedulerConfig {
     int32_t max_num_seqs = 16;
     int32_t max_num_batched_tokens = 512;  // token budget per step
     int32_t n_ctx = 0;                     // total KV rows, tokens
-    int32_t n_ctx_per_seq = 0;             // max tokens (prompt + output) of one sequence
+    int32_t n_ctx_per_seq = 0;             // max tokens (prompt + output) of one sequence; <= n_ctx
+                                           // unless the KV manager streams (then up to pool + R blocks)
     cf_sched_policy policy = CF_SCHED_POLICY_FCFS;
     cf_preemption_mode preemption_mode = CF_PREEMPTION_MODE_AUTO;
     // AUTO's cost model (set_preemption_costs updates it): ns per byte copied one way, ns per

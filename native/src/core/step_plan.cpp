@@ -21,6 +21,7 @@ void StepPlan::clear() {
     resumed.clear();
     deferred.clear();
     out_of_blocks.clear();
+    streamed_blocks.clear();
 }
 
 }  // namespace cf

@@ -101,9 +101,19 @@ struct StepPlan {
     std::vector<Sequence *> deferred;
     std::vector<Preempted> preempted;
     // Sequences that hold the whole KV pool alone and still need a row (only the paged manager runs
-    // out). They are not in `seqs`, their KV is already free, and the engine finishes them
-    // (CF_FINISH_REASON_LENGTH).
+    // out). They are not in `seqs`, their KV is already free, and the engine finishes them:
+    // CF_FINISH_REASON_LENGTH, or CF_FINISH_REASON_ERROR with Sequence::error_message when the KV
+    // manager gave a reason (KV streaming's limits, KvCacheManager::out_of_blocks_reason).
     std::vector<Sequence *> out_of_blocks;
+    // KV streaming's moves in this plan, one per block (KvCacheManager::fill_plan): demotions, whose
+    // copies are in blocks_to_swap_out, then promotions, whose copies are in blocks_to_swap_in (both
+    // lists also carry swap preemption's copies). For stats and the profiler; the executor needs
+    // nothing from it.
+    struct StreamedBlock {
+        int64_t request_id;
+        bool to_host;  // true: demoted (device -> host), false: promoted (host -> device)
+    };
+    std::vector<StreamedBlock> streamed_blocks;
 
     // Empty every list, keeping capacity.
     void clear();

@@ -36,14 +36,7 @@ std::unique_ptr<KvCacheManager> make_kv_manager(const LlamaSession & session) {
             stream.enabled = true;
             stream.alone_only = session.kv_stream_alone_only();
             stream.max_staged = session.kv_stream_blocks();
-            if (stream.max_staged > num_host_blocks(session)) {
-                throw Error(CF_STATUS_INVALID_ARGUMENT,
-                            "kv_stream_blocks=" + std::to_string(stream.max_staged) + " needs as many host slots of "
-                            "swap space, but swap_space_bytes=" + std::to_string(session.config().swap_space_bytes) +
-                            " holds " + std::to_string(num_host_blocks(session)) + " blocks of " +
-                            std::to_string(session.paged_block_bytes()) + " bytes; raise swap_space_bytes "
-                            "(--swap-space) or lower kv_stream_blocks");
-            }
+            session.check_kv_stream_host_slots(session.paged_block_bytes());  // the context's own block bytes
         }
         return make_paged_kv(session.num_blocks(), session.config().block_size, session.config().enable_prefix_caching,
                              num_host_blocks(session), session.paged_block_bytes(), stream);
@@ -101,6 +94,11 @@ Engine::Engine(const EngineConfig & config)
         }
         session_->start_kv_stream(swapper_.host_base());  // before the first decode (CUDA: reserve, warm-up)
     }
+    // stats before the first step: whether streaming resolved to on, and the CPU's -1s (cacheflow.h)
+    const LlamaSession::KvStreamCounters staging = session_->kv_stream_counters();
+    stats_.kv_streaming = session_->kv_streaming() ? 1 : 0;
+    stats_.kv_stream_cuda_wait_layers = staging.cuda[2];
+    stats_.kv_stream_cuda_copy_ns = staging.cuda[1];
     measure_swap_rate();
 }
 

@@ -97,6 +97,7 @@ class Engine {
     int32_t sample_host(Sequence & seq, int32_t batch_index);
     void collect_logprobs(Sequence & seq, const float * logits, int32_t token_id);
     void handle_block_shortage(const StepPlan & out);
+    void record_kv_stream_events(const StepPlan & out);
     void execute_block_ops(const StepPlan & plan);
     void update_preemption_costs(const StepPlan & plan, int64_t decode_ns);
     void measure_swap_rate();

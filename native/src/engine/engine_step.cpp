@@ -94,6 +94,7 @@ StepResult Engine::step_locked() {
     consume_inbox();
     const StepPlan & out = scheduler_.schedule(step_start_ns_);
     handle_block_shortage(out);
+    record_kv_stream_events(out);
     StepResult result;
     result.num_scheduled_tokens = out.num_scheduled_tokens;
     // Block operations run even in a step that computes nothing (a swap-out's victim left the batch, a
@@ -299,8 +300,32 @@ void Engine::handle_block_shortage(const StepPlan & out) {
                           seq->num_tokens());
     }
     totals_.num_preemptions = scheduler_.num_preemptions();
-    for (Sequence * seq : out.out_of_blocks) {
-        finish(seq, CF_FINISH_REASON_LENGTH, CF_TOKEN_NONE, step_start_ns_);
+    for (Sequence * seq : out.out_of_blocks) {  // its context is full, or KV streaming's limits (the reason)
+        finish(seq, seq->error_message.empty() ? CF_FINISH_REASON_LENGTH : CF_FINISH_REASON_ERROR, CF_TOKEN_NONE,
+               step_start_ns_);
+    }
+}
+
+// One KV_DEMOTE / KV_PROMOTE profiler event per request and direction of the plan's streamed blocks
+// (PagedKv lists each direction request by request, so a run of equal entries is one request's share).
+void Engine::record_kv_stream_events(const StepPlan & out) {
+    if (!profiler_.enabled() || out.streamed_blocks.empty()) {
+        return;
+    }
+    const int32_t block_size = session_->config().block_size;
+    const int64_t block_bytes = session_->paged_block_bytes();
+    size_t begin = 0;
+    for (size_t i = 1; i <= out.streamed_blocks.size(); ++i) {
+        const StepPlan::StreamedBlock & first = out.streamed_blocks[begin];
+        if (i < out.streamed_blocks.size() && out.streamed_blocks[i].request_id == first.request_id &&
+            out.streamed_blocks[i].to_host == first.to_host) {
+            continue;
+        }
+        const int32_t num_blocks = (int32_t) (i - begin);
+        profiler_.request_copy(first.to_host ? CF_PROFILE_EVENT_REQUEST_KV_DEMOTE : CF_PROFILE_EVENT_REQUEST_KV_PROMOTE,
+                               totals_.num_steps, step_start_ns_, first.request_id, num_blocks * block_size,
+                               num_blocks * block_bytes);
+        begin = i;
     }
 }
 

@@ -419,6 +419,8 @@ void LlamaSession::create_context() {
     const int64_t head_v = meta_int(model_, "attention.value_length", head_dim);
     kv_bytes_per_token_ = (int64_t) llama_model_n_layer(model_) * llama_model_n_head_kv(model_) * (head_k + head_v) * 2;
 
+    check_kv_stream_host_slots(kv_bytes_per_token_ * config_.block_size);  // before anything is allocated
+
     llama_context_params cp = llama_context_default_params();
     cp.n_ctx = (uint32_t) (config_.kv_cache_bytes > 0 ? n_ctx_from_budget()
                            : config_.n_ctx > 0        ? config_.n_ctx
@@ -545,6 +547,22 @@ void LlamaSession::resolve_kv_streaming() {
     kv_stream_cuda_ = true;
     kv_stream_alone_only_ = false;
     config_.kv_streaming = CF_KV_STREAMING_ON;
+}
+
+void LlamaSession::check_kv_stream_host_slots(int64_t block_bytes) const {
+    if (!kv_streaming() || block_bytes <= 0) {
+        return;
+    }
+    const int64_t num_slots = config_.swap_space_bytes / block_bytes;
+    if (config_.kv_stream_blocks <= num_slots) {
+        return;
+    }
+    throw Error(CF_STATUS_INVALID_ARGUMENT,
+                "kv_stream_blocks=" + std::to_string(config_.kv_stream_blocks) + " needs as many host slots of the "
+                "swap space, one KV block of " + std::to_string(block_bytes) + " bytes each (" +
+                format_bytes((int64_t) config_.kv_stream_blocks * block_bytes) + "), but swap_space_bytes=" +
+                std::to_string(config_.swap_space_bytes) + " holds " + std::to_string(num_slots) +
+                "; raise swap_space_bytes or lower kv_stream_blocks");
 }
 
 void LlamaSession::init_kv_stream_desc() {

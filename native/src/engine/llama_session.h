@@ -149,6 +149,12 @@ class LlamaSession {
     bool kv_stream_alone_only() const { return kv_stream_alone_only_; }
     bool kv_stream_on_cuda() const { return kv_stream_cuda_; }
     int32_t kv_stream_blocks() const { return kv_streaming() ? config_.kv_stream_blocks : 0; }
+    // R = kv_stream_blocks host-resident blocks need R host slots of the swap space, one KV block of
+    // block_bytes bytes each (all layers' K and V): throws INVALID_ARGUMENT naming kv_stream_blocks and
+    // swap_space_bytes when swap_space_bytes / block_bytes is fewer. The session checks it with the model's
+    // block bytes before it allocates the KV cache (a large R would allocate R staging blocks first on the
+    // CPU); the Engine again with the context's. No-op when streaming is off.
+    void check_kv_stream_host_slots(int64_t block_bytes) const;
     // The host tier is ready (the Swapper's buffer, host_block_bytes == paged_block_bytes() per slot, pinned on
     // CUDA): set host_base, on CUDA reserve the staging pool (ggml_cuda_cf_kv_stream_reserve) and run the
     // warm-up decode. Call once, before the first decode, when kv_streaming(). Throws UNSUPPORTED / INTERNAL.

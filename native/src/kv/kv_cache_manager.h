@@ -34,6 +34,7 @@
 #include "core/sequence.h"
 #include "core/step_plan.h"
 
+#include <climits>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -95,7 +96,8 @@ class KvCacheManager {
 
     // Write the KV part of the step plan for plan->seqs, which are final and in batch order (every
     // one allocated this step): slot_mapping, block_tables, max_blocks and context_lens, and move
-    // the block copies (copy-on-write) that allocate() recorded into blocks_to_copy, oldest first.
+    // the block copies (copy-on-write) that allocate() recorded into blocks_to_copy, oldest first;
+    // with KV streaming also promote (blocks_to_swap_in) and list the step's moves in streamed_blocks.
     // The stock implementations write nothing (llama.cpp places the rows itself).
     virtual void fill_plan(StepPlan * plan) = 0;
 
@@ -136,7 +138,9 @@ class KvCacheManager {
     // (its copies in step t's plan) joins the batch at step t + 1 (the scheduler's SWAPPING_IN).
 
     // True if swap_out(seq) can take host slots for every block of `seq` (admitted, with a table).
-    // Does not mutate.
+    // With KV streaming its host-resident blocks keep their slots (only device blocks take new ones),
+    // and a table that could not come back to the device pool whole (its blocks and one more token's)
+    // is not swapped. Does not mutate.
     virtual bool can_swap_out(const Sequence & seq) const {
         (void) seq;
         return false;
@@ -154,7 +158,8 @@ class KvCacheManager {
         (void) out;
     }
     // True if a swapped `seq` fits back next to `num_running` running sequences: its blocks, the
-    // blocks of its next num_new_tokens tokens, and the admission watermark are free.
+    // blocks of its next num_new_tokens tokens (with KV streaming, of its next token only: the rest of
+    // its chunk gets blocks by streaming once it runs), and the admission watermark are free.
     // with_deferred as for can_admit.
     virtual bool can_swap_in(const Sequence & seq, int32_t num_running, int32_t num_new_tokens,
                              bool with_deferred = false) const {
@@ -209,6 +214,31 @@ class KvCacheManager {
         return 0;
     }
     virtual KvStreamStats kv_stream_stats() const { return {}; }
+    // Tokens allocate(seq, n) can ever get in one step, however much the others free: with streaming, the
+    // new blocks of a chunk and the blocks of seq that stay on the device (sink_blocks + window_blocks) must
+    // fit the device pool together, so a chunk is capped at (num_blocks_total - sink - window, at least 1)
+    // new blocks plus the free rows of seq's last block. >= 1; INT32_MAX when the manager does not stream
+    // (the pool alone bounds a sequence there, and n_ctx_per_seq bounds it). Does not mutate.
+    virtual int32_t max_chunk_tokens(const Sequence & seq) const {
+        (void) seq;
+        return INT32_MAX;
+    }
+    // True if `parent` (waiting, fork_pending) can compute its prompt for its choices to fork: a sequence
+    // whose choices wait never streams (its blocks are about to be shared), so with streaming its prompt
+    // and a copy-on-write block must fit the device pool. Always true without streaming. Does not mutate.
+    virtual bool fork_fits(const Sequence & parent) const {
+        (void) parent;
+        return true;
+    }
+    // Why allocate(seq, num_new_tokens) failed for a sequence running alone (the scheduler ends it), for
+    // its error: with streaming, the blocks it holds on the device and the host against the limits; ""
+    // when the manager does not stream (then only a full context ends a sequence, finish reason length).
+    // Call before free(seq). Does not mutate.
+    virtual std::string out_of_blocks_reason(const Sequence & seq, int32_t num_new_tokens) const {
+        (void) seq;
+        (void) num_new_tokens;
+        return "";
+    }
     // Free blocks now (paged), for admission decisions outside can_admit (a fork needs at most
     // one: its copy-on-write block). The stock modes report 0.
     int32_t num_blocks_free() const { return num_blocks_total() - num_blocks_used(); }

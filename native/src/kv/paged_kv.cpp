@@ -18,6 +18,7 @@ PagedKv::PagedKv(int32_t num_blocks, int32_t block_size, bool prefix_caching, in
 }
 
 void PagedKv::begin_step() {
+    planning_ = true;
     blocks_.release_deferred();
     demoted_.clear();
     promoted_.clear();
@@ -79,9 +80,10 @@ void PagedKv::free(const Sequence & seq) {
         std::vector<int32_t> slots;
         blocks_.host_slots(seq.request_id, &slots);
         for (int32_t h : slots) {
-            host_.free(h);  // parked until end_step: a copy of this step may still write it
+            host_.free(h);  // parked until end_step while planning: a copy of this step may still write it
         }
         blocks_.free(seq.request_id);
+        release_host_slots_unless_planning();
     }
 }
 
@@ -98,9 +100,15 @@ int32_t num_device_entries(const BlockTable & table) {
 
 }  // namespace
 
+// With streaming a table may be longer than the device pool, but swap_in() brings every block back to the
+// device: such a sequence could never come back, so it is not swapped (recompute streams it again).
 bool PagedKv::can_swap_out(const Sequence & seq) const {
     const BlockTable * table = blocks_.find(seq.request_id);
-    return table != nullptr && table->num_tokens > 0 && num_device_entries(*table) <= host_.num_free();
+    if (table == nullptr || table->num_tokens == 0 || num_device_entries(*table) > host_.num_free()) {
+        return false;
+    }
+    const int32_t bs = blocks_.block_size();
+    return !stream_.enabled || ((int64_t) table->num_tokens + bs) / bs <= num_blocks_total();  // its blocks + 1 token
 }
 
 int64_t PagedKv::swap_bytes(const Sequence & seq) const {
@@ -135,6 +143,9 @@ bool PagedKv::can_swap_in(const Sequence & seq, int32_t num_running, int32_t num
                           bool with_deferred) const {
     auto it = swapped_.find(seq.request_id);
     assert(it != swapped_.end() && num_new_tokens >= 0);
+    if (stream_.enabled) {
+        num_new_tokens = std::min(num_new_tokens, 1);  // the rest of its chunk gets blocks by streaming, later
+    }
     const int32_t bs = blocks_.block_size();
     const int64_t total = (int64_t) it->second.num_tokens + num_new_tokens;
     const int64_t needed = (total + bs - 1) / bs;  // its blocks and those of the next tokens
@@ -160,6 +171,7 @@ void PagedKv::free_swapped(const Sequence & seq) {
         host_.free(h);
     }
     swapped_.erase(it);
+    release_host_slots_unless_planning();
 }
 
 std::string PagedKv::check_swapped(const std::vector<const Sequence *> & swapped) const {
@@ -269,6 +281,12 @@ void PagedKv::fill_plan(StepPlan * plan) {
         }
     }
     blocks_.take_copies(&plan->blocks_to_copy);
+    for (const Moved & m : demoted_) {
+        plan->streamed_blocks.push_back({ m.seq_id, true });
+    }
+    for (const Moved & m : promoted_) {
+        plan->streamed_blocks.push_back({ m.seq_id, false });
+    }
 }
 
 int32_t PagedKv::read_entry(int64_t seq_id, int32_t i, int32_t entry) const {
@@ -357,6 +375,63 @@ KvStreamStats PagedKv::kv_stream_stats() const {
     out.num_demotions = num_demotions_;
     out.num_promotions = num_promotions_;
     return out;
+}
+
+// The chunk cap (kv_cache_manager.h): the blocks a lone sequence keeps on the device whatever moves (its
+// first sink_blocks, its last window_blocks, among them a partly filled last block) plus the chunk's new
+// blocks must fit the pool. At the next step the chunk's blocks are computed and all but the window may
+// move in turn, so a prompt of any length within n_ctx_per_seq proceeds one capped chunk per step or two.
+int32_t PagedKv::max_chunk_tokens(const Sequence & seq) const {
+    if (!stream_.enabled) {
+        return INT32_MAX;
+    }
+    const int32_t bs = blocks_.block_size();
+    const int64_t max_new_blocks =
+        std::max<int64_t>(1, (int64_t) num_blocks_total() - stream_.sink_blocks - stream_.window_blocks);
+    const BlockTable * table = blocks_.find(seq.request_id);
+    const int64_t rows_left = table == nullptr ? 0 : (int64_t) table->num_blocks() * bs - table->num_tokens;
+    int64_t n = std::min<int64_t>(rows_left + max_new_blocks * bs, INT32_MAX);
+    if (blocks_.num_blocks_needed(seq.request_id, (int32_t) n) > max_new_blocks) {
+        n -= bs;  // a shared, partly filled last block is copied first: one new block more
+    }
+    return (int32_t) std::max<int64_t>(1, n);
+}
+
+bool PagedKv::fork_fits(const Sequence & parent) const {
+    if (!stream_.enabled) {
+        return true;
+    }
+    const int32_t bs = blocks_.block_size();
+    const int64_t prompt_blocks = ((int64_t) parent.num_prompt_tokens + bs - 1) / bs;
+    return prompt_blocks + 1 <= num_blocks_total();  // + its copy-on-write block
+}
+
+std::string PagedKv::out_of_blocks_reason(const Sequence & seq, int32_t num_new_tokens) const {
+    if (!stream_.enabled) {
+        return "";
+    }
+    const BlockTable * table = blocks_.find(seq.request_id);
+    const int32_t num_blocks = table == nullptr ? 0 : table->num_blocks();
+    const int32_t num_host = table == nullptr ? 0 : num_blocks - num_device_entries(*table);
+    std::string limit;
+    if (blocks_.num_host_entries() >= stream_.max_staged) {
+        limit = "the running sequences hold kv_stream_blocks=" + std::to_string(stream_.max_staged) +
+                " host-resident blocks already";
+    } else if (host_.num_free() == 0) {
+        limit = "every host slot of the swap space is taken (swapped-out sequences hold " +
+                std::to_string(host_.num_used() - blocks_.num_host_entries()) + " of " +
+                std::to_string(host_.num_slots()) + ")";
+    } else {
+        limit = "none of its device blocks may move to the host (its first " + std::to_string(stream_.sink_blocks) +
+                " and last " + std::to_string(stream_.window_blocks) +
+                " stay, shared blocks stay, a sequence whose choices wait to fork stays)";
+    }
+    return "out of KV blocks with KV streaming on: request " + std::to_string(seq.request_id) + " holds " +
+           std::to_string(num_blocks) + " blocks (" + std::to_string(num_blocks - num_host) + " of the device pool's " +
+           std::to_string(num_blocks_total()) + ", " + std::to_string(num_host) + " host-resident) and its next " +
+           std::to_string(num_new_tokens) + " tokens need " +
+           std::to_string(blocks_.num_blocks_needed(seq.request_id, num_new_tokens)) + " more, but " + limit +
+           "; raise kv_stream_blocks (with swap_space_bytes) or the KV cache size";
 }
 
 std::unique_ptr<KvCacheManager> make_paged_kv(int32_t num_blocks, int32_t block_size, bool prefix_caching,

@@ -31,7 +31,17 @@
 //   step u+1: entry reads b'
 //
 // Preemption of a streamed sequence: recompute frees its host slots with its blocks; swap-out keeps its
-// host entries' slots as they are (already on the host) and copies only its device blocks.
+// host entries' slots as they are (already on the host) and copies only its device blocks. Swap-in brings
+// every block back into device blocks, so a table that could not come back whole (its blocks plus one
+// token's > the pool) is not swapped out (can_swap_out), and can_swap_in counts one token of the next
+// chunk only (the rest gets blocks by streaming once it runs).
+//
+// Limits (what the scheduler asks before it plans): max_chunk_tokens caps a chunk so that its new blocks
+// plus sink_blocks + window_blocks fit the pool (else a lone long prompt could never be allocated);
+// fork_fits is false for a prompt whose blocks and a copy-on-write block exceed the pool (a sequence whose
+// choices wait never streams); out_of_blocks_reason says which limit ended a sequence.
+// Host slots freed while a plan is built (begin_step .. end_step) are parked until end_step; those freed
+// outside (a sequence finished after its step ran) are free at once.
 //
 // Thread-safety: none; the engine calls it from the stepping thread only.
 #pragma once
@@ -84,7 +94,10 @@ class PagedKv final : public KvCacheManager {
     void swap_in(const Sequence & seq, std::vector<BlockSwap> * out) override;
     void free_swapped(const Sequence & seq) override;
     void begin_step() override;
-    void end_step() override { host_.end_step(); }
+    void end_step() override {
+        host_.end_step();
+        planning_ = false;
+    }
     int32_t num_blocks_freed_next_step() const override { return blocks_.num_blocks_freed_by_release(); }
     int64_t num_blocks_to_allocate(const Sequence & seq, int32_t num_new_tokens) const override {
         return blocks_.num_blocks_needed(seq.request_id, num_new_tokens);
@@ -98,6 +111,9 @@ class PagedKv final : public KvCacheManager {
     int32_t demote(const Sequence & needy, int64_t num_blocks, const std::vector<std::unique_ptr<Sequence>> & running,
                    std::vector<BlockSwap> * out) override;
     KvStreamStats kv_stream_stats() const override;
+    int32_t max_chunk_tokens(const Sequence & seq) const override;
+    bool fork_fits(const Sequence & parent) const override;
+    std::string out_of_blocks_reason(const Sequence & seq, int32_t num_new_tokens) const override;
 
   private:
     bool uses_cache(const Sequence & seq) const { return blocks_.prefix_caching() && seq.params.cache_prompt; }
@@ -121,6 +137,15 @@ class PagedKv final : public KvCacheManager {
     int64_t block_bytes_;
     std::unordered_map<int64_t, SwappedTable> swapped_;  // by request id
     int64_t watermark_blocks_;  // free blocks kept for running sequences: 1% of the pool, at least 1
+    // Between begin_step() and end_step(): a plan is being built, so host slots freed now are parked (a copy
+    // of this plan may still touch them); slots freed outside (a sequence finished after its step ran) are
+    // free at once, since every copy of a plan runs before any of the next plan's.
+    bool planning_ = false;
+    void release_host_slots_unless_planning() {
+        if (!planning_) {
+            host_.end_step();
+        }
+    }
 
     // KV streaming
     // Demote one candidate block of seq (see the rule above); false if it has none left.
