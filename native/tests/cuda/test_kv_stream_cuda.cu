@@ -373,6 +373,19 @@ void bench_gather() {
     std::printf("bench gather host->device, %d blocks of %lld KiB (64 MiB): gather kernel %.1f GB/s (grid %d), "
                 "pinned cudaMemcpyAsync %.1f GB/s\n", blocks, (long long) (2 * kb / 1024), bytes / (g_ms * 1e6), grid,
                 bytes / (m_ms * 1e6));
+    std::printf("bench gather grid sweep (GB/s):");
+    for (int per_sm : {1, 2, 4, 8}) {
+        const float ms = time_ms(s, [&] { CHECK_CUDA(cf::cuda::kv_gather_launch(g, per_sm * sms, s)); }, 7);
+        std::printf(" %d/SM %.1f", per_sm, bytes / (ms * 1e6));
+    }
+    // an empty launch (nothing staged): what each layer of a decode that streams nothing pays on the side stream
+    *num.ptr = 0;
+    for (int per_sm : {2, 8}) {
+        const float ms = time_ms(s, [&] { CHECK_CUDA(cf::cuda::kv_gather_launch(g, per_sm * sms, s)); }, 50);
+        std::printf("; empty launch %d/SM %.2f us", per_sm, ms * 1e3);
+    }
+    std::printf("\n");
+    *num.ptr = blocks;
     CHECK_CUDA(cudaStreamDestroy(s));
 }
 
