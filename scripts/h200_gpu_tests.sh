@@ -23,7 +23,8 @@
 # stage priority: bench_priority.py on the GPU under saturation, urgent p99 TTFT under "priority" vs "fcfs" (preemption
 # by swap on the copy stream; PRIO_NUM_LOW, PRIO_LOW_TOKENS, PRIO_URGENT_INTERVAL_MS), issue 13, about a minute;
 # stage kvstream: bench_kv_streaming.py on a random-weight Llama-3.1-8B-shape model (written beside the build, MODEL_8B),
-# KVS_CASES PROMPTxBATCH, KVS_MODES, KVS_OUT_LEN, plus the pinned host-to-device reference, issue 16.
+# KVS_CASES PROMPTxBATCH, KVS_MODES, KVS_OUT_LEN, KVS_PREFILL (rows|mma), plus the pinned host-to-device reference,
+# issue 16. DECODE_PA_KERNELS="two_pass pipelined" runs the decode stage's paged runs once per decode kernel.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-results/h200_gpu}
@@ -93,13 +94,19 @@ if want flashinfer; then  # issue 11: the decode kernel next to FlashInfer's bat
 fi
 
 if want decode; then
+  # DECODE_PA_KERNELS="two_pass pipelined": the paged runs once per CACHEFLOW_PA_KERNEL (paged_attention.cu)
   for npl in $NPL; do
     for mode in ${DECODE_MODES:-paged stock}; do
-      log "decode: cacheflow ($mode KV) vs llama-batched-bench, npl $npl"
-      mkdir -p "$OUT/decode_${mode}_b${npl}_p${NPP:-128}"
-      timeout 300 python scripts/bench_decode.py -m "$MODEL" --npp "${NPP:-128}" --ntg 128 --npl "$npl" -i ${ITER:-2} -t 8 \
-          -ngl 99 --kv-mode "$mode" --out "$OUT/decode_${mode}_b${npl}_p${NPP:-128}" 2>&1 | tail -6 | tee -a "$OUT/run.log" \
-          || log "decode bench ($mode, $npl) failed"
+      for pak in ${DECODE_PA_KERNELS:-default}; do
+        [ "$mode" != paged ] && [ "$pak" != "${DECODE_PA_KERNELS%% *}" ] && continue  # stock: once
+        tag="decode_${mode}_b${npl}_p${NPP:-128}"; [ "$pak" != default ] && [ "$mode" = paged ] && tag="${tag}_$pak"
+        log "decode: cacheflow ($mode KV${pak:+, kernel $pak}) vs llama-batched-bench, npl $npl"
+        mkdir -p "$OUT/$tag"
+        ( [ "$pak" != default ] && export CACHEFLOW_PA_KERNEL=$pak
+          timeout 300 python scripts/bench_decode.py -m "$MODEL" --npp "${NPP:-128}" --ntg 128 --npl "$npl" -i ${ITER:-2} \
+              -t 8 -ngl 99 --kv-mode "$mode" --out "$OUT/$tag" 2>&1 | tail -6 \
+              | tee -a "$OUT/run.log" ) || log "decode bench ($mode, $npl, $pak) failed"
+      done
     done
   done
 fi
@@ -285,7 +292,8 @@ if want kvstream; then  # issue 16: long contexts on the 8B shape, streaming vs 
   /tmp/cf_kvs_bench --bench > "$OUT/kv_stream_bench.txt" 2>&1 || log "kv_stream standalone failed"
   grep -iE "memcpy|gather|PASS|FAIL" "$OUT/kv_stream_bench.txt" | head -8 | tee -a "$OUT/run.log"
   log "long-context benchmark on the 8B shape: ${KVS_CASES:-32768x1 32768x4 131072x1}"
-  python scripts/bench_kv_streaming.py -m "$MODEL_8B" -ngl 99 --cases ${KVS_CASES:-32768x1 32768x4 131072x1} \
+  # KVS_PREFILL=mma: the engine's prefill chunks take the tensor-core kernel (paged_prefill_mma.cu)
+  CACHEFLOW_PAGED_PREFILL=${KVS_PREFILL:-rows} python scripts/bench_kv_streaming.py -m "$MODEL_8B" -ngl 99 --cases ${KVS_CASES:-32768x1 32768x4 131072x1} \
       --modes ${KVS_MODES:-device stream-fit stream recompute swap} --output-len ${KVS_OUT_LEN:-32} \
       --out "$OUT/kv_streaming.json" 2>&1 | tee "$OUT/kv_streaming.log" | grep -E '^\|' | tee -a "$OUT/run.log" \
       || log "long-context benchmark failed"
