@@ -112,6 +112,8 @@ def run_case(model: str, mode: str, prompts: list[list[int]], output_len: int, c
         "staging_copy_s": s.kv_stream_cuda_copy_ns / 1e9 if s.kv_stream_cuda_copy_ns > 0 else None,
         "staging_GBps_device": s.kv_staged_bytes / s.kv_stream_cuda_copy_ns if s.kv_stream_cuda_copy_ns > 0 else None,
         "staging_wait_layers": s.kv_stream_cuda_wait_layers,
+        # how ggml-cuda ran the decodes (patches/0009): a streaming run that launches eagerly pays the launches
+        "cuda_graphs": [s.cuda_graphs_captured, s.cuda_graphs_replayed, s.cuda_graphs_direct],
     }
 
 
@@ -139,6 +141,12 @@ def main() -> None:
            "rows": []}  # fmt: skip
     for case in args.cases:
         prompt_len, batch = (int(x) for x in case.split("x"))
+        if info.n_ctx_train and prompt_len + args.output_len > info.n_ctx_train:
+            # a sequence holds at most n_ctx_train tokens: "131072x1" means the longest prompt that leaves room
+            # for the outputs (the row records the length that ran)
+            prompt_len = info.n_ctx_train - args.output_len
+            print(f"{case}: prompt cut to {prompt_len} tokens (n_ctx_train {info.n_ctx_train} - {args.output_len} "
+                  "output tokens)", flush=True)
         rng = random.Random(args.seed + prompt_len + batch)
         prompts = [[rng.randrange(100, info.n_vocab) for _ in range(prompt_len)] for _ in range(batch)]
         tokens: dict[str, list] = {}
