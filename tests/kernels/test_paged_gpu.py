@@ -283,6 +283,11 @@ def test_kv_streaming_engine_on_the_gpu(gpu_model: Path) -> None:
     want, roomy = _streamed_run(gpu_model, one, 48, 4096, kv_streaming="off", **common)
     assert roomy.kv_streaming == 0 and roomy.num_preemptions == 0 and len(want[0]) == 48
     figures: dict = {}
+    # streaming on in a pool that holds the sequence: nothing is staged, so no decode runs the layer-ahead hooks
+    # (patches/0013): no gather ran on the side stream, no layer waited for one
+    fit, s_fit = _streamed_run(gpu_model, one, 48, 4096, kv_streaming="on", kv_stream_blocks=64, **common)
+    assert s_fit.kv_streaming == 1 and s_fit.kv_staged_blocks == 0 and fit == want
+    assert s_fit.kv_stream_cuda_copy_ns <= 0 and s_fit.kv_stream_cuda_wait_layers <= 0
     for depth in (1, 2, 4):
         got, s = _streamed_run(gpu_model, one, 48, 256, kv_streaming="on", kv_stream_blocks=64,
                                kv_stream_depth=depth, **common)

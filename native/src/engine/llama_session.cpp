@@ -676,6 +676,14 @@ void LlamaSession::stage_kv_plan(llama_paged_plan & plan) {
         llama_synchronize(ctx_);
     }
     *num_staged_ = n;
+    // a decode that stages nothing runs a graph without the layer-ahead hooks (patches/0013): with them it cost
+    // 5.6-5.8% of decode time on the H200 (results/h200_gpu/stop31); a change of setting rebuilds the graph once
+    if ((n > 0) != stream_hooks_on_) {
+        stream_hooks_on_ = n > 0;
+        if (llama_paged_set_kv_stream_active(ctx_, stream_hooks_on_) != 0) {
+            throw Error(CF_STATUS_INTERNAL, "llama_paged_set_kv_stream_active refused");
+        }
+    }
     if (copied) {
         plan.block_tables = staged_tables_.data();
         stream_counters_.num_staged_blocks += n;
