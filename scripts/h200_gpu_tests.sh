@@ -24,7 +24,8 @@
 # by swap on the copy stream; PRIO_NUM_LOW, PRIO_LOW_TOKENS, PRIO_URGENT_INTERVAL_MS), issue 13, about a minute;
 # stage kvstream: bench_kv_streaming.py on a random-weight Llama-3.1-8B-shape model (written beside the build, MODEL_8B),
 # KVS_CASES PROMPTxBATCH, KVS_MODES, KVS_OUT_LEN, KVS_PREFILL (rows|mma), plus the pinned host-to-device reference,
-# issue 16. DECODE_PA_KERNELS="two_pass pipelined" runs the decode stage's paged runs once per decode kernel.
+# issue 16 (KVS_STANDALONE=0 skips the standalone kv_stream bench). DECODE_PA_KERNELS="two_pass pipelined" runs the
+# decode stage's paged runs once per decode kernel. GPU_TESTS_K: a pytest -k expression for the tests stage.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-results/h200_gpu}
@@ -74,7 +75,7 @@ fi
 if want tests; then
   log "GPU tests (pytest -m gpu)"
   CACHEFLOW_TOKENIZER_GGUF=$PWD/_carry/tokenizer.gguf CACHEFLOW_GPU_RESULTS=$OUT/gpu_agreement.json \
-      python -m pytest -q -s -m gpu -p no:cacheprovider tests/kernels 2>&1 | tee "$OUT/gpu_tests.log" \
+      python -m pytest -q -s -m gpu -p no:cacheprovider ${GPU_TESTS_K:+-k "$GPU_TESTS_K"} tests/kernels 2>&1 | tee "$OUT/gpu_tests.log" \
       | grep -E "measured|swap on CUDA|greedy sequences|passed|failed|FAIL|Error" | tail -20 | tee -a "$OUT/run.log" \
       || log "GPU tests failed"
 fi
@@ -285,12 +286,14 @@ if want kvstream; then  # issue 16: long contexts on the 8B shape, streaming vs 
     log "waiting for the 8B-shape model"
     for _ in $(seq 1 600); do [ -f "$MODEL_8B" ] && break; sleep 1; done
   fi
-  log "pinned host-to-device reference (kv_stream standalone --bench)"
-  nvcc -std=c++17 -O3 --use_fast_math -arch=native -I native/src/kernels/cuda -I native/src/kernels \
-      native/src/kernels/cuda/paged_attention.cu native/src/kernels/cuda/paged_prefill_mma.cu native/src/kernels/cuda/kv_stream.cu \
-      native/tests/cuda/test_kv_stream_cuda.cu -o /tmp/cf_kvs_bench 2>&1 | tail -3
-  /tmp/cf_kvs_bench --bench > "$OUT/kv_stream_bench.txt" 2>&1 || log "kv_stream standalone failed"
-  grep -iE "memcpy|gather|PASS|FAIL" "$OUT/kv_stream_bench.txt" | head -8 | tee -a "$OUT/run.log"
+  if [ "${KVS_STANDALONE:-1}" = 1 ]; then
+    log "pinned host-to-device reference (kv_stream standalone --bench)"
+    nvcc -std=c++17 -O3 --use_fast_math -arch=native -I native/src/kernels/cuda -I native/src/kernels \
+        native/src/kernels/cuda/paged_attention.cu native/src/kernels/cuda/paged_prefill_mma.cu native/src/kernels/cuda/kv_stream.cu \
+        native/tests/cuda/test_kv_stream_cuda.cu -o /tmp/cf_kvs_bench 2>&1 | tail -3
+    /tmp/cf_kvs_bench --bench > "$OUT/kv_stream_bench.txt" 2>&1 || log "kv_stream standalone failed"
+    grep -iE "memcpy|gather|PASS|FAIL" "$OUT/kv_stream_bench.txt" | head -8 | tee -a "$OUT/run.log"
+  fi
   log "long-context benchmark on the 8B shape: ${KVS_CASES:-32768x1 32768x4 131072x1}"
   # KVS_PREFILL=mma: the engine's prefill chunks take the tensor-core kernel (paged_prefill_mma.cu)
   CACHEFLOW_PAGED_PREFILL=${KVS_PREFILL:-rows} python scripts/bench_kv_streaming.py -m "$MODEL_8B" -ngl 99 --cases ${KVS_CASES:-32768x1 32768x4 131072x1} \
