@@ -618,6 +618,12 @@ void LlamaSession::init_kv_stream_desc() {
     d.staged_slots = staged_slots_;
     d.num_staged = num_staged_;
     d.host_base = nullptr;  // start_kv_stream
+    // no hooks until a decode stages a block (stage_kv_plan turns them on): the warm-up decode and every decode
+    // that stages nothing run the graph of a context without streaming (patches/0013)
+    if (llama_paged_set_kv_stream_active(ctx_, false) != 0) {
+        throw Error(CF_STATUS_INTERNAL, "llama_paged_set_kv_stream_active refused");
+    }
+    stream_hooks_on_ = false;
 }
 
 void LlamaSession::start_kv_stream(const uint8_t * host_base) {

@@ -270,7 +270,7 @@ class LlamaSession {
     std::unique_ptr<cf_kv_stream_desc> stream_desc_;
     int32_t * staged_slots_ = nullptr;  // [max_staged], then num_staged: in staged_list_ (CPU) or pinned_lists_
     int32_t * num_staged_ = nullptr;
-    bool stream_hooks_on_ = true;       // the graphs carry the descriptor (llama_paged_set_kv_stream_active)
+    bool stream_hooks_on_ = false;      // the graphs carry the descriptor (llama_paged_set_kv_stream_active)
     std::vector<int32_t> staged_list_;
     ggml_backend_buffer * pinned_lists_ = nullptr;
     std::vector<int32_t> staged_tables_;  // stage_kv_plan scratch
