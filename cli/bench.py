@@ -53,6 +53,7 @@ def _common(fn: Callable) -> Callable:
         ),
         click.option("--seed", type=int, default=0, show_default=True, help="Workload seed."),
         click.option(
+            "-t",
             "--threads",
             type=click.IntRange(min=0),
             default=0,
@@ -495,7 +496,7 @@ def _print_table(medians: list[dict[str, object]], ratio_rows: list[dict[str, ob
         "tpot_ms_median",
         "e2e_ms_median",
     )
-    click.echo(f"{'variant':<34}{'c':>4}" + "".join(f"{c[:16]:>18}" for c in cols))
+    click.echo(f"{'variant':<34}{'c':>4}" + "".join(f"{c[:17]:>18}" for c in cols))
     for m in medians:
         values = "".join(f"{_fmt(m.get(c)):>18}" for c in cols)
         click.echo(f"{str(m['variant'])[:33]:<34}{m['concurrency']!s:>4}{values}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -131,7 +132,8 @@ KV_STREAMING_OPTION = click.option(
     help="KV streaming (paged mode): 'on' moves middle KV blocks of running sequences to host slots of "
     "--swap-space under pool pressure (before preempting) and stages them back each decode, so a prompt "
     "larger than the device pool still runs; 'auto' is off (on the CPU the staging copy is pure cost; on "
-    "CUDA the engine's streaming path has not run on a GPU yet). Not with --rpc.",
+    "CUDA decode is host-link bound while blocks are staged, so it is for contexts the pool cannot hold; "
+    "see the README). Not with --rpc.",
 )
 
 KV_STREAM_BLOCKS_OPTION = click.option(
@@ -279,7 +281,21 @@ def _under_option(
     chosen = next((f for f in fields if f in explicit), fields[0])
     option = option_names[chosen]
     hint = (hints or {}).get(option)
-    return f"Invalid value for {option}: {flag_message(message)}" + (f" ({hint})" if hint else "")
+    text = _in_option_terms(flag_message(message), option_names)
+    return f"Invalid value for {option}: {text}" + (f" ({hint})" if hint else "")
+
+
+def _in_option_terms(message: str, option_names: dict[str, str]) -> str:
+    """The engine's message with the EngineConfig fields it names written as the command's options:
+    ``kv_cache_bytes=1024`` becomes ``--kv-cache-memory 1024``, a bare ``n_ctx`` ``-c/--ctx-size``. A message
+    about one field without its value ("n_ctx must be >= 0, got -1") stays: "Invalid value for OPTION" names it."""
+    if not option_names:
+        return message
+    names = "|".join(sorted(map(re.escape, option_names), key=len, reverse=True))
+    if len(set(re.findall(rf"\b({names})\b", message))) < 2 and not re.search(rf"\b({names})=", message):
+        return message
+    message = re.sub(rf"\b({names})=([\w.]+)", lambda m: f"{option_names[m.group(1)]} {m.group(2)}", message)
+    return re.sub(rf"\b({names})\b", lambda m: option_names[m.group(1)], message)
 
 
 def explicit_fields(param_of_field: dict[str, str]) -> set[str]:

@@ -38,6 +38,7 @@ _WHY: dict[str, str] = {
     "--context-shift": "CacheFlow does not shift the context: a request stops (truncated) "
     "when its slot's context is full, as llama-server's default --no-context-shift",
     **dict.fromkeys(("--embedding", "--rerank", "--pooling", "--mmproj"), _TEXT_ONLY),
+    "--log-file": "cacheflow serve logs to stderr; redirect it (cacheflow serve ... 2>> FILE)",
 }
 # llama-server flags whose meaning CacheFlow already has, or that change nothing it does: accepted
 # with a note on stderr, so that llama-server launch scripts keep working; keyed by any of their names.
@@ -49,6 +50,14 @@ IGNORED: dict[str, str] = {
     "--keep": "tokens kept when the context shifts, and CacheFlow never shifts the context "
     "(as llama-server's default --no-context-shift)",
     **dict.fromkeys(("--mlock", "--no-mmap", "--mmap"), _LOAD_MODE),
+    **dict.fromkeys(("--perf", "--no-perf"), "libllama's internal timings; CacheFlow's own timings (/metrics, "
+                    "response timings) are always on"),
+    **dict.fromkeys(("--prio", "--poll", "--prio-batch", "--poll-batch"), "thread priority and polling of "
+                    "llama.cpp's CPU threads: CacheFlow runs them at llama.cpp's defaults"),
+    "--numa": "llama.cpp's NUMA thread placement is not applied; CacheFlow's threads run where the OS puts them",
+    "--verbosity": "cacheflow serve's log level is -v/--verbose (errors only without it)",
+    "--slot-prompt-similarity": "the prefix cache shares cached blocks with any slot, so no slot is chosen "
+    "by prompt similarity",
 }
 # Flags of earlier llama-server releases, still common in scripts (the pinned one replaced them
 # with -lm/--load-mode); accepted with the note of IGNORED.

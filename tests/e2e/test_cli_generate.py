@@ -77,11 +77,12 @@ def test_unknown_flag_is_a_usage_error(tiny_model_path):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--ctx-size", "512", "--kv-cache-memory", "1GiB"], "set n_ctx or kv_cache_bytes, not both"),
+        (["--ctx-size", "512", "--kv-cache-memory", "1GiB"], "Invalid value for --ctx-size: set --ctx-size or --kv-cache-memory, not both "
+                                                           "(--ctx-size 512, --kv-cache-memory 1073741824)"),
         (["-c", "0"], "Invalid value for -c/--concurrency: max_num_seqs must be >= 1, got 0"),
         (["--ctx-size", "-1"], "Invalid value for --ctx-size: n_ctx must be >= 0, got -1"),
-        (["--batch-tokens", "8"], "Invalid value for --batch-tokens: max_num_batched_tokens (8) must "
-                                  "be at least max_num_seqs (16)"),
+        (["--batch-tokens", "8"], "Invalid value for --batch-tokens: --batch-tokens (8) must "
+                                  "be at least -c/--concurrency (16)"),
         (["--block-size", "0"], "Invalid value for --block-size: block_size must be >= 1, got 0"),
         (["--gpu-layers", "-2"], "Invalid value for --gpu-layers: n_gpu_layers must be >= -1, got -2"),
     ],
@@ -182,12 +183,12 @@ def test_subprocess_unknown_flag_exit_code():
     [
         # was UnsupportedError "... kv_mode=stock may work" after llama.cpp's raw log lines
         (["--block-size", "100000", "--ctx-size", "512"],
-         "Invalid value for --block-size: block_size (100000) is larger than the KV cache (512 "
+         "Invalid value for --block-size: --block-size (100000) is larger than the KV cache (512 "
          "tokens), which must hold at least one block"),
         # -c is the concurrency here (llama.cpp's -c is the context size): it was blamed on
         # --batch-tokens, which the user never gave
-        (["-c", "100000"], "Invalid value for -c/--concurrency: max_num_batched_tokens (512) must "
-                           "be at least max_num_seqs (100000) (-c is the number of sequences run "
+        (["-c", "100000"], "Invalid value for -c/--concurrency: --batch-tokens (512) must "
+                           "be at least -c/--concurrency (100000) (-c is the number of sequences run "
                            "at once; the KV context size is --ctx-size)"),
         # a C ABI width refused by EngineConfig: was "n_ctx must be ..." without the option
         (["--ctx-size", "10000000000"],
