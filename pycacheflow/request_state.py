@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from pycacheflow.outputs import (
     SLOT_ID_NONE,
+    RequestChunk,
     RequestMetrics,
     RequestOutput,
     StreamDelta,
@@ -21,7 +22,7 @@ from pycacheflow.outputs import (
 )
 
 if TYPE_CHECKING:
-    from pycacheflow.outputs import FinalInfo, PromptProgress, RequestChunk, TokenLogprobs
+    from pycacheflow.outputs import FinalInfo, PromptProgress, TokenLogprobs
 
 
 class RequestState:
@@ -66,7 +67,7 @@ class RequestState:
         Returns:
             The delta they produce; on the final chunk ``delta.output`` is the RequestOutput.
         """
-        if not isinstance(chunks, (list, tuple)):
+        if isinstance(chunks, RequestChunk):  # one chunk (itself a tuple)
             chunks = (chunks,)
         new_ids: list[int] = []
         text = []
