@@ -8,9 +8,14 @@ stream). The loop then takes everything queued for each request with ``LLM.take_
 one write per stream per wake-up. No thread per stream, no polling:
 
     dispatcher thread ── notify() ──► LoopWaker.mark(group) ─(first mark of a drain)─►
-        loop.call_soon_threadsafe(flush) ──► Event.set() of every marked group
+        loop.call_soon_threadsafe(flush) ──► _wake() of every marked group
                                                                               │
-    handler:  async for index, delta in group.deltas():  ◄── take_outputs ◄──┘
+    handler:  group.wait(), then group.take()  ◄────────────── take_outputs ◄─┘
+              (or: async for index, delta in group.deltas())
+
+A wake resolves the future of the ``wait`` in progress (no asyncio.Event, whose wait creates a
+future and a waiter list entry anyway); the SSE keep-alive timeout is one timer per group that
+re-arms itself, not a timer per wait.
 
 Whatever ends the handler early (client disconnect, cancellation at shutdown, an exception)
 runs ``close()``, which aborts the unfinished requests; their final "abort" deltas are taken
@@ -20,7 +25,8 @@ by the wake callback so that the LLM forgets them.
 from __future__ import annotations
 
 import asyncio
-import threading
+import collections
+import math
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
@@ -35,8 +41,9 @@ if TYPE_CHECKING:
 class LoopWaker:
     """Wakes the groups of one event loop that got output, with one loop callback per batch.
 
-    ``mark`` runs on the dispatcher thread (cheap, never blocks on the loop); ``_flush`` on the
-    loop wakes every group marked since the previous flush.
+    ``mark`` runs on the dispatcher thread (cheap, never blocks on the loop: a deque append,
+    atomic under the GIL, and one ``call_soon_threadsafe`` for the first mark since the last
+    flush); ``_flush`` on the loop wakes every group marked since the previous flush.
 
     Args:
         loop: the running loop (defaults to the current one).
@@ -44,31 +51,35 @@ class LoopWaker:
 
     def __init__(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
         self._loop = loop or asyncio.get_running_loop()
-        self._lock = threading.Lock()
-        self._marked: set[RequestGroup] = set()
+        self._marked: collections.deque[RequestGroup] = collections.deque()
+        self._scheduled = False  # a _flush is pending on the loop
 
     def mark(self, group: RequestGroup) -> None:
         """Wake ``group`` soon (any thread; must not raise)."""
-        with self._lock:
-            first = not self._marked
-            self._marked.add(group)
-        if first:
+        self._marked.append(group)
+        if not self._scheduled:
+            # A flush that runs between the append and this test sees the group; one that ran
+            # before the append left _scheduled False, so this schedules the next: none is lost
+            # (at worst two flushes run, the second finding nothing).
+            self._scheduled = True
             try:
                 self._loop.call_soon_threadsafe(self._flush)
             except RuntimeError:  # loop closed (server shut down): nothing is waiting any more
                 pass
 
     def _flush(self) -> None:
-        with self._lock:
-            marked, self._marked = self._marked, set()
-        for group in marked:
-            group._wake()
+        self._scheduled = False
+        marked, popleft = self._marked, self._marked.popleft
+        while marked:
+            popleft()._wake()
 
 
 class RequestGroup:
     """Submits requests and yields their deltas on one event loop.
 
-    Must be created and used on the loop's thread; call ``close()`` in a ``finally``.
+    Must be created and used on the loop's thread; call ``close()`` in a ``finally``. Either
+    iterate ``deltas()``, or call ``take()`` and ``wait()`` in turn (a streaming response: one
+    call of each per wake-up, whatever the number of requests).
 
     Args:
         llm: the engine.
@@ -85,16 +96,27 @@ class RequestGroup:
         self._llm = llm
         self._loop = loop or asyncio.get_running_loop()
         self._waker = waker or LoopWaker(self._loop)
-        self._event = asyncio.Event()
         self._request_ids: list[int] = []  # index -> request id
         self._unfinished: dict[int, int] = {}  # request id -> index
         self._closed = False
-        self._timed_out = False  # the last _wait ended by its timeout
+        self._ready = False  # woken since the last take(): output may be queued
+        self._waiter: asyncio.Future[bool] | None = None  # of the wait() in progress
+        # One timer for the heartbeat, not one per wait (a wait runs per stream per step): it
+        # fires at the deadline of the wait that armed it and re-arms for a later one.
+        self._deadline = 0.0  # loop time at which the current wait() times out
+        self._timer: asyncio.TimerHandle | None = None
+        self._error: BaseException | None = None  # raised by the next take()
+        self.disconnected = False  # set by ``disconnect`` (the HTTP client went away)
 
     @property
     def request_ids(self) -> list[int]:
         """Engine request ids, in submission order."""
         return list(self._request_ids)
+
+    @property
+    def finished(self) -> bool:
+        """Every request's last delta was taken."""
+        return not self._unfinished
 
     def submit(self, prompt: PromptInput, params: SamplingParams, priority: int = 0) -> int:
         """Submit one request (thread: the loop's); returns its index in the group.
@@ -124,6 +146,52 @@ class RequestGroup:
             self._unfinished[request_id] = first + i
         return list(range(first, first + len(request_ids)))
 
+    def take(self) -> list[tuple[int, StreamDelta]]:
+        """(index, delta) of everything queued now, requests in submission order, without
+        blocking; a request's last delta has ``output`` set and ends it.
+
+        Raises:
+            ShutdownError: the engine was closed first (after a take that returned the deltas
+                taken before it).
+        """
+        self._ready = False
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+        out = []
+        unfinished = self._unfinished
+        for request_id, index in list(unfinished.items()):
+            try:
+                deltas = self._llm.take_outputs(request_id)
+            except Exception as exc:  # noqa: BLE001 - raised after what was taken goes out
+                if not out:
+                    raise
+                self._error, self._ready = exc, True
+                return out
+            for delta in deltas:
+                if delta.finished:
+                    del unfinished[request_id]
+                out.append((index, delta))
+        return out
+
+    async def wait(self, timeout_s: float | None = None) -> bool:
+        """Wait until output may be queued (or ``disconnect``); False if ``timeout_s`` passed
+        first. Returns at once when woken since the last ``take``."""
+        if self._ready:
+            return True
+        waiter = self._loop.create_future()
+        self._waiter = waiter
+        if timeout_s is None:
+            self._deadline = math.inf  # a timer armed by an earlier wait ends nothing
+        else:
+            self._deadline = self._loop.time() + timeout_s
+            if self._timer is None:
+                self._timer = self._loop.call_at(self._deadline, self._on_timer)
+        try:
+            return await waiter
+        finally:
+            self._waiter = None
+
     async def deltas(
         self, heartbeat_s: float | None = None
     ) -> AsyncIterator[tuple[int, StreamDelta | None]]:
@@ -140,35 +208,25 @@ class RequestGroup:
             ShutdownError: the engine was closed first.
         """
         while self._unfinished:
-            self._event.clear()  # before taking: a notify from now on wakes the next wait
-            for request_id, index in list(self._unfinished.items()):
-                for delta in self._llm.take_outputs(request_id):
-                    if delta.finished:
-                        del self._unfinished[request_id]
-                    yield index, delta
-            if self._unfinished and not await self._wait(heartbeat_s):
+            for item in self.take():
+                yield item
+            if self._unfinished and not await self.wait(heartbeat_s):
                 yield -1, None
 
-    async def _wait(self, timeout_s: float | None) -> bool:
-        """Wait for a notify; False if ``timeout_s`` passed first.
+    def _on_timer(self) -> None:
+        self._timer = None
+        waiter = self._waiter
+        if waiter is None or waiter.done():
+            return  # no wait in progress: the next one arms its own timer
+        if self._loop.time() >= self._deadline:
+            waiter.set_result(False)
+        elif self._deadline != math.inf:  # a later wait moved the deadline
+            self._timer = self._loop.call_at(self._deadline, self._on_timer)
 
-        One timer handle per wait (no task, unlike ``asyncio.wait_for``): this runs once per
-        stream per engine step.
-        """
-        if timeout_s is None or self._event.is_set():
-            await self._event.wait()
-            return True
-        self._timed_out = False
-        timer = self._loop.call_later(timeout_s, self._on_timeout)
-        try:
-            await self._event.wait()
-        finally:
-            timer.cancel()
-        return not self._timed_out
-
-    def _on_timeout(self) -> None:
-        self._timed_out = True
-        self._event.set()
+    def disconnect(self) -> None:
+        """The HTTP client went away: set ``disconnected`` and end the current ``wait``."""
+        self.disconnected = True
+        self._wake()
 
     def abort(self) -> None:
         """Abort every unfinished request but keep consuming: ``deltas()`` still yields their
@@ -185,6 +243,9 @@ class RequestGroup:
         if self._closed:
             return 0
         self._closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         num_aborted = sum(self._llm.abort(request_id) for request_id in list(self._unfinished))
         self._discard_finished()
         return num_aborted
@@ -196,7 +257,10 @@ class RequestGroup:
         self._waker.mark(self)
 
     def _wake(self) -> None:
-        self._event.set()
+        self._ready = True
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(True)
         if self._closed:
             self._discard_finished()
 
