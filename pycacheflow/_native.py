@@ -298,6 +298,13 @@ def token_array(token_ids: Sequence[int]) -> object:
                    else list(token_ids))  # fmt: skip
 
 
+def token_array_slice(tokens: object, start: int, stop: int) -> object:
+    """A new ``token_array`` of entries [start, stop) of an int32_t[] (one memory copy)."""
+    out = ffi.new("int32_t[]", stop - start)
+    ffi.memmove(out, tokens + start, 4 * (stop - start))
+    return out
+
+
 def _tokens(token_ids: Sequence[int] | object) -> object:
     """``token_ids`` as an int32_t[]: a ``token_array`` as it is, else a new one."""
     return token_ids if isinstance(token_ids, ffi.CData) else token_array(token_ids)
@@ -643,6 +650,14 @@ class Engine:
         Returns:
             Token ids.
         """
+        tokens, num_tokens = self.tokenize_array(text, add_special, parse_special)
+        return ffi.unpack(tokens, num_tokens)
+
+    def tokenize_array(
+        self, text: str, add_special: bool = True, parse_special: bool = True
+    ) -> tuple[object, int]:
+        """``tokenize`` into the engine's form: an int32_t[] (at least ``num_tokens`` long; the
+        ids are its first ``num_tokens`` entries) and ``num_tokens``. Arguments as ``tokenize``."""
         data = encode_utf8(text, "text")
         capacity = len(data) + 8  # a token covers >= 1 byte, plus BOS/EOS
         while True:
@@ -654,7 +669,7 @@ class Engine:
             except errors.BufferTooSmallError:
                 capacity = _grown(capacity, out[0])
                 continue
-            return ffi.unpack(tokens, out[0])
+            return tokens, out[0]
 
     def eog_tokens(self) -> list[int]:
         """The model's end-of-generation token ids (EOS, EOT, ...), increasing."""

@@ -10,7 +10,8 @@ from dataclasses import dataclass, field, replace
 from typing import Union
 
 from pycacheflow import errors
-from pycacheflow._native import Engine, token_array
+from pycacheflow._ffi import ffi
+from pycacheflow._native import Engine, token_array_slice
 from pycacheflow.chat_template import ChatFormatter
 from pycacheflow.config import EngineConfig
 from pycacheflow.engine import EngineRunner, RequestStream
@@ -33,12 +34,12 @@ class _Pending:
 
 @dataclass(frozen=True)
 class PreparedPrompt:
-    """A prompt tokenized, checked and converted for the engine once (``LLM.prepare_prompt``,
-    on any thread), so that submitting it (``add_request``, ``add_choices``) does no work per
-    token: a server prepares prompts on a worker thread and submits them on its event loop.
+    """A text prompt tokenized into the engine's form once (``LLM.prepare_prompt``, on any
+    thread), so that submitting it (``add_request``, ``add_choices``) does no work per token:
+    no check of ids the tokenizer made, no conversion.
 
     Attributes:
-        prompt: the prompt as given when it was text, else None (``RequestOutput.prompt``).
+        prompt: the text (``RequestOutput.prompt``).
         token_ids: the tokens that will be submitted.
         tokens: the same as the engine's ``int32_t[]`` (``_native.token_array``).
     """
@@ -461,18 +462,21 @@ class LLM:
             for index, (prompt, p) in enumerate(zip(prompt_list, params_list))
         ]
 
-    def prepare_prompt(self, prompt: PromptInput) -> PreparedPrompt:
-        """Tokenize, check and convert a prompt for the engine now (thread-safe; the native
-        calls release the GIL), so that ``add_request`` / ``add_choices`` of the result do no
-        work per token. Token ids are checked as ``add_request`` checks them.
+    def prepare_prompt(self, text: str) -> PreparedPrompt:
+        """Tokenize a text prompt as ``tokenize_prompt`` does, into the engine's form, so that
+        ``add_request`` / ``add_choices`` of the result do no work per token (thread-safe; the
+        native call releases the GIL): a server prepares prompts on a worker thread and
+        submits them on its event loop. The tokenizer's ids need no check; the length is
+        checked when the prompt is submitted, as for any prompt.
 
         Raises:
-            As ``generate`` for one prompt (PromptTooLongError, InvalidArgumentError).
+            InvalidArgumentError: text without a UTF-8 form (as ``tokenize`` raises it).
         """
-        if isinstance(prompt, PreparedPrompt):
-            return prompt
-        original, token_ids = self._prompt_tokens(prompt, False, 0)
-        return PreparedPrompt(original, tuple(token_ids), token_array(token_ids))
+        tokens, num_tokens = self._engine.tokenize_array(text, add_special=True,
+                                                         parse_special=True)  # fmt: skip
+        start = 1 if self._doubled_bos(tokens, num_tokens) else 0
+        tokens = token_array_slice(tokens, start, num_tokens)
+        return PreparedPrompt(text, tuple(ffi.unpack(tokens, num_tokens - start)), tokens)
 
     def _prepare(
         self, prompt: PromptInput, params: SamplingParams, use_chat_template: bool, index: int
@@ -480,6 +484,7 @@ class LLM:
         if isinstance(prompt, PreparedPrompt):
             if use_chat_template:
                 raise ValueError("use_chat_template does not apply to a prepared prompt")
+            self._validate_length(len(prompt.token_ids), index)
             return _Prepared(prompt.prompt, prompt.token_ids, params, prompt.tokens)
         return _Prepared(*self._prompt_tokens(prompt, use_chat_template, index), params)
 
@@ -507,22 +512,27 @@ class LLM:
 
     def _tokenize_prompt(self, text: str) -> list[int]:
         token_ids = self._engine.tokenize(text, add_special=True, parse_special=True)
-        bos = self._info.token_bos
-        # Text that starts with the BOS token's text (chat templates do; SmolLM2's BOS is
-        # <|im_start|>) plus the BOS the tokenizer adds would give two: keep one.
-        if self._info.add_bos and len(token_ids) >= 2 and token_ids[0] == token_ids[1] == bos:
-            token_ids = token_ids[1:]
-        return token_ids
+        return token_ids[1:] if self._doubled_bos(token_ids, len(token_ids)) else token_ids
 
-    def _validate_tokens(self, token_ids: list[int], index: int) -> None:
-        n_vocab, limit = self._info.n_vocab, self._info.n_ctx_per_seq
-        if not token_ids:
+    def _doubled_bos(self, token_ids: Sequence[int], num_tokens: int) -> bool:
+        """Text that starts with the BOS token's text (chat templates do; SmolLM2's BOS is
+        <|im_start|>) plus the BOS the tokenizer adds gives two: keep one."""
+        bos = self._info.token_bos
+        return bool(self._info.add_bos) and num_tokens >= 2 and token_ids[0] == token_ids[1] == bos
+
+    def _validate_length(self, num_tokens: int, index: int) -> None:
+        limit = self._info.n_ctx_per_seq
+        if not num_tokens:
             raise errors.InvalidArgumentError(f"prompts[{index}] is empty")
-        if len(token_ids) >= limit:
+        if num_tokens >= limit:
             raise errors.PromptTooLongError(
-                f"prompts[{index}] has {len(token_ids)} tokens; a sequence holds at most "
+                f"prompts[{index}] has {num_tokens} tokens; a sequence holds at most "
                 f"{limit} (prompt + output), so prompts must be shorter than {limit} tokens"
             )
+
+    def _validate_tokens(self, token_ids: list[int], index: int) -> None:
+        n_vocab = self._info.n_vocab
+        self._validate_length(len(token_ids), index)
         in_range = min(token_ids) >= 0 and max(token_ids) < n_vocab  # C loops; the culprit below
         bad = None if in_range else next(t for t in token_ids if not 0 <= t < n_vocab)
         if bad is not None:

@@ -82,9 +82,8 @@ class Prompt(NamedTuple):
 
     Attributes:
         token_ids: its tokens.
-        prepared: the same checked and converted for the engine (``LLM.prepare_prompt``), or
-            None when the check failed: submitting ``token_ids`` raises the error then, at the
-            point and with the message it always had.
+        prepared: for a text prompt, the same in the engine's form (``LLM.prepare_prompt``);
+            None for token ids (checked when submitted).
         text: the tokens detokenized with special tokens rendered (/completion's ``prompt``),
             when asked for; else None.
     """
@@ -274,8 +273,8 @@ class ServerState:
             raise ProtocolError(str(exc)) from None
 
     async def prepare_prompt(self, prompt: PromptInput, with_text: bool = False) -> Prompt:
-        """A prompt resolved as ``resolve_prompt`` resolves it and prepared for the engine
-        (``LLM.prepare_prompt``: checked, converted to the engine's array once), and with
+        """A prompt resolved as ``resolve_prompt`` resolves it, a text prompt in the engine's
+        form (``LLM.prepare_prompt``: converted once, no check of the tokenizer's ids), and with
         ``with_text`` also detokenized (for /completion's ``prompt``).
 
         A prompt with text is done on a worker thread: llama.cpp's tokenizer takes
@@ -296,12 +295,16 @@ class ServerState:
         return await loop.run_in_executor(self._prompt_pool, self._prepare, prompt, with_text)
 
     def _prepare(self, prompt: PromptInput, with_text: bool) -> Prompt:
-        """``prepare_prompt``'s work (any thread)."""
-        token_ids = self.resolve_prompt(prompt)
+        """``prepare_prompt``'s work (any thread). Only the tokenizer's ids skip the checks of
+        ids: the ids of a request are checked when it is submitted, as they always were."""
+        if not isinstance(prompt, str):
+            token_ids = self.resolve_prompt(prompt)
+            text = self.llm.detokenize(token_ids, skip_special=False) if with_text else None
+            return Prompt(token_ids, None, text)
         try:
-            prepared = self.llm.prepare_prompt(token_ids)
-        except (errors.InvalidArgumentError, errors.PromptTooLongError):
-            return Prompt(token_ids)  # submit raises it, after the checks that come first
+            prepared = self.llm.prepare_prompt(prompt)  # tokenized as resolve_prompt does
+        except errors.InvalidArgumentError as exc:
+            raise ProtocolError(str(exc)) from None
         text = self.llm.detokenize(prepared, skip_special=False) if with_text else None
         return Prompt(prepared.token_ids, prepared, text)
 
