@@ -6,12 +6,10 @@ Everything here runs on the event loop thread.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import math
 import time
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -25,7 +23,7 @@ from pycacheflow.server.metrics import ServerMetrics
 from pycacheflow.server.protocol import ProtocolError
 from pycacheflow.server.responses import Completion, generation_settings, stop_type_of
 from pycacheflow.server.slots import SlotTable
-from pycacheflow.server.streams import LoopWaker
+from pycacheflow.server.streams import LoopWaker, WorkerPool
 from pycacheflow.text import is_exact_int_list
 
 if TYPE_CHECKING:
@@ -124,8 +122,9 @@ class ServerState:
         self.pieces = TokenPieces(llm)  # token texts of probabilities
         self._template_props: dict[str, object] | None = None  # /props' template fields
         self._thinking: bool | None = None  # the default template has reasoning markers
-        # tokenizes prompts off the event loop (the native calls release the GIL)
-        self._prompt_pool = ThreadPoolExecutor(thread_name_prefix="cacheflow-prompt")
+        # tokenizes prompts off the event loop (the native calls release the GIL); made on
+        # the loop, on first use
+        self._prompt_pool: WorkerPool | None = None
 
     def waker(self) -> LoopWaker:
         """The event loop's shared LoopWaker (call on the loop)."""
@@ -291,8 +290,9 @@ class ServerState:
         """
         if isinstance(prompt, list) and not any(isinstance(piece, str) for piece in prompt):
             return self._prepare(prompt, False)
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._prompt_pool, self._prepare, prompt, with_text)
+        if self._prompt_pool is None:
+            self._prompt_pool = WorkerPool(name="cacheflow-prompt")
+        return await self._prompt_pool.run(self._prepare, prompt, with_text)
 
     def _prepare(self, prompt: PromptInput, with_text: bool) -> Prompt:
         """``prepare_prompt``'s work (any thread). Only the tokenizer's ids skip the checks of

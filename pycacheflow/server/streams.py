@@ -1,4 +1,5 @@
-"""RequestGroup: the engine requests of one HTTP call, consumed on the asyncio event loop.
+"""RequestGroup: the engine requests of one HTTP call, consumed on the asyncio event loop;
+WorkerPool: calls off the loop (tokenization) whose results come back in batches.
 
 The engine's dispatcher thread calls each request's ``notify`` after queueing its output; the
 callback only marks the group in the loop's ``LoopWaker``, which schedules one wake-up on the
@@ -27,8 +28,11 @@ from __future__ import annotations
 import asyncio
 import collections
 import math
-from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING
+import os
+import queue
+import threading
+from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING, TypeVar
 
 from pycacheflow import errors
 
@@ -36,6 +40,8 @@ if TYPE_CHECKING:
     from pycacheflow.llm import LLM, PromptInput
     from pycacheflow.outputs import StreamDelta
     from pycacheflow.sampling_params import SamplingParams
+
+T = TypeVar("T")
 
 
 class LoopWaker:
@@ -272,3 +278,82 @@ class RequestGroup:
                 deltas = None
             if deltas is None or any(d.finished for d in deltas):
                 del self._unfinished[request_id]
+
+
+class WorkerPool:
+    """Runs calls on worker threads for one event loop (``run``), for work that releases the
+    GIL (a prompt's tokenization); results come back in batches: one ``call_soon_threadsafe``
+    (one wake-up of the loop, a write to its self-pipe) for all calls that finished since the
+    loop last took results, where ``loop.run_in_executor`` pays one per call, plus a
+    concurrent Future chained to an asyncio one. Threads start on demand (at most
+    ``max_threads``), are daemons and wait on a queue when idle.
+
+    Args:
+        loop: the loop whose coroutines call ``run`` (defaults to the current one).
+        max_threads: worker threads at most; None = ThreadPoolExecutor's default,
+            min(32, cores + 4).
+        name: the threads' name prefix.
+    """
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop | None = None,
+        max_threads: int | None = None,
+        name: str = "cacheflow-worker",
+    ) -> None:
+        self._loop = loop or asyncio.get_running_loop()
+        self._max_threads = max_threads or min(32, (os.cpu_count() or 1) + 4)
+        self._name = name
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._done: collections.deque = collections.deque()  # (future, result, exception)
+        self._scheduled = False  # a _flush is pending on the loop
+        self._lock = threading.Lock()  # guards _num_threads, _num_idle
+        self._num_threads = 0
+        self._num_idle = 0
+
+    async def run(self, fn: Callable[..., T], *args: object) -> T:
+        """``fn(*args)`` on a worker thread; its result, or what it raised. Cancelling the
+        caller does not stop a call already running (its result is dropped)."""
+        future = self._loop.create_future()
+        self._jobs.put((future, fn, args))
+        with self._lock:
+            # _num_idle: idle threads minus queued calls no thread took yet
+            start = self._num_idle <= 0 and self._num_threads < self._max_threads
+            if start:
+                self._num_threads += 1
+                name = f"{self._name}_{self._num_threads - 1}"
+            else:
+                self._num_idle -= 1  # a waiting thread takes it (none: it waits its turn)
+        if start:
+            threading.Thread(target=self._work, name=name, daemon=True).start()
+        return await future
+
+    def _work(self) -> None:
+        while True:
+            future, fn, args = self._jobs.get()
+            try:
+                item = (future, fn(*args), None)
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller
+                item = (future, None, exc)
+            self._done.append(item)
+            if not self._scheduled:  # (as LoopWaker.mark: no result is left behind)
+                self._scheduled = True
+                try:
+                    self._loop.call_soon_threadsafe(self._flush)
+                except RuntimeError:  # loop closed: nobody waits for the result
+                    pass
+            del future, fn, args, item
+            with self._lock:
+                self._num_idle += 1
+
+    def _flush(self) -> None:
+        self._scheduled = False
+        done, popleft = self._done, self._done.popleft
+        while done:
+            future, result, exc = popleft()
+            if future.cancelled():
+                continue
+            if exc is None:
+                future.set_result(result)
+            else:
+                future.set_exception(exc)
