@@ -49,7 +49,7 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from pycacheflow.bench import load_client  # noqa: E402
+from pycacheflow.bench import load_client
 
 FAKE_SOURCE = REPO / "tests" / "fakes" / "fake_cacheflow.c"
 ENDPOINTS = ("/completion", "/v1/chat/completions")
@@ -112,7 +112,7 @@ def own_cpu_s() -> float:
 
 
 def uptime() -> str:
-    return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+    return subprocess.run(["uptime"], capture_output=True, text=True, check=False).stdout.strip()
 
 
 class Server:
@@ -129,7 +129,7 @@ class Server:
                "--host", "127.0.0.1", "--port", str(self.port)]  # fmt: skip
         if cprofile is not None:  # the main thread (the event loop) under cProfile, start-up too
             cmd[1:3] = ["-m", "cProfile", "-o", str(cprofile), "-m", "cli"]
-        self._log = open(log, "w")
+        self._log = open(log, "w")  # noqa: SIM115 - the server's log until stop()
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env,
                                      cwd=tree)  # fmt: skip
         deadline = time.monotonic() + 60
@@ -286,7 +286,7 @@ def main() -> None:
     trees = [t.resolve() for t in args.trees or [REPO]]
     ctx = 1 << (args.prompt_tokens + args.output_tokens + 64).bit_length()
     head = subprocess.run(["git", "-C", str(REPO), "log", "-1", "--format=%h %s"],
-                          capture_output=True, text=True).stdout.strip()  # fmt: skip
+                          capture_output=True, text=True, check=False).stdout.strip()  # fmt: skip
     print(f"commit {head}\nbefore: {uptime()}", flush=True)
     runs = []
     with tempfile.TemporaryDirectory(prefix="bench-server-cpu-") as tmp:

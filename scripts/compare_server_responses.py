@@ -54,7 +54,7 @@ def start(tree: Path, lib: Path, work: Path, *extra: str) -> tuple[subprocess.Po
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = {**os.environ, "CACHEFLOW_LIB": str(lib), "PYTHONPATH": str(tree)}
-    log = open(work / f"serve_{port}.log", "w")
+    log = open(work / f"serve_{port}.log", "w")  # noqa: SIM115 - the child's, while it runs
     proc = subprocess.Popen([sys.executable, "-m", "cli", "serve", "-m", str(work / "m.gguf"),
                              "-np", "4", "--host", "127.0.0.1", "--port", str(port), *extra],
                             env=env, cwd=tree, stdout=log, stderr=subprocess.STDOUT)  # fmt: skip

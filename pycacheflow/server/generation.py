@@ -29,7 +29,6 @@ if TYPE_CHECKING:
     from starlette.types import ASGIApp, Receive, Scope, Send
 
     from pycacheflow.outputs import StreamDelta
-
     from pycacheflow.server.chat_reasoning import ChatReasoning
     from pycacheflow.server.responses import Completion
     from pycacheflow.server.state import Job, ServerState

@@ -169,7 +169,7 @@ class RequestGroup:
         for request_id, index in list(unfinished.items()):
             try:
                 deltas = self._llm.take_outputs(request_id)
-            except Exception as exc:  # noqa: BLE001 - raised after what was taken goes out
+            except Exception as exc:  # raised after what was taken goes out
                 if not out:
                     raise
                 self._error, self._ready = exc, True
@@ -333,7 +333,7 @@ class WorkerPool:
             future, fn, args = self._jobs.get()
             try:
                 item = (future, fn(*args), None)
-            except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            except BaseException as exc:  # handed to the caller
                 item = (future, None, exc)
             self._done.append(item)
             if not self._scheduled:  # (as LoopWaker.mark: no result is left behind)

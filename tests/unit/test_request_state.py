@@ -3,7 +3,6 @@ one RequestChunk per request), without the native library."""
 
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
 
