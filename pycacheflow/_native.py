@@ -286,6 +286,30 @@ def _sampling_params(params: SamplingParams, keep: list) -> object:
     return c
 
 
+def token_array(token_ids: Sequence[int]) -> object:
+    """An ``int32_t[]`` copy of token ids (cffi cdata owning its memory; ``len()`` gives the
+    number of tokens), which ``Engine.add_request``, ``add_requests`` and ``detokenize_bytes``
+    take as it is: a prompt converted once (on any thread) is not converted again per call.
+
+    Raises:
+        OverflowError/TypeError: an id that is not an int or does not fit int32_t.
+    """
+    return ffi.new("int32_t[]", token_ids if isinstance(token_ids, (list, tuple))
+                   else list(token_ids))  # fmt: skip
+
+
+def token_array_slice(tokens: object, start: int, stop: int) -> object:
+    """A new ``token_array`` of entries [start, stop) of an int32_t[] (one memory copy)."""
+    out = ffi.new("int32_t[]", stop - start)
+    ffi.memmove(out, tokens + start, 4 * (stop - start))
+    return out
+
+
+def _tokens(token_ids: Sequence[int] | object) -> object:
+    """``token_ids`` as an int32_t[]: a ``token_array`` as it is, else a new one."""
+    return token_ids if isinstance(token_ids, ffi.CData) else token_array(token_ids)
+
+
 def check_sampling_params(params: SamplingParams) -> None:
     """Check ``params`` against the engine's rules (cf_sampling_params_check).
 
@@ -431,7 +455,8 @@ class Engine:
         """Queue a request (mutates engine state; thread-safe).
 
         Args:
-            prompt_token_ids: [num_prompt_tokens] int32 token ids, each in [0, n_vocab).
+            prompt_token_ids: [num_prompt_tokens] int32 token ids, each in [0, n_vocab), or
+                their ``token_array`` (not copied again).
             params: sampling parameters.
             priority: smaller runs first under the "priority" policy; ignored otherwise.
 
@@ -445,11 +470,9 @@ class Engine:
         """
         keep: list = []
         c_params = _sampling_params(params, keep)
-        tokens = ffi.new("int32_t[]", list(prompt_token_ids))
+        tokens = _tokens(prompt_token_ids)
         out = ffi.new("int64_t *")
-        self._call(
-            self._lib.cf_engine_add_request, tokens, len(prompt_token_ids), c_params, priority, out
-        )
+        self._call(self._lib.cf_engine_add_request, tokens, len(tokens), c_params, priority, out)
         return out[0]
 
     def add_requests(
@@ -477,10 +500,10 @@ class Engine:
         keep: list = []
         c_requests = ffi.new("cf_request[]", len(requests))
         for c, (tokens, params, priority, *forks) in zip(c_requests, requests):
-            token_array = ffi.new("int32_t[]", list(tokens))
-            keep.append(token_array)
-            c.prompt_tokens = token_array
-            c.num_prompt_tokens = len(tokens)
+            c_tokens = _tokens(tokens)
+            keep.append(c_tokens)
+            c.prompt_tokens = c_tokens
+            c.num_prompt_tokens = len(c_tokens)
             c_params = _sampling_params(params, keep)
             keep.append(c_params)  # a struct field does not own what it points to
             c.params = c_params
@@ -627,6 +650,14 @@ class Engine:
         Returns:
             Token ids.
         """
+        tokens, num_tokens = self.tokenize_array(text, add_special, parse_special)
+        return ffi.unpack(tokens, num_tokens)
+
+    def tokenize_array(
+        self, text: str, add_special: bool = True, parse_special: bool = True
+    ) -> tuple[object, int]:
+        """``tokenize`` into the engine's form: an int32_t[] (at least ``num_tokens`` long; the
+        ids are its first ``num_tokens`` entries) and ``num_tokens``. Arguments as ``tokenize``."""
         data = encode_utf8(text, "text")
         capacity = len(data) + 8  # a token covers >= 1 byte, plus BOS/EOS
         while True:
@@ -638,7 +669,7 @@ class Engine:
             except errors.BufferTooSmallError:
                 capacity = _grown(capacity, out[0])
                 continue
-            return ffi.unpack(tokens, out[0])
+            return tokens, out[0]
 
     def eog_tokens(self) -> list[int]:
         """The model's end-of-generation token ids (EOS, EOT, ...), increasing."""
@@ -659,16 +690,16 @@ class Engine:
         """Detokenize to raw UTF-8 bytes (a multi-byte character may be cut at either end).
 
         Args:
-            token_ids: [num_tokens] int32 token ids in [0, n_vocab).
+            token_ids: [num_tokens] int32 token ids in [0, n_vocab), or their ``token_array``.
             remove_special: drop BOS/EOS.
             unparse_special: render special tokens (e.g. "<|im_end|>") as text.
 
         Raises:
             InvalidArgumentError: a token id is out of range.
         """
-        tokens = ffi.new("int32_t[]", list(token_ids))
-        args = (tokens, len(token_ids), int(remove_special), int(unparse_special))
-        capacity = max(_INITIAL_TEXT_BYTES, 8 * len(token_ids))
+        tokens = _tokens(token_ids)
+        args = (tokens, len(tokens), int(remove_special), int(unparse_special))
+        capacity = max(_INITIAL_TEXT_BYTES, 8 * len(tokens))
         return self._text_call(self._lib.cf_engine_detokenize, args, capacity)
 
     def detokenize(

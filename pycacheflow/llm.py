@@ -6,11 +6,12 @@ import os
 import threading
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Union
 
 from pycacheflow import errors
-from pycacheflow._native import Engine
+from pycacheflow._ffi import ffi
+from pycacheflow._native import Engine, token_array_slice
 from pycacheflow.chat_template import ChatFormatter
 from pycacheflow.config import EngineConfig
 from pycacheflow.engine import EngineRunner, RequestStream
@@ -32,12 +33,35 @@ class _Pending:
 
 
 @dataclass(frozen=True)
-class _Prepared:
-    """A validated prompt, ready to submit."""
+class PreparedPrompt:
+    """A text prompt tokenized into the engine's form once (``LLM.prepare_prompt``, on any
+    thread), so that submitting it (``add_request``, ``add_choices``) does no work per token:
+    no check of ids the tokenizer made, no conversion.
+
+    Attributes:
+        prompt: the text (``RequestOutput.prompt``).
+        token_ids: the tokens that will be submitted.
+        tokens: the same as the engine's ``int32_t[]`` (``_native.token_array``).
+    """
 
     prompt: str | None
-    token_ids: list[int]
+    token_ids: tuple[int, ...]
+    tokens: object = field(repr=False, compare=False)
+
+
+@dataclass(frozen=True)
+class _Prepared:
+    """A validated prompt, ready to submit (``tokens``: its int32_t[] when prepared ahead)."""
+
+    prompt: str | None
+    token_ids: Sequence[int]
     params: SamplingParams
+    tokens: object = None
+
+    @property
+    def engine_tokens(self) -> object:
+        """What the engine's add_request takes: the prepared array, else the ids."""
+        return self.token_ids if self.tokens is None else self.tokens
 
 
 class LLM:
@@ -154,8 +178,13 @@ class LLM:
         ``special=False``); a piece of a multi-byte character is not valid UTF-8 on its own."""
         return self._engine.detokenize_bytes([token_id], unparse_special=special)
 
-    def detokenize(self, token_ids: Sequence[int], skip_special: bool = True) -> str:
-        """Detokenize; ``skip_special`` renders special tokens (e.g. "<|im_end|>") as nothing."""
+    def detokenize(
+        self, token_ids: Sequence[int] | PreparedPrompt, skip_special: bool = True
+    ) -> str:
+        """Detokenize; ``skip_special`` renders special tokens (e.g. "<|im_end|>") as nothing.
+        A PreparedPrompt's tokens are read from its engine array (no conversion)."""
+        if isinstance(token_ids, PreparedPrompt):
+            token_ids = token_ids.tokens
         return self._engine.detokenize(token_ids, unparse_special=not skip_special)
 
     def apply_chat_template(
@@ -293,9 +322,10 @@ class LLM:
         """Submit one request without waiting (for servers); consume it with ``iter_outputs``.
 
         Args:
-            prompt: text or token ids.
+            prompt: text, token ids, or a ``prepare_prompt`` result (submitted as it is).
             params: sampling parameters (None = defaults).
-            use_chat_template: wrap a text prompt as a user message of the chat template.
+            use_chat_template: wrap a text prompt as a user message of the chat template
+                (not for a prepared prompt).
             priority: smaller runs first under the "priority" policy.
             notify: called on the dispatcher thread whenever new output is queued for this
                 request (e.g. to wake an asyncio loop); must be cheap and must not block.
@@ -308,7 +338,7 @@ class LLM:
         """
         p = self._prepare_all([prompt], params, use_chat_template)[0]
         with self._lock:
-            stream = self._runner.add_request(p.token_ids, p.params, priority, notify)
+            stream = self._runner.add_request(p.engine_tokens, p.params, priority, notify)
             state = RequestState(stream.request_id, p.prompt, p.token_ids, p.params.stop,
                                  p.params.logprobs is not None)
             self._pending[stream.request_id] = _Pending(state, stream)
@@ -331,7 +361,7 @@ class LLM:
         modes each computes the prompt itself.
 
         Args:
-            prompt: text or token ids.
+            prompt: text, token ids or a ``prepare_prompt`` result.
             params: one SamplingParams per choice (at least one).
             priority, notify: as ``add_request`` (notify is shared by the choices).
 
@@ -346,7 +376,7 @@ class LLM:
         prepared = self._prepare_all([prompt] * len(params), list(params), False)
         with self._lock:
             streams = self._runner.add_choices(
-                prepared[0].token_ids, [p.params for p in prepared], priority, notify
+                prepared[0].engine_tokens, [p.params for p in prepared], priority, notify
             )
             for p, stream in zip(prepared, streams):
                 state = RequestState(stream.request_id, p.prompt, p.token_ids, p.params.stop,
@@ -391,18 +421,23 @@ class LLM:
         Raises:
             NotFoundError: unknown id, or its last delta was already taken.
         """
-        with self._lock:
-            pending = self._pending.get(request_id)
+        pending = self._pending.get(request_id)  # one dict read: atomic, no lock needed
         if pending is None:
             raise errors.NotFoundError(f"no pending request with id {request_id}")
-        chunks = []
-        while not pending.state.finished and (chunk := pending.stream.get_nowait()) is not None:
-            chunks.append(chunk)
-            if chunk.final is not None:
+        if pending.state.finished:
+            return []
+        chunks = pending.stream.take_queued()  # all at once: one call per wake-up, not per chunk
+        if not chunks:
+            return []
+        for i, chunk in enumerate(chunks):
+            if isinstance(chunk, BaseException):
+                raise chunk  # the runner failed the stream (the chunks before it are dropped)
+            if chunk.final is not None:  # the dispatcher queues nothing after a final chunk
+                del chunks[i + 1 :]
                 with self._lock:
                     self._pending.pop(request_id, None)
                 break
-        return [pending.state.add(chunks)] if chunks else []
+        return [pending.state.add(chunks)]
 
     def abort(self, request_id: int) -> bool:
         """Abort a request; its consumer still gets a final delta with finish_reason "abort".
@@ -427,9 +462,36 @@ class LLM:
             for index, (prompt, p) in enumerate(zip(prompt_list, params_list))
         ]
 
+    def prepare_prompt(self, text: str) -> PreparedPrompt:
+        """Tokenize a text prompt as ``tokenize_prompt`` does, into the engine's form, so that
+        ``add_request`` / ``add_choices`` of the result do no work per token (thread-safe; the
+        native call releases the GIL): a server prepares prompts on a worker thread and
+        submits them on its event loop. The tokenizer's ids need no check; the length is
+        checked when the prompt is submitted, as for any prompt.
+
+        Raises:
+            InvalidArgumentError: text without a UTF-8 form (as ``tokenize`` raises it).
+        """
+        tokens, num_tokens = self._engine.tokenize_array(text, add_special=True,
+                                                         parse_special=True)  # fmt: skip
+        start = 1 if self._doubled_bos(tokens, num_tokens) else 0
+        tokens = token_array_slice(tokens, start, num_tokens)
+        return PreparedPrompt(text, tuple(ffi.unpack(tokens, num_tokens - start)), tokens)
+
     def _prepare(
         self, prompt: PromptInput, params: SamplingParams, use_chat_template: bool, index: int
     ) -> _Prepared:
+        if isinstance(prompt, PreparedPrompt):
+            if use_chat_template:
+                raise ValueError("use_chat_template does not apply to a prepared prompt")
+            self._validate_length(len(prompt.token_ids), index)
+            return _Prepared(prompt.prompt, prompt.token_ids, params, prompt.tokens)
+        return _Prepared(*self._prompt_tokens(prompt, use_chat_template, index), params)
+
+    def _prompt_tokens(
+        self, prompt: PromptInput, use_chat_template: bool, index: int
+    ) -> tuple[str | None, list[int]]:
+        """(the prompt as given if text, else None; its checked token ids)."""
         if isinstance(prompt, str):
             encode_utf8(prompt, f"prompts[{index}]")
             text = prompt
@@ -442,7 +504,7 @@ class LLM:
             exact = is_exact_int_list(prompt)
             token_ids, original = (list(prompt) if exact else [int(t) for t in prompt]), None
         self._validate_tokens(token_ids, index)
-        return _Prepared(original, token_ids, params)
+        return original, token_ids
 
     def tokenize_prompt(self, text: str) -> list[int]:
         """The token ids a text prompt is submitted as (BOS added if the model wants it, once)."""
@@ -450,22 +512,27 @@ class LLM:
 
     def _tokenize_prompt(self, text: str) -> list[int]:
         token_ids = self._engine.tokenize(text, add_special=True, parse_special=True)
-        bos = self._info.token_bos
-        # Text that starts with the BOS token's text (chat templates do; SmolLM2's BOS is
-        # <|im_start|>) plus the BOS the tokenizer adds would give two: keep one.
-        if self._info.add_bos and len(token_ids) >= 2 and token_ids[0] == token_ids[1] == bos:
-            token_ids = token_ids[1:]
-        return token_ids
+        return token_ids[1:] if self._doubled_bos(token_ids, len(token_ids)) else token_ids
 
-    def _validate_tokens(self, token_ids: list[int], index: int) -> None:
-        n_vocab, limit = self._info.n_vocab, self._info.n_ctx_per_seq
-        if not token_ids:
+    def _doubled_bos(self, token_ids: Sequence[int], num_tokens: int) -> bool:
+        """Text that starts with the BOS token's text (chat templates do; SmolLM2's BOS is
+        <|im_start|>) plus the BOS the tokenizer adds gives two: keep one."""
+        bos = self._info.token_bos
+        return bool(self._info.add_bos) and num_tokens >= 2 and token_ids[0] == token_ids[1] == bos
+
+    def _validate_length(self, num_tokens: int, index: int) -> None:
+        limit = self._info.n_ctx_per_seq
+        if not num_tokens:
             raise errors.InvalidArgumentError(f"prompts[{index}] is empty")
-        if len(token_ids) >= limit:
+        if num_tokens >= limit:
             raise errors.PromptTooLongError(
-                f"prompts[{index}] has {len(token_ids)} tokens; a sequence holds at most "
+                f"prompts[{index}] has {num_tokens} tokens; a sequence holds at most "
                 f"{limit} (prompt + output), so prompts must be shorter than {limit} tokens"
             )
+
+    def _validate_tokens(self, token_ids: list[int], index: int) -> None:
+        n_vocab = self._info.n_vocab
+        self._validate_length(len(token_ids), index)
         in_range = min(token_ids) >= 0 and max(token_ids) < n_vocab  # C loops; the culprit below
         bad = None if in_range else next(t for t in token_ids if not 0 <= t < n_vocab)
         if bad is not None:
@@ -503,7 +570,7 @@ def _all_ints(values: Iterable[object]) -> bool:
 
 
 def _normalize_prompts(prompts: PromptInput | Sequence[PromptInput]) -> list[PromptInput]:
-    if isinstance(prompts, str):
+    if isinstance(prompts, (str, PreparedPrompt)):
         return [prompts]
     if isinstance(prompts, (bytes, bytearray)) or not isinstance(prompts, Iterable):
         raise TypeError(
@@ -516,7 +583,7 @@ def _normalize_prompts(prompts: PromptInput | Sequence[PromptInput]) -> list[Pro
             raise TypeError(
                 f"prompts[{i}] is an int; pass token-id prompts as a list of lists, e.g. [[1, 2, 3]]"
             )
-        if not isinstance(p, str) and not _all_ints(p):
+        if not isinstance(p, (str, PreparedPrompt)) and not _all_ints(p):
             raise TypeError(f"prompts[{i}] must be a str or a list of int token ids, got {p!r:.80}")
     return prompts
 

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from pycacheflow.outputs import (
     SLOT_ID_NONE,
+    RequestChunk,
     RequestMetrics,
     RequestOutput,
     StreamDelta,
@@ -21,7 +22,7 @@ from pycacheflow.outputs import (
 )
 
 if TYPE_CHECKING:
-    from pycacheflow.outputs import FinalInfo, PromptProgress, RequestChunk, TokenLogprobs
+    from pycacheflow.outputs import FinalInfo, PromptProgress, TokenLogprobs
 
 
 class RequestState:
@@ -66,8 +67,10 @@ class RequestState:
         Returns:
             The delta they produce; on the final chunk ``delta.output`` is the RequestOutput.
         """
-        if not isinstance(chunks, (list, tuple)):
+        if isinstance(chunks, RequestChunk):  # one chunk (itself a tuple)
             chunks = (chunks,)
+        if len(chunks) == 1 and self._final is None and self._logprobs is None:
+            return self._add_one(chunks[0])
         new_ids: list[int] = []
         text = []
         new_logprobs: list[TokenLogprobs] = []
@@ -93,6 +96,20 @@ class RequestState:
             self.output = self._build_output(self._final)
         return StreamDelta(self.request_id, piece, tuple(new_ids), self.output, self.slot_id,
                            delta_logprobs, tuple(progress))  # fmt: skip
+
+    def _add_one(self, chunk: RequestChunk) -> StreamDelta:
+        """``add`` of one chunk of a request without token probabilities (the common case: a
+        stream's output of one drain), without the merging of several."""
+        token_ids = tuple(chunk.token_ids)
+        self.token_ids += token_ids
+        self._token_times_ns += chunk.token_times_ns
+        self._pieces.append(chunk.text)
+        self.slot_id = chunk.slot_id
+        if chunk.final is not None:
+            self._final = chunk.final
+            self.output = self._build_output(chunk.final)
+        return StreamDelta(self.request_id, chunk.text, token_ids, self.output, self.slot_id,
+                           None, tuple(chunk.progress))  # fmt: skip
 
     def _build_output(self, final: FinalInfo) -> RequestOutput:
         metrics = RequestMetrics.from_times_ns(

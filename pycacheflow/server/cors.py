@@ -77,8 +77,12 @@ class CorsMiddleware:
             await send({"type": "http.response.body", "body": b""})
             return
 
+        if not cors:  # nothing to add: no wrapper on the sends (one per stream chunk)
+            await self.app(scope, receive, send)
+            return
+
         async def send_with_cors(message: Message) -> None:
-            if message["type"] == "http.response.start" and cors:
+            if message["type"] == "http.response.start":
                 message = {**message, "headers": [*message.get("headers", []), *cors]}
             await send(message)
 

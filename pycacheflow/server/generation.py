@@ -5,29 +5,30 @@ all of them (JSON answer) or streams their deltas as server-sent events. Whateve
 handler ends (finished, client gone, cancelled at shutdown, error), the group is closed,
 which aborts unfinished engine requests and so frees their KV blocks.
 
-    parse body ─► submit prompts ─► stream? ─ no ─► wait (or client disconnect) ─► JSON
-                                        └─ yes ─► SSE: one event per delta, final event(s)
+    parse body ─► prepare and submit prompts ─► stream? ─ no ─► wait (or disconnect) ─► JSON
+                                                     └─ yes ─► SSE (_EventStream): per wake-up
+                                                        the events of every delta, one write
 """
 
 from __future__ import annotations
 
 import asyncio
 import enum
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, StreamingResponse
 
 from pycacheflow import errors
 from pycacheflow.server import responses, sse
-from pycacheflow.server.pieces import Piece, PieceJoiner, delta_pieces
+from pycacheflow.server.pieces import Piece, PieceJoiner
 from pycacheflow.server.protocol import GenerationRequest, parse_chat, parse_completion
 from pycacheflow.server.streams import RequestGroup
 
 if TYPE_CHECKING:
-    from starlette.requests import Request
-    from starlette.types import Receive, Scope, Send
+    from starlette.types import ASGIApp, Receive, Scope, Send
 
+    from pycacheflow.outputs import StreamDelta
     from pycacheflow.server.chat_reasoning import ChatReasoning
     from pycacheflow.server.responses import Completion
     from pycacheflow.server.state import Job, ServerState
@@ -45,8 +46,18 @@ class ClientDisconnected(Exception):
     """The client went away before its answer was ready."""
 
 
-async def handle(request: Request, api: Api, state: ServerState, body: object) -> Response:
-    """Run one generating request; errors propagate to the app's error handlers."""
+async def handle(receive: Receive, api: Api, state: ServerState, body: object) -> ASGIApp:
+    """Run one generating request; errors propagate to the app's error handlers.
+
+    Args:
+        receive: the request's ASGI receive (its body already read): to see the client go.
+        api: the endpoint's format.
+        state: the app's shared state.
+        body: the decoded JSON body.
+
+    Returns:
+        The response, an ASGI app (a JSONResponse, or the stream of a streamed request).
+    """
     parse = parse_chat if api is Api.OAI_CHAT else parse_completion
     req = parse(body, state.config.n_predict, state.config.defaults)
     prompts, reasoning = req.prompts, None
@@ -57,18 +68,17 @@ async def handle(request: Request, api: Api, state: ServerState, body: object) -
     group = RequestGroup(state.llm, waker=state.waker())
     state.groups.add(group)
     jobs: list[Job] = []
-    streaming = False  # once True, the response's body iterator owns the group
+    streaming = False  # once True, the response owns the group
     try:
         for prompt in prompts:
-            token_ids = await state.resolve_prompt_off_loop(prompt)
-            jobs += state.submit(group, req, token_ids, reasoning)
+            resolved = await state.prepare_prompt(prompt, with_text=api is Api.LLAMA)
+            jobs += state.submit(group, req, resolved, reasoning)
         if req.stream:
-            stream = (_stream_chat(state, group, req, jobs, reasoning) if api is Api.OAI_CHAT
-                      else _STREAMERS[api](state, group, req, jobs))  # fmt: skip
-            body_iterator = _closing(stream, state, group, jobs)
+            chunks = (_ChatChunks(state, req, jobs, reasoning) if api is Api.OAI_CHAT
+                      else _CHUNKS[api](state, req, jobs))  # fmt: skip
             streaming = True
-            return _EventStream(body_iterator, lambda: _close(state, group, jobs))
-        done = await _until_done_or_disconnect(request, _collect(state, group, jobs))
+            return _EventStream(state, group, jobs, chunks)
+        done = await _until_done_or_disconnect(receive, _collect(state, group, jobs))
     finally:
         if not streaming:
             _close(state, group, jobs)
@@ -85,11 +95,11 @@ async def _collect(state: ServerState, group: RequestGroup, jobs: list[Job]) -> 
 
 
 async def _until_done_or_disconnect(
-    request: Request, work: Awaitable[list[Completion]]
+    receive: Receive, work: Awaitable[list[Completion]]
 ) -> list[Completion]:
     """Await ``work`` unless the client disconnects first (then cancel it)."""
     work_task = asyncio.ensure_future(work)
-    gone_task = asyncio.ensure_future(_disconnected(request))
+    gone_task = asyncio.ensure_future(_disconnected(receive))
     try:
         await asyncio.wait({work_task, gone_task}, return_when=asyncio.FIRST_COMPLETED)
     finally:
@@ -101,8 +111,8 @@ async def _until_done_or_disconnect(
     return work_task.result()
 
 
-async def _disconnected(request: Request) -> None:
-    while (await request.receive())["type"] != "http.disconnect":
+async def _disconnected(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
         pass
 
 
@@ -117,11 +127,12 @@ def _json_body(
     if api is Api.LLAMA:
         bodies = [
             responses.select_fields(
-                responses.completion_final(d, j.index, req, j.settings, state.prompt_text(d.output)),
+                responses.completion_final(d, j.index, req, j.settings,
+                                           state.prompt_text(d.output, j)),
                 req.response_fields,
             )
             for j, d in zip(jobs, done)
-        ]
+        ]  # fmt: skip
         return bodies[0] if len(bodies) == 1 else bodies
     if api is Api.OAI_COMPLETION:
         return responses.oai_completion(responses.ResponseIds("cmpl", state.model_name), done)
@@ -129,28 +140,11 @@ def _json_body(
     body = responses.chat_completion(responses.ResponseIds("chatcmpl", state.model_name), done,
                                      splits)  # fmt: skip
     if req.verbose or state.config.verbose:
-        body["__verbose"] = {"prompt": state.prompt_text(done[0].output)}
+        body["__verbose"] = {"prompt": state.prompt_text(done[0].output, jobs[0])}
     return body
 
 
 # ---------------------------------------------------------------------------- streaming
-
-
-async def _closing(
-    stream: AsyncIterator[bytes], state: ServerState, group: RequestGroup, jobs: list[Job]
-) -> AsyncIterator[bytes]:
-    """Relay ``stream``; send errors as an SSE error event; always close the group."""
-    try:
-        async for chunk in stream:
-            yield chunk
-    except errors.ShutdownError as exc:
-        yield sse.event(responses.error_body(str(exc), 503, "unavailable_error"))
-    except errors.InvalidArgumentError as exc:  # e.g. its grammar left no token to sample
-        yield sse.event(responses.error_body(str(exc), 400, "invalid_request_error"))
-    except errors.CacheFlowError as exc:
-        yield sse.event(responses.error_body(str(exc), 500, "server_error"))
-    finally:
-        _close(state, group, jobs)
 
 
 def _close(state: ServerState, group: RequestGroup, jobs: list[Job]) -> None:
@@ -159,136 +153,253 @@ def _close(state: ServerState, group: RequestGroup, jobs: list[Job]) -> None:
     state.release(jobs)
 
 
-class _EventStream(StreamingResponse):
-    """An SSE response that runs ``on_close`` however it ends, even if its body iterator was
-    never started (client gone before the first write)."""
+# what Starlette's StreamingResponse(media_type=sse.MEDIA_TYPE, headers=sse.HEADERS) sends
+_SSE_HEADERS = StreamingResponse((), media_type=sse.MEDIA_TYPE, headers=sse.HEADERS).raw_headers
 
-    def __init__(self, body_iterator: AsyncIterator[bytes], on_close: Callable[[], None]) -> None:
-        super().__init__(body_iterator, media_type=sse.MEDIA_TYPE, headers=sse.HEADERS)
-        self._on_close = on_close
+
+class _EventStream:
+    """The SSE response of a streamed request, as a raw ASGI app: one coroutine per stream
+    that takes the group's deltas (``RequestGroup.take``) at each wake-up and sends the bytes
+    of all of them in one body message, until the last delta (that message also ends the
+    body); a ping (an SSE comment) when nothing came for ``sse_ping_s``. The bytes are those
+    Starlette's StreamingResponse sent with the former async generators; a stream now costs
+    no task group and no generator chain per chunk: a task runs the loop, another waits for
+    the client to go away (``disconnect``: the stream ends and its requests are aborted).
+
+    However it ends (done, an error event, the client gone, cancelled at shutdown, even before
+    its first write) it closes the group: unfinished requests are aborted, slots released.
+
+    Args:
+        state: the app's state.
+        group: the HTTP request's engine requests (the stream owns it from now on).
+        jobs: their jobs.
+        chunks: the endpoint's formatter (``_LlamaChunks``, ``_OaiCompletionChunks``,
+            ``_ChatChunks``).
+    """
+
+    def __init__(
+        self, state: ServerState, group: RequestGroup, jobs: list[Job], chunks: _Chunks
+    ) -> None:
+        self._state, self._group, self._jobs, self._chunks = state, group, jobs, chunks
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        watcher = None
         try:
-            await super().__call__(scope, receive, send)
+            await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
+            watcher = asyncio.ensure_future(_disconnected(receive))
+            watcher.add_done_callback(self._on_disconnect)
+            # The stream loop runs as a task of its own: each wake-up (one per stream chunk)
+            # resumes its two frames only, not the whole chain of ASGI callers above this one
+            # (uvicorn's cycle, its proxy-headers and Starlette's error middleware, CORS, ...),
+            # ~0.3 us a frame. Cancelling this task (shutdown) cancels the awaited one.
+            await asyncio.ensure_future(self._run(send))
         finally:
-            self._on_close()
+            if watcher is not None:
+                watcher.remove_done_callback(self._on_disconnect)
+                watcher.cancel()
+            _close(self._state, self._group, self._jobs)
+
+    def _on_disconnect(self, watcher: asyncio.Future) -> None:
+        if not watcher.cancelled() and watcher.exception() is None:
+            self._group.disconnect()
+
+    async def _run(self, send: Send) -> None:
+        group, chunks = self._group, self._chunks
+        ping_s = self._state.config.sse_ping_s
+        while True:
+            parts: list[bytes] = []
+            end = False
+            try:
+                for index, delta in group.take():
+                    chunks.delta(index, delta, parts)
+                if group.finished:
+                    parts.append(chunks.end())
+                    end = True
+            except errors.ShutdownError as exc:
+                parts.append(sse.event(responses.error_body(str(exc), 503, "unavailable_error")))
+                end = True
+            except errors.InvalidArgumentError as exc:  # e.g. its grammar left no token to sample
+                parts.append(sse.event(responses.error_body(str(exc), 400,
+                                                            "invalid_request_error")))  # fmt: skip
+                end = True
+            except errors.CacheFlowError as exc:
+                parts.append(sse.event(responses.error_body(str(exc), 500, "server_error")))
+                end = True
+            data = b"".join(parts)
+            if data or end:
+                await send({"type": "http.response.body", "body": data, "more_body": not end})
+            if end or group.disconnected:
+                return
+            if not await group.wait(ping_s):
+                await send({"type": "http.response.body", "body": sse.PING, "more_body": True})
+            if group.disconnected:
+                return
 
 
-async def _stream_llama(
-    state: ServerState, group: RequestGroup, req: GenerationRequest, jobs: list[Job]
-) -> AsyncIterator[bytes]:
-    joiners = [PieceJoiner(state.pieces.raw) for _ in jobs]
-    async for index, delta in group.deltas(state.config.sse_ping_s):
-        if delta is None:
-            yield sse.PING
-            continue
-        job = jobs[index]
+class _Chunks:
+    """The SSE bytes of one endpoint's stream (state of one HTTP request; the loop's thread).
+
+    Args:
+        state: the app's state.
+        req: the request.
+        jobs: its jobs, by index.
+    """
+
+    def __init__(self, state: ServerState, req: GenerationRequest, jobs: list[Job]) -> None:
+        self.state, self.req, self.jobs = state, req, jobs
+
+    def delta(self, index: int, delta: StreamDelta, parts: list[bytes]) -> None:
+        """Append the events of one delta of job ``index`` to ``parts``.
+
+        Raises:
+            As ``ServerState.finish`` on the last delta (an error event is sent instead, after
+            what was appended: the events the former generators had sent before it).
+        """
+        raise NotImplementedError
+
+    def end(self) -> bytes:
+        """The events after every job's last delta (OpenAI: usage, [DONE])."""
+        return b""
+
+
+class _LlamaChunks(_Chunks):
+    """/completion's stream: a chunk per piece (``tokens``, ``tokens_predicted``, ``id_slot``),
+    the final result last; no [DONE]."""
+
+    def __init__(self, state: ServerState, req: GenerationRequest, jobs: list[Job]) -> None:
+        super().__init__(state, req, jobs)
+        self.joiners = [PieceJoiner(state.pieces.raw) for _ in jobs]
+
+    def delta(self, index: int, delta: StreamDelta, out: list[bytes]) -> None:
+        state, job = self.state, self.jobs[index]
         state.track(job, delta)
         if delta.progress:
-            yield sse.events([
+            out.append(sse.events([
                 responses.with_progress(responses.completion_partial(
-                    index, "", (), job.num_decoded, state.slot_id(job)), p, req.timings_per_token)
+                    index, "", (), job.num_decoded, state.slot_id(job)), p,
+                    self.req.timings_per_token)
                 for p in delta.progress
-            ])  # fmt: skip
-        pieces = []
+            ]))  # fmt: skip
+        pieces: list[Piece] = []
         if (delta.text or delta.token_ids) and not job.discard_output:
             state.progress(job, delta)
-            pieces = joiners[index].join(delta_pieces(delta))
+            pieces = self.joiners[index].join_delta(delta)
         if delta.output is not None:
-            pieces += joiners[index].flush()
+            pieces += self.joiners[index].flush()
         if pieces:
             slot_id = state.slot_id(job)
-            yield sse.events([
-                responses.completion_partial(index, p.text, p.token_ids, p.num_decoded, slot_id,
-                                             state.stream_probs(job, p.logprobs))
-                for p in pieces
-            ])  # fmt: skip
+            for p in pieces:
+                if p.logprobs:
+                    out.append(sse.event(responses.completion_partial(
+                        index, p.text, p.token_ids, p.num_decoded, slot_id,
+                        state.stream_probs(job, p.logprobs))))  # fmt: skip
+                else:
+                    out.append(sse.completion_partial_event(index, p.text, p.token_ids,
+                                                            p.num_decoded, slot_id))  # fmt: skip
         if delta.output is not None:
             done = state.finish(job, delta.output)
-            prompt_text = state.prompt_text(done.output)
-            yield sse.event(responses.completion_final(done, index, req, job.settings, prompt_text))
+            prompt_text = state.prompt_text(done.output, job)
+            out.append(sse.event(responses.completion_final(done, index, self.req, job.settings,
+                                                            prompt_text)))  # fmt: skip
 
 
-async def _stream_oai_completion(
-    state: ServerState, group: RequestGroup, req: GenerationRequest, jobs: list[Job]
-) -> AsyncIterator[bytes]:
-    ids = responses.ResponseIds("cmpl", state.model_name)
-    finished = []
-    joiners = [PieceJoiner(state.pieces.raw) for _ in jobs]
-    async for index, delta in group.deltas(state.config.sse_ping_s):
-        if delta is None:
-            yield sse.PING
-            continue
-        job = jobs[index]
+class _OaiCompletionChunks(_Chunks):
+    """/v1/completions' stream: a text_completion chunk per piece, the last chunk of each
+    choice (finish_reason, usage, timings), OpenAI's usage chunk if asked, [DONE]."""
+
+    def __init__(self, state: ServerState, req: GenerationRequest, jobs: list[Job]) -> None:
+        super().__init__(state, req, jobs)
+        self.ids = responses.ResponseIds("cmpl", state.model_name)
+        self.envelope = sse.members(self.ids.envelope("text_completion"))
+        self.finished: list = []
+        self.joiners = [PieceJoiner(state.pieces.raw) for _ in jobs]
+
+    def delta(self, index: int, delta: StreamDelta, out: list[bytes]) -> None:
+        state, job, ids = self.state, self.jobs[index], self.ids
         state.track(job, delta)
         if delta.progress:
-            yield sse.events([
+            out.append(sse.events([
                 responses.with_progress(responses.oai_completion_chunk(ids, index, "", None), p,
-                                        req.timings_per_token)
+                                        self.req.timings_per_token)
                 for p in delta.progress
-            ])  # fmt: skip
-        pieces = []
+            ]))  # fmt: skip
+        pieces: list[Piece] = []
         if (delta.text or delta.logprobs) and not job.discard_output:
             state.progress(job, delta)
-            pieces = joiners[index].join(delta_pieces(delta))
+            pieces = self.joiners[index].join_delta(delta)
         if delta.output is not None:
-            pieces += joiners[index].flush()
-        if pieces:
-            yield sse.events([
-                responses.oai_completion_chunk(ids, index, p.text, None,
-                                               state.stream_probs(job, p.logprobs))
-                for p in pieces
-            ])  # fmt: skip
+            pieces += self.joiners[index].flush()
+        for p in pieces:
+            if p.logprobs:
+                out.append(sse.event(responses.oai_completion_chunk(
+                    ids, index, p.text, None, state.stream_probs(job, p.logprobs))))  # fmt: skip
+            else:
+                out.append(sse.oai_completion_chunk_event(self.envelope, index, p.text))
         if delta.output is not None:
             done = state.finish(job, delta.output)
-            yield sse.event(responses.oai_completion_last_chunk(ids, index, done))
-            finished.append(done.output)
-    if req.include_usage:  # OpenAI's usage chunk: empty choices, the usage of every choice
-        yield sse.event(responses.oai_completion_usage_chunk(ids, finished))
-    yield sse.DONE
+            out.append(sse.event(responses.oai_completion_last_chunk(ids, index, done)))
+            self.finished.append(done.output)
+
+    def end(self) -> bytes:
+        if self.req.include_usage:  # OpenAI's usage chunk: empty choices, every choice's usage
+            return sse.event(responses.oai_completion_usage_chunk(self.ids, self.finished)) + sse.DONE
+        return sse.DONE
 
 
-async def _stream_chat(
-    state: ServerState,
-    group: RequestGroup,
-    req: GenerationRequest,
-    jobs: list[Job],
-    reasoning: ChatReasoning | None = None,
-) -> AsyncIterator[bytes]:
-    ids = responses.ResponseIds("chatcmpl", state.model_name)
-    sent_role: set[int] = set()
-    # a chat stream sends only chunks that change the message (llama-server: one per diff)
-    joiners = [PieceJoiner(state.pieces.raw, hold_all_empty=True) for _ in jobs]
-    messages = [_ChatDeltas(reasoning) for _ in jobs]
-    async for index, delta in group.deltas(state.config.sse_ping_s):
-        if delta is None:
-            yield sse.PING
-            continue
-        job = jobs[index]
+class _ChatChunks(_Chunks):
+    """/v1/chat/completions' stream: the role chunk of each choice first, then only chunks
+    that change the message (llama-server: one per diff), content or reasoning_content; the
+    closing chunks of each choice; [DONE]."""
+
+    def __init__(
+        self,
+        state: ServerState,
+        req: GenerationRequest,
+        jobs: list[Job],
+        reasoning: ChatReasoning | None = None,
+    ) -> None:
+        super().__init__(state, req, jobs)
+        self.ids = responses.ResponseIds("chatcmpl", state.model_name)
+        self.envelope = sse.members(self.ids.envelope("chat.completion.chunk"))
+        self.sent_role: set[int] = set()
+        self.joiners = [PieceJoiner(state.pieces.raw, hold_all_empty=True) for _ in jobs]
+        self.messages = [_ChatDeltas(reasoning) for _ in jobs]
+
+    def delta(self, index: int, delta: StreamDelta, parts: list[bytes]) -> None:
+        # A delta's events go out together or (its last one failing) not at all, as before.
+        state, job, ids = self.state, self.jobs[index], self.ids
         state.track(job, delta)
         chunks = [  # llama-server: each with the role delta
             responses.with_progress(
                 responses.chat_chunk(ids, {"role": "assistant", "content": None}, None, index), p,
-                req.timings_per_token)
+                self.req.timings_per_token)
             for p in delta.progress
         ]  # fmt: skip
         if chunks:
-            sent_role.add(index)
-        if index not in sent_role and (delta.text or delta.logprobs or delta.output is not None):
+            self.sent_role.add(index)
+        if index not in self.sent_role and (delta.text or delta.logprobs
+                                            or delta.output is not None):  # fmt: skip
             chunks.append(responses.chat_chunk(ids, {"role": "assistant", "content": None}, None,
                                                index))  # fmt: skip
-            sent_role.add(index)
+            self.sent_role.add(index)
+        out = [sse.events(chunks)] if chunks else []
         if (delta.text or delta.logprobs) and not job.discard_output:
             state.progress(job, delta)
-            for p in joiners[index].join(delta_pieces(delta)):
-                chunks += [responses.chat_chunk(ids, d, None, index, state.stream_probs(job, lps))
-                           for d, lps in messages[index].deltas(p)]  # fmt: skip
+            for p in self.joiners[index].join_delta(delta):
+                for d, lps in self.messages[index].deltas(p):
+                    if lps:
+                        out.append(sse.event(responses.chat_chunk(
+                            ids, d, None, index, state.stream_probs(job, lps))))  # fmt: skip
+                    else:
+                        out.append(sse.chat_chunk_event(self.envelope, d, index))
         if delta.output is not None:
             done = state.finish(job, delta.output)
-            chunks += responses.chat_last_chunks(ids, done, req.include_usage, index)
-        if chunks:
-            yield sse.events(chunks)
-    yield sse.DONE
+            out.append(sse.events(responses.chat_last_chunks(ids, done, self.req.include_usage,
+                                                             index)))  # fmt: skip
+        parts += out
+
+    def end(self) -> bytes:
+        return sse.DONE
 
 
 class _ChatDeltas:
@@ -315,11 +426,7 @@ class _ChatDeltas:
         return [(d, ()) for d in deltas[:-1]] + [(deltas[-1], logprobs)]
 
 
-_Streamer = Callable[
-    ["ServerState", RequestGroup, GenerationRequest, "list[Job]"], AsyncIterator[bytes]
-]
-_STREAMERS: dict[Api, _Streamer] = {
-    Api.LLAMA: _stream_llama,
-    Api.OAI_COMPLETION: _stream_oai_completion,
-    Api.OAI_CHAT: _stream_chat,
+_CHUNKS: dict[Api, Callable[[ServerState, GenerationRequest, list[Job]], _Chunks]] = {
+    Api.LLAMA: _LlamaChunks,
+    Api.OAI_COMPLETION: _OaiCompletionChunks,
 }

@@ -16,8 +16,7 @@ sends chunks that change the message.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from pycacheflow.server.logprobs import ends_mid_character
 
@@ -27,9 +26,8 @@ if TYPE_CHECKING:
 _UTF8_MAX_BYTES = 4  # the longest UTF-8 character; llama-server's validate_utf8 looks this far back
 
 
-@dataclass(frozen=True)
-class Piece:
-    """What one stream chunk carries.
+class Piece(NamedTuple):
+    """What one stream chunk carries (a NamedTuple: one is made per chunk of every stream).
 
     Attributes:
         text: the text released with it (whole characters; may be "").
@@ -87,20 +85,36 @@ class PieceJoiner:
         for piece in pieces:
             self._num_tokens += len(piece.token_ids)
             self._recent = (self._recent + piece.token_ids)[-_UTF8_MAX_BYTES:]
-            if not piece.text and self._hold(piece):
+            if not piece.text and self._hold(piece.token_ids):
                 self._held.append(piece)
             else:
                 out.append(self._with_held(piece))
         return out
 
+    def join_delta(self, delta: StreamDelta) -> list[Piece]:
+        """``join(delta_pieces(delta))``: the same pieces, without the intermediate ones for a
+        delta without token probabilities (the common case, once per chunk of a stream)."""
+        if delta.logprobs:
+            return self.join(delta_pieces(delta))
+        token_ids = delta.token_ids
+        self._num_tokens += len(token_ids)
+        self._recent = (self._recent + token_ids)[-_UTF8_MAX_BYTES:]
+        if not delta.text and self._hold(token_ids):
+            self._held.append(Piece("", token_ids))
+            return []
+        if self._held:
+            return [self._with_held(Piece(delta.text, token_ids))]
+        return [Piece(delta.text, token_ids, (), self._num_tokens)]
+
     def flush(self) -> list[Piece]:
         """The held pieces as one piece without text ([] if none), at the end of the stream."""
         return [self._with_held(Piece("", ()))] if self._held else []
 
-    def _hold(self, piece: Piece) -> bool:
+    def _hold(self, token_ids: tuple[int, ...]) -> bool:
+        """Hold back a piece without text and with these tokens."""
         if self._hold_all_empty:
             return True
-        if not piece.token_ids:
+        if not token_ids:
             return False
         # Tokens of one byte or more each: the last 4 tokens hold the generated text's last 4
         # bytes (special tokens, which have no bytes, aside).
@@ -109,7 +123,7 @@ class PieceJoiner:
 
     def _with_held(self, piece: Piece) -> Piece:
         if not self._held:
-            return replace(piece, num_decoded=self._num_tokens)
+            return Piece(piece.text, piece.token_ids, piece.logprobs, self._num_tokens)
         held, self._held = self._held, []
         token_ids = tuple(t for p in held for t in p.token_ids) + piece.token_ids
         logprobs = tuple(lp for p in held for lp in p.logprobs) + piece.logprobs

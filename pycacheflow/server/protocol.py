@@ -560,11 +560,12 @@ def _generation(
     stream = read_bool(body, "stream", False)
     # llama-server reports prompt progress on streams only
     return_progress = stream and read_bool(body, "return_progress", False)
+    with_defaults = _with_defaults(body, defaults)
     return GenerationRequest(
         prompts=prompts,
         messages=messages,
         n_predict=n_predict,
-        params=_sampling(_with_defaults(body, defaults), max(1, n_predict), probs, return_progress),
+        params=_sampling(with_defaults, max(1, n_predict), probs, return_progress),
         stream=stream,
         include_usage=read_bool(stream_options or {}, "include_usage", False),
         priority=read_int(body, ("priority",), 0),
@@ -575,7 +576,7 @@ def _generation(
         verbose=read_bool(body, "verbose", False),
         cache_prompt=read_bool(body, "cache_prompt", True),
         timings_per_token=read_bool(body, "timings_per_token", False),
-        ignored_fields=_ignored(_with_defaults(body, defaults)),
+        ignored_fields=_ignored(with_defaults),
         reasoning_format=_reasoning_format(body, defaults.reasoning_format),
     )
 

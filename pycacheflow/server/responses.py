@@ -17,6 +17,7 @@ import pycacheflow
 if TYPE_CHECKING:
     from pycacheflow.outputs import PromptProgress, RequestMetrics, RequestOutput
     from pycacheflow.reasoning import ReasoningSplit
+    from pycacheflow.sampling_params import SamplingParams
     from pycacheflow.server.protocol import GenerationRequest
 
 def _system_fingerprint() -> str:
@@ -188,9 +189,12 @@ def usage(outputs: list[RequestOutput]) -> dict[str, object]:
     }
 
 
-def generation_settings(request: GenerationRequest, n_ctx: int, model: str) -> dict[str, object]:
-    """The request's effective settings, as /completion's ``generation_settings``."""
-    p = request.params
+def generation_settings(
+    request: GenerationRequest, n_ctx: int, model: str, params: SamplingParams | None = None
+) -> dict[str, object]:
+    """The request's effective settings, as /completion's ``generation_settings``; ``params``:
+    the sampling parameters submitted (a choice's), instead of the request's."""
+    p = request.params if params is None else params
     return {
         "n_ctx": n_ctx,
         "model": model,

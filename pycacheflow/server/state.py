@@ -11,9 +11,7 @@ import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
-
-import anyio
+from typing import TYPE_CHECKING, NamedTuple
 
 from pycacheflow import errors
 from pycacheflow.reasoning import WHITESPACE as _WS
@@ -25,13 +23,14 @@ from pycacheflow.server.metrics import ServerMetrics
 from pycacheflow.server.protocol import ProtocolError
 from pycacheflow.server.responses import Completion, generation_settings, stop_type_of
 from pycacheflow.server.slots import SlotTable
-from pycacheflow.server.streams import LoopWaker
+from pycacheflow.server.streams import LoopWaker, WorkerPool
 from pycacheflow.text import is_exact_int_list
 
 if TYPE_CHECKING:
-    from pycacheflow.llm import LLM, PromptInput
+    from pycacheflow.llm import LLM, PreparedPrompt, PromptInput
     from pycacheflow.outputs import RequestOutput, StreamDelta, TokenLogprobs
     from pycacheflow.reasoning import ReasoningMarkers
+    from pycacheflow.sampling_params import SamplingParams
     from pycacheflow.server.config import ServerConfig
     from pycacheflow.server.protocol import GenerationRequest
     from pycacheflow.server.streams import RequestGroup
@@ -57,6 +56,8 @@ class Job:
         logprobs: the request asked for token probabilities (``SamplingParams.logprobs``).
         post_sampling_probs: they are post-sampling probabilities ("prob", not "logprob").
         stream: the answer is streamed (the final answer then carries no probabilities).
+        prompt_text: the prompt detokenized (special tokens rendered), when it was computed
+            with the tokens (``ServerState.prepare_prompt``); None: on demand.
     """
 
     index: int
@@ -71,6 +72,23 @@ class Job:
     logprobs: bool = False
     post_sampling_probs: bool = False
     stream: bool = False
+    prompt_text: str | None = None
+
+
+class Prompt(NamedTuple):
+    """One prompt of a request, resolved for submission (``ServerState.prepare_prompt``).
+
+    Attributes:
+        token_ids: its tokens.
+        prepared: for a text prompt, the same in the engine's form (``LLM.prepare_prompt``);
+            None for token ids (checked when submitted).
+        text: the tokens detokenized with special tokens rendered (/completion's ``prompt``),
+            when asked for; else None.
+    """
+
+    token_ids: Sequence[int]
+    prepared: PreparedPrompt | None = None
+    text: str | None = None
 
 
 class ServerState:
@@ -104,6 +122,9 @@ class ServerState:
         self.pieces = TokenPieces(llm)  # token texts of probabilities
         self._template_props: dict[str, object] | None = None  # /props' template fields
         self._thinking: bool | None = None  # the default template has reasoning markers
+        # tokenizes prompts off the event loop (the native calls release the GIL); made on
+        # the loop, on first use
+        self._prompt_pool: WorkerPool | None = None
 
     def waker(self) -> LoopWaker:
         """The event loop's shared LoopWaker (call on the loop)."""
@@ -250,16 +271,42 @@ class ServerState:
         except errors.InvalidArgumentError as exc:
             raise ProtocolError(str(exc)) from None
 
-    async def resolve_prompt_off_loop(self, prompt: PromptInput) -> list[int]:
-        """``resolve_prompt`` on a worker thread when the prompt has text: llama.cpp's
-        tokenizer takes milliseconds for a prompt of a thousand tokens (a few per token, the
-        pre-tokenizer's regex), which on the event loop delayed every stream's tokens and
-        every other request (the server topped out near 160 requests/s on an H200 host); the
-        native call releases the GIL, so concurrent requests tokenize in parallel. Token ids
-        alone are resolved here."""
+    async def prepare_prompt(self, prompt: PromptInput, with_text: bool = False) -> Prompt:
+        """A prompt resolved as ``resolve_prompt`` resolves it, a text prompt in the engine's
+        form (``LLM.prepare_prompt``: converted once, no check of the tokenizer's ids), and with
+        ``with_text`` also detokenized (for /completion's ``prompt``).
+
+        A prompt with text is done on a worker thread: llama.cpp's tokenizer takes
+        milliseconds for a prompt of a thousand tokens (a few per token, the pre-tokenizer's
+        regex), which on the event loop delayed every stream's tokens and every other request
+        (the server topped out near 160 requests/s on an H200 host); the native calls release
+        the GIL, so concurrent requests tokenize in parallel, and the per-token work that
+        follows (the check, the conversion, the detokenized prompt) leaves the loop with it.
+        Token ids alone are resolved here (their text, if wanted, is made when the request
+        ends).
+
+        Raises:
+            ProtocolError: text without a UTF-8 form.
+        """
         if isinstance(prompt, list) and not any(isinstance(piece, str) for piece in prompt):
-            return self.resolve_prompt(prompt)
-        return await anyio.to_thread.run_sync(self.resolve_prompt, prompt)
+            return self._prepare(prompt, False)
+        if self._prompt_pool is None:
+            self._prompt_pool = WorkerPool(name="cacheflow-prompt")
+        return await self._prompt_pool.run(self._prepare, prompt, with_text)
+
+    def _prepare(self, prompt: PromptInput, with_text: bool) -> Prompt:
+        """``prepare_prompt``'s work (any thread). Only the tokenizer's ids skip the checks of
+        ids: the ids of a request are checked when it is submitted, as they always were."""
+        if not isinstance(prompt, str):
+            token_ids = self.resolve_prompt(prompt)
+            text = self.llm.detokenize(token_ids, skip_special=False) if with_text else None
+            return Prompt(token_ids, None, text)
+        try:
+            prepared = self.llm.prepare_prompt(prompt)  # tokenized as resolve_prompt does
+        except errors.InvalidArgumentError as exc:
+            raise ProtocolError(str(exc)) from None
+        text = self.llm.detokenize(prepared, skip_special=False) if with_text else None
+        return Prompt(prepared.token_ids, prepared, text)
 
     def tokenize_mixed(
         self, pieces: list[str | int], add_special: bool, parse_special: bool
@@ -279,12 +326,12 @@ class ServerState:
         self,
         group: RequestGroup,
         request: GenerationRequest,
-        prompt: list[int],
+        prompt: Prompt | list[int],
         reasoning: ChatReasoning | None = None,
     ) -> list[Job]:
-        """Submit one prompt of ``request``, its token ids as ``resolve_prompt`` (or
-        ``resolve_prompt_off_loop``) returned them, to the engine through ``group``: its
-        ``num_choices`` completions (choice i of a seeded request uses seed + i, so they
+        """Submit one prompt of ``request`` to the engine through ``group``, as
+        ``prepare_prompt`` returned it (or its token ids as ``resolve_prompt`` returned them):
+        its ``num_choices`` completions (choice i of a seeded request uses seed + i, so they
         differ). Several choices go in together and share the prompt's KV (``LLM.add_choices``:
         the engine forks it, copy-on-write), each sampled independently. ``reasoning``: a chat
         request's (``chat_reasoning``), for its reasoning budget.
@@ -295,41 +342,47 @@ class ServerState:
         Raises:
             ProtocolError: the prompt is empty, too long or has a bad token id (400).
         """
+        if not isinstance(prompt, Prompt):
+            prompt = Prompt(prompt)
+        token_ids = prompt.token_ids
         self._warn_ignored(request)  # (n is within [1, slots]: the parser's bound, config.defaults.max_choices)
         # (not resolved again: each pass over a 1,000-token list costs ~35 us of the event loop)
+        changes: dict[str, object] = {}  # to the request's params: one replace, one check
         if request.logit_bias or request.params.ignore_eos:
-            request = replace(request, params=replace(
-                request.params, logit_bias=self._logit_bias(request)))  # fmt: skip
+            changes["logit_bias"] = self._logit_bias(request)
         budget = self._reasoning_budget(request, reasoning)
         if budget is not None:
-            request = replace(request, params=replace(request.params, reasoning_budget=budget))
+            changes["reasoning_budget"] = budget
         n_predict = request.n_predict
-        room = self.n_ctx_slot - len(prompt)  # tokens the slot's context has left for output
-        if prompt and room <= 0:
-            raise self._too_long(len(prompt))
+        room = self.n_ctx_slot - len(token_ids)  # tokens the slot's context has left for output
+        if token_ids and room <= 0:
+            raise self._too_long(len(token_ids))
         wanted = self.info.n_ctx_per_seq if n_predict < 0 else max(1, n_predict)
         max_tokens = max(1, min(wanted, room))
-        choices = [_choice(request, i) for i in range(request.num_choices)]
-        params = [c.with_max_tokens(max_tokens) for c in choices]
+        params = [_choice_params(request.params, i, max_tokens, changes)
+                  for i in range(request.num_choices)]  # fmt: skip
+        submitted = token_ids if prompt.prepared is None else prompt.prepared
         try:
             if len(params) == 1:
-                indices = [group.submit(prompt, params[0], request.priority)]
+                indices = [group.submit(submitted, params[0], request.priority)]
             else:
-                indices = group.submit_choices(prompt, params, request.priority)
+                indices = group.submit_choices(submitted, params, request.priority)
         except errors.PromptTooLongError:
-            raise self._too_long(len(prompt)) from None
+            raise self._too_long(len(token_ids)) from None
         except errors.InvalidArgumentError as exc:
             raise ProtocolError(str(exc)) from None
         jobs = []
-        for choice, index in zip(choices, indices):
-            settings = generation_settings(choice, self.n_ctx_slot, self.model_name)
-            request_id = group.request_ids[index]
+        request_ids = group.request_ids
+        for choice_params, index in zip(params, indices):
+            settings = generation_settings(request, self.n_ctx_slot, self.model_name,
+                                           choice_params)  # fmt: skip
+            request_id = request_ids[index]
             self.slots.add(request_id, settings)
-            jobs.append(Job(index, request_id, prompt, settings, discard_output=n_predict == 0,
+            jobs.append(Job(index, request_id, token_ids, settings, discard_output=n_predict == 0,
                             max_tokens=max_tokens, limited_by_context=room < wanted,
-                            logprobs=choice.params.logprobs is not None,
-                            post_sampling_probs=choice.params.post_sampling_probs,
-                            stream=request.stream))  # fmt: skip
+                            logprobs=choice_params.logprobs is not None,
+                            post_sampling_probs=choice_params.post_sampling_probs,
+                            stream=request.stream, prompt_text=prompt.text))  # fmt: skip
         return jobs
 
     def _reasoning_budget(
@@ -482,18 +535,23 @@ class ServerState:
     def _stopping_word(self, output: RequestOutput, job: Job) -> str:
         return output.stop_string or ""  # the engine names the stop string that ended it
 
-    def prompt_text(self, output: RequestOutput) -> str:
-        """The processed prompt (special tokens rendered), as /completion's ``prompt``."""
+    def prompt_text(self, output: RequestOutput, job: Job | None = None) -> str:
+        """The processed prompt (special tokens rendered), as /completion's ``prompt``: the
+        job's, when it was made with its tokens (off the loop), else now."""
+        if job is not None and job.prompt_text is not None:
+            return job.prompt_text
         return self.llm.detokenize(output.prompt_token_ids, skip_special=False)
 
 
-def _choice(request: GenerationRequest, choice: int) -> GenerationRequest:
-    """The request of its ``choice``-th completion: a seeded request's choices use seed +
-    choice (mod 2^32), so they differ."""
-    if choice and request.params.seed is not None:
-        seed = (request.params.seed + choice) % 2**32
-        return replace(request, params=replace(request.params, seed=seed))
-    return request
+def _choice_params(
+    params: SamplingParams, choice: int, max_tokens: int, changes: Mapping[str, object]
+) -> SamplingParams:
+    """The sampling parameters of a request's ``choice``-th completion: ``changes`` and
+    ``max_tokens`` applied, and a seeded request's choices use seed + choice (mod 2^32), so
+    they differ (one replace: each runs every check of SamplingParams again)."""
+    if choice and params.seed is not None:
+        changes = {**changes, "seed": (params.seed + choice) % 2**32}
+    return replace(params, max_tokens=max_tokens, **changes)
 
 
 def _without_output(output: RequestOutput) -> RequestOutput:

@@ -3,8 +3,6 @@ one RequestChunk per request), without the native library."""
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import pytest
 
@@ -170,7 +168,7 @@ def test_split_by_request_gives_prompt_progress_to_the_requests_that_asked():
     assert [p.elapsed_ms for p in asked.progress] == [0.0, 1.0, 2.0]
     state = RequestState(5, None, [1] * 20)
     first = state.add(RequestChunk(5, [], [], "", 0, progress=asked.progress[:1]))
-    rest = state.add(dataclasses.replace(asked, progress=asked.progress[1:]))
+    rest = state.add(asked._replace(progress=asked.progress[1:]))
     assert first.progress == asked.progress[:1] and first.token_ids == ()
     assert rest.progress == asked.progress[1:] and rest.token_ids == (10, 11)
     assert state.add(RequestChunk(5, [12], [5 * MS], "c", 0)).progress == ()

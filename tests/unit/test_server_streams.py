@@ -1,14 +1,15 @@
 """RequestGroup (pycacheflow/server/streams.py) over a stub LLM: wake-ups from another thread,
-heartbeats, abort and close. No engine, no HTTP."""
+heartbeats, abort and close; WorkerPool. No engine, no HTTP."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 from pycacheflow import SamplingParams
 from pycacheflow.outputs import StreamDelta
-from pycacheflow.server.streams import RequestGroup
+from pycacheflow.server.streams import RequestGroup, WorkerPool
 
 FINAL = object()  # stands for a RequestOutput: only ``output is not None`` matters here
 
@@ -115,3 +116,25 @@ def test_abort_keeps_consuming():
         return await asyncio.wait_for(collect(group), 5)
 
     assert asyncio.run(run()) == [(0, "x"), (0, "")]
+
+
+def test_worker_pool_runs_calls_off_the_loop_and_returns_results_and_errors():
+    async def run() -> tuple:
+        pool = WorkerPool(max_threads=2, name="test-worker")
+        loop_thread = threading.current_thread()
+
+        def work(i: int) -> tuple:
+            if i == 3:
+                raise ValueError("three")
+            time.sleep(0.01)
+            return i, threading.current_thread() is not loop_thread
+
+        results = await asyncio.gather(*(pool.run(work, i) for i in range(8)),
+                                       return_exceptions=True)  # fmt: skip
+        return results, pool._num_threads
+
+    results, num_threads = asyncio.run(run())
+    assert [r for r in results if not isinstance(r, Exception)] == [
+        (i, True) for i in range(8) if i != 3]  # fmt: skip
+    assert isinstance(results[3], ValueError) and str(results[3]) == "three"
+    assert num_threads == 2  # never more than max_threads
