@@ -21,14 +21,17 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
-from pycacheflow._native import EVENT_DTYPE
-from pycacheflow.engine import split_by_request
-from pycacheflow.request_state import RequestState
-from pycacheflow.server import responses, sse
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout's pycacheflow, not an installed one
+from pycacheflow._native import EVENT_DTYPE  # noqa: E402
+from pycacheflow.engine import split_by_request  # noqa: E402
+from pycacheflow.request_state import RequestState  # noqa: E402
+from pycacheflow.server import responses, sse  # noqa: E402
 
 
 def step_arrays(num_streams: int, step: int) -> tuple[np.ndarray, bytes]:
