@@ -181,11 +181,14 @@ class _EventStream:
         self, state: ServerState, group: RequestGroup, jobs: list[Job], chunks: _Chunks
     ) -> None:
         self._state, self._group, self._jobs, self._chunks = state, group, jobs, chunks
+        self._started = False  # the 200 and SSE headers are out
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         watcher = None
         try:
-            await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
+            # the status line waits for the stream's first bytes (a delta or a ping): an error
+            # before any of them is a plain JSON error with its status, as llama-server answers
+            # a stream whose first result is an error
             watcher = asyncio.ensure_future(_disconnected(receive))
             watcher.add_done_callback(self._on_disconnect)
             # The stream loop runs as a task of its own: each wake-up (one per stream chunk)
@@ -203,12 +206,19 @@ class _EventStream:
         if not watcher.cancelled() and watcher.exception() is None:
             self._group.disconnect()
 
+    async def _send(self, send: Send, body: bytes, more: bool) -> None:
+        if not self._started:
+            self._started = True
+            await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
+        await send({"type": "http.response.body", "body": body, "more_body": more})
+
     async def _run(self, send: Send) -> None:
         group, chunks = self._group, self._chunks
         ping_s = self._state.config.sse_ping_s
         while True:
             parts: list[bytes] = []
             end = False
+            error: dict[str, object] | None = None
             try:
                 for index, delta in group.take():
                     chunks.delta(index, delta, parts)
@@ -216,22 +226,28 @@ class _EventStream:
                     parts.append(chunks.end())
                     end = True
             except errors.ShutdownError as exc:
-                parts.append(sse.event(responses.error_body(str(exc), 503, "unavailable_error")))
-                end = True
+                error = responses.error_body(str(exc), 503, "unavailable_error")
             except errors.InvalidArgumentError as exc:  # e.g. its grammar left no token to sample
-                parts.append(sse.event(responses.error_body(str(exc), 400,
-                                                            "invalid_request_error")))  # fmt: skip
-                end = True
+                error = responses.error_body(str(exc), 400, "invalid_request_error")
             except errors.CacheFlowError as exc:
-                parts.append(sse.event(responses.error_body(str(exc), 500, "server_error")))
+                error = responses.error_body(str(exc), 500, "server_error")
+            if error is not None:
+                if not self._started and not parts:
+                    reply = JSONResponse(error, status_code=int(error["error"]["code"]))  # type: ignore[index]
+                    self._started = True
+                    await send({"type": "http.response.start", "status": reply.status_code,
+                                "headers": reply.raw_headers})  # fmt: skip
+                    await send({"type": "http.response.body", "body": reply.body})
+                    return
+                parts.append(sse.event(error))
                 end = True
             data = b"".join(parts)
             if data or end:
-                await send({"type": "http.response.body", "body": data, "more_body": not end})
+                await self._send(send, data, not end)
             if end or group.disconnected:
                 return
             if not await group.wait(ping_s):
-                await send({"type": "http.response.body", "body": sse.PING, "more_body": True})
+                await self._send(send, sse.PING, True)
             if group.disconnected:
                 return
 

@@ -485,8 +485,9 @@ def test_reasoning_budget_closes_the_thinking_block(real_model_path, tmp_path, c
 
 def test_a_grammar_with_no_token_left_is_a_400_for_that_request_alone(client):
     """A grammar whose every token the request's logit bias bans: llama.cpp's grammar would
-    abort the server; CacheFlow answers that request with a 400 giving the reason (JSON and
-    SSE), and the server runs on."""
+    abort the server; CacheFlow answers that request with a 400 giving the reason, and the server
+    runs on. Streamed too, the error is the stream's first result, so the answer is that JSON 400,
+    not a 200 stream with an error event (llama-server treats a stream's first error so)."""
     body = {"prompt": "Pick a digit:", "n_predict": 4, "grammar": "root ::= [0-9]",
             "logit_bias": [[str(d), False] for d in range(10)]}  # fmt: skip
     answer = client.post("/completion", json=body)
@@ -494,6 +495,10 @@ def test_a_grammar_with_no_token_left_is_a_400_for_that_request_alone(client):
     error = answer.json()["error"]
     assert error["type"] == "invalid_request_error"
     assert error["message"].startswith("grammar: no token the grammar allows was left to sample")
-    events = stream_events(client, "/completion", {**body, "stream": True})
-    assert events[-1]["error"]["code"] == 400
+    for path, extra in (("/completion", {}), ("/v1/completions", {"max_tokens": 4}),
+                        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Pick a digit"}]})):
+        streamed = client.post(path, json={**body, **extra, "stream": True})
+        assert streamed.status_code == 400, (path, streamed.text)
+        assert streamed.headers["content-type"].startswith("application/json")
+        assert streamed.json()["error"]["message"].startswith("grammar: no token the grammar allows")
     assert client.post("/completion", json=greedy_body("2 + 2 =", 4)).status_code == 200
