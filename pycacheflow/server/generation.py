@@ -135,7 +135,8 @@ def _json_body(
         ]  # fmt: skip
         return bodies[0] if len(bodies) == 1 else bodies
     if api is Api.OAI_COMPLETION:
-        return responses.oai_completion(responses.ResponseIds("cmpl", state.model_name), done)
+        return responses.oai_completion(responses.ResponseIds("cmpl", state.model_name), done,
+                                        req.num_choices)  # fmt: skip
     splits = [reasoning.split(d.output.text) for d in done] if reasoning else None
     body = responses.chat_completion(responses.ResponseIds("chatcmpl", state.model_name), done,
                                      splits)  # fmt: skip
@@ -358,7 +359,8 @@ class _OaiCompletionChunks(_Chunks):
 
     def end(self) -> bytes:
         if self.req.include_usage:  # OpenAI's usage chunk: empty choices, every choice's usage
-            return sse.event(responses.oai_completion_usage_chunk(self.ids, self.finished)) + sse.DONE
+            usage = responses.oai_completion_usage_chunk(self.ids, self.finished, self.req.num_choices)
+            return sse.event(usage) + sse.DONE
         return sse.DONE
 
 

@@ -176,11 +176,13 @@ def with_progress(
     return body
 
 
-def usage(outputs: list[RequestOutput]) -> dict[str, object]:
-    """OpenAI ``usage`` summed over the outputs."""
-    prompt = sum(o.metrics.num_prompt_tokens for o in outputs)
+def usage(outputs: list[RequestOutput], num_choices: int = 1) -> dict[str, object]:
+    """OpenAI ``usage`` of the outputs: completion tokens summed over them, the prompt (and its
+    cached tokens) counted once per prompt, not once per choice: outputs holds ``num_choices``
+    choices of each prompt (OpenAI's ``n``; its choices share the prompt)."""
+    prompt = sum(o.metrics.num_prompt_tokens for o in outputs) // max(num_choices, 1)
     completion = sum(o.metrics.num_output_tokens for o in outputs)
-    cached = sum(o.metrics.num_cached_tokens for o in outputs)
+    cached = sum(o.metrics.num_cached_tokens for o in outputs) // max(num_choices, 1)
     return {
         "completion_tokens": completion,
         "prompt_tokens": prompt,
@@ -303,15 +305,15 @@ def select_fields(body: dict[str, object], fields: tuple[str, ...]) -> dict[str,
 # ---------------------------------------------------------------------------- OpenAI
 
 
-def oai_completion(ids: ResponseIds, done: list[Completion]) -> dict[str, object]:
-    """A non-streamed ``text_completion``: one choice per prompt."""
+def oai_completion(ids: ResponseIds, done: list[Completion], num_choices: int = 1) -> dict[str, object]:
+    """A non-streamed ``text_completion``: ``num_choices`` choices per prompt."""
     choices = [
         {"text": d.output.text, "index": i, "logprobs": _oai_logprobs(d.probs),
          "finish_reason": d.oai_finish_reason}
         for i, d in enumerate(done)
     ]  # fmt: skip
     body = {"choices": choices, **ids.envelope("text_completion")}
-    body["usage"] = usage([d.output for d in done])
+    body["usage"] = usage([d.output for d in done], num_choices)
     if len(done) == 1:
         body["timings"] = timings(done[0].output.metrics)
     return body
@@ -342,9 +344,9 @@ def oai_completion_last_chunk(ids: ResponseIds, index: int, done: Completion) ->
     return body
 
 
-def oai_completion_usage_chunk(ids: ResponseIds, outputs: list) -> dict[str, object]:
+def oai_completion_usage_chunk(ids: ResponseIds, outputs: list, num_choices: int = 1) -> dict[str, object]:
     """OpenAI's last streamed chunk with ``include_usage``: empty choices, the total usage."""
-    return {"choices": [], **ids.envelope("text_completion"), "usage": usage(outputs)}
+    return {"choices": [], **ids.envelope("text_completion"), "usage": usage(outputs, num_choices)}
 
 
 def chat_completion(
@@ -363,7 +365,7 @@ def chat_completion(
         for i, d in enumerate(done)
     ]
     body = {"choices": choices, **ids.envelope("chat.completion")}
-    body["usage"] = usage([d.output for d in done])
+    body["usage"] = usage([d.output for d in done], len(done))  # the choices of one prompt
     body["timings"] = timings(done[0].output.metrics)
     return body
 

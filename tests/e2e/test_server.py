@@ -390,8 +390,17 @@ def test_n_choices_share_the_prompt_and_sample_independently(client):
     are sampled independently: greedy choices agree, seeded ones use seed + i."""
     body = {"prompt": PROMPTS[2], "max_tokens": 8, "temperature": 0, "ignore_eos": True}
     single = client.post("/v1/completions", json=body).json()["choices"][0]["text"]
-    greedy = client.post("/v1/completions", json={**body, "n": 3}).json()["choices"]
+    one = client.post("/v1/completions", json=body).json()["usage"]
+    three = client.post("/v1/completions", json={**body, "n": 3}).json()
+    greedy = three["choices"]
     assert [c["index"] for c in greedy] == [0, 1, 2] and {c["text"] for c in greedy} == {single}
+    # the prompt is counted once, the completions of every choice (OpenAI's usage, llama-server's)
+    assert three["usage"]["prompt_tokens"] == one["prompt_tokens"]
+    assert three["usage"]["completion_tokens"] == 3 * one["completion_tokens"]
+    chat = {"messages": [{"role": "user", "content": PROMPTS[2]}], "max_tokens": 4, "temperature": 0}
+    chat_one = client.post("/v1/chat/completions", json=chat).json()["usage"]
+    chat_two = client.post("/v1/chat/completions", json={**chat, "n": 2}).json()["usage"]
+    assert chat_two["prompt_tokens"] == chat_one["prompt_tokens"]
     seeded = {**body, "temperature": 2.0, "seed": 7}
     answer = client.post("/v1/completions", json={**seeded, "n": 3}).json()
     texts = [c["text"] for c in answer["choices"]]
