@@ -197,6 +197,11 @@ class _EventStream:
             # (uvicorn's cycle, its proxy-headers and Starlette's error middleware, CORS, ...),
             # ~0.3 us a frame. Cancelling this task (shutdown) cancels the awaited one.
             await asyncio.ensure_future(self._run(send))
+        except asyncio.CancelledError:
+            # a forced shutdown (a second Ctrl-C) cancels the stream: end it with the error the
+            # graceful shutdown sends, best effort (the connection may be gone already), and
+            # return instead of raising, which the ASGI server would log as a traceback
+            await self._end_cancelled(send)
         finally:
             if watcher is not None:
                 watcher.remove_done_callback(self._on_disconnect)
@@ -206,6 +211,20 @@ class _EventStream:
     def _on_disconnect(self, watcher: asyncio.Future) -> None:
         if not watcher.cancelled() and watcher.exception() is None:
             self._group.disconnect()
+
+    async def _end_cancelled(self, send: Send) -> None:
+        error = responses.error_body("the server is shutting down; the request was aborted", 503,
+                                     "unavailable_error")  # fmt: skip
+        try:
+            if self._started:
+                await send({"type": "http.response.body", "body": sse.event(error), "more_body": False})
+            else:
+                reply = JSONResponse(error, status_code=503)
+                self._started = True
+                await send({"type": "http.response.start", "status": 503, "headers": reply.raw_headers})
+                await send({"type": "http.response.body", "body": reply.body})
+        except (OSError, RuntimeError, asyncio.CancelledError):
+            pass  # the client or the transport is gone
 
     async def _send(self, send: Send, body: bytes, more: bool) -> None:
         if not self._started:

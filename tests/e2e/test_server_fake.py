@@ -430,6 +430,57 @@ def test_cors_origins_localhost(fake_env, fake_model):
         proc.close()
 
 
+@pytest.fixture(scope="module")
+def slow_fake_env(tmp_path_factory) -> dict[str, str]:
+    """The fake with 50 ms steps: a stream of its 256-token context lasts ~12 s."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler for the fake libcacheflow")
+    folder = tmp_path_factory.mktemp("fakecf_slow")
+    source = FAKE_SOURCE.read_text().replace("{0, 1000000}", "{0, 50000000}")
+    assert "{0, 50000000}" in source, "the fake's step sleep moved: update this fixture"
+    (folder / "fake_slow.c").write_text(source)
+    out = folder / "libcacheflow_fake_slow.so"
+    subprocess.run([cc, "-std=c11", "-O1", "-shared", "-fPIC", f"-I{REPO / 'native' / 'include'}",
+                    str(folder / "fake_slow.c"), "-o", str(out), "-lpthread"], check=True)  # fmt: skip
+    return {"CACHEFLOW_LIB": str(out)}
+
+
+def test_a_second_sigint_ends_streams_with_the_shutdown_error(slow_fake_env, fake_model):
+    """Ctrl-C twice (uvicorn's forced exit cancels the streams): each stream still ends with the
+    503 event of a graceful shutdown, and the server logs no traceback."""
+    proc = start(slow_fake_env, fake_model)
+    lasts: list[object] = []
+
+    def read_stream() -> None:
+        body = {"prompt": "abcdefgh", "stream": True, "ignore_eos": True}
+        with (
+            httpx.Client(base_url=proc.base_url, timeout=30) as c,
+            c.stream("POST", "/completion", json=body) as resp,
+        ):
+            lasts.append(list(sse_data(resp.iter_lines()))[-1])
+
+    try:
+        readers = [threading.Thread(target=read_stream) for _ in range(3)]
+        for reader in readers:
+            reader.start()
+        deadline = 100
+        while proc.log().count("POST /completion") < 3 and deadline:  # the streams have started
+            threading.Event().wait(0.05)
+            deadline -= 1
+        threading.Event().wait(0.5)
+        proc.proc.send_signal(signal.SIGINT)
+        threading.Event().wait(0.5)
+        proc.proc.send_signal(signal.SIGINT)
+        for reader in readers:
+            reader.join(30)
+        assert len(lasts) == 3 and all(last["error"]["code"] == 503 for last in lasts), lasts
+        assert proc.stop(timeout_s=20) == 0, proc.log()
+        assert "Traceback" not in proc.log(), proc.log()
+    finally:
+        proc.close()
+
+
 @pytest.mark.parametrize(
     "sig,grace_s", [(signal.SIGTERM, "0"), (signal.SIGINT, "5")], ids=["SIGTERM", "SIGINT"]
 )
