@@ -96,10 +96,11 @@ fi
 
 if want decode; then
   # DECODE_PA_KERNELS="two_pass pipelined": the paged runs once per CACHEFLOW_PA_KERNEL (paged_attention.cu)
+  pa_kernels=${DECODE_PA_KERNELS:-default}
   for npl in $NPL; do
     for mode in ${DECODE_MODES:-paged stock}; do
-      for pak in ${DECODE_PA_KERNELS:-default}; do
-        [ "$mode" != paged ] && [ "$pak" != "${DECODE_PA_KERNELS%% *}" ] && continue  # stock: once
+      for pak in $pa_kernels; do
+        [ "$mode" != paged ] && [ "$pak" != "${pa_kernels%% *}" ] && continue  # stock: once
         tag="decode_${mode}_b${npl}_p${NPP:-128}"; [ "$pak" != default ] && [ "$mode" = paged ] && tag="${tag}_$pak"
         log "decode: cacheflow ($mode KV${pak:+, kernel $pak}) vs llama-batched-bench, npl $npl"
         mkdir -p "$OUT/$tag"

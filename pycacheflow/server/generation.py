@@ -23,6 +23,7 @@ from pycacheflow import errors
 from pycacheflow.server import responses, sse
 from pycacheflow.server.pieces import Piece, PieceJoiner
 from pycacheflow.server.protocol import GenerationRequest, parse_chat, parse_completion
+from pycacheflow.server.state import SHUTDOWN_MESSAGE
 from pycacheflow.server.streams import RequestGroup
 
 if TYPE_CHECKING:
@@ -213,18 +214,22 @@ class _EventStream:
             self._group.disconnect()
 
     async def _end_cancelled(self, send: Send) -> None:
-        error = responses.error_body("the server is shutting down; the request was aborted", 503,
-                                     "unavailable_error")  # fmt: skip
+        error = responses.error_body(SHUTDOWN_MESSAGE, 503, "unavailable_error")
         try:
-            if self._started:
-                await send({"type": "http.response.body", "body": sse.event(error), "more_body": False})
-            else:
-                reply = JSONResponse(error, status_code=503)
-                self._started = True
-                await send({"type": "http.response.start", "status": 503, "headers": reply.raw_headers})
-                await send({"type": "http.response.body", "body": reply.body})
+            await self._end_with_error(send, error, [])
         except (OSError, RuntimeError, asyncio.CancelledError):
             pass  # the client or the transport is gone
+
+    async def _end_with_error(self, send: Send, error: dict[str, object], parts: list[bytes]) -> None:
+        """End the response with ``error`` after ``parts``: an SSE error event once the stream has
+        bytes, else (its first result is the error) a plain JSON error with its status."""
+        if self._started or parts:
+            await self._send(send, b"".join(parts) + sse.event(error), False)
+            return
+        reply = JSONResponse(error, status_code=int(error["error"]["code"]))  # type: ignore[index]
+        self._started = True
+        await send({"type": "http.response.start", "status": reply.status_code, "headers": reply.raw_headers})
+        await send({"type": "http.response.body", "body": reply.body})
 
     async def _send(self, send: Send, body: bytes, more: bool) -> None:
         if not self._started:
@@ -252,15 +257,8 @@ class _EventStream:
             except errors.CacheFlowError as exc:
                 error = responses.error_body(str(exc), 500, "server_error")
             if error is not None:
-                if not self._started and not parts:
-                    reply = JSONResponse(error, status_code=int(error["error"]["code"]))  # type: ignore[index]
-                    self._started = True
-                    await send({"type": "http.response.start", "status": reply.status_code,
-                                "headers": reply.raw_headers})  # fmt: skip
-                    await send({"type": "http.response.body", "body": reply.body})
-                    return
-                parts.append(sse.event(error))
-                end = True
+                await self._end_with_error(send, error, parts)
+                return
             data = b"".join(parts)
             if data or end:
                 await self._send(send, data, not end)

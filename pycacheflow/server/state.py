@@ -75,6 +75,9 @@ class Job:
     prompt_text: str | None = None
 
 
+# why a request ended by the server's shutdown gets a 503 (finish, and a stream cancelled by a forced exit)
+SHUTDOWN_MESSAGE = "the server is shutting down; the request was aborted"
+
 class Prompt(NamedTuple):
     """One prompt of a request, resolved for submission (``ServerState.prepare_prompt``).
 
@@ -466,7 +469,7 @@ class ServerState:
         self._release(job)
         self.metrics.observe(output)
         if output.finish_reason == "abort" and self.shutting_down:
-            raise errors.ShutdownError("the server is shutting down; the request was aborted")
+            raise errors.ShutdownError(SHUTDOWN_MESSAGE)
         if output.error is not None:  # the request's own doing (its grammar): a client error
             raise errors.InvalidArgumentError(output.error)
         if output.finish_reason in ("error", "abort"):

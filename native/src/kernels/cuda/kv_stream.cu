@@ -228,8 +228,9 @@ int kv_gather_grid(const KvGatherArgs & a, int num_sms) {
     const int64_t block_chunks = (a.k_block_bytes + a.v_block_bytes) / 16;
     const int64_t units = (int64_t) a.max_staged * ((block_chunks + kUnitChunks - 1) / kUnitChunks);
     // 2 CTAs per SM keep 2 x 16 KiB of host reads in flight per SM (about 4 MiB on an H200), far more than the host
-    // link's bandwidth-delay product (~55 GB/s x ~2 us); stop 30 used 8 per SM, whose empty launches in decodes that
-    // stage nothing cost the stream-fit run 5.6% TPOT (test_kv_stream_cuda --bench sweeps the grid)
+    // link's bandwidth-delay product (~55 GB/s x ~2 us): on the H200 1, 2, 4 and 8 CTAs per SM all gather at 49.5-50 GB/s
+    // and an empty launch takes 16.5 us at 2 or 8 per SM (results/h200_gpu/stop31; test_kv_stream_cuda --bench sweeps
+    // the grid)
     return (int) std::max<int64_t>(1, std::min<int64_t>(units, 2 * (int64_t) std::max(num_sms, 1)));
 }
 
