@@ -48,17 +48,51 @@ _SAMPLING: tuple[tuple[tuple[str, ...], str, object, object, str, str], ...] = (
      "PRESENCE_PENALTY", "Default presence penalty (0.0 = disabled)."),
     (("--frequency-penalty",), "frequency_penalty", float, _DEFAULTS.frequency_penalty,
      "FREQUENCY_PENALTY", "Default frequency penalty (0.0 = disabled)."),
+    # llama-server's other samplers (no LLAMA_ARG_* variables there either)
+    (("--dry-multiplier",), "dry_multiplier", float, _DEFAULTS.dry_multiplier, None,
+     "Default DRY repetition penalty multiplier (0.0 = disabled)."),
+    (("--dry-base",), "dry_base", float, _DEFAULTS.dry_base, None,
+     "Default DRY base (a value below 1.0 is ignored, as llama-server does)."),
+    (("--dry-allowed-length",), "dry_allowed_length", int, _DEFAULTS.dry_allowed_length, None,
+     "Default length of a repetition DRY lets pass unpenalised."),
+    (("--dry-penalty-last-n",), "dry_penalty_last_n", int, _DEFAULTS.dry_penalty_last_n, None,
+     "Default number of last tokens DRY scans (0 = disabled, -1 = context size)."),
+    (("--xtc-probability",), "xtc_probability", float, _DEFAULTS.xtc_probability, None,
+     "Default XTC probability (0.0 = disabled)."),
+    (("--xtc-threshold",), "xtc_threshold", float, _DEFAULTS.xtc_threshold, None,
+     "Default XTC threshold (above 0.5 = disabled)."),
+    (("--typical", "--typical-p"), "typical_p", float, _DEFAULTS.typical_p, None,
+     "Default locally typical sampling p (1.0 = disabled)."),
+    (("--mirostat",), "mirostat", int, _DEFAULTS.mirostat, None,
+     "Default Mirostat (0 = disabled, 1 = Mirostat, 2 = Mirostat 2.0; replaces top-k, "
+     "top-p, typical, ...)."),
+    (("--mirostat-lr",), "mirostat_eta", float, _DEFAULTS.mirostat_eta, None,
+     "Default Mirostat learning rate, eta."),
+    (("--mirostat-ent",), "mirostat_tau", float, _DEFAULTS.mirostat_tau, None,
+     "Default Mirostat target entropy, tau."),
+    (("--dynatemp-range",), "dynatemp_range", float, _DEFAULTS.dynatemp_range, None,
+     "Default dynamic temperature range (0.0 = disabled)."),
+    (("--dynatemp-exp",), "dynatemp_exponent", float, _DEFAULTS.dynatemp_exponent, None,
+     "Default dynamic temperature exponent."),
+    (("--top-nsigma", "--top-n-sigma"), "top_n_sigma", float, _DEFAULTS.top_n_sigma, None,
+     "Default top-n-sigma (-1.0 = disabled)."),
+    (("--min-keep",), "min_keep", int, _DEFAULTS.min_keep, None,
+     "Default min_keep: the fewest tokens top-p, min-p, typical and XTC leave (CacheFlow's; "
+     "llama-server has only the request field)."),
 )
 
 
 def serve_flag_options(command: Callable) -> Callable:
     """Decorate ``serve`` with the flags of this module."""
     options = [
-        _option(*names, dest, type=kind, default=default, show_default=True, envvar=_env(env),
-                help=text)  # fmt: skip
+        _option(*names, dest, type=kind, default=default, show_default=True,
+                envvar=_env(env) if env else None, help=text)  # fmt: skip
         for names, dest, kind, default, env, text in _SAMPLING
     ]
     options += [
+        _option("--dry-sequence-breaker", "dry_sequence_breakers", multiple=True,
+                help="A DRY sequence breaker (repeatable); the first one given replaces the "
+                "defaults ('\\n', ':', '\"', '*'); 'none' = no breakers."),
         _option("--ignore-eos", is_flag=True, envvar=_env("IGNORE_EOS"),
                 help="Requests that set no ignore_eos generate past the end-of-generation token."),
         _option("--jinja/--no-jinja", "jinja", default=True, show_default=True,
@@ -155,6 +189,7 @@ def request_defaults(options: dict[str, object]) -> RequestDefaults:
             reasoning_format=str(options["reasoning_format"] or DEFAULT_REASONING_FORMAT),
             reasoning_budget=int(options["reasoning_budget"]),
             reasoning_budget_message=str(options["reasoning_budget_message"] or ""),
+            **_other_sampler_defaults(options),
         )
     except ValueError as exc:  # name the flag, not the field
         message = str(exc)
@@ -164,9 +199,38 @@ def request_defaults(options: dict[str, object]) -> RequestDefaults:
         raise click.UsageError(message) from None
 
 
+def _other_sampler_defaults(options: dict[str, object]) -> dict[str, object]:
+    """The RequestDefaults of the DRY, XTC, typical, mirostat, dynatemp, top-n-sigma and
+    min-keep flags, read as llama-server reads them (common/arg.cpp): --dry-base below 1 keeps
+    the default; the first --dry-sequence-breaker replaces the default breakers, "none" clears
+    them (and empty ones are skipped, as llama.cpp's DRY sampler skips them)."""
+    out: dict[str, object] = {}
+    for name in ("dry_multiplier", "dry_base", "xtc_probability", "xtc_threshold", "typical_p",
+                 "mirostat_tau", "mirostat_eta", "dynatemp_range", "dynatemp_exponent",
+                 "top_n_sigma"):  # fmt: skip
+        out[name] = float(options[name])
+    for name in ("dry_allowed_length", "dry_penalty_last_n", "mirostat", "min_keep"):
+        out[name] = int(options[name])
+    if out["dry_base"] < 1.0:
+        out["dry_base"] = _DEFAULTS.dry_base
+    given = tuple(options["dry_sequence_breakers"] or ())
+    if given:
+        breakers: list[str] = []
+        for value in given:
+            if value == "none":
+                breakers.clear()
+            elif value:
+                breakers.append(value)
+        out["dry_sequence_breakers"] = tuple(breakers)
+    return out
+
+
 # RequestDefaults fields whose range errors name their llama-server flag
 _FLAG_OF_DEFAULT = {"top_k": "--top-k", "seed": "--seed", "repeat_last_n": "--repeat-last-n",
-                    "reasoning_budget": "--reasoning-budget", "temperature": "--temp"}  # fmt: skip
+                    "reasoning_budget": "--reasoning-budget", "temperature": "--temp",
+                    "dry_allowed_length": "--dry-allowed-length",
+                    "dry_penalty_last_n": "--dry-penalty-last-n", "min_keep": "--min-keep",
+                    "mirostat": "--mirostat"}  # fmt: skip
 
 
 def chat_template_option(options: dict[str, object]) -> str | None:
