@@ -48,7 +48,10 @@ _SAMPLING: tuple[tuple[tuple[str, ...], str, object, object, str, str], ...] = (
      "PRESENCE_PENALTY", "Default presence penalty (0.0 = disabled)."),
     (("--frequency-penalty",), "frequency_penalty", float, _DEFAULTS.frequency_penalty,
      "FREQUENCY_PENALTY", "Default frequency penalty (0.0 = disabled)."),
-    # llama-server's other samplers (no LLAMA_ARG_* variables there either)
+)
+# llama-server's other samplers (no LLAMA_ARG_* variables there either); `cacheflow generate`
+# has them too (other_sampler_options), with the same defaults (SamplingParams' are the same).
+_OTHER_SAMPLERS: tuple[tuple[tuple[str, ...], str, object, object, str | None, str], ...] = (
     (("--dry-multiplier",), "dry_multiplier", float, _DEFAULTS.dry_multiplier, None,
      "Default DRY repetition penalty multiplier (0.0 = disabled)."),
     (("--dry-base",), "dry_base", float, _DEFAULTS.dry_base, None,
@@ -85,14 +88,12 @@ _SAMPLING: tuple[tuple[tuple[str, ...], str, object, object, str, str], ...] = (
 def serve_flag_options(command: Callable) -> Callable:
     """Decorate ``serve`` with the flags of this module."""
     options = [
-        _option(*names, dest, type=kind, default=default, show_default=True,
-                envvar=_env(env) if env else None, help=text)  # fmt: skip
+        _option(*names, dest, type=kind, default=default, show_default=True, envvar=_env(env),
+                help=text)  # fmt: skip
         for names, dest, kind, default, env, text in _SAMPLING
     ]
+    options += _other_sampler_option_list()
     options += [
-        _option("--dry-sequence-breaker", "dry_sequence_breakers", multiple=True,
-                help="A DRY sequence breaker (repeatable); the first one given replaces the "
-                "defaults ('\\n', ':', '\"', '*'); 'none' = no breakers."),
         _option("--ignore-eos", is_flag=True, envvar=_env("IGNORE_EOS"),
                 help="Requests that set no ignore_eos generate past the end-of-generation token."),
         _option("--jinja/--no-jinja", "jinja", default=True, show_default=True,
@@ -144,6 +145,36 @@ def serve_flag_options(command: Callable) -> Callable:
     return command
 
 
+def _other_sampler_option_list(per_request: bool = False) -> list[Callable]:
+    """The options of _OTHER_SAMPLERS; per_request: their help without "Default " (generate's
+    values are the request's own, not a server's default)."""
+    options = [
+        _option(*names, dest, type=kind, default=default, show_default=True,
+                help=_own_value_help(text) if per_request else text)  # fmt: skip
+        for names, dest, kind, default, _env_name, text in _OTHER_SAMPLERS
+    ]
+    options.append(
+        _option("--dry-sequence-breaker", "dry_sequence_breakers", multiple=True,
+                help="A DRY sequence breaker (repeatable); the first one given replaces the "
+                "defaults ('\\n', ':', '\"', '*'); 'none' = no breakers."))  # fmt: skip
+    return options
+
+
+def _own_value_help(text: str) -> str:
+    """"Default DRY base ..." as "DRY base ...", "Default number of ..." as "Number of ..."."""
+    text = text.removeprefix("Default ")
+    return text[:1].upper() + text[1:]
+
+
+def other_sampler_options(command: Callable) -> Callable:
+    """Decorate a command with the flags of llama-server's DRY, XTC, typical, mirostat,
+    dynamic temperature, top-n-sigma and min-keep settings (``other_sampler_values`` reads
+    them)."""
+    for option in reversed(_other_sampler_option_list(per_request=True)):
+        command = option(command)
+    return command
+
+
 _TRUTHY = ("on", "enabled", "true", "1")  # llama.cpp's common_arg_utils::is_truthy
 _FALSEY = ("off", "disabled", "false", "0")
 _AUTOY = ("auto", "-1")
@@ -189,7 +220,7 @@ def request_defaults(options: dict[str, object]) -> RequestDefaults:
             reasoning_format=str(options["reasoning_format"] or DEFAULT_REASONING_FORMAT),
             reasoning_budget=int(options["reasoning_budget"]),
             reasoning_budget_message=str(options["reasoning_budget_message"] or ""),
-            **_other_sampler_defaults(options),
+            **other_sampler_values(options),
         )
     except ValueError as exc:  # name the flag, not the field
         message = str(exc)
@@ -199,8 +230,8 @@ def request_defaults(options: dict[str, object]) -> RequestDefaults:
         raise click.UsageError(message) from None
 
 
-def _other_sampler_defaults(options: dict[str, object]) -> dict[str, object]:
-    """The RequestDefaults of the DRY, XTC, typical, mirostat, dynatemp, top-n-sigma and
+def other_sampler_values(options: dict[str, object]) -> dict[str, object]:
+    """The RequestDefaults (and SamplingParams) fields of the DRY, XTC, typical, mirostat, dynatemp, top-n-sigma and
     min-keep flags, read as llama-server reads them (common/arg.cpp): --dry-base below 1 keeps
     the default; the first --dry-sequence-breaker replaces the default breakers, "none" clears
     them (and empty ones are skipped, as llama.cpp's DRY sampler skips them)."""

@@ -85,7 +85,9 @@ class SamplingParams:
     Attributes:
         max_tokens: tokens to generate at most, in [1, 2**31). The request also ends with
             "length" when its sequence's context is full.
-        temperature: in [0, FLOAT32_MAX]; 0 = greedy (argmax), ignoring top_k/top_p/min_p/seed.
+        temperature: in [0, FLOAT32_MAX]; 0 = greedy (argmax), ignoring top_k/top_p/min_p/seed
+            (unless XTC or typical_p is on: the argmax of what they and those leave, as
+            llama-server's temperature 0).
         top_k: keep the k most likely tokens, in [0, 2**31); 0 = disabled.
         top_p: nucleus sampling mass in (0, 1]; 1 = disabled.
         min_p: drop tokens below min_p * p(most likely), in [0, 1]; 0 = disabled.
