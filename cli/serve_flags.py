@@ -231,8 +231,8 @@ def request_defaults(options: dict[str, object]) -> RequestDefaults:
 
 
 def other_sampler_values(options: dict[str, object]) -> dict[str, object]:
-    """The RequestDefaults (and SamplingParams) fields of the DRY, XTC, typical, mirostat, dynatemp, top-n-sigma and
-    min-keep flags, read as llama-server reads them (common/arg.cpp): --dry-base below 1 keeps
+    """The RequestDefaults (and SamplingParams) fields of the DRY, XTC, typical, mirostat,
+    dynatemp, top-n-sigma and min-keep flags, read as llama-server reads them (common/arg.cpp): --dry-base below 1 keeps
     the default; the first --dry-sequence-breaker replaces the default breakers, "none" clears
     them (and empty ones are skipped, as llama.cpp's DRY sampler skips them)."""
     out: dict[str, object] = {}

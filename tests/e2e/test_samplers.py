@@ -48,7 +48,8 @@ def test_default_values_change_nothing(real_llm):
     # "off" values other than the defaults are off too
     off = {"xtc_threshold": 0.6, "xtc_probability": 0.9, "typical_p": 1.5, "top_n_sigma": 0.0,
            "dynatemp_range": -1.0, "dry_multiplier": 3.0, "dry_penalty_last_n": 0}  # fmt: skip
-    assert tokens(real_llm, params(**SERVER, seed=7, **off)) == tokens(real_llm, params(**SERVER, seed=7))
+    seeded = tokens(real_llm, params(**SERVER, seed=7))
+    assert tokens(real_llm, params(**SERVER, seed=7, **off)) == seeded
 
 
 def test_dry_stops_a_repetition_that_greedy_decoding_makes(real_llm):
@@ -58,11 +59,13 @@ def test_dry_stops_a_repetition_that_greedy_decoding_makes(real_llm):
     assert dry != greedy and dry.count("apple, banana") < 2
     # a long allowed length lets the repetition through; the breaker "," cuts every repetition
     # short (no sequence reaches past a comma), so nothing is penalised either
-    assert texts(real_llm, params(dry_multiplier=2.0, dry_allowed_length=64), [REPEATING])[0] == greedy
+    long_allowed = params(dry_multiplier=2.0, dry_allowed_length=64)
+    assert texts(real_llm, long_allowed, [REPEATING])[0] == greedy
     assert texts(real_llm, params(dry_multiplier=2.0, dry_sequence_breakers=[","]),
                  [REPEATING])[0] == greedy  # fmt: skip
     # the window: DRY over the last 4 tokens sees no repeated sequence longer than 2
-    assert texts(real_llm, params(dry_multiplier=2.0, dry_penalty_last_n=4), [REPEATING])[0] == greedy
+    short_window = params(dry_multiplier=2.0, dry_penalty_last_n=4)
+    assert texts(real_llm, short_window, [REPEATING])[0] == greedy
     # -1: the whole context, as a window longer than the prompt
     whole = texts(real_llm, params(dry_multiplier=2.0, dry_penalty_last_n=-1), [REPEATING])[0]
     assert whole == texts(real_llm, params(dry_multiplier=2.0, dry_penalty_last_n=4096),
@@ -122,7 +125,8 @@ def test_top_n_sigma_and_dynamic_temperature(real_llm):
         real_llm, params(**hot, dynatemp_range=1.0, dynatemp_exponent=3.0))
     # top_n_sigma always keeps the argmax and the dynamic temperature needs a temperature > 0:
     # greedy requests are unchanged by them (llama-server: greedy stays greedy for both)
-    assert tokens(real_llm, params(top_n_sigma=0.5, dynatemp_range=0.5)) == tokens(real_llm, params())
+    greedy = tokens(real_llm, params())
+    assert tokens(real_llm, params(top_n_sigma=0.5, dynatemp_range=0.5)) == greedy
 
 
 def test_batched_with_other_rows_as_alone(real_llm):

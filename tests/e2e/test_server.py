@@ -526,8 +526,8 @@ def test_llama_servers_other_samplers_run_and_are_reported(client, real_llm):
     plain = client.post("/completion", json={**body, "dry_multiplier": 0}).json()
     assert plain["tokens"] != result["tokens"]
     settings = client.post("/completion", json={
-        **greedy_body(PROMPTS[0], 2), "dry_multiplier": 0.5, "dry_base": 0.5, "dry_allowed_length": 3,
-        "dry_penalty_last_n": 16, "dry_sequence_breakers": ["\n", "ab"], "xtc_probability": 2,
+        **greedy_body(PROMPTS[0], 2), "dry_multiplier": 0.5, "dry_base": 0.5,
+        "dry_allowed_length": 3, "dry_penalty_last_n": 16, "dry_sequence_breakers": ["\n", "ab"], "xtc_probability": 2,
         "xtc_threshold": 0.2, "typical_p": 0.9, "mirostat": 2, "mirostat_tau": 4,
         "mirostat_eta": 0.2, "dynatemp_range": 0.5, "dynatemp_exponent": 2, "top_n_sigma": 1.5,
         "min_keep": 3}).json()["generation_settings"]  # fmt: skip
