@@ -36,6 +36,7 @@ from cli.common import (
     swap_space_bytes,
     to_click_error,
 )
+from cli.serve_flags import other_sampler_options, other_sampler_values
 from cli.devices import (
     DEVICE_OPTION_NAMES,
     DEVICE_PARAMS,
@@ -143,6 +144,7 @@ def cacheflow() -> None:
     help="Stop string (repeatable); the output ends right before it.",
 )
 @click.option("--ignore-eos", is_flag=True, help="Keep generating past end-of-generation tokens.")
+@other_sampler_options
 @click.option(
     "--chat", is_flag=True, help="Wrap each prompt as a user message of the model's chat template."
 )
@@ -324,6 +326,7 @@ def _sampling_params(options: dict[str, object]) -> SamplingParams:
             seed=options["seed"],
             stop=list(options["stop"]),
             ignore_eos=options["ignore_eos"],
+            **other_sampler_values(options),
         )
     except (ValueError, TypeError) as exc:  # the engine's message (ranges), under the option
         raise click.UsageError(_under_option(str(exc), SAMPLING_OPTION_NAMES)) from None
@@ -340,6 +343,21 @@ SAMPLING_OPTION_NAMES = {
     "seed": "--seed",
     "stop_strings": "--stop",
     "stop": "--stop",
+    "dry_multiplier": "--dry-multiplier",
+    "dry_base": "--dry-base",
+    "dry_allowed_length": "--dry-allowed-length",
+    "dry_penalty_last_n": "--dry-penalty-last-n",
+    "dry_sequence_breakers": "--dry-sequence-breaker",
+    "xtc_probability": "--xtc-probability",
+    "xtc_threshold": "--xtc-threshold",
+    "typical_p": "--typical",
+    "mirostat_tau": "--mirostat-ent",
+    "mirostat_eta": "--mirostat-lr",
+    "mirostat": "--mirostat",
+    "dynatemp_range": "--dynatemp-range",
+    "dynatemp_exponent": "--dynatemp-exp",
+    "top_n_sigma": "--top-nsigma",
+    "min_keep": "--min-keep",
 }
 
 

@@ -49,6 +49,40 @@ _SAMPLING: tuple[tuple[tuple[str, ...], str, object, object, str, str], ...] = (
     (("--frequency-penalty",), "frequency_penalty", float, _DEFAULTS.frequency_penalty,
      "FREQUENCY_PENALTY", "Default frequency penalty (0.0 = disabled)."),
 )
+# llama-server's other samplers (no LLAMA_ARG_* variables there either); `cacheflow generate`
+# has them too (other_sampler_options), with the same defaults (SamplingParams' are the same).
+_OTHER_SAMPLERS: tuple[tuple[tuple[str, ...], str, object, object, str | None, str], ...] = (
+    (("--dry-multiplier",), "dry_multiplier", float, _DEFAULTS.dry_multiplier, None,
+     "Default DRY repetition penalty multiplier (0.0 = disabled)."),
+    (("--dry-base",), "dry_base", float, _DEFAULTS.dry_base, None,
+     "Default DRY base (a value below 1.0 is ignored, as llama-server does)."),
+    (("--dry-allowed-length",), "dry_allowed_length", int, _DEFAULTS.dry_allowed_length, None,
+     "Default length of a repetition DRY lets pass unpenalised."),
+    (("--dry-penalty-last-n",), "dry_penalty_last_n", int, _DEFAULTS.dry_penalty_last_n, None,
+     "Default number of last tokens DRY scans (0 = disabled, -1 = context size)."),
+    (("--xtc-probability",), "xtc_probability", float, _DEFAULTS.xtc_probability, None,
+     "Default XTC probability (0.0 = disabled)."),
+    (("--xtc-threshold",), "xtc_threshold", float, _DEFAULTS.xtc_threshold, None,
+     "Default XTC threshold (above 0.5 = disabled)."),
+    (("--typical", "--typical-p"), "typical_p", float, _DEFAULTS.typical_p, None,
+     "Default locally typical sampling p (1.0 = disabled)."),
+    (("--mirostat",), "mirostat", int, _DEFAULTS.mirostat, None,
+     "Default Mirostat (0 = disabled, 1 = Mirostat, 2 = Mirostat 2.0; replaces top-k, "
+     "top-p, typical, ...)."),
+    (("--mirostat-lr",), "mirostat_eta", float, _DEFAULTS.mirostat_eta, None,
+     "Default Mirostat learning rate, eta."),
+    (("--mirostat-ent",), "mirostat_tau", float, _DEFAULTS.mirostat_tau, None,
+     "Default Mirostat target entropy, tau."),
+    (("--dynatemp-range",), "dynatemp_range", float, _DEFAULTS.dynatemp_range, None,
+     "Default dynamic temperature range (0.0 = disabled)."),
+    (("--dynatemp-exp",), "dynatemp_exponent", float, _DEFAULTS.dynatemp_exponent, None,
+     "Default dynamic temperature exponent."),
+    (("--top-nsigma", "--top-n-sigma"), "top_n_sigma", float, _DEFAULTS.top_n_sigma, None,
+     "Default top-n-sigma (-1.0 = disabled)."),
+    (("--min-keep",), "min_keep", int, _DEFAULTS.min_keep, None,
+     "Default min_keep: the fewest tokens top-p, min-p, typical and XTC leave (CacheFlow's; "
+     "llama-server has only the request field)."),
+)
 
 
 def serve_flag_options(command: Callable) -> Callable:
@@ -58,6 +92,7 @@ def serve_flag_options(command: Callable) -> Callable:
                 help=text)  # fmt: skip
         for names, dest, kind, default, env, text in _SAMPLING
     ]
+    options += _other_sampler_option_list()
     options += [
         _option("--ignore-eos", is_flag=True, envvar=_env("IGNORE_EOS"),
                 help="Requests that set no ignore_eos generate past the end-of-generation token."),
@@ -110,6 +145,36 @@ def serve_flag_options(command: Callable) -> Callable:
     return command
 
 
+def _other_sampler_option_list(per_request: bool = False) -> list[Callable]:
+    """The options of _OTHER_SAMPLERS; per_request: their help without "Default " (generate's
+    values are the request's own, not a server's default)."""
+    options = [
+        _option(*names, dest, type=kind, default=default, show_default=True,
+                help=_own_value_help(text) if per_request else text)  # fmt: skip
+        for names, dest, kind, default, _env_name, text in _OTHER_SAMPLERS
+    ]
+    options.append(
+        _option("--dry-sequence-breaker", "dry_sequence_breakers", multiple=True,
+                help="A DRY sequence breaker (repeatable); the first one given replaces the "
+                "defaults ('\\n', ':', '\"', '*'); 'none' = no breakers."))  # fmt: skip
+    return options
+
+
+def _own_value_help(text: str) -> str:
+    """"Default DRY base ..." as "DRY base ...", "Default number of ..." as "Number of ..."."""
+    text = text.removeprefix("Default ")
+    return text[:1].upper() + text[1:]
+
+
+def other_sampler_options(command: Callable) -> Callable:
+    """Decorate a command with the flags of llama-server's DRY, XTC, typical, mirostat,
+    dynamic temperature, top-n-sigma and min-keep settings (``other_sampler_values`` reads
+    them)."""
+    for option in reversed(_other_sampler_option_list(per_request=True)):
+        command = option(command)
+    return command
+
+
 _TRUTHY = ("on", "enabled", "true", "1")  # llama.cpp's common_arg_utils::is_truthy
 _FALSEY = ("off", "disabled", "false", "0")
 _AUTOY = ("auto", "-1")
@@ -155,6 +220,7 @@ def request_defaults(options: dict[str, object]) -> RequestDefaults:
             reasoning_format=str(options["reasoning_format"] or DEFAULT_REASONING_FORMAT),
             reasoning_budget=int(options["reasoning_budget"]),
             reasoning_budget_message=str(options["reasoning_budget_message"] or ""),
+            **other_sampler_values(options),
         )
     except ValueError as exc:  # name the flag, not the field
         message = str(exc)
@@ -164,9 +230,38 @@ def request_defaults(options: dict[str, object]) -> RequestDefaults:
         raise click.UsageError(message) from None
 
 
+def other_sampler_values(options: dict[str, object]) -> dict[str, object]:
+    """The RequestDefaults (and SamplingParams) fields of the DRY, XTC, typical, mirostat,
+    dynatemp, top-n-sigma and min-keep flags, read as llama-server reads them (common/arg.cpp): --dry-base below 1 keeps
+    the default; the first --dry-sequence-breaker replaces the default breakers, "none" clears
+    them (and empty ones are skipped, as llama.cpp's DRY sampler skips them)."""
+    out: dict[str, object] = {}
+    for name in ("dry_multiplier", "dry_base", "xtc_probability", "xtc_threshold", "typical_p",
+                 "mirostat_tau", "mirostat_eta", "dynatemp_range", "dynatemp_exponent",
+                 "top_n_sigma"):  # fmt: skip
+        out[name] = float(options[name])
+    for name in ("dry_allowed_length", "dry_penalty_last_n", "mirostat", "min_keep"):
+        out[name] = int(options[name])
+    if out["dry_base"] < 1.0:
+        out["dry_base"] = _DEFAULTS.dry_base
+    given = tuple(options["dry_sequence_breakers"] or ())
+    if given:
+        breakers: list[str] = []
+        for value in given:
+            if value == "none":
+                breakers.clear()
+            elif value:
+                breakers.append(value)
+        out["dry_sequence_breakers"] = tuple(breakers)
+    return out
+
+
 # RequestDefaults fields whose range errors name their llama-server flag
 _FLAG_OF_DEFAULT = {"top_k": "--top-k", "seed": "--seed", "repeat_last_n": "--repeat-last-n",
-                    "reasoning_budget": "--reasoning-budget", "temperature": "--temp"}  # fmt: skip
+                    "reasoning_budget": "--reasoning-budget", "temperature": "--temp",
+                    "dry_allowed_length": "--dry-allowed-length",
+                    "dry_penalty_last_n": "--dry-penalty-last-n", "min_keep": "--min-keep",
+                    "mirostat": "--mirostat"}  # fmt: skip
 
 
 def chat_template_option(options: dict[str, object]) -> str | None:

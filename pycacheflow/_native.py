@@ -30,6 +30,7 @@ from pycacheflow.config import (
 )
 from pycacheflow.outputs import DeviceInfo, EngineStats, ModelInfo, OutputEvent, PriorityTTFT
 from pycacheflow.profiler import ProfileEvent
+from pycacheflow.sampling_params import DEFAULT_DRY_SEQUENCE_BREAKERS
 from pycacheflow.text import encode_utf8
 
 if TYPE_CHECKING:
@@ -273,6 +274,26 @@ def _sampling_params(params: SamplingParams, keep: list) -> object:
         grammar = ffi.new("char[]", encode_utf8(params.grammar, "grammar"))
         keep.append(grammar)
         c.grammar = grammar
+    c.dry_multiplier = params.dry_multiplier
+    c.dry_base = params.dry_base
+    c.dry_allowed_length = params.dry_allowed_length
+    c.dry_penalty_last_n = params.dry_penalty_last_n
+    if params.dry_sequence_breakers != DEFAULT_DRY_SEQUENCE_BREAKERS:  # else the C default's
+        breakers = [ffi.new("char[]", encode_utf8(s, "dry sequence breaker"))
+                    for s in params.dry_sequence_breakers]  # fmt: skip
+        array = ffi.new("const char *[]", breakers) if breakers else ffi.NULL
+        keep += [breakers, array]
+        c.dry_sequence_breakers, c.num_dry_sequence_breakers = array, len(breakers)
+    c.xtc_probability = params.xtc_probability
+    c.xtc_threshold = params.xtc_threshold
+    c.typical_p = params.typical_p
+    c.mirostat = params.mirostat
+    c.mirostat_tau = params.mirostat_tau
+    c.mirostat_eta = params.mirostat_eta
+    c.dynatemp_range = params.dynatemp_range
+    c.dynatemp_exponent = params.dynatemp_exponent
+    c.top_n_sigma = params.top_n_sigma
+    c.min_keep = params.min_keep
     budget = params.reasoning_budget
     if budget is not None:
         c.reasoning_budget = budget.tokens

@@ -16,7 +16,14 @@ FLOAT32_MAX = 3.4028234663852886e38
 
 
 _FLOAT_FIELDS = ("temperature", "top_p", "min_p", "repeat_penalty", "presence_penalty",
-                 "frequency_penalty")
+                 "frequency_penalty", "dry_multiplier", "dry_base", "xtc_probability",
+                 "xtc_threshold", "typical_p", "mirostat_tau", "mirostat_eta", "dynatemp_range",
+                 "dynatemp_exponent", "top_n_sigma")
+_INT_FIELDS = ("max_tokens", "top_k", "repeat_last_n", "dry_allowed_length", "dry_penalty_last_n",
+               "mirostat", "min_keep")
+
+# llama-server's default DRY sequence breakers (common_params_sampling.dry_sequence_breakers)
+DEFAULT_DRY_SEQUENCE_BREAKERS = ("\n", ":", "\"", "*")
 
 
 def _is_int(value: object) -> bool:
@@ -78,7 +85,9 @@ class SamplingParams:
     Attributes:
         max_tokens: tokens to generate at most, in [1, 2**31). The request also ends with
             "length" when its sequence's context is full.
-        temperature: in [0, FLOAT32_MAX]; 0 = greedy (argmax), ignoring top_k/top_p/min_p/seed.
+        temperature: in [0, FLOAT32_MAX]; 0 = greedy (argmax), ignoring top_k/top_p/min_p/seed
+            (unless XTC or typical_p is on: the argmax of what they and those leave, as
+            llama-server's temperature 0).
         top_k: keep the k most likely tokens, in [0, 2**31); 0 = disabled.
         top_p: nucleus sampling mass in (0, 1]; 1 = disabled.
         min_p: drop tokens below min_p * p(most likely), in [0, 1]; 0 = disabled.
@@ -119,6 +128,40 @@ class SamplingParams:
         reasoning_budget: a ``ReasoningBudget`` limiting the tokens of reasoning blocks, or
             None (no limit). A request with one is sampled on the CPU from its whole logits.
 
+    llama-server's other samplers (llama.cpp's own; defaults are llama-server's, all off). The
+    chain runs in llama-server's order: logit bias, penalties, DRY, grammar, top_n_sigma, top_k,
+    typical_p, top_p, min_p, XTC, temperature (dynamic with ``dynatemp_range``), the draw. A
+    request with one of them on is sampled on the CPU from its whole logits.
+
+        dry_multiplier: DRY ("don't repeat yourself"): a token that would extend a sequence seen
+            in the last ``dry_penalty_last_n`` tokens (prompt and output) beyond
+            ``dry_allowed_length`` tokens loses ``dry_multiplier * dry_base ** (length -
+            dry_allowed_length)`` from its logit; finite, 0 = disabled. Acts on greedy requests
+            too.
+        dry_base: >= 1 (1.75).
+        dry_allowed_length: >= 0 (2).
+        dry_penalty_last_n: tokens DRY scans, >= -1; 0 = disabled, -1 = the context (64).
+        dry_sequence_breakers: texts a repetition does not reach back over (non-empty strings;
+            llama-server's "\\n", ":", "\"", "*" by default; () = none). Stored as a tuple.
+        xtc_probability: XTC ("exclude top choices"): the chance per token, in [0, 1], that every
+            candidate of probability >= ``xtc_threshold`` but the least likely of them is
+            removed; 0 = disabled. Acts on greedy requests too (seeded with ``seed``).
+        xtc_threshold: in [0, 1]; > 0.5 disables XTC (0.1).
+        typical_p: locally typical sampling's probability mass; >= 1 = disabled. It may drop
+            the most likely token, so it acts on greedy requests too.
+        mirostat: 0 = off, 1 = Mirostat, 2 = Mirostat 2.0: replaces everything after the grammar
+            with temperature -> mirostat, as llama-server (no penalties, DRY, top-k, ...);
+            greedy requests stay greedy.
+        mirostat_tau: Mirostat's target entropy (5.0).
+        mirostat_eta: Mirostat's learning rate (0.1).
+        dynatemp_range: dynamic temperature: each token's temperature is in [max(0, temperature
+            - range), temperature + range], by the distribution's entropy; <= 0 = disabled.
+            Sampled requests only (temperature > 0).
+        dynatemp_exponent: how the entropy maps to that range (1.0).
+        top_n_sigma: keep the tokens within n standard deviations of the largest logit; <= 0 =
+            disabled (-1.0).
+        min_keep: the fewest tokens top_p, min_p, typical_p and XTC leave, >= 0 (0 and 1 alike).
+
     Each value is validated once, by the layer that owns it: here only what Python owns (types,
     that a value has a C form: int32_t, int64_t seed, float, UTF-8 text); the ranges by the
     native engine (cf_sampling_params_check, on construction), whose message is raised as is.
@@ -149,12 +192,31 @@ class SamplingParams:
     post_sampling_probs: bool = False
     return_progress: bool = False
     reasoning_budget: ReasoningBudget | None = None
+    dry_multiplier: float = 0.0
+    dry_base: float = 1.75
+    dry_allowed_length: int = 2
+    dry_penalty_last_n: int = 64
+    dry_sequence_breakers: tuple[str, ...] = DEFAULT_DRY_SEQUENCE_BREAKERS
+    xtc_probability: float = 0.0
+    xtc_threshold: float = 0.1
+    typical_p: float = 1.0
+    mirostat: int = 0
+    mirostat_tau: float = 5.0
+    mirostat_eta: float = 0.1
+    dynatemp_range: float = 0.0
+    dynatemp_exponent: float = 1.0
+    top_n_sigma: float = -1.0
+    min_keep: int = 0
 
     def __post_init__(self) -> None:
         # Normalise containers first (frozen: assign through object.__setattr__).
         stop = (self.stop,) if isinstance(self.stop, str) else self.stop
         object.__setattr__(self, "stop", _as_tuple("stop", stop))
         object.__setattr__(self, "stop_token_ids", _as_tuple("stop_token_ids", self.stop_token_ids))
+        breakers = self.dry_sequence_breakers
+        breakers = (breakers,) if isinstance(breakers, str) else breakers
+        object.__setattr__(self, "dry_sequence_breakers",
+                           _as_tuple("dry_sequence_breakers", breakers))  # fmt: skip
         self._check_c_types()
         self._normalise_logit_bias()
         from pycacheflow._native import check_sampling_params
@@ -163,7 +225,7 @@ class SamplingParams:
 
     def _check_c_types(self) -> None:
         """What Python owns: types, and that each value has a C form (cf_sampling_params)."""
-        for name in ("max_tokens", "top_k", "repeat_last_n"):
+        for name in _INT_FIELDS:
             _require_c_int(name, getattr(self, name))
         for name in _FLOAT_FIELDS:
             _require_c_float(name, getattr(self, name))
@@ -177,6 +239,10 @@ class SamplingParams:
             encode_utf8(s, "stop string")  # ValueError (InvalidArgumentError) if it cannot be
         for token_id in self.stop_token_ids:
             _require_c_int("stop_token_ids entry", token_id)
+        for s in self.dry_sequence_breakers:
+            if not isinstance(s, str):
+                raise TypeError(f"dry_sequence_breakers entries must be str, got {s!r}")
+            encode_utf8(s, "dry sequence breaker")
         if self.logprobs is not None:
             _require_c_int("logprobs", self.logprobs)
         for name in ("ignore_eos", "cache_prompt", "post_sampling_probs", "return_progress"):

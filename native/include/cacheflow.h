@@ -518,14 +518,68 @@ typedef struct cf_sampling_params {
     const int32_t * reasoning_prefill_tokens;   /* [num_reasoning_prefill_tokens], may be NULL
                                                    if 0                                        */
     int32_t num_reasoning_prefill_tokens;
+    /* llama.cpp's DRY sampler ("don't repeat yourself", llama-server's dry_*): a token that
+     * would extend a sequence already seen in the last dry_penalty_last_n tokens (prompt and
+     * output) by more than dry_allowed_length tokens gets
+     * dry_multiplier * dry_base ^ (length - dry_allowed_length) subtracted from its logit.
+     * A repetition does not reach back over a sequence breaker (a text; the tokens that spell
+     * it), and a single-token breaker is never penalised. Runs after the penalties, so it acts
+     * on greedy requests too. */
+    float dry_multiplier;               /* finite; 0 = disabled (the default)                */
+    float dry_base;                     /* finite, >= 1; default 1.75                        */
+    int32_t dry_allowed_length;         /* >= 0; default 2                                   */
+    int32_t dry_penalty_last_n;         /* >= -1; 0 = disabled, -1 = the sequence's context;
+                                           default 64                                        */
+    const char * const * dry_sequence_breakers; /* [num_dry_sequence_breakers] non-empty UTF-8
+                                           strings, copied; default: "\n", ":", "\"", "*"
+                                           (a static array); 0 of them = no breakers         */
+    int32_t num_dry_sequence_breakers;
+    /* llama.cpp's XTC sampler ("exclude top choices"): with probability xtc_probability per
+     * token, every candidate whose probability is >= xtc_threshold is removed except the least
+     * likely of them (none when fewer than two are). Runs before the temperature, so it acts
+     * on greedy requests too (the argmax of what it leaves); seeded with seed. */
+    float xtc_probability;              /* [0, 1]; 0 = disabled (the default)                */
+    float xtc_threshold;                /* [0, 1]; > 0.5 disables it; default 0.1            */
+    /* llama.cpp's locally typical sampler: keeps the tokens whose surprise is closest to the
+     * distribution's entropy, up to a cumulative probability of typical_p. It may drop the
+     * most likely token, so it acts on greedy requests too. */
+    float typical_p;                    /* finite; >= 1 = disabled (the default 1)           */
+    /* Mirostat (llama.cpp's mirostat samplers): 1 = Mirostat, 2 = Mirostat 2.0, 0 = off (the
+     * default). As llama-server, Mirostat replaces the chain after the logit bias and the
+     * grammar with temperature -> mirostat: the penalties, DRY, top_n_sigma, top_k,
+     * typical_p, top_p, min_p, XTC and the dynamic temperature are not applied. Greedy
+     * requests (temperature 0) stay greedy. Seeded with seed. */
+    int32_t mirostat;                   /* 0, 1 or 2                                         */
+    float mirostat_tau;                 /* finite: target entropy (surprise); default 5      */
+    float mirostat_eta;                 /* finite: learning rate; default 0.1                */
+    /* Dynamic temperature (llama.cpp's temp_ext): with dynatemp_range > 0 the temperature of
+     * each token is in [max(0, temperature - range), temperature + range], higher for a flatter
+     * distribution: min + (max - min) * (entropy / max entropy) ^ dynatemp_exponent. Applies
+     * to sampled requests only (temperature > 0). */
+    float dynatemp_range;               /* finite; <= 0 = disabled (the default 0)           */
+    float dynatemp_exponent;            /* finite; default 1                                 */
+    /* llama.cpp's top-n-sigma sampler: keeps the tokens whose logit is within top_n_sigma
+     * standard deviations of the largest (sampled requests only: it always keeps the argmax). */
+    float top_n_sigma;                  /* finite; <= 0 = disabled (the default -1)          */
+    /* The fewest candidates top_p, min_p, typical_p and XTC leave (llama-server's min_keep);
+     * 0 and 1 both mean at least one. */
+    int32_t min_keep;                   /* >= 0; default 0                                   */
 } cf_sampling_params;
 
 /* Defaults: max_tokens 16, temperature 0 (greedy), top_k 0, top_p 1, min_p 0, seed random,
  * no penalties (repeat 1, last_n 64, presence 0, frequency 0), no logit bias, no grammar,
  * cache_prompt 1, no logprobs (logprobs 0, top_logprobs 0, post_sampling_probs 0), no prompt
- * progress (return_progress 0), no reasoning budget (reasoning_budget -1). A request with a
- * penalty, a grammar or a reasoning budget is sampled on the CPU (greedy: the argmax after
- * those samplers); other rows, a logit bias included, keep the in-graph samplers. */
+ * progress (return_progress 0), no reasoning budget (reasoning_budget -1), and llama-server's
+ * defaults of its other samplers, all off: DRY (multiplier 0, base 1.75, allowed length 2,
+ * last_n 64, breakers "\n" ":" "\"" "*"), XTC (probability 0, threshold 0.1), typical_p 1,
+ * mirostat 0 (tau 5, eta 0.1), dynatemp_range 0 (exponent 1), top_n_sigma -1, min_keep 0.
+ * The chain, in llama-server's order: [reasoning budget] [logit bias] [penalties] [DRY]
+ * [grammar] [top_n_sigma] [top_k] [typical_p] [top_p] [min_p] [XTC] temperature (dynamic
+ * with dynatemp_range) and the draw (mirostat: see above). A request with a penalty, a
+ * grammar, a reasoning budget or one of DRY, XTC, typical_p, mirostat, dynamic temperature,
+ * top_n_sigma or min_keep > 1 is sampled on the CPU from its whole logits row (greedy: the
+ * argmax after those samplers that can change it: penalties, DRY, XTC, typical_p); other
+ * rows, a logit bias included, keep the in-graph samplers. */
 CF_API cf_sampling_params cf_sampling_params_default(void);
 
 /* Checks every rule of cf_sampling_params that does not need a model, with the messages

@@ -91,11 +91,37 @@ static void test_clock_and_version(void) {
     assert(strstr(cf_version(), "llama.cpp") != NULL);
 }
 
+/* llama-server's other samplers: its defaults, all off; and their checks (after the tests that
+ * expect no error set yet) */
+static void test_other_sampler_defaults_and_checks(void) {
+    cf_sampling_params p = cf_sampling_params_default();
+    assert(p.dry_multiplier == 0.0f && p.dry_base == 1.75f && p.dry_allowed_length == 2);
+    assert(p.dry_penalty_last_n == 64 && p.num_dry_sequence_breakers == 4);
+    assert(strcmp(p.dry_sequence_breakers[0], "\n") == 0 && strcmp(p.dry_sequence_breakers[1], ":") == 0);
+    assert(strcmp(p.dry_sequence_breakers[2], "\"") == 0 && strcmp(p.dry_sequence_breakers[3], "*") == 0);
+    assert(p.xtc_probability == 0.0f && p.xtc_threshold == 0.1f && p.typical_p == 1.0f);
+    assert(p.mirostat == 0 && p.mirostat_tau == 5.0f && p.mirostat_eta == 0.1f);
+    assert(p.dynatemp_range == 0.0f && p.dynatemp_exponent == 1.0f && p.top_n_sigma == -1.0f && p.min_keep == 0);
+    assert(cf_sampling_params_check(&p) == CF_STATUS_OK);
+    p.mirostat = 3;
+    assert(cf_sampling_params_check(&p) == CF_STATUS_INVALID_ARGUMENT);
+    assert(strcmp(cf_last_error(), "mirostat must be 0, 1 or 2, got 3") == 0);
+    p.mirostat = 0;
+    p.num_dry_sequence_breakers = 1;
+    p.dry_sequence_breakers = NULL;
+    assert(cf_sampling_params_check(&p) == CF_STATUS_INVALID_ARGUMENT);
+    assert(strcmp(cf_last_error(),
+                  "num_dry_sequence_breakers must be >= 0 with dry_sequence_breakers non-NULL, got 1") == 0);
+    p.num_dry_sequence_breakers = 0;  /* no breakers */
+    assert(cf_sampling_params_check(&p) == CF_STATUS_OK);
+}
+
 int main(void) {
     test_defaults();
     test_errors_without_model();
     test_null_engine();
     test_clock_and_version();
+    test_other_sampler_defaults_and_checks();
     printf("test_c_abi: ok (%s)\n", cf_version());
     return 0;
 }

@@ -40,6 +40,12 @@ class RequestDefaults:
             limit, 0 = the block is closed as soon as it opens.
         reasoning_budget_message: --reasoning-budget-message: text forced before the block's
             end marker when the budget is spent ("" = the end marker alone).
+        dry_multiplier, dry_base, dry_allowed_length, dry_penalty_last_n,
+        dry_sequence_breakers, xtc_probability, xtc_threshold, typical_p, mirostat,
+        mirostat_tau, mirostat_eta, dynatemp_range, dynatemp_exponent, top_n_sigma, min_keep:
+            llama-server's --dry-*, --xtc-*, --typical, --mirostat*, --dynatemp-*,
+            --top-nsigma and --min-keep (``SamplingParams`` says what each does); all off by
+            default.
         max_choices: the most completions of one prompt a request may ask for (``n`` /
             ``n_cmpl``, whose hard limits are [1, this]); the server sets it to its slots (-np),
             as llama-server's n_parallel.
@@ -63,6 +69,21 @@ class RequestDefaults:
     reasoning_format: str = DEFAULT_REASONING_FORMAT
     reasoning_budget: int = -1
     reasoning_budget_message: str = ""
+    dry_multiplier: float = 0.0
+    dry_base: float = 1.75
+    dry_allowed_length: int = 2
+    dry_penalty_last_n: int = 64
+    dry_sequence_breakers: tuple[str, ...] = ("\n", ":", "\"", "*")
+    xtc_probability: float = 0.0
+    xtc_threshold: float = 0.1
+    typical_p: float = 1.0
+    mirostat: int = 0
+    mirostat_tau: float = 5.0
+    mirostat_eta: float = 0.1
+    dynatemp_range: float = 0.0
+    dynatemp_exponent: float = 1.0
+    top_n_sigma: float = -1.0
+    min_keep: int = 0
     max_choices: int = 128
 
     def __post_init__(self) -> None:
@@ -83,6 +104,18 @@ class RequestDefaults:
             if not -_INT32_MAX - 1 <= getattr(self, name) <= high:
                 raise ValueError(f"{name} must be in [{-_INT32_MAX - 1}, {high}], got "
                                  f"{getattr(self, name)}")  # fmt: skip
+        for name, low in (("dry_allowed_length", 0), ("dry_penalty_last_n", -1),
+                          ("min_keep", 0)):  # fmt: skip
+            if not low <= getattr(self, name) <= _INT32_MAX:
+                raise ValueError(f"{name} must be in [{low}, {_INT32_MAX}], got "
+                                 f"{getattr(self, name)}")  # fmt: skip
+        if self.mirostat not in (0, 1, 2):  # llama-server would abort at the first request
+            raise ValueError(f"mirostat must be 0, 1 or 2, got {self.mirostat}")
+        if self.dry_base < 1.0:
+            raise ValueError(f"dry_base must be >= 1, got {self.dry_base}")
+        if not all(isinstance(b, str) and b for b in self.dry_sequence_breakers):
+            raise ValueError(f"dry_sequence_breakers must be non-empty strings, got "
+                             f"{self.dry_sequence_breakers!r}")  # fmt: skip
         if self.reasoning_format not in REASONING_FORMATS:
             raise ValueError(f"reasoning_format must be one of {', '.join(REASONING_FORMATS)}, "
                              f"got {self.reasoning_format!r}")  # fmt: skip
@@ -93,7 +126,7 @@ class RequestDefaults:
 
     @functools.cached_property
     def _fields(self) -> dict[str, object]:
-        # once per instance (frozen, all values scalars): asdict deep-copies, ~14 us a call,
+        # once per instance (frozen; scalars and tuples of str): asdict deep-copies, ~14 us a call,
         # and every generating request asks
         return asdict(self)
 

@@ -9,8 +9,9 @@ Field rules follow llama-server (tools/server/server-schema.cpp of the pinned tr
   - a JSON ``null`` counts as absent (the server default applies);
   - numbers of the wrong type are errors; integral floats (``16.0``) are accepted as ints;
   - "hard" limits are errors (``n_predict`` < -1), "soft" limits are clamped (``top_p`` > 1);
-  - unknown fields are ignored; known llama.cpp sampling options that CacheFlow does not
-    implement are ignored too but listed in ``ignored_fields`` (the server logs them);
+  - unknown fields are ignored; known llama.cpp options that CacheFlow does not implement
+    (n_keep, t_max_predict_ms, samplers, lora) are ignored too but listed in
+    ``ignored_fields`` (the server logs them);
     options whose absence would change the response's shape (echo) are rejected;
   - token probabilities (``n_probs``, ``logprobs``, ``top_logprobs``): the ``logprobs`` module;
   - JSON schemas become GBNF grammars through llama.cpp's converter (``json_schema`` module).
@@ -46,12 +47,6 @@ _TOP_P_FLOOR = 1e-6  # top_p 0 keeps only the most likely token; SamplingParams 
 # sets another value still runs (as llama-server would without that sampler) and the field is
 # reported in ``ignored_fields``.
 _IGNORED_OPTIONS: Mapping[str, object] = {
-    "dry_multiplier": 0.0,
-    "xtc_probability": 0.0,
-    "typical_p": 1.0,
-    "mirostat": 0,
-    "dynatemp_range": 0.0,
-    "top_n_sigma": -1.0,
     "n_keep": None,
     "t_max_predict_ms": None,
     "samplers": None,
@@ -565,7 +560,7 @@ def _generation(
         prompts=prompts,
         messages=messages,
         n_predict=n_predict,
-        params=_sampling(with_defaults, max(1, n_predict), probs, return_progress),
+        params=_sampling(with_defaults, max(1, n_predict), probs, return_progress, defaults),
         stream=stream,
         include_usage=read_bool(stream_options or {}, "include_usage", False),
         priority=read_int(body, ("priority",), 0),
@@ -604,11 +599,14 @@ def _sampling(
     max_tokens: int,
     probs: tuple[int | None, bool],
     return_progress: bool = False,
+    defaults: RequestDefaults = LLAMA_SERVER_DEFAULTS,
 ) -> SamplingParams:
     read_str(body, "model", None)  # any model name is accepted (single-model server)
     seed = read_int(body, ("seed",), -1, low=-1, high=0xFFFFFFFF)
+    other = _other_samplers(body, defaults)
     try:
         return SamplingParams(
+            **other,
             max_tokens=max_tokens,
             temperature=read_float(body, "temperature", 0.0, 0.0, math.inf),
             top_k=max(0, read_int(body, ("top_k",), 0)),
@@ -629,6 +627,53 @@ def _sampling(
         )
     except (TypeError, ValueError) as exc:  # SamplingParams names the field
         raise ProtocolError(str(exc)) from None
+
+
+_ANY = (-math.inf, math.inf)  # a float field without limits (llama-server sets none)
+
+
+def _other_samplers(body: Mapping[str, object], defaults: RequestDefaults) -> dict[str, object]:
+    """llama-server's DRY, XTC, typical_p, mirostat, dynamic temperature, top_n_sigma and
+    min_keep fields (tools/server/server-schema.cpp), as SamplingParams fields: the same soft
+    limits (clamped: xtc_* to [0, 1], mirostat to [0, 2]) and hard limits (errors:
+    dry_allowed_length and min_keep >= 0); a dry_base below 1 is the server's (--dry-base), as
+    llama-server replaces it. Where CacheFlow accepts more than llama-server: dry_penalty_last_n
+    -1 is the context (as repeat_last_n -1; llama-server's hard limit is 0)."""
+    dry_base = read_float(body, "dry_base", defaults.dry_base, *_ANY)
+    return {
+        "dry_multiplier": read_float(body, "dry_multiplier", 0.0, *_ANY),
+        "dry_base": defaults.dry_base if dry_base < 1.0 else dry_base,
+        "dry_allowed_length": read_int(body, ("dry_allowed_length",), 2, low=0),
+        "dry_penalty_last_n": read_int(body, ("dry_penalty_last_n",), 64, low=-1),
+        "dry_sequence_breakers": read_dry_sequence_breakers(body, defaults.dry_sequence_breakers),
+        "xtc_probability": read_float(body, "xtc_probability", 0.0, 0.0, 1.0),
+        "xtc_threshold": read_float(body, "xtc_threshold", 0.1, 0.0, 1.0),
+        "typical_p": read_float(body, "typical_p", 1.0, *_ANY),
+        "mirostat": min(2, max(0, read_int(body, ("mirostat",), 0))),
+        "mirostat_tau": read_float(body, "mirostat_tau", 5.0, *_ANY),
+        "mirostat_eta": read_float(body, "mirostat_eta", 0.1, *_ANY),
+        "dynatemp_range": read_float(body, "dynatemp_range", 0.0, *_ANY),
+        "dynatemp_exponent": read_float(body, "dynatemp_exponent", 1.0, *_ANY),
+        "top_n_sigma": read_float(body, "top_n_sigma", -1.0, *_ANY),
+        "min_keep": read_int(body, ("min_keep",), 0, low=0),
+    }
+
+
+def read_dry_sequence_breakers(
+    body: Mapping[str, object], default: tuple[str, ...]
+) -> tuple[str, ...]:
+    """``dry_sequence_breakers`` as llama-server reads it: a non-empty JSON array of strings
+    (anything else is an error); empty strings in it are skipped, as llama.cpp's DRY sampler
+    skips them. Absent: ``default`` (the server's)."""
+    if not _present(body, "dry_sequence_breakers"):
+        return default
+    value = body["dry_sequence_breakers"]
+    if isinstance(value, tuple):  # the server's default, merged in by _with_defaults
+        return value
+    if not (isinstance(value, list) and value and all(isinstance(v, str) for v in value)):
+        raise ProtocolError("Field 'dry_sequence_breakers': Error: dry_sequence_breakers must be "
+                            "a non-empty array of strings")  # fmt: skip
+    return tuple(_utf8(v, "Field 'dry_sequence_breakers'") for v in value if v)
 
 
 def read_logit_bias(body: Mapping[str, object]) -> tuple[tuple[int | str, float], ...]:

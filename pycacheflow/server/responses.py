@@ -35,6 +35,10 @@ def _system_fingerprint() -> str:
 
 
 SYSTEM_FINGERPRINT = _system_fingerprint()
+# llama-server's default sampler order (common_params_sampling.samplers, by
+# common_sampler_type_to_str's names): the order of CacheFlow's chain (engine/sampling.cpp)
+SAMPLER_ORDER = ("penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc",
+                 "temperature")
 _MS_PER_S = 1000.0
 
 
@@ -219,7 +223,24 @@ def generation_settings(
         "stream": request.stream,
         "cache_prompt": request.cache_prompt,
         "priority": request.priority,
-        "samplers": ["penalties", "top_k", "top_p", "min_p", "temperature"],
+        "dynatemp_range": p.dynatemp_range,
+        "dynatemp_exponent": p.dynatemp_exponent,
+        "top_n_sigma": p.top_n_sigma,
+        "xtc_probability": p.xtc_probability,
+        "xtc_threshold": p.xtc_threshold,
+        "typical_p": p.typical_p,
+        "dry_multiplier": p.dry_multiplier,
+        "dry_base": p.dry_base,
+        "dry_allowed_length": p.dry_allowed_length,
+        "dry_penalty_last_n": p.dry_penalty_last_n,
+        "dry_sequence_breakers": list(p.dry_sequence_breakers),
+        "mirostat": p.mirostat,
+        "mirostat_tau": p.mirostat_tau,
+        "mirostat_eta": p.mirostat_eta,
+        "min_keep": p.min_keep,
+        # llama-server's sampler order (common_params_sampling.samplers), the one CacheFlow's chain
+        # follows; mirostat replaces it with temperature -> mirostat
+        "samplers": list(SAMPLER_ORDER),
         "n_probs": p.logprobs or 0,
         "post_sampling_probs": p.post_sampling_probs,
         "reasoning_format": request.reasoning_format,

@@ -54,6 +54,31 @@ def test_generate_prompts_file_jsonl(tmp_path, tiny_model_path):
         "extra prompt", *PROMPTS]
 
 
+def test_generate_takes_llama_servers_other_sampler_flags(tiny_model_path, tiny_llm):
+    """--dry-*, --xtc-*, --typical, --mirostat*, --dynatemp-*, --top-nsigma, --min-keep: the
+    tokens of SamplingParams with the same values."""
+    flags = ["--dry-multiplier", "1.5", "--dry-base", "2", "--dry-allowed-length", "1",
+             "--dry-sequence-breaker", "x", "--xtc-probability", "0.5", "--typical", "0.9",
+             "--temperature", "0.9", "--seed", "4", "--top-nsigma", "2", "--dynatemp-range",
+             "0.3", "--min-keep", "2"]  # fmt: skip
+    result = run_cli("generate", "-m", str(tiny_model_path), "--json", "-q", "-n", "8",
+                     "--ignore-eos", *flags, PROMPTS[0])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    expected = tiny_llm.generate(PROMPTS[:1], SamplingParams(
+        max_tokens=8, ignore_eos=True, temperature=0.9, seed=4, dry_multiplier=1.5, dry_base=2.0,
+        dry_allowed_length=1, dry_sequence_breakers=("x",), xtc_probability=0.5, typical_p=0.9,
+        top_n_sigma=2.0, dynatemp_range=0.3, min_keep=2))[0]  # fmt: skip
+    assert json.loads(result.stdout)["token_ids"] == list(expected.token_ids)
+    result = run_cli("generate", "-m", str(tiny_model_path), "--json", "-q", "-n", "8",
+                     "--ignore-eos", "--temperature", "0.9", "--seed", "4", "--mirostat", "2",
+                     "--mirostat-ent", "3", "--mirostat-lr", "0.2", PROMPTS[0])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    expected = tiny_llm.generate(PROMPTS[:1], SamplingParams(
+        max_tokens=8, ignore_eos=True, temperature=0.9, seed=4, mirostat=2, mirostat_tau=3.0,
+        mirostat_eta=0.2))[0]  # fmt: skip
+    assert json.loads(result.stdout)["token_ids"] == list(expected.token_ids)
+
+
 def test_generate_stop_string(tiny_model_path, tiny_llm):
     full = tiny_llm.generate(["Stop here"], SamplingParams(max_tokens=16, ignore_eos=True))[0]
     pieces = [tiny_llm.detokenize([t]) for t in full.token_ids[4:]]

@@ -511,3 +511,50 @@ def test_a_grammar_with_no_token_left_is_a_400_for_that_request_alone(client):
         assert streamed.headers["content-type"].startswith("application/json")
         assert streamed.json()["error"]["message"].startswith("grammar: no token the grammar allows")
     assert client.post("/completion", json=greedy_body("2 + 2 =", 4)).status_code == 200
+
+
+def test_llama_servers_other_samplers_run_and_are_reported(client, real_llm):
+    """dry_*, xtc_*, typical_p, mirostat*, dynatemp_*, top_n_sigma and min_keep are no longer
+    ignored: the output is LLM.generate's with the same settings (not the plain chain's), and
+    generation_settings (per response and /props' defaults) reports the values in effect."""
+    params = SamplingParams(max_tokens=16, ignore_eos=True, dry_multiplier=2.0)
+    expected = real_llm.generate(PROMPTS[3] + " red, blue, red, blue, red, blue,", params)[0]
+    body = greedy_body(PROMPTS[3] + " red, blue, red, blue, red, blue,", 16, dry_multiplier=2.0,
+                       return_tokens=True)  # fmt: skip
+    result = client.post("/completion", json=body).json()
+    assert result["tokens"] == list(expected.token_ids)
+    plain = client.post("/completion", json={**body, "dry_multiplier": 0}).json()
+    assert plain["tokens"] != result["tokens"]
+    settings = client.post("/completion", json={
+        **greedy_body(PROMPTS[0], 2), "dry_multiplier": 0.5, "dry_base": 0.5,
+        "dry_allowed_length": 3, "dry_penalty_last_n": 16, "dry_sequence_breakers": ["\n", "ab"], "xtc_probability": 2,
+        "xtc_threshold": 0.2, "typical_p": 0.9, "mirostat": 2, "mirostat_tau": 4,
+        "mirostat_eta": 0.2, "dynatemp_range": 0.5, "dynatemp_exponent": 2, "top_n_sigma": 1.5,
+        "min_keep": 3}).json()["generation_settings"]  # fmt: skip
+    assert {k: settings[k] for k in ("dry_multiplier", "dry_base", "dry_allowed_length",
+                                     "dry_penalty_last_n", "dry_sequence_breakers",
+                                     "xtc_probability", "xtc_threshold", "typical_p", "mirostat",
+                                     "mirostat_tau", "mirostat_eta", "dynatemp_range",
+                                     "dynatemp_exponent", "top_n_sigma", "min_keep")} == {
+        "dry_multiplier": 0.5, "dry_base": 1.75, "dry_allowed_length": 3, "dry_penalty_last_n": 16,
+        "dry_sequence_breakers": ["\n", "ab"], "xtc_probability": 1.0, "xtc_threshold": 0.2,
+        "typical_p": 0.9, "mirostat": 2, "mirostat_tau": 4.0, "mirostat_eta": 0.2,
+        "dynatemp_range": 0.5, "dynatemp_exponent": 2.0, "top_n_sigma": 1.5, "min_keep": 3,
+    }  # fmt: skip  (dry_base below 1: the server's; xtc_probability clamped to 1)
+    assert settings["samplers"] == ["penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p",
+                                    "min_p", "xtc", "temperature"]  # fmt: skip
+    defaults = client.get("/props").json()["default_generation_settings"]["params"]
+    assert (defaults["dry_multiplier"], defaults["dry_base"], defaults["dry_penalty_last_n"],
+            defaults["xtc_threshold"], defaults["mirostat"], defaults["top_n_sigma"],
+            defaults["min_keep"]) == (0.0, 1.75, 64, pytest.approx(0.1), 0, -1.0, 0)  # fmt: skip
+    assert defaults["dry_sequence_breakers"] == ["\n", ":", '"', "*"]
+    bad = client.post("/completion", json={**greedy_body(PROMPTS[0], 2),
+                                           "dry_sequence_breakers": []})  # fmt: skip
+    assert bad.status_code == 400
+    assert bad.json()["error"]["message"] == ("Field 'dry_sequence_breakers': Error: "
+                                              "dry_sequence_breakers must be a non-empty array "
+                                              "of strings")  # fmt: skip
+    chat = client.post("/v1/chat/completions", json={
+        "messages": [{"role": "user", "content": "Say hi"}], "max_tokens": 4, "temperature": 0.7,
+        "seed": 3, "mirostat": 2, "xtc_probability": 0.5, "top_n_sigma": 1.0})  # fmt: skip
+    assert chat.status_code == 200, chat.text

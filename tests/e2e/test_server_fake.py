@@ -510,9 +510,9 @@ def test_graceful_shutdown_exits_0(fake_env, fake_model, sig, grace_s):
 
 
 def test_unsupported_llama_server_flag_is_named():
-    result = CliRunner().invoke(cacheflow, ["serve", "--mirostat", "2"])
+    result = CliRunner().invoke(cacheflow, ["serve", "--adaptive-target", "0.5"])
     assert result.exit_code == 2
-    assert "unsupported llama-server flag --mirostat: " in result.output
+    assert "unsupported llama-server flag --adaptive-target: " in result.output
     result = CliRunner().invoke(cacheflow, ["serve", "--no-such-thing"])
     assert result.exit_code == 2 and "--no-such-thing" in result.output
 

@@ -197,6 +197,11 @@ def test_trace_into_a_missing_directory_fails_before_the_run(runner, tmp_path):
         (["--top-k", str(2**31)], "--top-k: top_k must fit a C int32_t ([-2**31, 2**31)), got 2147483648"),
         (["--seed", str(2**70)], "--seed: seed must be in [0, 2**63) or None, got 1180591620717411303424"),
         (["--temperature", "1e300"], "--temperature: temperature must fit a C float (magnitude at most 3.403e+38), got 1e+300"),
+        (["--mirostat", "3"], "--mirostat: mirostat must be 0, 1 or 2, got 3"),
+        (["--xtc-probability", "2"], "--xtc-probability: xtc_probability must be in [0, 1], got 2"),
+        (["--dry-allowed-length", "-1"], "--dry-allowed-length: dry_allowed_length must be >= 0, got -1"),
+        (["--min-keep", "-1"], "--min-keep: min_keep must be >= 0, got -1"),
+        (["--top-nsigma", "1e300"], "--top-nsigma: top_n_sigma must fit a C float (magnitude at most 3.403e+38), got 1e+300"),
     ],
 )
 def test_sampling_values_beyond_the_c_types_are_usage_errors(runner, tmp_path, args, option):

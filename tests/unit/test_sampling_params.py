@@ -131,3 +131,65 @@ def test_reasoning_budget_fields():
         ReasoningBudget(0, (1,), (2,), forced=("x",))
     with pytest.raises(TypeError, match="reasoning_budget must be a ReasoningBudget"):
         SamplingParams(reasoning_budget=4)
+
+
+def test_other_samplers_default_to_llama_servers_off_values():
+    p = SamplingParams()
+    assert (p.dry_multiplier, p.dry_base, p.dry_allowed_length, p.dry_penalty_last_n) == (
+        0.0, 1.75, 2, 64)  # fmt: skip
+    assert p.dry_sequence_breakers == ("\n", ":", '"', "*")
+    assert (p.xtc_probability, p.xtc_threshold, p.typical_p) == (0.0, 0.1, 1.0)
+    assert (p.mirostat, p.mirostat_tau, p.mirostat_eta) == (0, 5.0, 0.1)
+    assert (p.dynatemp_range, p.dynatemp_exponent, p.top_n_sigma, p.min_keep) == (0.0, 1.0, -1.0, 0)
+    q = SamplingParams(dry_sequence_breakers=["a", "bc"])
+    assert q.dry_sequence_breakers == ("a", "bc")
+    assert SamplingParams(dry_sequence_breakers="x").dry_sequence_breakers == ("x",)
+    assert SamplingParams(dry_sequence_breakers=()).dry_sequence_breakers == ()
+    # accepted edges: values llama.cpp takes (disabled or clamped there), as llama-server sends them
+    SamplingParams(dry_multiplier=-1.0, dry_base=1.0, dry_allowed_length=0, dry_penalty_last_n=-1,
+                   xtc_probability=1.0, xtc_threshold=1.0, typical_p=-3.0, mirostat=2,
+                   dynatemp_range=-1.0, top_n_sigma=0.0, min_keep=2**31 - 1)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"dry_multiplier": math.nan}, "dry_multiplier must be finite, got nan"),
+        ({"dry_multiplier": math.inf}, "dry_multiplier must be finite, got inf"),
+        ({"dry_base": 0.5}, "dry_base must be finite and >= 1, got 0.5"),
+        ({"dry_base": math.inf}, "dry_base must be finite and >= 1, got inf"),
+        ({"dry_allowed_length": -1}, "dry_allowed_length must be >= 0, got -1"),
+        ({"dry_penalty_last_n": -2}, "dry_penalty_last_n must be >= -1, got -2"),
+        ({"dry_sequence_breakers": ["\n", ""]}, "dry_sequence_breakers[1] must be a non-empty string"),
+        ({"dry_sequence_breakers": ["a\ud800"]},
+         "dry sequence breaker is not valid UTF-8 text: lone surrogate U+D800 at character 1"),
+        ({"xtc_probability": -0.1}, "xtc_probability must be in [0, 1], got -0.1"),
+        ({"xtc_probability": 1.5}, "xtc_probability must be in [0, 1], got 1.5"),
+        ({"xtc_threshold": 2.0}, "xtc_threshold must be in [0, 1], got 2"),
+        ({"typical_p": math.nan}, "typical_p must be finite, got nan"),
+        ({"mirostat": 3}, "mirostat must be 0, 1 or 2, got 3"),
+        ({"mirostat": -1}, "mirostat must be 0, 1 or 2, got -1"),
+        ({"mirostat_tau": math.inf}, "mirostat_tau must be finite, got inf"),
+        ({"mirostat_eta": math.nan}, "mirostat_eta must be finite, got nan"),
+        ({"dynatemp_range": math.inf}, "dynatemp_range must be finite, got inf"),
+        ({"dynatemp_exponent": -math.inf}, "dynatemp_exponent must be finite, got -inf"),
+        ({"top_n_sigma": math.nan}, "top_n_sigma must be finite, got nan"),
+        ({"min_keep": -1}, "min_keep must be >= 0, got -1"),
+        ({"min_keep": 2**31}, "min_keep must fit a C int32_t ([-2**31, 2**31)), got 2147483648"),
+        ({"dry_base": 1e300}, "dry_base must fit a C float (magnitude at most 3.403e+38), got 1e+300"),
+    ],
+)  # fmt: skip
+def test_other_samplers_out_of_range_values_name_the_field(kwargs, message):
+    with pytest.raises(ValueError) as info:
+        SamplingParams(**kwargs)
+    assert str(info.value) == message
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"mirostat": 1.0}, {"min_keep": True}, {"dry_base": "2"}, {"dry_sequence_breakers": [1]},
+     {"dry_sequence_breakers": 5}, {"dry_allowed_length": 2.0}],
+)  # fmt: skip
+def test_other_samplers_wrong_types(kwargs):
+    with pytest.raises(TypeError):
+        SamplingParams(**kwargs)

@@ -171,7 +171,8 @@ def test_bad_flags_are_usage_errors(engine_kwargs, args, message):
         (["-no-kvu"], "unsupported llama-server flag -no-kvu (--no-kv-unified): "),
         (["-hf", "user/model"], "unsupported llama-server flag -hf (-hfr, --hf-repo): "),
         (["-hf"], "unsupported llama-server flag -hf (-hfr, --hf-repo): "),  # value missing
-        (["-np", "2", "--mirostat", "2"], "unsupported llama-server flag --mirostat: "),
+        (["-np", "2", "--adaptive-target", "0.5"],
+         "unsupported llama-server flag --adaptive-target: "),
         (["--context-shift"], "unsupported llama-server flag --context-shift: CacheFlow does"),
         (["-ctv", "q4_0"], "CacheFlow's KV cache is f16 (llama.cpp's other cache types"),
     ],
@@ -314,6 +315,40 @@ def test_server_wide_sampling_defaults_and_chat_flags(server_configs, tmp_path):
     assert config.n_ctx_slot == 256  # llama-server's -c split over -np slots
 
 
+def test_server_wide_defaults_of_llama_servers_other_samplers(server_configs):
+    """--dry-*, --xtc-*, --typical, --mirostat*, --dynatemp-*, --top-nsigma and --min-keep set
+    the request defaults, read as llama-server reads them (common/arg.cpp)."""
+    result = invoke("--dry-multiplier", "0.8", "--dry-base", "2", "--dry-allowed-length", "3",
+                    "--dry-penalty-last-n", "-1", "--dry-sequence-breaker", "\n",
+                    "--dry-sequence-breaker", "x y", "--xtc-probability", "0.5",
+                    "--xtc-threshold", "0.2", "--typical", "0.9", "--mirostat", "2",
+                    "--mirostat-lr", "0.3", "--mirostat-ent", "4", "--dynatemp-range", "0.5",
+                    "--dynatemp-exp", "2", "--top-nsigma", "1.5", "--min-keep", "4")  # fmt: skip
+    assert isinstance(result.exception, Loaded), result.output
+    d = server_configs[0].defaults
+    assert (d.dry_multiplier, d.dry_base, d.dry_allowed_length, d.dry_penalty_last_n) == (
+        0.8, 2.0, 3, -1)  # fmt: skip
+    assert d.dry_sequence_breakers == ("\n", "x y")  # the first one replaced the defaults
+    assert (d.xtc_probability, d.xtc_threshold, d.typical_p) == (0.5, 0.2, 0.9)
+    assert (d.mirostat, d.mirostat_eta, d.mirostat_tau) == (2, 0.3, 4.0)
+    assert (d.dynatemp_range, d.dynatemp_exponent, d.top_n_sigma, d.min_keep) == (0.5, 2.0, 1.5, 4)
+    # the other spellings; --dry-base below 1 keeps the default; "none" clears the breakers
+    result = invoke("--typical-p", "0.8", "--top-n-sigma", "2", "--dry-base", "0.5",
+                    "--dry-sequence-breaker", "none")  # fmt: skip
+    assert isinstance(result.exception, Loaded), result.output
+    d = server_configs[1].defaults
+    assert (d.typical_p, d.top_n_sigma, d.dry_base, d.dry_sequence_breakers) == (0.8, 2.0, 1.75, ())
+    result = invoke()  # llama-server's defaults: all off
+    d = server_configs[2].defaults
+    assert (d.dry_multiplier, d.dry_base, d.dry_allowed_length, d.dry_penalty_last_n) == (
+        0.0, 1.75, 2, 64)  # fmt: skip
+    assert d.dry_sequence_breakers == ("\n", ":", '"', "*")
+    assert (d.xtc_probability, d.xtc_threshold, d.typical_p, d.mirostat) == (0.0, 0.1, 1.0, 0)
+    assert (d.mirostat_tau, d.mirostat_eta, d.dynatemp_range, d.dynatemp_exponent) == (
+        5.0, 0.1, 0.0, 1.0)  # fmt: skip
+    assert (d.top_n_sigma, d.min_keep) == (-1.0, 0)
+
+
 @pytest.mark.parametrize(
     "args,n_ctx,n_ctx_slot",
     [(["-c", "512", "-np", "2", "-kvu"], 512, 512), (["-c", "512"], 512, 512),
@@ -366,7 +401,11 @@ def test_kv_cache_memory_sizes_the_pool_instead(server_configs):
     [(["--chat-template-kwargs", "[1]"], "must be a JSON object"),
      (["--chat-template-kwargs", "{"], "not JSON"),
      (["--chat-template", "chatml", "--chat-template-file", __file__], "not both"),
-     (["--repeat-last-n", "-2"], "--repeat-last-n must be >= -1, got -2")],
+     (["--repeat-last-n", "-2"], "--repeat-last-n must be >= -1, got -2"),
+     (["--mirostat", "3"], "--mirostat must be 0, 1 or 2, got 3"),
+     (["--dry-allowed-length", "-1"], "--dry-allowed-length must be in [0, 2147483647], got -1"),
+     (["--dry-penalty-last-n", "-2"], "--dry-penalty-last-n must be in [-1, 2147483647], got -2"),
+     (["--min-keep", "-1"], "--min-keep must be in [0, 2147483647], got -1")],
 )  # fmt: skip
 def test_bad_chat_and_sampling_flags(server_configs, args, message):
     result = invoke(*args)

@@ -85,12 +85,94 @@ def test_prompt_shapes():
 
 
 def test_stop_seed_priority_and_ignored_options():
-    req = completion(stop="END", seed=4294967295, priority=-3, dry_multiplier=0.8, mirostat=0,
+    req = completion(stop="END", seed=4294967295, priority=-3, n_keep=5, lora=None,
                      repeat_penalty=1.3)  # fmt: skip
     assert req.params.stop == ("END",) and req.params.seed is None and req.priority == -3
-    assert req.ignored_fields == ("dry_multiplier",)  # mirostat 0 is the no-op value
+    assert req.ignored_fields == ("n_keep",)  # null is absent
     assert req.params.repeat_penalty == 1.3  # implemented: llama.cpp's penalties sampler
     assert completion(seed=42).params.seed == 42
+
+
+def test_llama_servers_other_samplers_are_read_not_ignored():
+    req = completion(dry_multiplier=0.8, dry_base=2, dry_allowed_length=3, dry_penalty_last_n=32,
+                     dry_sequence_breakers=["\n", "", "ab"], xtc_probability=0.5,
+                     xtc_threshold=0.2, typical_p=0.9, mirostat=2, mirostat_tau=4,
+                     mirostat_eta=0.2, dynatemp_range=0.5, dynatemp_exponent=2.0,
+                     top_n_sigma=1.5, min_keep=3)  # fmt: skip
+    assert req.ignored_fields == ()
+    p = req.params
+    assert (p.dry_multiplier, p.dry_base, p.dry_allowed_length, p.dry_penalty_last_n) == (
+        0.8, 2.0, 3, 32)  # fmt: skip
+    assert p.dry_sequence_breakers == ("\n", "ab")  # empty breakers skipped, as llama.cpp does
+    assert (p.xtc_probability, p.xtc_threshold, p.typical_p) == (0.5, 0.2, 0.9)
+    assert (p.mirostat, p.mirostat_tau, p.mirostat_eta) == (2, 4.0, 0.2)
+    assert (p.dynatemp_range, p.dynatemp_exponent, p.top_n_sigma, p.min_keep) == (0.5, 2.0, 1.5, 3)
+
+
+def test_other_samplers_default_to_llama_servers():
+    p = completion().params
+    assert (p.dry_multiplier, p.dry_base, p.dry_allowed_length, p.dry_penalty_last_n) == (
+        0.0, 1.75, 2, 64)  # fmt: skip
+    assert p.dry_sequence_breakers == ("\n", ":", '"', "*")
+    assert (p.xtc_probability, p.xtc_threshold, p.typical_p, p.mirostat) == (0.0, 0.1, 1.0, 0)
+    assert (p.mirostat_tau, p.mirostat_eta, p.dynatemp_range, p.dynatemp_exponent) == (
+        5.0, 0.1, 0.0, 1.0)  # fmt: skip
+    assert (p.top_n_sigma, p.min_keep) == (-1.0, 0)
+    assert completion(dry_multiplier=None, mirostat=None).params == p  # null = absent
+
+
+def test_other_samplers_soft_limits_and_dry_base():
+    """As llama-server's server-schema.cpp: xtc_* clamped to [0, 1], mirostat to [0, 2]; a
+    dry_base below 1 is the server's dry_base."""
+    p = completion(xtc_probability=3, xtc_threshold=-1, mirostat=7).params
+    assert (p.xtc_probability, p.xtc_threshold, p.mirostat) == (1.0, 0.0, 2)
+    assert completion(mirostat=-3).params.mirostat == 0
+    assert completion(dry_base=0.5).params.dry_base == 1.75
+    from pycacheflow.server.config import RequestDefaults
+
+    server = RequestDefaults(dry_base=3.0, dry_sequence_breakers=("q",), mirostat=1)
+    p = parse_completion({"prompt": "x", "dry_base": 0.2}, -1, server).params
+    assert (p.dry_base, p.dry_sequence_breakers, p.mirostat) == (3.0, ("q",), 1)
+    # no limits where llama-server sets none
+    p = completion(typical_p=-2, top_n_sigma=-5, dynatemp_range=-1, dry_multiplier=-0.5).params
+    assert (p.typical_p, p.top_n_sigma, p.dynatemp_range, p.dry_multiplier) == (-2, -5, -1, -0.5)
+
+
+# llama-server's words (server-schema.cpp's handler inside handle_with_catch)
+BREAKERS_ERROR = ("Field 'dry_sequence_breakers': Error: dry_sequence_breakers must be a "
+                  "non-empty array of strings")  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "body,message",
+    [
+        ({"dry_sequence_breakers": []}, BREAKERS_ERROR),
+        ({"dry_sequence_breakers": "\n"}, BREAKERS_ERROR),
+        ({"dry_sequence_breakers": ["a", 1]}, BREAKERS_ERROR),
+        ({"dry_allowed_length": -1}, "Field 'dry_allowed_length': value must be between 0 and "
+         "2147483647, got -1"),
+        ({"dry_penalty_last_n": -2}, "Field 'dry_penalty_last_n': value must be between -1 and "
+         "2147483647, got -2"),
+        ({"min_keep": -1}, "Field 'min_keep': value must be between 0 and 2147483647, got -1"),
+        ({"mirostat": 1.5}, "Field 'mirostat': expected an integer, got 1.5"),
+        ({"typical_p": "0.5"}, "Field 'typical_p': expected a number, got string"),
+        ({"dry_multiplier": 1e400}, "Field 'dry_multiplier': must be finite, got inf"),
+        ({"top_n_sigma": [1]}, "Field 'top_n_sigma': expected a number, got array"),
+    ],
+)  # fmt: skip
+def test_other_samplers_bad_fields(body, message):
+    with pytest.raises(ProtocolError) as info:
+        completion(**body)
+    assert str(info.value) == message and info.value.status == 400
+
+
+def test_chat_reads_the_other_samplers_too():
+    body = {"messages": [{"role": "user", "content": "hi"}], "dry_multiplier": 1.0,
+            "xtc_probability": 0.4, "mirostat": 1, "top_n_sigma": 2.0}  # fmt: skip
+    req = parse_chat(body)
+    p = req.params
+    assert (p.dry_multiplier, p.xtc_probability, p.mirostat, p.top_n_sigma) == (1.0, 0.4, 1, 2.0)
+    assert req.ignored_fields == ()
 
 
 def test_chat_messages():

@@ -179,6 +179,72 @@ void copy_logprobs(const cf_sampling_params & p, int32_t n_vocab, SamplingParams
     out.post_sampling_probs = out.logprobs && p.post_sampling_probs == 1;
 }
 
+// llama-server's other samplers (DRY, XTC, typical_p, mirostat, dynamic temperature,
+// top_n_sigma, min_keep): the ranges of cf_sampling_params' comments.
+void copy_other_samplers(const cf_sampling_params & p, SamplingParams & out) {
+    const auto require_finite = [](const char * name, float value) {
+        if (!std::isfinite(value)) {
+            fail_invalid(std::string(name) + " must be finite, got " + format_float(value));
+        }
+    };
+    require_finite("dry_multiplier", p.dry_multiplier);
+    if (!(p.dry_base >= 1.0f && std::isfinite(p.dry_base))) {
+        fail_invalid("dry_base must be finite and >= 1, got " + format_float(p.dry_base));
+    }
+    if (p.dry_allowed_length < 0) {
+        fail_invalid("dry_allowed_length must be >= 0, got " + std::to_string(p.dry_allowed_length));
+    }
+    if (p.dry_penalty_last_n < -1) {
+        fail_invalid("dry_penalty_last_n must be >= -1, got " + std::to_string(p.dry_penalty_last_n));
+    }
+    if (p.num_dry_sequence_breakers < 0 || (p.num_dry_sequence_breakers > 0 && p.dry_sequence_breakers == nullptr)) {
+        fail_invalid("num_dry_sequence_breakers must be >= 0 with dry_sequence_breakers non-NULL, got " +
+                     std::to_string(p.num_dry_sequence_breakers));
+    }
+    std::vector<std::string> breakers;
+    breakers.reserve((size_t) p.num_dry_sequence_breakers);
+    for (int32_t i = 0; i < p.num_dry_sequence_breakers; ++i) {
+        const char * b = p.dry_sequence_breakers[i];
+        if (b == nullptr || b[0] == '\0') {
+            fail_invalid("dry_sequence_breakers[" + std::to_string(i) + "] must be a non-empty string");
+        }
+        breakers.emplace_back(b);
+    }
+    if (!(p.xtc_probability >= 0.0f && p.xtc_probability <= 1.0f)) {
+        fail_invalid("xtc_probability must be in [0, 1], got " + format_float(p.xtc_probability));
+    }
+    if (!(p.xtc_threshold >= 0.0f && p.xtc_threshold <= 1.0f)) {
+        fail_invalid("xtc_threshold must be in [0, 1], got " + format_float(p.xtc_threshold));
+    }
+    require_finite("typical_p", p.typical_p);
+    if (p.mirostat < 0 || p.mirostat > 2) {
+        fail_invalid("mirostat must be 0, 1 or 2, got " + std::to_string(p.mirostat));
+    }
+    require_finite("mirostat_tau", p.mirostat_tau);
+    require_finite("mirostat_eta", p.mirostat_eta);
+    require_finite("dynatemp_range", p.dynatemp_range);
+    require_finite("dynatemp_exponent", p.dynatemp_exponent);
+    require_finite("top_n_sigma", p.top_n_sigma);
+    if (p.min_keep < 0) {
+        fail_invalid("min_keep must be >= 0, got " + std::to_string(p.min_keep));
+    }
+    out.dry_multiplier = p.dry_multiplier;
+    out.dry_base = p.dry_base;
+    out.dry_allowed_length = p.dry_allowed_length;
+    out.dry_penalty_last_n = p.dry_penalty_last_n;
+    out.dry_sequence_breakers = std::move(breakers);
+    out.xtc_probability = p.xtc_probability;
+    out.xtc_threshold = p.xtc_threshold;
+    out.typical_p = p.typical_p;
+    out.mirostat = p.mirostat;
+    out.mirostat_tau = p.mirostat_tau;
+    out.mirostat_eta = p.mirostat_eta;
+    out.dynatemp_range = p.dynatemp_range;
+    out.dynatemp_exponent = p.dynatemp_exponent;
+    out.top_n_sigma = p.top_n_sigma;
+    out.min_keep = p.min_keep;
+}
+
 }  // namespace
 
 SamplingParams SamplingParams::from_c(const cf_sampling_params & p, int32_t n_vocab) {
@@ -206,6 +272,7 @@ SamplingParams SamplingParams::from_c(const cf_sampling_params & p, int32_t n_vo
     }
     out.return_progress = p.return_progress == 1;
     out.reasoning = copy_reasoning_budget(p, n_vocab);
+    copy_other_samplers(p, out);
     return out;
 }
 

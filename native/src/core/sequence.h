@@ -71,23 +71,64 @@ struct SamplingParams {
     bool post_sampling_probs = false;  // after the sampler chain instead of the raw logits
     bool return_progress = false;    // queue prompt progress events (cf_output_event.prompt_progress)
     ReasoningBudget reasoning;       // llama.cpp's reasoning-budget sampler, first in the chain
+    // llama-server's other samplers (cf_sampling_params has their ranges and meaning)
+    float dry_multiplier = 0.0f;     // 0 = disabled
+    float dry_base = 1.75f;          // >= 1
+    int32_t dry_allowed_length = 2;
+    int32_t dry_penalty_last_n = 64;  // 0 = disabled; -1 (the context) is resolved by the engine
+    std::vector<std::string> dry_sequence_breakers{"\n", ":", "\"", "*"};
+    float xtc_probability = 0.0f;    // 0 = disabled
+    float xtc_threshold = 0.1f;      // > 0.5 = disabled
+    float typical_p = 1.0f;          // >= 1 = disabled
+    int32_t mirostat = 0;            // 0 = off, 1 = Mirostat, 2 = Mirostat 2.0
+    float mirostat_tau = 5.0f;
+    float mirostat_eta = 0.1f;
+    float dynatemp_range = 0.0f;     // <= 0 = disabled
+    float dynatemp_exponent = 1.0f;
+    float top_n_sigma = -1.0f;       // <= 0 = disabled
+    int32_t min_keep = 0;
 
     bool is_greedy() const { return temperature == 0.0f; }
+    // Mirostat replaces the samplers of llama-server's sampler list (penalties, DRY, top_n_sigma,
+    // top_k, typical_p, top_p, min_p, XTC, temperature) with temperature -> mirostat; a greedy
+    // request stays greedy (a temperature of 0 leaves mirostat one candidate).
+    bool uses_mirostat() const { return mirostat != 0; }
     bool has_penalties() const {
-        return repeat_last_n != 0 && (repeat_penalty != 1.0f || presence_penalty != 0.0f || frequency_penalty != 0.0f);
+        return !uses_mirostat() && repeat_last_n != 0 &&
+               (repeat_penalty != 1.0f || presence_penalty != 0.0f || frequency_penalty != 0.0f);
+    }
+    // Each of llama-server's other samplers when it is on, as llama.cpp tells (its samplers do
+    // nothing otherwise) and not replaced by Mirostat.
+    bool has_dry() const { return !uses_mirostat() && dry_multiplier != 0.0f && dry_penalty_last_n != 0; }
+    bool has_xtc() const { return !uses_mirostat() && xtc_probability > 0.0f && xtc_threshold <= 0.5f; }
+    bool has_typical() const { return !uses_mirostat() && typical_p < 1.0f; }
+    bool has_top_n_sigma() const { return !uses_mirostat() && top_n_sigma > 0.0f; }
+    bool has_dynatemp() const { return !uses_mirostat() && dynatemp_range > 0.0f; }
+    // Samplers that can change a greedy request's token: those before the temperature that may
+    // drop or lower the argmax (DRY, XTC, typical_p; llama-server runs them at temperature 0 too).
+    // top_k, top_p, min_p and top_n_sigma always keep the argmax.
+    bool has_greedy_changers() const { return has_dry() || has_xtc() || has_typical(); }
+    // llama-server's samplers that CacheFlow runs on the host only, whole row: those that change
+    // the greedy token, and for sampled requests mirostat, top_n_sigma, the dynamic temperature
+    // and a min_keep above 1 (0 and 1 keep the same).
+    bool has_host_only_samplers() const {
+        return has_greedy_changers() ||
+               (!is_greedy() && (uses_mirostat() || has_top_n_sigma() || has_dynatemp() || min_keep > 1));
     }
     // Needs llama.cpp samplers before the token choice (penalties, logit bias, grammar, reasoning
-    // budget): never in-graph.
+    // budget, DRY, XTC, typical_p, ...): never in-graph.
     bool needs_cpu_samplers() const {
-        return has_penalties() || !logit_bias.empty() || !grammar.empty() || reasoning.enabled();
+        return has_penalties() || !logit_bias.empty() || !grammar.empty() || reasoning.enabled() ||
+               has_host_only_samplers();
     }
-    // Of those, the ones kept out of the graph: penalties (their token history), grammars (no
-    // backend implementation) and the reasoning budget (a state machine over the tokens, and a
-    // forced token may be any of the vocabulary). A logit bias alone runs in-graph (llama.cpp's
-    // backend logit_bias). Token probabilities need the row's logits (or the chain's candidates)
-    // on the host too.
+    // Of those, the ones kept out of the graph: penalties and DRY (their token history), grammars
+    // (no backend implementation), the reasoning budget (a state machine over the tokens, and a
+    // forced token may be any of the vocabulary) and llama-server's other samplers (no backend
+    // implementation, or none that the in-graph top-k candidates could serve: they need the whole
+    // row). A logit bias alone runs in-graph (llama.cpp's backend logit_bias). Token
+    // probabilities need the row's logits (or the chain's candidates) on the host too.
     bool needs_host_samplers() const {
-        return has_penalties() || !grammar.empty() || reasoning.enabled() || logprobs;
+        return has_penalties() || !grammar.empty() || reasoning.enabled() || logprobs || has_host_only_samplers();
     }
 
     // Copy and validate; throws cf::Error(INVALID_ARGUMENT) naming the bad field.

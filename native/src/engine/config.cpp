@@ -198,6 +198,12 @@ cf_engine_config default_engine_config() {
     return c;
 }
 
+namespace {
+// llama-server's default DRY sequence breakers (common_params_sampling), static: a
+// cf_sampling_params_default() copy may point at them for as long as the library is loaded.
+const char * const kDefaultDryBreakers[] = {"\n", ":", "\"", "*"};
+}  // namespace
+
 cf_sampling_params default_sampling_params() {
     cf_sampling_params p;
     p.max_tokens = 16;
@@ -233,6 +239,22 @@ cf_sampling_params default_sampling_params() {
     p.num_reasoning_forced_tokens = 0;
     p.reasoning_prefill_tokens = nullptr;
     p.num_reasoning_prefill_tokens = 0;
+    p.dry_multiplier = 0.0f;
+    p.dry_base = 1.75f;
+    p.dry_allowed_length = 2;
+    p.dry_penalty_last_n = 64;
+    p.dry_sequence_breakers = kDefaultDryBreakers;
+    p.num_dry_sequence_breakers = (int32_t) (sizeof(kDefaultDryBreakers) / sizeof(kDefaultDryBreakers[0]));
+    p.xtc_probability = 0.0f;
+    p.xtc_threshold = 0.1f;
+    p.typical_p = 1.0f;
+    p.mirostat = 0;
+    p.mirostat_tau = 5.0f;
+    p.mirostat_eta = 0.1f;
+    p.dynatemp_range = 0.0f;
+    p.dynatemp_exponent = 1.0f;
+    p.top_n_sigma = -1.0f;
+    p.min_keep = 0;
     return p;
 }
 

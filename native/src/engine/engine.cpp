@@ -139,6 +139,9 @@ std::unique_ptr<Sequence> Engine::make_sequence(const int32_t * prompt, int32_t 
     if (sp.repeat_last_n < 0) {
         sp.repeat_last_n = session_->n_ctx_per_seq();  // -1: the penalties see the whole context
     }
+    if (sp.dry_penalty_last_n < 0) {
+        sp.dry_penalty_last_n = session_->n_ctx_per_seq();  // -1: DRY scans the whole context
+    }
     OpaqueHandle sampler = make_sampler(sp, session_->vocab(), prompt, num_prompt_tokens);
     auto seq = std::make_unique<Sequence>(0, prompt, num_prompt_tokens, std::move(sp), priority, arrival_ns, capacity);
     seq->sampler = std::move(sampler);

@@ -23,14 +23,62 @@ uint32_t seed_of(int64_t seed) {
 }
 
 // Index of the top_k sampler in the chain make_sampler_chain builds for params (which it must
-// mirror: [reasoning budget] [logit_bias] [penalties] [grammar] top_k ...), or -1 when the chain
-// has none.
+// mirror: [reasoning budget] [logit_bias] [penalties] [dry] [grammar] [top_n_sigma] top_k ...),
+// or -1 when the chain has none. (Rows with DRY or top_n_sigma are sampled from the whole row,
+// never from candidates: needs_host_samplers.)
 int32_t top_k_position(const SamplingParams & params) {
-    if (params.is_greedy() || params.top_k <= 0) {
+    if (params.is_greedy() || params.top_k <= 0 || params.uses_mirostat()) {
         return -1;
     }
     return (int32_t) params.reasoning.enabled() + (int32_t) !params.logit_bias.empty() +
-           (int32_t) params.has_penalties() + (int32_t) !params.grammar.empty();
+           (int32_t) params.has_penalties() + (int32_t) params.has_dry() + (int32_t) !params.grammar.empty() +
+           (int32_t) params.has_top_n_sigma();
+}
+
+// llama-server's samplers between the grammar and the temperature, in its order (common_sampler_init):
+// top_n_sigma -> top_k -> typical_p -> top_p -> min_p -> xtc, each one left out when it is off.
+// min_keep: top_p and min_p get at least 1 (the 1 they always had here; 0 keeps the same).
+void add_truncation_samplers(llama_sampler * chain, const SamplingParams & params) {
+    const auto min_keep = (size_t) params.min_keep;
+    if (params.has_top_n_sigma()) {
+        llama_sampler_chain_add(chain, llama_sampler_init_top_n_sigma(params.top_n_sigma));
+    }
+    if (params.top_k > 0) {
+        llama_sampler_chain_add(chain, llama_sampler_init_top_k(params.top_k));
+    }
+    if (params.has_typical()) {
+        llama_sampler_chain_add(chain, llama_sampler_init_typical(params.typical_p, min_keep));
+    }
+    if (params.top_p < 1.0f) {
+        llama_sampler_chain_add(chain, llama_sampler_init_top_p(params.top_p, std::max<size_t>(min_keep, 1)));
+    }
+    if (params.min_p > 0.0f) {
+        llama_sampler_chain_add(chain, llama_sampler_init_min_p(params.min_p, std::max<size_t>(min_keep, 1)));
+    }
+    if (params.has_xtc()) {
+        llama_sampler_chain_add(chain, llama_sampler_init_xtc(params.xtc_probability, params.xtc_threshold, min_keep,
+                                                              seed_of(params.seed)));
+    }
+}
+
+// llama.cpp's DRY sampler for params, fed the last dry_penalty_last_n prompt tokens (llama-server
+// feeds the whole chain the prompt: init_sampler).
+llama_sampler * make_dry_sampler(const SamplingParams & params, const llama_vocab * vocab, const int32_t * prompt,
+                                 int32_t num_prompt_tokens) {
+    std::vector<const char *> breakers;
+    breakers.reserve(params.dry_sequence_breakers.size());
+    for (const std::string & b : params.dry_sequence_breakers) {
+        breakers.push_back(b.c_str());
+    }
+    llama_sampler * dry =
+        llama_sampler_init_dry(vocab, params.dry_multiplier, params.dry_base, params.dry_allowed_length,
+                               params.dry_penalty_last_n, breakers.data(), breakers.size());
+    const int32_t window = params.dry_penalty_last_n;
+    const int32_t first = window > 0 && window < num_prompt_tokens ? num_prompt_tokens - window : 0;
+    for (int32_t i = first; prompt != nullptr && i < num_prompt_tokens; ++i) {
+        llama_sampler_accept(dry, prompt[i]);
+    }
+    return dry;
 }
 
 // Equal logits by ascending token id: a total order (for logits that are not NaN).
@@ -222,7 +270,8 @@ OpaqueHandle make_sampler(const SamplingParams & params, const llama_vocab * voc
 llama_sampler * make_sampler_chain(const SamplingParams & params, const llama_vocab * vocab, const int32_t * prompt,
                                    int32_t num_prompt_tokens) {
     if (params.needs_cpu_samplers() && vocab == nullptr) {
-        throw Error(CF_STATUS_INTERNAL, "logit bias, penalties, grammars and reasoning budgets need the vocab");
+        throw Error(CF_STATUS_INTERNAL, "logit bias, penalties, DRY, mirostat, grammars and reasoning budgets need the "
+                                        "vocab");
     }
     llama_sampler_chain_params cp = llama_sampler_chain_default_params();
     cp.no_perf = true;
@@ -254,6 +303,9 @@ llama_sampler * make_sampler_chain(const SamplingParams & params, const llama_vo
         }
         llama_sampler_chain_add(chain, penalties);
     }
+    if (params.has_dry()) {  // after the penalties, as llama-server's default sampler order
+        llama_sampler_chain_add(chain, make_dry_sampler(params, vocab, prompt, num_prompt_tokens));
+    }
     if (!params.grammar.empty()) {
         llama_sampler * grammar = llama_sampler_init_grammar(vocab, params.grammar.c_str(), "root");
         if (grammar == nullptr) {
@@ -265,19 +317,28 @@ llama_sampler * make_sampler_chain(const SamplingParams & params, const llama_vo
                                                           new GuardedGrammar{grammar, reasoning}));
     }
     if (params.is_greedy()) {
+        // llama-server's temperature 0 keeps the argmax of what the samplers before it left: XTC and
+        // typical_p may drop the most likely token, and see the row as top_k/top_p/min_p left it
+        if (params.has_xtc() || params.has_typical()) {
+            add_truncation_samplers(chain, params);
+        }
         llama_sampler_chain_add(chain, llama_sampler_init_greedy());
         return chain;
     }
-    if (params.top_k > 0) {
-        llama_sampler_chain_add(chain, llama_sampler_init_top_k(params.top_k));
+    if (params.uses_mirostat()) {  // llama-server: temperature -> mirostat, in place of its sampler list
+        llama_sampler_chain_add(chain, llama_sampler_init_temp(params.temperature));
+        llama_sampler_chain_add(chain, params.mirostat == 1
+                                           ? llama_sampler_init_mirostat(n_vocab, seed_of(params.seed),
+                                                                         params.mirostat_tau, params.mirostat_eta, 100)
+                                           : llama_sampler_init_mirostat_v2(seed_of(params.seed), params.mirostat_tau,
+                                                                            params.mirostat_eta));
+        return chain;
     }
-    if (params.top_p < 1.0f) {
-        llama_sampler_chain_add(chain, llama_sampler_init_top_p(params.top_p, 1));
-    }
-    if (params.min_p > 0.0f) {
-        llama_sampler_chain_add(chain, llama_sampler_init_min_p(params.min_p, 1));
-    }
-    llama_sampler_chain_add(chain, llama_sampler_init_temp(params.temperature));
+    add_truncation_samplers(chain, params);
+    llama_sampler_chain_add(chain, params.has_dynatemp() ? llama_sampler_init_temp_ext(params.temperature,
+                                                                                       params.dynatemp_range,
+                                                                                       params.dynatemp_exponent)
+                                                         : llama_sampler_init_temp(params.temperature));
     llama_sampler_chain_add(chain, llama_sampler_init_dist(seed_of(params.seed)));
     return chain;
 }

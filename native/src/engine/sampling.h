@@ -12,6 +12,11 @@
 // the CPU). Rows with penalties, a grammar or token probabilities (logprobs.h: they need the
 // logits row or this sampler's candidates) leave the in-graph argmax; a logit bias alone runs
 // in-graph too (LlamaSession), so its CPU chain here only serves rows not sampled in-graph.
+// llama-server's other samplers take their places in its order (DRY after the penalties;
+// top_n_sigma, top_k, typical_p, top_p, min_p, XTC, then the temperature, dynamic with a
+// dynatemp_range; mirostat: temperature -> mirostat instead); rows with them are sampled here
+// from the whole row (SamplingParams::needs_host_samplers), a greedy row with DRY, XTC or
+// typical_p too (its chain ends in greedy).
 #pragma once
 
 #include "core/sequence.h"
@@ -32,9 +37,13 @@ int32_t argmax_token(const float * logits, int32_t n_vocab);
 OpaqueHandle make_sampler(const SamplingParams & params, const llama_vocab * vocab, const int32_t * prompt = nullptr,
                           int32_t num_prompt_tokens = 0);
 
-// New llama.cpp chain [logit_bias ->] [penalties ->] [grammar ->] then top_k -> top_p -> min_p
-// -> temp -> dist(seed) (greedy params: greedy); samplers disabled by their value are left out.
-// A logit bias, penalties or a grammar need the vocab. The caller frees it.
+// New llama.cpp chain [reasoning budget ->] [logit_bias ->] [penalties ->] [dry ->] [grammar ->]
+// then [top_n_sigma ->] top_k -> [typical_p ->] top_p -> min_p -> [xtc ->] temp (temp_ext with a
+// dynatemp_range) -> dist(seed); greedy params: greedy after the grammar (after the truncation
+// samplers when XTC or typical_p is on); mirostat: temp -> mirostat (1 or 2) after the grammar,
+// no penalties or DRY. Samplers disabled by their value are left out. A logit bias, penalties,
+// DRY, mirostat or a grammar need the vocab. prompt feeds the penalties and DRY (their window's
+// last tokens). The caller frees it.
 llama_sampler * make_sampler_chain(const SamplingParams & params, const llama_vocab * vocab = nullptr,
                                    const int32_t * prompt = nullptr, int32_t num_prompt_tokens = 0);
 
