@@ -22,6 +22,7 @@ from cli.common import (
     KV_STREAM_BLOCKS_OPTION,
     KV_STREAM_DEPTH_OPTION,
     KV_STREAMING_OPTION,
+    LONG_PREFILL_OPTION,
     PREEMPTION_OPTION,
     SWAP_SPACE_OPTION,
     kv_stream_config,
@@ -90,6 +91,7 @@ def _common(fn: Callable) -> Callable:
         ),
         PREEMPTION_OPTION,
         SWAP_SPACE_OPTION,
+        LONG_PREFILL_OPTION,
         KV_STREAMING_OPTION,
         KV_STREAM_BLOCKS_OPTION,
         KV_STREAM_DEPTH_OPTION,
@@ -281,6 +283,7 @@ def _offline(
                 preemption={
                     "preemption_mode": str(opts["preemption"]),
                     "swap_space_bytes": swap_space_bytes(float(opts["swap_space"])),
+                    "long_prefill_token_threshold": int(opts["long_prefill_token_threshold"]),
                     **kv_stream_config(opts),
                 },
             )

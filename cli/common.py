@@ -113,6 +113,18 @@ PREEMPTION_OPTION = click.option(
     "KV modes never preempt.",
 )
 
+LONG_PREFILL_OPTION = click.option(
+    "--long-prefill-token-threshold",
+    "long_prefill_token_threshold",
+    type=click.IntRange(min=-1),
+    default=-1,
+    show_default=True,
+    help="A sequence with more than this many prompt tokens left to compute is a long prefill: in "
+    "each step at most one gets budget before the shorter ones, so a short prompt queued behind a "
+    "long one starts at the next step (outputs do not change). -1 = half the step's token "
+    "budget, 0 = off.",
+)
+
 SWAP_SPACE_OPTION = click.option(
     "--swap-space",
     type=click.FloatRange(min=0),

@@ -25,6 +25,7 @@ from cli.common import (
     KV_STREAM_OPTION_NAMES,
     KV_STREAM_PARAMS,
     PAGED_ATTENTION_OPTION,
+    LONG_PREFILL_OPTION,
     PREEMPTION_OPTION,
     SWAP_SPACE_OPTION,
     kv_stream_config,
@@ -169,6 +170,7 @@ def cacheflow() -> None:
 @CACHE_PROMPT_OPTION
 @PREEMPTION_OPTION
 @SWAP_SPACE_OPTION
+@LONG_PREFILL_OPTION
 @kv_stream_options
 @click.option(
     "--batch-tokens",
@@ -370,6 +372,7 @@ ENGINE_OPTION_NAMES = {
     "max_num_batched_tokens": "--batch-tokens",
     "n_threads": "--threads",
     "n_gpu_layers": "--gpu-layers",
+    "long_prefill_token_threshold": "--long-prefill-token-threshold",
     **KV_STREAM_OPTION_NAMES,
     **DEVICE_OPTION_NAMES,
 }
@@ -384,6 +387,7 @@ ENGINE_PARAMS = {
     "max_num_batched_tokens": "batch_tokens",
     "n_threads": "threads",
     "n_gpu_layers": "gpu_layers",
+    "long_prefill_token_threshold": "long_prefill_token_threshold",
     **KV_STREAM_PARAMS,
     **DEVICE_PARAMS,
 }
@@ -415,6 +419,7 @@ def _base_config_kwargs(options: dict[str, object]) -> dict[str, object]:
         "enable_prefix_caching": options["cache_prompt"],
         "preemption_mode": options["preemption"],
         "swap_space_bytes": swap_space_bytes(options["swap_space"]),
+        "long_prefill_token_threshold": int(options["long_prefill_token_threshold"]),
         **kv_stream_config(options),
         "max_num_batched_tokens": options["batch_tokens"],
         "n_threads": options["threads"],

@@ -27,6 +27,7 @@ from cli.common import (
     KV_STREAM_OPTION_NAMES,
     KV_STREAM_PARAMS,
     PAGED_ATTENTION_OPTION,
+    LONG_PREFILL_OPTION,
     PREEMPTION_OPTION,
     SWAP_SPACE_OPTION,
     kv_stream_config,
@@ -328,6 +329,7 @@ def _env(name: str) -> str:
 )
 @PREEMPTION_OPTION
 @SWAP_SPACE_OPTION
+@LONG_PREFILL_OPTION
 @kv_stream_options
 @device_options
 @click.option(
@@ -431,6 +433,7 @@ SERVE_OPTION_NAMES = {
     "max_num_batched_tokens": "-b/--batch-size or -ub/--ubatch-size",
     "n_threads": "-t/--threads",
     "n_gpu_layers": "-ngl/--gpu-layers",
+    "long_prefill_token_threshold": "--long-prefill-token-threshold",
     **KV_STREAM_OPTION_NAMES,
     **DEVICE_OPTION_NAMES,
 }
@@ -444,6 +447,7 @@ SERVE_PARAMS = {
     "max_num_batched_tokens": "batch_size",
     "n_threads": "threads",
     "n_gpu_layers": "gpu_layers",
+    "long_prefill_token_threshold": "long_prefill_token_threshold",
     **KV_STREAM_PARAMS,
     **DEVICE_PARAMS,
 }
@@ -511,6 +515,7 @@ def _engine_kwargs(options: dict[str, object]) -> dict[str, object]:
         "enable_prefix_caching": bool(options["cache_prompt"]),
         "preemption_mode": options["preemption"],
         "swap_space_bytes": swap_space_bytes(float(options["swap_space"])),
+        "long_prefill_token_threshold": int(options["long_prefill_token_threshold"]),
         **kv_stream_config(options),
         "policy": options["policy"],
         "priority_aging_ms": int(options["priority_aging_ms"]),

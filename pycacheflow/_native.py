@@ -215,6 +215,7 @@ def _engine_config(config: EngineConfig, keep: list) -> object:
     c.kv_streaming = _KV_STREAMING_VALUES[config.kv_streaming]
     c.kv_stream_blocks = config.kv_stream_blocks
     c.kv_stream_depth = config.kv_stream_depth
+    c.long_prefill_token_threshold = config.long_prefill_token_threshold
     if config.rpc_servers:
         c.rpc_servers = _keep_str(",".join(config.rpc_servers), keep)
     if config.devices is not None:

@@ -115,6 +115,11 @@ class EngineConfig:
             is on.
         kv_stream_depth: CUDA: layers whose staging copies may be in flight at once (>= 1, default 2).
             Read only when streaming is on, on CUDA (the CPU stages one layer at a time).
+        long_prefill_token_threshold: a sequence with more than this many tokens left to compute
+            is a long prefill; in each step at most one long prefill gets budget before the
+            shorter ones (this many tokens, then what they leave), so a short prompt queued behind
+            a long one starts at the next step (vLLM's long_prefill_token_threshold; outputs do
+            not change). -1 (the default) = max_num_batched_tokens // 2, 0 = off.
 
     Raises:
         ValueError: on construction, for a value that cannot cross the C ABI (an int of 2**31 or
@@ -149,13 +154,14 @@ class EngineConfig:
     kv_streaming: str = "auto"
     kv_stream_blocks: int = 64
     kv_stream_depth: int = 2
+    long_prefill_token_threshold: int = -1
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, (str, os.PathLike)) or not os.fspath(self.model):
             raise ValueError(f"model must be a non-empty path, got {self.model!r}")
         for name in ("n_ctx", "max_num_seqs", "max_num_batched_tokens", "n_threads",
                      "n_gpu_layers", "block_size", "profile_capacity",
-                     "priority_aging_ms", "sampling_threads"):
+                     "priority_aging_ms", "sampling_threads", "long_prefill_token_threshold"):
             _check_int(name, getattr(self, name))  # int32_t in cf_engine_config
         _check_int("kv_cache_bytes", self.kv_cache_bytes, limit_bits=62)
         _check_choice("kv_mode", self.kv_mode, KV_MODES)

@@ -216,6 +216,17 @@ typedef struct cf_engine_config {
     int32_t kv_stream_depth;         /* CUDA: layers whose staging may be in flight at once, >= 1,
                                         default 2 (capped at the layer count); the CPU stages
                                         each layer just before its attention                   */
+    int32_t long_prefill_token_threshold; /* a sequence with more than this many tokens left to
+                                        compute is a long prefill: in a step, at most one gets
+                                        budget before the shorter ones (at most this many
+                                        tokens, then what they leave), so a short prompt behind
+                                        a long one starts at the next step instead of waiting
+                                        for the whole long prompt (vLLM's
+                                        long_prefill_token_threshold with one long partial
+                                        prefill; core/scheduler.h "Long prefills"). Outputs do
+                                        not change. >= -1; -1 = max_num_batched_tokens / 2 (the
+                                        default), 0 = off (chunks as large as the budget allows,
+                                        in scheduling order).                                  */
 } cf_engine_config;
 
 typedef struct cf_engine * cf_engine_t;

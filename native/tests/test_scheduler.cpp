@@ -334,6 +334,79 @@ void test_prefix_cache_admission() {
     assert(sched.kv().num_blocks_used() == 0 && sched.kv().prefix_cache_stats().num_cached_blocks > 0);
 }
 
+// Long prefills (scheduler.h): with T = 8 and a budget of 16, a 40-token prompt running its prefill
+// gets at most 8 tokens before a short prompt that arrived after it; the budget the short one leaves
+// goes back to the long one, which alone gets the whole budget.
+void test_long_prefill_lets_a_short_prompt_in() {
+    SchedulerConfig c = make_config(4, 16, 64);
+    c.long_prefill_token_threshold = 8;
+    Scheduler sched(c, make_stock_split_kv(c.n_ctx_per_seq));
+    sched.add(make_seq(1, 40, 2));
+    const StepPlan * out = nullptr;
+    run_step(sched, &out);  // alone: the whole budget
+    assert(out->seqs.size() == 1 && out->seqs[0].num_new_tokens == 16 && out->num_prefill_tokens == 16);
+    sched.add(make_seq(2, 5, 2));
+    run_step(sched, &out);  // the long one's 8, the short one's 5, then the long one's chunk grows by 3
+    assert(out->seqs.size() == 2 && out->num_scheduled_tokens == 16);
+    assert(out->seqs[0].seq->request_id == 1 && out->seqs[0].num_new_tokens == 11 && !out->seqs[0].needs_sample);
+    assert(out->seqs[1].seq->request_id == 2 && out->seqs[1].num_new_tokens == 5 && out->seqs[1].needs_sample);
+    assert(out->num_prefill_tokens == 16 && out->num_decode_tokens == 0);
+    while (sched.has_work()) {
+        run_step(sched);
+    }
+    // without the rule the short prompt waits for the long one's 40 tokens
+    Scheduler plain = stock_scheduler(4, 16, 64);
+    plain.add(make_seq(1, 40, 2));
+    run_step(plain);
+    plain.add(make_seq(2, 5, 2));
+    run_step(plain, &out);
+    assert(out->seqs.size() == 1 && out->seqs[0].seq->request_id == 1 && out->seqs[0].num_new_tokens == 16);
+}
+
+// Long prefills keep their order: the first gets the budget (8, then what is left), the second only
+// what the first leaves, in the same step; the rule never shares the budget round-robin.
+void test_long_prefills_one_at_a_time() {
+    SchedulerConfig c = make_config(4, 16, 64);
+    c.long_prefill_token_threshold = 8;
+    Scheduler sched(c, make_stock_split_kv(c.n_ctx_per_seq));
+    sched.add(make_seq(1, 20, 2));
+    sched.add(make_seq(2, 20, 2));
+    sched.add(make_seq(3, 3, 2));
+    const StepPlan * out = nullptr;
+    run_step(sched, &out);  // 1: 8, 2: skipped, 3: 3 (short), then 1: +5
+    assert(out->seqs.size() == 2 && out->num_scheduled_tokens == 16);
+    assert(out->seqs[0].seq->request_id == 1 && out->seqs[0].num_new_tokens == 13);
+    assert(out->seqs[1].seq->request_id == 3 && out->seqs[1].num_new_tokens == 3);
+    assert(sched.num_running() == 3);  // 2 was admitted (in order); it computes nothing yet
+    const std::vector<int64_t> done = run_step(sched, &out);  // 3: its decode; 1: its last 7; 2: the 8 left
+    assert(done.size() == 1 && done[0] == 3);  // its Sequence is gone: seqs[2] is not dereferenced
+    assert(out->seqs.size() == 3 && out->num_scheduled_tokens == 16);
+    assert(out->seqs[0].seq->request_id == 1 && out->seqs[0].num_new_tokens == 7 && out->seqs[0].needs_sample);
+    assert(out->seqs[1].seq->request_id == 2 && out->seqs[1].num_new_tokens == 8);
+    assert(out->seqs[2].num_new_tokens == 1 && out->num_decode_tokens == 1);
+    while (sched.has_work()) {
+        run_step(sched);
+    }
+}
+
+// Paged: the second pass takes free blocks only. Here the long prefill alone grows to its whole prompt
+// and nothing is preempted; every block returns.
+void test_long_prefill_top_up_in_a_paged_pool() {
+    SchedulerConfig c = make_config(4, 64, 32, 32);
+    c.long_prefill_token_threshold = 8;
+    Scheduler sched(c, make_paged_kv(8, 4));  // 8 blocks of 4 tokens
+    const BlockManager & blocks = *sched.kv().block_manager();
+    sched.add(make_seq(1, 30, 2));
+    const StepPlan * out = nullptr;
+    run_step(sched, &out);
+    assert(out->seqs.size() == 1 && out->seqs[0].num_new_tokens == 30 && blocks.find(1)->num_tokens == 30);
+    int32_t num_done = 0;
+    while (sched.has_work()) {
+        num_done += (int32_t) run_step(sched).size();
+    }
+    assert(num_done == 1 && sched.num_preemptions() == 0 && blocks.num_free_blocks() == 8);
+}
+
 int main() {
     test_chunked_prefill();
     test_decodes_first_then_prefill_in_request_order();
@@ -349,6 +422,9 @@ int main() {
     test_preemption_by_recompute();
     test_preemption_respects_priority();
     test_alone_out_of_blocks();
+    test_long_prefill_lets_a_short_prompt_in();
+    test_long_prefills_one_at_a_time();
+    test_long_prefill_top_up_in_a_paged_pool();
     std::printf("test_scheduler: ok\n");
     return 0;
 }

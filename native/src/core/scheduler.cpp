@@ -68,6 +68,8 @@ const StepPlan & Scheduler::schedule(int64_t now_ns) {
     out_.clear();
     now_ns_ = now_ns;
     num_blocks_promised_ = 0;
+    long_entry_ = -1;
+    long_skipped_.clear();
     kv_->begin_step();  // the previous step's swap-outs give their device blocks back now
     for (const auto & seq : running_) {
         seq->scheduled = false;
@@ -98,6 +100,7 @@ const StepPlan & Scheduler::schedule(int64_t now_ns) {
             }
         }
     }
+    top_up_long_prefills(&budget);
     std::sort(out_.seqs.begin(), out_.seqs.end(),
               [](const ScheduledSeq & a, const ScheduledSeq & b) { return a.seq->request_id < b.seq->request_id; });
     // The sequences are final: lay out the per-token arrays in batch order, then the KV part.
@@ -242,8 +245,19 @@ int32_t Scheduler::chunk_size(const Sequence & seq, int32_t budget_left) const {
     return n;
 }
 
+bool Scheduler::is_long_prefill(const Sequence & seq) const {
+    return config_.long_prefill_token_threshold > 0 && seq.num_uncomputed_tokens() > config_.long_prefill_token_threshold;
+}
+
 void Scheduler::push_scheduled(Sequence * seq, int32_t budget_left, int32_t * budget) {
     assert(seq->num_uncomputed_tokens() >= 1 && budget_left >= 1);
+    if (is_long_prefill(*seq)) {  // scheduler.h, "Long prefills": one gets T tokens now, the others wait
+        if (long_entry_ >= 0 || !long_skipped_.empty()) {
+            long_skipped_.push_back(seq);
+            return;
+        }
+        budget_left = std::min(budget_left, config_.long_prefill_token_threshold);
+    }
     const int32_t n = chunk_size(*seq, budget_left);
     if (!allocate_or_preempt(seq, n)) {
         return;  // preempted or out of blocks
@@ -253,12 +267,56 @@ void Scheduler::push_scheduled(Sequence * seq, int32_t budget_left, int32_t * bu
     // The decode token is the last sampled one; everything else (the prompt, and after a
     // preemption the output computed again) is prefill.
     const int32_t n_decode = needs_sample && seq->num_output_tokens() > 0 ? 1 : 0;
+    if (is_long_prefill(*seq)) {
+        long_entry_ = (int32_t) out_.seqs.size();
+    }
     out_.seqs.push_back({seq, n, needs_sample});
     out_.num_scheduled_tokens += n;
     out_.num_prefill_tokens += n - n_decode;
     out_.num_decode_tokens += n_decode;
     seq->scheduled = true;
     *budget -= n;
+}
+
+// The second pass of "Long prefills" (scheduler.h): the budget the first pass left grows the capped long
+// prefill's chunk, then gives chunks to the skipped long prefills in order; KV rows only from free blocks
+// (a sequence that would need a preemption for them just computes less, or nothing, in this step).
+void Scheduler::top_up_long_prefills(int32_t * budget) {
+    if (long_entry_ >= 0 && *budget > 0) {
+        ScheduledSeq & entry = out_.seqs[(size_t) long_entry_];
+        Sequence * seq = entry.seq;
+        const int32_t extra = chunk_size(*seq, entry.num_new_tokens + *budget) - entry.num_new_tokens;
+        if (extra > 0 && kv_->allocate(*seq, extra)) {
+            entry.num_new_tokens += extra;
+            entry.needs_sample = seq->num_computed_tokens + entry.num_new_tokens == seq->num_tokens();
+            const int32_t n_decode = entry.needs_sample && seq->num_output_tokens() > 0 ? 1 : 0;
+            out_.num_scheduled_tokens += extra;
+            out_.num_prefill_tokens += extra - n_decode;
+            out_.num_decode_tokens += n_decode;
+            *budget -= extra;
+        }
+    }
+    for (Sequence * seq : long_skipped_) {
+        if (*budget == 0) {
+            return;
+        }
+        // a skipped sequence may have been preempted since (a victim is one not scheduled yet)
+        if (seq->status != SequenceStatus::RUNNING || seq->scheduled) {
+            continue;
+        }
+        const int32_t n = chunk_size(*seq, *budget);
+        if (n < 1 || !kv_->allocate(*seq, n)) {
+            continue;
+        }
+        const bool needs_sample = seq->num_computed_tokens + n == seq->num_tokens();
+        const int32_t n_decode = needs_sample && seq->num_output_tokens() > 0 ? 1 : 0;
+        out_.seqs.push_back({seq, n, needs_sample});
+        out_.num_scheduled_tokens += n;
+        out_.num_prefill_tokens += n - n_decode;
+        out_.num_decode_tokens += n_decode;
+        seq->scheduled = true;
+        *budget -= n;
+    }
 }
 
 // Give seq's next num_new_tokens tokens KV rows, preempting others while KV is short. False when

@@ -84,6 +84,20 @@
 // Under PRIORITY admission takes swapped and waiting sequences together in policy order (under
 // FCFS and SJF every swapped sequence comes back before any waiting one is admitted).
 //
+// Long prefills (SchedulerConfig::long_prefill_token_threshold = T > 0; the rule of vLLM's
+// long_prefill_token_threshold with max_long_partial_prefills = 1): a sequence with more than T tokens
+// left to compute (prompt, or prompt and output again after a recompute) is a long prefill. In the first
+// pass of a step (running sequences, then admission, in the usual order) the first long prefill gets at
+// most T tokens and every other long one none; the budget left goes to the shorter ones. Then, while
+// budget is left, the first long prefill's chunk grows up to what the budget and the KV cache allow, and
+// the skipped long ones get chunks in their order (no preemption for these). So a short prompt that
+// arrives behind a long one is computed in the next step instead of waiting for the whole long prompt
+// (head-of-line blocking), a long prefill alone still gets the whole budget, and long prefills among
+// themselves keep their order (one at a time, not shared round-robin, which would delay every one of
+// them). Admission order does not change: a skipped long sequence is admitted (it holds its slot and
+// its cached prefix) and computes nothing in that step. The chunks change, the tokens do not: the paged
+// attention is chunk-invariant.
+//
 // Choices of one prompt (cf_request.num_forks; paged mode only): the parent's prefill stops one
 // token short of its prompt while its choices wait; at the start of the next step each choice
 // forks the parent's blocks (KvCacheManager::fork) and then parent and choices each compute that
@@ -123,6 +137,10 @@ struct SchedulerConfig {
     double recompute_ns_per_token = 1e5;
     // PRIORITY aging (see above): ns of queue time per level of effective priority; 0 = off.
     int64_t priority_aging_ns = 1'000'000'000;
+    // Long prefills (see above): a sequence with more than this many tokens left to compute is a long
+    // prefill; at most one gets budget before shorter ones; 0 = off (every chunk as large as the
+    // budget allows, in order).
+    int32_t long_prefill_token_threshold = 0;
 };
 
 // Preemption counters since construction.
@@ -195,6 +213,8 @@ class Scheduler {
     void fork_choices();
     bool waits_for_fork(Sequence & seq) const;
     void push_scheduled(Sequence * seq, int32_t budget_left, int32_t * budget);
+    bool is_long_prefill(const Sequence & seq) const;
+    void top_up_long_prefills(int32_t * budget);
     bool allocate_or_preempt(Sequence * seq, int32_t num_new_tokens);
     Sequence * preemption_victim(const Sequence & needy) const;
     void preempt(Sequence * seq, bool for_priority = false);
@@ -224,6 +244,8 @@ class Scheduler {
     std::vector<Sequence *> order_;                    // scratch: running_ at the start of a pass
     int64_t now_ns_ = 0;                               // the step being planned (schedule)
     int64_t num_blocks_promised_ = 0;                  // deferred blocks counted for StepPlan::deferred
+    int32_t long_entry_ = -1;                          // out_.seqs index of this step's capped long prefill
+    std::vector<Sequence *> long_skipped_;             // long prefills passed over in the first pass
     int64_t num_preemptions_ = 0;
     PreemptionStats preemption_stats_;
     StepPlan out_;

@@ -104,6 +104,7 @@ EngineConfig EngineConfig::from_c(const cf_engine_config & c) {
     check_range("kv_streaming", c.kv_streaming, CF_KV_STREAMING_AUTO, CF_KV_STREAMING_ON);
     check_range("kv_stream_blocks", c.kv_stream_blocks, 1, 65536);
     check_range("kv_stream_depth", c.kv_stream_depth, 1, 65536);
+    check_at_least("long_prefill_token_threshold", c.long_prefill_token_threshold, -1);
     if (c.kv_streaming == CF_KV_STREAMING_ON && stock) {
         fail_invalid("kv_streaming=on needs the paged KV cache (kv_mode paged or auto)");
     }
@@ -159,6 +160,9 @@ EngineConfig EngineConfig::from_c(const cf_engine_config & c) {
     out.kv_streaming = (cf_kv_streaming) c.kv_streaming;
     out.kv_stream_blocks = c.kv_stream_blocks;
     out.kv_stream_depth = c.kv_stream_depth;
+    out.long_prefill_token_threshold = c.long_prefill_token_threshold >= 0
+                                           ? c.long_prefill_token_threshold
+                                           : std::max(1, c.max_num_batched_tokens / 2);
     if (!out.rpc_servers.empty() && out.n_gpu_layers == 0 && out.devices != "none") {
         fail_invalid("rpc_servers needs n_gpu_layers != 0 (-1 = all layers): with 0 no layer goes to an RPC device");
     }
@@ -195,6 +199,7 @@ cf_engine_config default_engine_config() {
     c.kv_streaming = CF_KV_STREAMING_AUTO;
     c.kv_stream_blocks = 64;
     c.kv_stream_depth = 2;
+    c.long_prefill_token_threshold = -1;
     return c;
 }
 

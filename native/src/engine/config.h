@@ -46,6 +46,7 @@ struct EngineConfig {
     cf_kv_streaming kv_streaming = CF_KV_STREAMING_AUTO;  // resolved by LlamaSession (ON or OFF)
     int32_t kv_stream_blocks = 64;  // R (cacheflow.h)
     int32_t kv_stream_depth = 2;    // D, CUDA
+    int32_t long_prefill_token_threshold = 0;  // resolved (cacheflow.h): 0 = off, else > 0
 
     bool kv_unified() const { return kv_mode == CF_KV_MODE_STOCK_UNIFIED; }
     bool paged() const { return kv_mode == CF_KV_MODE_PAGED; }

@@ -60,6 +60,7 @@ SchedulerConfig scheduler_config(const LlamaSession & session) {
     c.policy = session.config().policy;
     c.preemption_mode = session.config().preemption_mode;
     c.priority_aging_ns = (int64_t) session.config().priority_aging_ms * 1'000'000;
+    c.long_prefill_token_threshold = session.config().long_prefill_token_threshold;
     return c;
 }
 
