@@ -128,7 +128,11 @@ async def _http_exception(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     error_type = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
     message = f"{request.method} {request.url.path}: {exc.detail}"
-    return error_response(message, exc.status_code, error_type)
+    response = error_response(message, exc.status_code, error_type)
+    # starlette's 405 names the route's methods in Allow (RFC 9110, section 15.5.6, requires it)
+    for name, value in (exc.headers or {}).items():
+        response.headers[name] = value
+    return response
 
 
 async def _json(request: Request) -> object:

@@ -354,6 +354,13 @@ def test_unknown_route_is_404_in_openai_format(client):
     assert response.status_code == 404 and response.json()["error"]["type"] == "not_found_error"
 
 
+def test_wrong_method_is_405_with_allow(client):
+    response = client.put("/health")
+    assert response.status_code == 405
+    assert "GET" in response.headers["allow"]
+    assert response.json()["error"]["message"].startswith("PUT /health:")
+
+
 def test_api_key(fake_env, fake_model):
     proc = start(fake_env, fake_model, "--api-key", "k1,k2")
     try:
