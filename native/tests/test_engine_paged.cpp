@@ -209,8 +209,10 @@ void test_preempted_sequence_resumes_with_the_same_output() {
 }
 
 // return_progress: a 40-token prompt under a 16-token budget reports processed 0 (before any
-// token is computed), 16, 32, 40, each ahead of the request's first token; a request beside it
-// that did not ask gets none; the repeat of the prompt counts its prefix cache hits as cached.
+// token is computed), 8, 23, 39, 40 (the default long-prefill rule, half the budget: in the first
+// step the 8-token request beside it takes the other 8, in the second its decode token one), each
+// ahead of the request's first token; the request beside it, which did not ask, gets none; the
+// repeat of the prompt counts its prefix cache hits as cached.
 void test_prompt_progress_events() {
     cf_engine_t engine = make_engine(256, 2, 16);
     const std::vector<int32_t> prompt = tokens(40, 3);
@@ -256,8 +258,8 @@ void test_prompt_progress_events() {
         return progress;
     };
     std::vector<cf_output_event> cold = run(true);
-    assert(cold.size() == 4 && cold[0].num_cached_tokens == 0);
-    const int32_t expected[] = {0, 16, 32, 40};
+    assert(cold.size() == 5 && cold[0].num_cached_tokens == 0);
+    const int32_t expected[] = {0, 8, 23, 39, 40};
     for (size_t i = 0; i < cold.size(); ++i) {
         assert(cold[i].num_prompt_processed == expected[i]);
     }
