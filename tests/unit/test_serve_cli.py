@@ -86,7 +86,8 @@ def test_llama_server_flags_map_to_engine_config(engine_kwargs):
         "n_gpu_layers": -1, "flash_attn": True, "kv_mode": "paged", "block_size": 32,
         "paged_attention": "invariant", "enable_prefix_caching": True, "policy": "priority",
         "priority_aging_ms": 250, "log_level": "error", "preemption_mode": "swap", "swap_space_bytes": 2**29,
-        "kv_streaming": "auto", "kv_stream_blocks": 64, "kv_stream_depth": 2, "long_prefill_token_threshold": -1,
+        "kv_streaming": "auto", "kv_stream_blocks": 64, "kv_stream_depth": 2,
+        "long_prefill_token_threshold": -1,
     }]  # fmt: skip
 
 
