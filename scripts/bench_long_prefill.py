@@ -23,20 +23,16 @@ import os
 import platform
 import random
 import sys
-import threading
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from pycacheflow import LLM, SamplingParams  # noqa: E402
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from bench_priority import random_prompt, run  # noqa: E402  (the same submit-at-times loop)
+from pycacheflow import LLM  # noqa: E402
 from pycacheflow.metrics import percentile  # noqa: E402
-
-
-def random_prompt(rng: random.Random, n: int) -> list[int]:
-    """n random token ids from the lower vocabulary (ordinary text tokens of SmolLM2)."""
-    return [rng.randrange(100, 20000) for _ in range(n)]
 
 
 def workload(args: argparse.Namespace) -> list[tuple[float, list[int], int, bool]]:
@@ -48,30 +44,6 @@ def workload(args: argparse.Namespace) -> list[tuple[float, list[int], int, bool
         t_s = (args.short_start_ms + i * args.short_interval_ms) / 1e3
         arrivals.append((t_s, random_prompt(rng, args.short_prompt), args.short_tokens, True))
     return arrivals
-
-
-def run(llm: LLM, arrivals: list[tuple[float, list[int], int, bool]]) -> tuple[list, float]:
-    """Submit every arrival at its time; returns (RequestOutputs in arrival order, wall seconds)."""
-    outputs: list = [None] * len(arrivals)
-    threads = []
-
-    def collect(index: int, request_id: int) -> None:
-        for delta in llm.iter_outputs(request_id):
-            if delta.finished:
-                outputs[index] = delta.output
-
-    start = time.monotonic()
-    for index, (t_s, prompt, max_tokens, _) in enumerate(arrivals):
-        delay = start + t_s - time.monotonic()
-        if delay > 0:
-            time.sleep(delay)
-        request_id = llm.add_request(prompt, SamplingParams(max_tokens=max_tokens, ignore_eos=True))
-        thread = threading.Thread(target=collect, args=(index, request_id))
-        thread.start()
-        threads.append(thread)
-    for thread in threads:
-        thread.join()
-    return outputs, time.monotonic() - start
 
 
 def main() -> int:
@@ -109,8 +81,8 @@ def main() -> int:
                   long_prefill_token_threshold=threshold)
         try:
             warm_rng = random.Random(args.seed + 1)  # other tokens: the prefix cache cannot help the run
-            run(llm, [(0.0, random_prompt(warm_rng, args.long_prompt), 2, False)])  # warm-up
-            outputs, wall_s = run(llm, arrivals)
+            run(llm, [(0.0, random_prompt(warm_rng, args.long_prompt), 2, 0)])  # warm-up
+            outputs, wall_s = run(llm, [(t_s, prompt, n, 0) for t_s, prompt, n, _ in arrivals])  # priority 0
         finally:
             llm.close()
         tokens = [o.token_ids for o in outputs]

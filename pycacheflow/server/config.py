@@ -7,6 +7,7 @@ import math
 from dataclasses import asdict, dataclass, field
 
 from pycacheflow.reasoning import DEFAULT_REASONING_FORMAT, REASONING_FORMATS
+from pycacheflow.sampling_params import DEFAULT_DRY_SEQUENCE_BREAKERS
 
 _INT32_MAX = 2**31 - 1
 
@@ -73,7 +74,7 @@ class RequestDefaults:
     dry_base: float = 1.75
     dry_allowed_length: int = 2
     dry_penalty_last_n: int = 64
-    dry_sequence_breakers: tuple[str, ...] = ("\n", ":", "\"", "*")
+    dry_sequence_breakers: tuple[str, ...] = DEFAULT_DRY_SEQUENCE_BREAKERS
     xtc_probability: float = 0.0
     xtc_threshold: float = 0.1
     typical_p: float = 1.0

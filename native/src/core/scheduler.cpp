@@ -262,19 +262,27 @@ void Scheduler::push_scheduled(Sequence * seq, int32_t budget_left, int32_t * bu
     if (!allocate_or_preempt(seq, n)) {
         return;  // preempted or out of blocks
     }
-    const int32_t end = seq->num_computed_tokens + n;
-    const bool needs_sample = end == seq->num_tokens();
-    // The decode token is the last sampled one; everything else (the prompt, and after a
-    // preemption the output computed again) is prefill.
-    const int32_t n_decode = needs_sample && seq->num_output_tokens() > 0 ? 1 : 0;
     if (is_long_prefill(*seq)) {
         long_entry_ = (int32_t) out_.seqs.size();
     }
-    out_.seqs.push_back({seq, n, needs_sample});
+    out_.seqs.push_back({seq, 0, false});
+    seq->scheduled = true;
+    grow_entry(out_.seqs.back(), n, budget);
+}
+
+// entry's chunk grows by n tokens (KV rows allocated by the caller): its sample flag, the plan's
+// token counts and the budget follow.
+void Scheduler::grow_entry(ScheduledSeq & entry, int32_t n, int32_t * budget) {
+    const Sequence & seq = *entry.seq;
+    // The decode token is the last sampled one; everything else (the prompt, and after a
+    // preemption the output computed again) is prefill.
+    const int32_t was_decode = entry.needs_sample && seq.num_output_tokens() > 0 ? 1 : 0;
+    entry.num_new_tokens += n;
+    entry.needs_sample = seq.num_computed_tokens + entry.num_new_tokens == seq.num_tokens();
+    const int32_t n_decode = (entry.needs_sample && seq.num_output_tokens() > 0 ? 1 : 0) - was_decode;
     out_.num_scheduled_tokens += n;
     out_.num_prefill_tokens += n - n_decode;
     out_.num_decode_tokens += n_decode;
-    seq->scheduled = true;
     *budget -= n;
 }
 
@@ -287,13 +295,7 @@ void Scheduler::top_up_long_prefills(int32_t * budget) {
         Sequence * seq = entry.seq;
         const int32_t extra = chunk_size(*seq, entry.num_new_tokens + *budget) - entry.num_new_tokens;
         if (extra > 0 && kv_->allocate(*seq, extra)) {
-            entry.num_new_tokens += extra;
-            entry.needs_sample = seq->num_computed_tokens + entry.num_new_tokens == seq->num_tokens();
-            const int32_t n_decode = entry.needs_sample && seq->num_output_tokens() > 0 ? 1 : 0;
-            out_.num_scheduled_tokens += extra;
-            out_.num_prefill_tokens += extra - n_decode;
-            out_.num_decode_tokens += n_decode;
-            *budget -= extra;
+            grow_entry(entry, extra, budget);
         }
     }
     for (Sequence * seq : long_skipped_) {
@@ -308,14 +310,9 @@ void Scheduler::top_up_long_prefills(int32_t * budget) {
         if (n < 1 || !kv_->allocate(*seq, n)) {
             continue;
         }
-        const bool needs_sample = seq->num_computed_tokens + n == seq->num_tokens();
-        const int32_t n_decode = needs_sample && seq->num_output_tokens() > 0 ? 1 : 0;
-        out_.seqs.push_back({seq, n, needs_sample});
-        out_.num_scheduled_tokens += n;
-        out_.num_prefill_tokens += n - n_decode;
-        out_.num_decode_tokens += n_decode;
+        out_.seqs.push_back({seq, 0, false});
         seq->scheduled = true;
-        *budget -= n;
+        grow_entry(out_.seqs.back(), n, budget);
     }
 }
 

@@ -215,6 +215,7 @@ class Scheduler {
     void push_scheduled(Sequence * seq, int32_t budget_left, int32_t * budget);
     bool is_long_prefill(const Sequence & seq) const;
     void top_up_long_prefills(int32_t * budget);
+    void grow_entry(ScheduledSeq & entry, int32_t n, int32_t * budget);
     bool allocate_or_preempt(Sequence * seq, int32_t num_new_tokens);
     Sequence * preemption_victim(const Sequence & needy) const;
     void preempt(Sequence * seq, bool for_priority = false);
