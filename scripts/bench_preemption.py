@@ -89,6 +89,10 @@ def run_mode(model: str, mode: str, prompts: list[list[int]], output_len: int, p
         "swap_out_bytes": stats.swap_out_bytes,
         "swap_s": (stats.swap_out_ns + stats.swap_in_ns) / 1e9,
         "swap_on_copy_stream": stats.swap_on_copy_stream,
+        # the copy stream's device timeline (engine/swapper.h): graphs that began on the device while a swap
+        # batch beside them still ran, and the time both ran at once
+        "graphs_overlapping_copies": stats.num_graphs_overlapping_copies,
+        "swap_compute_overlap_s": stats.swap_compute_overlap_ns / 1e9,
         "concurrent_slots": kwargs["max_num_seqs"],
         "pool_tokens": kwargs["n_ctx"],
     }
@@ -139,13 +143,14 @@ def main() -> None:
             rows.append(median)
 
     print("\n| prompt | mode | output tok/s | TTFT p50 / p99 (s) | TPOT p50 / p99 (ms) | preemptions swap / recompute"
-          " | recomputed tokens | swapped MB out / copy ms |")
-    print("|---|---|---|---|---|---|---|---|")
+          " | recomputed tokens | swapped MB out / copy ms | graphs beside copies / overlap ms |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['prompt_len']} | {r['mode']} | {r['output_tok_s']:.1f} | {r['ttft_p50_s']:.2f} / "
               f"{r['ttft_p99_s']:.2f} | {r['tpot_p50_s'] * 1e3:.1f} / {r['tpot_p99_s'] * 1e3:.1f} | "
               f"{r['preemptions_swap']} / {r['preemptions_recompute']} | {r['recomputed_tokens']} | "
-              f"{r['swap_out_bytes'] / 1e6:.1f} / {r['swap_s'] * 1e3:.1f} |")
+              f"{r['swap_out_bytes'] / 1e6:.1f} / {r['swap_s'] * 1e3:.1f} | "
+              f"{r['graphs_overlapping_copies']} / {r['swap_compute_overlap_s'] * 1e3:.1f} |")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     env = {"load_avg": os.getloadavg(), "cpus": os.cpu_count(), "model": model}
     args.out.write_text(json.dumps({"params": vars(args) | {"out": str(args.out)}, "env": env, "rows": rows},

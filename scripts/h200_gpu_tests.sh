@@ -16,7 +16,7 @@
 # vs_llama_server: `cacheflow bench serve` against cacheflow serve and llama-server at VS_NP streams,
 # with the load generator's own ceiling, the CUDA graph counts and padding from /metrics, and with
 # VS_PADDING_AB=1 cacheflow serve again without step padding / per-shape graphs; needs BUILD_SERVER=1); stage preemption: bench_preemption.py on the GPU, swap on the copy stream vs llama.cpp's
-# copies vs recompute vs auto vs stock (PREEMPT_LENS, PREEMPT_N), issue 13; stage prefix: cacheflow serve with the
+# copies vs recompute vs auto vs stock (PREEMPT_LENS, PREEMPT_N, PREEMPT_MODES), issue 13; stage prefix: cacheflow serve with the
 # prefix cache on / off vs llama-server, shared-prefix and multi-turn workloads at PREFIX_NP, issue 14 (BUILD_SERVER=1); stage flashinfer:
 # scripts/bench_flashinfer_decode.sh, the paged attention kernel next to FlashInfer's batch decode on the kernel
 # stage's shapes (FlashInfer's headers from _carry/flashinfer, prepare_gpu_carry.sh; needs only nvcc), issue 11;
@@ -76,7 +76,7 @@ if want tests; then
   log "GPU tests (pytest -m gpu)"
   CACHEFLOW_TOKENIZER_GGUF=$PWD/_carry/tokenizer.gguf CACHEFLOW_GPU_RESULTS=$OUT/gpu_agreement.json \
       python -m pytest -q -s -m gpu -p no:cacheprovider ${GPU_TESTS_K:+-k "$GPU_TESTS_K"} tests/kernels 2>&1 | tee "$OUT/gpu_tests.log" \
-      | grep -E "measured|swap on CUDA|greedy sequences|passed|failed|FAIL|Error" | tail -20 | tee -a "$OUT/run.log" \
+      | grep -E "measured|swap on CUDA|beside compute|greedy sequences|passed|failed|FAIL|Error" | tail -20 | tee -a "$OUT/run.log" \
       || log "GPU tests failed"
 fi
 
@@ -200,8 +200,8 @@ fi
 if want preemption; then  # issue 13: memory pressure on the GPU, swap (copy stream / llama copies) vs recompute vs auto vs stock
   log "preemption: bench_preemption.py on the GPU (prompts ${PREEMPT_LENS:-128 1024}, ${PREEMPT_N:-64} requests)"
   python scripts/bench_preemption.py -m "$MODEL" -ngl 99 --batch-tokens 2048 --prompt-lens ${PREEMPT_LENS:-128 1024} \
-      -n "${PREEMPT_N:-64}" -o "${PREEMPT_OUT:-128}" --modes swap swap-llama recompute auto stock --repeats "${PREEMPT_REPEATS:-2}" \
-      --out "$OUT/preemption_gpu.json" 2>&1 | grep -v '^{' | tail -14 | tee -a "$OUT/run.log" || log "preemption bench failed"
+      -n "${PREEMPT_N:-64}" -o "${PREEMPT_OUT:-128}" --modes ${PREEMPT_MODES:-swap swap-llama recompute auto stock} --repeats "${PREEMPT_REPEATS:-2}" \
+      --out "$OUT/preemption_gpu.json" 2>&1 | grep -v "^{" | tail -24 | tee -a "$OUT/run.log" || log "preemption bench failed"
 fi
 # Where the cache-on server's TTFT goes: the server's own TTFT histogram (HTTP request in -> first token out)
 # and the engine's (add_request -> first token), as sums and counts since the previous call (a scrape of
