@@ -334,6 +334,86 @@ void test_prefix_cache_admission() {
     assert(sched.kv().num_blocks_used() == 0 && sched.kv().prefix_cache_stats().num_cached_blocks > 0);
 }
 
+// A sequence of prompt tokens `prompt` (make_seq's other fields).
+std::unique_ptr<Sequence> make_seq_of(int64_t request_id, const std::vector<int32_t> & prompt, int32_t max_tokens = 2) {
+    SamplingParams p;
+    p.max_tokens = max_tokens;
+    const int32_t n = (int32_t) prompt.size();
+    return std::make_unique<Sequence>(request_id, prompt.data(), n, p, 0, 0, n + max_tokens);
+}
+
+// Shared prefixes in flight (scheduler.h), S = 8 tokens, blocks of 4: requests 1 and 2 arrive together
+// with the same 30-token prompt, request 3 behind them with another one. Request 2 waits while request 1
+// computes the 28 tokens (7 full blocks) they share; request 3 is admitted past it. At the next step
+// request 2 is admitted on request 1's committed blocks and computes its last token only. With S = 0
+// both compute the whole prompt in the first step.
+void test_shared_prefix_in_flight_is_computed_once() {
+    for (const int32_t min_shared : {8, 0}) {
+        SchedulerConfig c = make_config(4, 128, 64, 128);
+        c.min_pending_shared_prefix = min_shared;
+        Scheduler sched(c, make_paged_kv(32, 4, /*prefix_caching=*/true));
+        sched.add(make_seq(1, 30, 2));
+        sched.add(make_seq(2, 30, 2));
+        sched.add(make_seq_of(3, tokens(10, 100)));
+        const StepPlan * plan = nullptr;
+        run_step(sched, &plan);
+        std::vector<int64_t> first;
+        for (const ScheduledSeq & s : plan->seqs) {
+            first.push_back(s.seq->request_id);
+        }
+        if (min_shared == 0) {
+            assert((first == std::vector<int64_t>{1, 2, 3}) && plan->num_prefill_tokens == 70);
+            continue;
+        }
+        assert((first == std::vector<int64_t>{1, 3}) && plan->num_prefill_tokens == 40);
+        assert(sched.num_waiting() == 1);
+        run_step(sched, &plan);
+        const ScheduledSeq * two = nullptr;
+        for (const ScheduledSeq & s : plan->seqs) {
+            two = s.seq->request_id == 2 ? &s : two;
+        }
+        // 7 shared blocks and the first row of request 1's partial eighth block (copied): only the last
+        // prompt token is computed
+        assert(two != nullptr && two->num_new_tokens == 1 && two->seq->num_cached_tokens == 29);
+        assert(sched.kv().prefix_cache_stats().num_hit_tokens == 29);
+        while (sched.has_work()) {
+            run_step(sched);
+        }
+    }
+}
+
+// The wait ends when the computing sequence leaves: request 2 shares request 1's 30-token prompt, request
+// 1 is aborted after its first step of a 4-token budget (it computed one block), and request 2 then
+// computes on its own (on the cached first block). Only a shared part of at least S tokens makes it wait:
+// request 3 shares only the first block with request 4 and is admitted in the same step.
+void test_shared_prefix_wait_ends_with_the_computing_sequence() {
+    SchedulerConfig c = make_config(4, 4, 64, 128);
+    c.min_pending_shared_prefix = 8;
+    Scheduler sched(c, make_paged_kv(32, 4, /*prefix_caching=*/true));
+    sched.add(make_seq(1, 30, 2));
+    sched.add(make_seq(2, 30, 2));
+    const StepPlan * plan = nullptr;
+    run_step(sched, &plan);
+    assert(plan->seqs.size() == 1 && plan->seqs[0].seq->request_id == 1 && sched.num_waiting() == 1);
+    run_step(sched, &plan);  // request 1 has 28 - 4 = 24 shared tokens left: request 2 still waits
+    assert(sched.num_waiting() == 1);
+    assert(sched.remove(1, CF_FINISH_REASON_ABORT) != nullptr);
+    run_step(sched, &plan);
+    assert(plan->seqs.size() == 1 && plan->seqs[0].seq->request_id == 2);
+    assert(plan->seqs[0].seq->num_cached_tokens == 8);  // the two blocks request 1 committed
+    sched.remove(2, CF_FINISH_REASON_ABORT);
+
+    SchedulerConfig roomy = make_config(4, 128, 64, 128);
+    roomy.min_pending_shared_prefix = 8;
+    Scheduler sched2(roomy, make_paged_kv(32, 4, /*prefix_caching=*/true));
+    std::vector<int32_t> other = tokens(30);
+    std::iota(other.begin() + 4, other.end(), 500);  // the same first block only
+    sched2.add(make_seq(4, 30, 2));
+    sched2.add(make_seq_of(3, other));
+    run_step(sched2, &plan);
+    assert(plan->seqs.size() == 2 && sched2.num_waiting() == 0);
+}
+
 // Long prefills (scheduler.h): with T = 8 and a budget of 16, a 40-token prompt running its prefill
 // gets at most 8 tokens before a short prompt that arrived after it; the budget the short one leaves
 // goes back to the long one, which alone gets the whole budget.
@@ -425,6 +505,8 @@ int main() {
     test_long_prefill_lets_a_short_prompt_in();
     test_long_prefills_one_at_a_time();
     test_long_prefill_top_up_in_a_paged_pool();
+    test_shared_prefix_in_flight_is_computed_once();
+    test_shared_prefix_wait_ends_with_the_computing_sequence();
     std::printf("test_scheduler: ok\n");
     return 0;
 }

@@ -125,6 +125,28 @@ def test_common_system_prompt_is_held_once(real_model_path):
         assert stats.kv_blocks_used == 0 and stats.prefix_cache_hit_tokens >= 5 * 10 * BLOCK
 
 
+@pytest.mark.parametrize("wait", [True, False])
+def test_requests_arriving_together_compute_a_shared_prefix_once(real_model_path, make_llm, monkeypatch, wait):
+    """8 requests with a common 10-block prefix submitted at once to a cold cache: the first computes the
+    prefix and the others wait for its step to commit it (scheduler.h, shared prefixes in flight), then
+    take it from the cache; with the wait off (CACHEFLOW_SHARED_PREFIX_WAIT=0) all 8 compute it in the
+    same step. The greedy tokens are the cache-off engine's either way."""
+    monkeypatch.setenv("CACHEFLOW_SHARED_PREFIX_WAIT", "64" if wait else "0")
+    on = make_llm(real_model_path, max_num_seqs=8, n_ctx=8 * 256, max_num_batched_tokens=2048)
+    off = make_llm(real_model_path, max_num_seqs=8, n_ctx=8 * 256, enable_prefix_caching=False)
+    rng = random.Random(11)
+    system = random_tokens(on, 10 * BLOCK, rng)
+    prompts = [system + random_tokens(on, 20 + i, rng) for i in range(8)]
+    outs = run(on, prompts)
+    assert [o.token_ids for o in outs] == [o.token_ids for o in run(off, prompts)]
+    cached = [o.metrics.num_cached_tokens for o in outs]
+    if wait:
+        assert cached[0] == 0 and all(n >= 10 * BLOCK for n in cached[1:]), cached
+        assert on.stats().prefix_cache_hit_tokens >= 7 * 10 * BLOCK
+    else:
+        assert cached == [0] * 8
+
+
 def test_cancelling_shared_prefix_requests_mid_prefill(real_model_path, make_llm):
     """Requests sharing a prefix are aborted while their prompts are half computed (32-token
     steps), then submitted again; every request that completes matches the cache-off run."""

@@ -166,7 +166,7 @@ void Scheduler::schedule_running(bool decoding, int32_t * budget) {
 void Scheduler::admit_waiting(int32_t * budget) {
     size_t i = 0;  // choices waiting for their parent's fork are passed over, not admitted
     while (*budget > 0 && i < waiting_.size()) {
-        if (waits_for_fork(*waiting_[i])) {
+        if (passed_over(*waiting_[i])) {
             ++i;
             continue;
         }
@@ -176,6 +176,23 @@ void Scheduler::admit_waiting(int32_t * budget) {
         admit_at(i);
         push_scheduled(running_.back().get(), *budget, budget);
     }
+}
+
+// True while a running sequence has yet to compute at least min_pending_shared_prefix tokens that seq
+// could then take from the prefix cache (see "Shared prefixes in flight" in scheduler.h). Only running
+// sequences with that many tokens left to compute can qualify, so decoding ones cost one comparison.
+bool Scheduler::waits_for_shared_prefix(const Sequence & seq) const {
+    const int32_t min_tokens = config_.min_pending_shared_prefix;
+    if (min_tokens <= 0) {
+        return false;
+    }
+    for (const auto & other : running_) {
+        if (other->num_uncomputed_tokens() >= min_tokens &&
+            kv_->pending_shared_prefix_tokens(seq, *other) >= min_tokens) {
+            return true;
+        }
+    }
+    return false;
 }
 
 // True while seq is a choice whose parent (running or waiting) still computes the prompt they

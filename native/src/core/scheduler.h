@@ -98,6 +98,18 @@
 // its cached prefix) and computes nothing in that step. The chunks change, the tokens do not: the paged
 // attention is chunk-invariant.
 //
+// Shared prefixes in flight (SchedulerConfig::min_pending_shared_prefix = S > 0; the idea of SGLang's
+// in-batch prefix caching): a waiting sequence W is passed over while some running sequence R has yet to
+// compute at least S tokens of full blocks that W's prompt shares with R's
+// (KvCacheManager::pending_shared_prefix_tokens: 0 without a prefix cache, or when W or R does not use it).
+// Once R's step commits them to the prefix cache, W is admitted on them and computes only the rest, so
+// requests that arrive together with a common uncached prefix (a burst on a cold server, a new system
+// prompt) compute it once instead of once each. Others behind W may be admitted meanwhile (as with choices
+// waiting for their fork). W waits only while R runs and has shared blocks left to compute: R is scheduled
+// before any admission, so that is a step or a few of R's chunks; if R leaves the running set (finished,
+// preempted) W goes on by itself. The tokens do not change: a cached prefix gives the same KV as
+// computing it (the paged attention is chunk-invariant).
+//
 // Choices of one prompt (cf_request.num_forks; paged mode only): the parent's prefill stops one
 // token short of its prompt while its choices wait; at the start of the next step each choice
 // forks the parent's blocks (KvCacheManager::fork) and then parent and choices each compute that
@@ -141,6 +153,9 @@ struct SchedulerConfig {
     // prefill; at most one gets budget before shorter ones; 0 = off (every chunk as large as the
     // budget allows, in order).
     int32_t long_prefill_token_threshold = 0;
+    // Shared prefixes in flight (see above): the least pending shared tokens that make a waiting sequence
+    // wait for a running one to compute them; 0 = off.
+    int32_t min_pending_shared_prefix = 0;
 };
 
 // Preemption counters since construction.
@@ -212,6 +227,8 @@ class Scheduler {
     void admit_at(size_t waiting_index);
     void fork_choices();
     bool waits_for_fork(Sequence & seq) const;
+    bool waits_for_shared_prefix(const Sequence & seq) const;
+    bool passed_over(Sequence & seq) const { return waits_for_fork(seq) || waits_for_shared_prefix(seq); }
     void push_scheduled(Sequence * seq, int32_t budget_left, int32_t * budget);
     bool is_long_prefill(const Sequence & seq) const;
     void top_up_long_prefills(int32_t * budget);

@@ -52,11 +52,12 @@ void Scheduler::sort_queues() {
 }
 
 // The queued sequence admission takes next: the fronts of the swapped and the waiting queue
-// (choices waiting for their parent's fork are passed over), whichever comes first; nullptr if none.
+// (choices waiting for their parent's fork, and sequences waiting for a shared prefix in flight, are
+// passed over), whichever comes first; nullptr if none.
 Sequence * Scheduler::first_queued() {
     Sequence * waiting = nullptr;
     for (const auto & seq : waiting_) {
-        if (!waits_for_fork(*seq)) {
+        if (!passed_over(*seq)) {
             waiting = seq.get();
             break;
         }
@@ -125,9 +126,9 @@ bool Scheduler::preempted_this_step(const Sequence & seq) const {
 // Swapped and waiting sequences in one policy order while they fit; the first that does not fit,
 // or that gave way in this very step, stops the rest (nothing overtakes it).
 void Scheduler::admit_by_priority(int32_t * budget) {
-    size_t w = 0;  // first waiting sequence not waiting for a fork
+    size_t w = 0;  // first waiting sequence not passed over (waiting for a fork or a shared prefix)
     while (*budget > 0) {
-        while (w < waiting_.size() && waits_for_fork(*waiting_[w])) {
+        while (w < waiting_.size() && passed_over(*waiting_[w])) {
             ++w;
         }
         const bool has_waiting = w < waiting_.size();

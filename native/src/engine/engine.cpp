@@ -8,6 +8,7 @@
 #include <chrono>
 #include <climits>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 
 namespace cf {
@@ -61,6 +62,12 @@ SchedulerConfig scheduler_config(const LlamaSession & session) {
     c.preemption_mode = session.config().preemption_mode;
     c.priority_aging_ns = (int64_t) session.config().priority_aging_ms * 1'000'000;
     c.long_prefill_token_threshold = session.config().long_prefill_token_threshold;
+    // shared prefixes in flight (scheduler.h): 4 blocks of 16 tokens (SGLang's in-batch check uses 32 tokens);
+    // CACHEFLOW_SHARED_PREFIX_WAIT=N sets it (0: off, for A/B runs)
+    c.min_pending_shared_prefix = 64;
+    if (const char * env = std::getenv("CACHEFLOW_SHARED_PREFIX_WAIT"); env != nullptr && *env != '\0') {
+        c.min_pending_shared_prefix = std::max(0, std::atoi(env));
+    }
     return c;
 }
 

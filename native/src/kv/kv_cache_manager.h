@@ -123,6 +123,17 @@ class KvCacheManager {
         (void) child;
     }
 
+    // Prompt tokens that `seq` (waiting) could take from the prefix cache once `other` (running) has
+    // computed them, and that `other` has not computed yet: the full blocks of the two sequences' common
+    // prefix (seq's last token excluded: it is always computed), less other's full computed blocks. 0 when
+    // either sequence does not use a prefix cache (the stock modes have none). The scheduler passes seq
+    // over while this is large (Scheduler::waits_for_shared_prefix). Does not mutate; O(common prefix).
+    virtual int32_t pending_shared_prefix_tokens(const Sequence & seq, const Sequence & other) const {
+        (void) seq;
+        (void) other;
+        return 0;
+    }
+
     // ---- swap preemption (paged only; the stock modes never preempt, so they never swap)
     //
     //   RUNNING --swap_out--> SWAPPED --swap_in--> SWAPPING_IN --next step--> RUNNING

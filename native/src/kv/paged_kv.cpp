@@ -43,6 +43,21 @@ int64_t PagedKv::num_blocks_to_admit(const Sequence & seq) const {
     return blocks_.num_blocks_needed(match(seq), seq.num_tokens());
 }
 
+int32_t PagedKv::pending_shared_prefix_tokens(const Sequence & seq, const Sequence & other) const {
+    if (!uses_cache(seq) || !uses_cache(other)) {
+        return 0;
+    }
+    const int32_t block_size = blocks_.block_size();
+    const int32_t computed = other.num_computed_tokens / block_size * block_size;  // its committed full blocks
+    const int32_t limit = std::min(seq.num_tokens() - 1, other.num_tokens());
+    if (limit - computed < block_size) {
+        return 0;  // no full block past other's computed ones could be shared
+    }
+    const auto a = seq.tokens.begin();
+    const int32_t common = (int32_t) (std::mismatch(a, a + limit, other.tokens.begin()).first - a);
+    return std::max(0, common / block_size * block_size - computed);
+}
+
 bool PagedKv::can_admit(const Sequence & seq, int32_t num_running, bool with_deferred) const {
     const int64_t watermark = num_running == 0 ? 0 : std::max<int64_t>(watermark_blocks_, num_running);
     int64_t needed = num_blocks_to_admit(seq);

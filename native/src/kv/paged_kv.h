@@ -85,6 +85,7 @@ class PagedKv final : public KvCacheManager {
     // partially filled last block first (copy-on-write, reported in StepPlan::blocks_to_copy).
     // Call only when parent holds a table and child holds none.
     bool supports_fork() const override { return true; }
+    int32_t pending_shared_prefix_tokens(const Sequence & seq, const Sequence & other) const override;
 
     bool can_swap_out(const Sequence & seq) const override;
     int64_t swap_bytes(const Sequence & seq) const override;
