@@ -17,7 +17,9 @@
 # with the load generator's own ceiling, the CUDA graph counts and padding from /metrics, and with
 # VS_PADDING_AB=1 cacheflow serve again without step padding / per-shape graphs; needs BUILD_SERVER=1); stage preemption: bench_preemption.py on the GPU, swap on the copy stream vs llama.cpp's
 # copies vs recompute vs auto vs stock (PREEMPT_LENS, PREEMPT_N, PREEMPT_MODES), issue 13; stage prefix: cacheflow serve with the
-# prefix cache on / off vs llama-server, shared-prefix and multi-turn workloads at PREFIX_NP, issue 14 (BUILD_SERVER=1); stage flashinfer:
+# prefix cache on / off vs llama-server, shared-prefix and multi-turn workloads at PREFIX_NP, issue 14 (BUILD_SERVER=1;
+# PREFIX_WAIT_AB_NP: the -np values at which a fourth server, cache on with CACHEFLOW_SHARED_PREFIX_WAIT=0, joins as a
+# baseline); stage flashinfer:
 # scripts/bench_flashinfer_decode.sh, the paged attention kernel next to FlashInfer's batch decode on the kernel
 # stage's shapes (FlashInfer's headers from _carry/flashinfer, prepare_gpu_carry.sh; needs only nvcc), issue 11;
 # stage priority: bench_priority.py on the GPU under saturation, urgent p99 TTFT under "priority" vs "fcfs" (preemption
@@ -222,24 +224,31 @@ if want prefix; then  # issue 14: prefix caching through the servers on the GPU,
     p2=$!
     "$SERVER_BIN" -m "$MODEL" -ngl 99 -np "$np" -c "$ctx" -fa on --port 8093 --host 127.0.0.1 > "$OUT/prefix_ls_np$np.log" 2>&1 &
     p3=$!
-    for port in 8091 8092 8093; do
+    ports="8091 8092 8093" baselines="--baseline http://127.0.0.1:8092 --baseline http://127.0.0.1:8093" p4=
+    if [[ " ${PREFIX_WAIT_AB_NP:-} " == *" $np "* ]]; then  # A/B: the cache on without the shared-prefix wait
+      CACHEFLOW_SHARED_PREFIX_WAIT=0 cacheflow serve -m "$MODEL" -ngl 99 -np "$np" -c "$ctx" --metrics --port 8094 \
+          --host 127.0.0.1 > "$OUT/prefix_nowait_np$np.log" 2>&1 &
+      p4=$!
+      ports="$ports 8094" baselines="$baselines --baseline http://127.0.0.1:8094"
+    fi
+    for port in $ports; do
       for _ in $(seq 1 120); do curl -sf "http://127.0.0.1:$port/health" > /dev/null && break; sleep 1; done
       curl -sf "http://127.0.0.1:$port/completion" -d '{"prompt": "Hello", "n_predict": 4}' > /dev/null || true
     done
-    timeout 300 cacheflow bench serve http://127.0.0.1:8091 --baseline http://127.0.0.1:8092 --baseline http://127.0.0.1:8093 \
+    timeout 300 cacheflow bench serve http://127.0.0.1:8091 $baselines \
         -m "$MODEL" --dataset shared-prefix -n $((np * ${PREFIX_MULT:-2})) -p 1000 -o "${PREFIX_OUT:-32}" \
         --max-concurrency "$np" --cache-prompt \
-        --out "$OUT/prefix_shared_np$np" 2>&1 | grep -v "req/s" | tail -9 | tee -a "$OUT/run.log" \
+        --out "$OUT/prefix_shared_np$np" 2>&1 | grep -v "req/s" | tail -12 | tee -a "$OUT/run.log" \
         || log "shared-prefix bench (-np $np) failed"
     prefix_ttft_parts "shared-prefix -np $np"
-    timeout 300 cacheflow bench serve http://127.0.0.1:8091 --baseline http://127.0.0.1:8092 --baseline http://127.0.0.1:8093 \
+    timeout 300 cacheflow bench serve http://127.0.0.1:8091 $baselines \
         -m "$MODEL" --dataset multi-turn -n "$np" --turns 4 -p 200 --user-len 50 -o "${PREFIX_TURN_OUT:-64}" \
         --max-concurrency "$np" \
-        --cache-prompt --out "$OUT/prefix_multiturn_np$np" 2>&1 | grep -v "req/s" | tail -9 | tee -a "$OUT/run.log" \
+        --cache-prompt --out "$OUT/prefix_multiturn_np$np" 2>&1 | grep -v "req/s" | tail -12 | tee -a "$OUT/run.log" \
         || log "multi-turn bench (-np $np) failed"
     prefix_ttft_parts "multi-turn -np $np"
-    kill $p1 $p2 $p3 2>/dev/null || true
-    wait $p1 $p2 $p3 2>/dev/null || true
+    kill $p1 $p2 $p3 $p4 2>/dev/null || true
+    wait $p1 $p2 $p3 $p4 2>/dev/null || true
   done
 fi
 if want vs_llama_server; then  # issue 11: cacheflow serve (defaults: paged on CUDA) vs llama-server, same build
