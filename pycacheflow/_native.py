@@ -9,6 +9,7 @@ Importing this module loads libcacheflow.so and raises ImportError if it is miss
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 from collections.abc import Callable, Sequence
@@ -237,9 +238,17 @@ def _keep_str(text: str, keep: list) -> object:
     return buf
 
 
+@functools.lru_cache(maxsize=1)
+def _default_sampling_params() -> object:
+    """``cf_sampling_params_default()``, read once: the library's constant. Each native call
+    releases the GIL, and an event loop that calls one waits to take it back (on a loaded
+    host, behind the server's worker and dispatcher threads) before it runs the next request."""
+    return lib.cf_sampling_params_default()
+
+
 def _sampling_params(params: SamplingParams, keep: list) -> object:
     """cf_sampling_params for ``params``; ``keep`` receives the arrays it points into."""
-    c = ffi.new("cf_sampling_params *", lib.cf_sampling_params_default())
+    c = ffi.new("cf_sampling_params *", _default_sampling_params())
     c.max_tokens = params.max_tokens
     c.temperature = params.temperature
     c.top_k = params.top_k
@@ -335,10 +344,36 @@ def _tokens(token_ids: Sequence[int] | object) -> object:
 def check_sampling_params(params: SamplingParams) -> None:
     """Check ``params`` against the engine's rules (cf_sampling_params_check).
 
+    Params equal to ones that passed are not checked again (``_check_sampling_params_once``):
+    a server builds equal params for most requests, twice each (parsed, then with the slot's
+    max_tokens), and each check is two native calls on its event loop, each releasing the GIL.
+
     Raises:
         InvalidArgumentError: a value out of range, with the engine's message (the one
             add_request would give); token ids are checked against a vocabulary on add.
     """
+    try:
+        hash(params)
+    except TypeError:  # a field the caller set to something unhashable: check it every time
+        _check_sampling_params_now(params)
+        return
+    _check_sampling_params_once(params)
+
+
+_NUM_CHECKED_PARAMS = 256  # distinct params remembered as valid (least recently used go first)
+
+
+@functools.lru_cache(maxsize=_NUM_CHECKED_PARAMS)
+def _check_sampling_params_once(params: SamplingParams) -> None:
+    """``_check_sampling_params_now``, remembered for params that pass (a failure raises, and
+    lru_cache keeps no result). Safe because the check is a function of the C struct, and
+    equal params give equal structs: ints and floats convert by value (1 == 1.0 == True give
+    the same C number; -0.0 == 0.0 differ only in the sign bit, which no rule reads), and
+    every sequence field is a tuple by now (``SamplingParams.__post_init__``)."""
+    _check_sampling_params_now(params)
+
+
+def _check_sampling_params_now(params: SamplingParams) -> None:
     keep: list = []
     _check(lib.cf_sampling_params_check(_sampling_params(params, keep)))
 

@@ -193,3 +193,27 @@ def test_other_samplers_out_of_range_values_name_the_field(kwargs, message):
 def test_other_samplers_wrong_types(kwargs):
     with pytest.raises(TypeError):
         SamplingParams(**kwargs)
+
+
+def test_equal_params_are_checked_natively_once(monkeypatch):
+    from pycacheflow import _native
+
+    calls = []
+    check_now = _native._check_sampling_params_now
+    monkeypatch.setattr(_native, "_check_sampling_params_now",
+                        lambda p: (calls.append(p), check_now(p)))  # fmt: skip
+    _native._check_sampling_params_once.cache_clear()
+    p = SamplingParams(max_tokens=7, temperature=0.5, stop=["x"], logit_bias={3: -math.inf})
+    assert dataclasses.replace(p, max_tokens=7) == p
+    assert len(calls) == 1  # the equal replace was not checked again
+    dataclasses.replace(p, max_tokens=8)
+    assert len(calls) == 2
+
+
+def test_failed_checks_are_not_remembered():
+    for _ in range(2):
+        with pytest.raises(ValueError, match="max_tokens must be >= 1, got 0"):
+            SamplingParams(max_tokens=0)
+    p = SamplingParams(max_tokens=3)
+    with pytest.raises(ValueError, match="top_p must be in"):
+        dataclasses.replace(p, top_p=0.0)
