@@ -289,6 +289,31 @@ def _env(name: str) -> str:
     help="KV cache type of V (f16, as -ctk).",
 )
 @click.option(
+    "-fit",
+    "--fit",
+    type=click.Choice(["on", "off"]),
+    default="on",
+    envvar=_env("FIT"),
+    help="With -c 0: reduce the trained context per slot when the KV cache and the model would "
+    "leave less than --fit-target of the host's memory (on, llama-server's default), or keep it (off).",
+)
+@click.option(
+    "-fitt",
+    "--fit-target",
+    type=click.IntRange(min=0),
+    default=1024,
+    envvar=_env("FIT_TARGET"),
+    help="MiB of memory --fit leaves free (one value: CacheFlow fits host memory only).",
+)
+@click.option(
+    "-fitc",
+    "--fit-ctx",
+    type=click.IntRange(min=1),
+    default=4096,
+    envvar=_env("FIT_CTX"),
+    help="The smallest context per slot --fit sets, tokens.",
+)
+@click.option(
     "-kvu",
     "--kv-unified",
     is_flag=True,
@@ -497,7 +522,15 @@ def _context_plan(options: dict[str, object], model: Path) -> ContextPlan:
     if int(options["kv_cache_memory"]) > 0:
         return ContextPlan(ctx_size, 0)
     shape = read_model_shape(model) if ctx_size == 0 else None
-    return plan_context(ctx_size, parallel, bool(options["kv_unified"]), shape)
+    return plan_context(
+        ctx_size,
+        parallel,
+        bool(options["kv_unified"]),
+        shape,
+        fit=options["fit"] == "on",
+        fit_target_bytes=int(options["fit_target"]) << 20,
+        fit_min_ctx=int(options["fit_ctx"]),
+    )
 
 
 def _engine_kwargs(options: dict[str, object]) -> dict[str, object]:

@@ -96,6 +96,9 @@ def plan_context(
     kv_unified: bool,
     shape: ModelShape | None,
     memory_bytes: int | None = None,
+    fit: bool = True,
+    fit_target_bytes: int = FIT_MARGIN_BYTES,
+    fit_min_ctx: int = FIT_MIN_CTX,
 ) -> ContextPlan:
     """The engine's n_ctx and the slot context for -c ``ctx_size``, -np ``parallel``, -kvu.
 
@@ -106,6 +109,10 @@ def plan_context(
         shape: the model's, for -c 0; None = unknown (the engine's default applies: max_num_seqs
             x min(n_ctx_train, 2048), each sequence up to the engine's context per sequence).
         memory_bytes: the memory to fit in; None = the host's.
+        fit: --fit on (reduce a -c 0 context to fit memory) or off (the trained context
+            whatever it needs).
+        fit_target_bytes: --fit-target, the memory the fit leaves free, bytes.
+        fit_min_ctx: --fit-ctx, the smallest context per slot the fit sets, tokens.
     """
     streams = num_streams(parallel, kv_unified)
     if ctx_size > 0:
@@ -114,23 +121,30 @@ def plan_context(
     if shape is None or shape.n_ctx_train <= 0:
         return ContextPlan(0, 0)
     n_ctx = streams * pad(shape.n_ctx_train)
-    fitted, note = _fit(n_ctx, streams, shape, memory_bytes)
+    if not fit:
+        return ContextPlan(n_ctx, shape.n_ctx_train)
+    fitted, note = _fit(n_ctx, streams, shape, memory_bytes, fit_target_bytes, fit_min_ctx)
     return ContextPlan(fitted, min(fitted // streams, shape.n_ctx_train), note)
 
 
 def _fit(
-    n_ctx: int, streams: int, shape: ModelShape, memory_bytes: int | None
+    n_ctx: int,
+    streams: int,
+    shape: ModelShape,
+    memory_bytes: int | None,
+    margin_bytes: int = FIT_MARGIN_BYTES,
+    min_ctx: int = FIT_MIN_CTX,
 ) -> tuple[int, str | None]:
     """common_fit_params for the context alone: ``n_ctx`` if the KV cache and the weights
-    leave FIT_MARGIN_BYTES of memory, else the most that does (aligned to 256 x streams), not
-    below FIT_MIN_CTX per slot."""
+    leave margin_bytes of memory, else the most that does (aligned to 256 x streams), not
+    below min_ctx per slot."""
     if shape.kv_bytes_per_token <= 0 or shape.sliding_window:
         return n_ctx, None
     memory = host_memory_bytes() if memory_bytes is None else memory_bytes
-    target = memory - FIT_MARGIN_BYTES - shape.file_bytes
+    target = memory - margin_bytes - shape.file_bytes
     if n_ctx * shape.kv_bytes_per_token <= target:
         return n_ctx, None
-    low = streams * FIT_MIN_CTX
+    low = streams * min_ctx
     if n_ctx <= low:
         return n_ctx, None  # llama-server: at or below the minimum already, no change
     align = KV_PAD_TOKENS * streams
@@ -139,10 +153,11 @@ def _fit(
     note = (
         f"cacheflow: -c 0: {streams} x the trained context ({shape.n_ctx_train} tokens) needs "
         f"{gib:.1f} GiB of KV cache, more than fits in {memory / 2**30:.1f} GiB of memory with "
-        f"the model and 1 GiB left free (llama-server's --fit); "
+        f"the model and {margin_bytes / 2**20:.0f} MiB left free (llama-server's --fit; "
+        f"--fit off keeps the trained context); "
     )
     if fitted * shape.kv_bytes_per_token > target:
-        return fitted, note + (f"not even {FIT_MIN_CTX} tokens per slot fit, trying that; "
+        return fitted, note + (f"not even {min_ctx} tokens per slot fit, trying that; "
                                "lower -np or give -c")  # fmt: skip
     return fitted, note + f"using {fitted // streams} tokens per slot"
 

@@ -158,6 +158,8 @@ def _present(body: Mapping[str, object], name: str) -> bool:
 
 
 def _type_name(value: object) -> str:
+    if value is None:
+        return "null"
     if isinstance(value, bool):
         return "boolean"
     if isinstance(value, (int, float)):
@@ -285,7 +287,9 @@ def _one_prompt(value: object, where: str) -> PromptInput:
     if isinstance(value, dict):
         if value.get("multimodal_data"):
             raise ProtocolError(f"{where}: multimodal_data is not supported (text models only)")
-        return _one_prompt(value.get("prompt_string"), f"{where}.prompt_string")
+        if "prompt_string" not in value:
+            raise ProtocolError(f"{where}: an object prompt needs a 'prompt_string' field")
+        return _one_prompt(value["prompt_string"], f"{where}.prompt_string")
     if isinstance(value, list) and value and _is_token_list(value):
         return [_utf8(v, f"{where} (piece {i})") if isinstance(v, str) else v
                 for i, v in enumerate(value)]  # fmt: skip

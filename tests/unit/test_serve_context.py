@@ -44,6 +44,18 @@ def test_fit_shrinks_the_trained_context_to_the_memory():
     assert plan_context(0, 4, False, None) == ContextPlan(0, 0)  # the engine's default
 
 
+def test_fit_off_target_and_min_ctx():
+    """--fit off keeps the trained context; --fit-target and --fit-ctx move the fit's margin and floor."""
+    assert plan_context(0, 64, False, SMOLLM2, memory_bytes=8 * GIB, fit=False) == ContextPlan(64 * 8192, 8192)
+    roomier = plan_context(0, 64, False, SMOLLM2, memory_bytes=8 * GIB, fit_target_bytes=0)
+    tighter = plan_context(0, 64, False, SMOLLM2, memory_bytes=8 * GIB, fit_target_bytes=3 * GIB)
+    default = plan_context(0, 64, False, SMOLLM2, memory_bytes=8 * GIB)
+    assert tighter.n_ctx < default.n_ctx < roomier.n_ctx
+    assert "3072 MiB left free" in tighter.note
+    floor = plan_context(0, 64, False, SMOLLM2, memory_bytes=2 * GIB, fit_min_ctx=1024)
+    assert floor.n_ctx >= 64 * 1024 and floor.n_ctx < 64 * 4096
+
+
 def test_the_shape_comes_from_the_gguf_metadata(tmp_path):
     import gguf
 

@@ -82,6 +82,10 @@ def test_prompt_shapes():
             completion(prompt=bad)
     with pytest.raises(ProtocolError, match='"prompt" is required'):
         parse_completion({}, -1)
+    with pytest.raises(ProtocolError, match="an object prompt needs a 'prompt_string' field"):
+        completion(prompt={"a": 1})
+    with pytest.raises(ProtocolError, match="got null"):
+        completion(prompt={"prompt_string": None})
 
 
 def test_stop_seed_priority_and_ignored_options():
