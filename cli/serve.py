@@ -295,7 +295,8 @@ def _env(name: str) -> str:
     default="on",
     envvar=_env("FIT"),
     help="With -c 0: reduce the trained context per slot when the KV cache and the model would "
-    "leave less than --fit-target of the host's memory (on, llama-server's default), or keep it (off).",
+    "leave less than --fit-target of the host's memory (on, llama-server's default), or keep "
+    "it (off).",
 )
 @click.option(
     "-fitt",

@@ -126,11 +126,14 @@ def test_common_system_prompt_is_held_once(real_model_path):
 
 
 @pytest.mark.parametrize("wait", [True, False])
-def test_requests_arriving_together_compute_a_shared_prefix_once(real_model_path, make_llm, monkeypatch, wait):
-    """8 requests with a common 10-block prefix submitted at once to a cold cache: the first computes the
-    prefix and the others wait for its step to commit it (scheduler.h, shared prefixes in flight), then
-    take it from the cache; with the wait off (CACHEFLOW_SHARED_PREFIX_WAIT=0) all 8 compute it in the
-    same step. The greedy tokens are the cache-off engine's either way."""
+def test_requests_arriving_together_compute_a_shared_prefix_once(
+    real_model_path, make_llm, monkeypatch, wait
+):
+    """8 requests with a common 10-block prefix submitted at once to a cold cache: the first
+    computes the prefix and the others wait for its step to commit it (scheduler.h, shared
+    prefixes in flight), then take it from the cache; with the wait off
+    (CACHEFLOW_SHARED_PREFIX_WAIT=0) all 8 compute it in the same step. The greedy tokens are
+    the cache-off engine's either way."""
     monkeypatch.setenv("CACHEFLOW_SHARED_PREFIX_WAIT", "64" if wait else "0")
     on = make_llm(real_model_path, max_num_seqs=8, n_ctx=8 * 256, max_num_batched_tokens=2048)
     off = make_llm(real_model_path, max_num_seqs=8, n_ctx=8 * 256, enable_prefix_caching=False)

@@ -45,8 +45,10 @@ def test_fit_shrinks_the_trained_context_to_the_memory():
 
 
 def test_fit_off_target_and_min_ctx():
-    """--fit off keeps the trained context; --fit-target and --fit-ctx move the fit's margin and floor."""
-    assert plan_context(0, 64, False, SMOLLM2, memory_bytes=8 * GIB, fit=False) == ContextPlan(64 * 8192, 8192)
+    """--fit off keeps the trained context; --fit-target and --fit-ctx move the fit's margin
+    and floor."""
+    off = plan_context(0, 64, False, SMOLLM2, memory_bytes=8 * GIB, fit=False)
+    assert off == ContextPlan(64 * 8192, 8192)
     roomier = plan_context(0, 64, False, SMOLLM2, memory_bytes=8 * GIB, fit_target_bytes=0)
     tighter = plan_context(0, 64, False, SMOLLM2, memory_bytes=8 * GIB, fit_target_bytes=3 * GIB)
     default = plan_context(0, 64, False, SMOLLM2, memory_bytes=8 * GIB)
