@@ -277,8 +277,8 @@ def large_kv_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _large_swap_run(model: Path, route: str, monkeypatch: pytest.MonkeyPatch,
                     prompts: list[list[int]], n_out: int) -> tuple[list, object]:
-    """Greedy tokens and stats of `prompts` with n_out output tokens each in a 2,048-row pool (a quarter of
-    what they need once grown), preemption by swap; route "1" = the copy stream, "0" = llama.cpp's copies."""
+    """Greedy tokens and stats of `prompts` with n_out output tokens each in a 2,048-row pool, preemption by
+    swap; route "1" = the copy stream, "0" = llama.cpp's copies."""
     from pycacheflow import LLM, SamplingParams
 
     monkeypatch.setenv("CACHEFLOW_SWAP_ASYNC", route)
@@ -289,14 +289,15 @@ def _large_swap_run(model: Path, route: str, monkeypatch: pytest.MonkeyPatch,
 
 
 def test_large_swaps_overlap_compute_on_the_device(large_kv_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Issue 13, the copies overlap compute on the device: 12 requests of 256 prompt + 384 output tokens in a
-    quarter-size pool preempt each other repeatedly, and each victim moves tens of MB (128 KiB per token), so a
-    swap batch outlasts the host's preparation of the next graph. The device timeline (CUDA events on the
+    """Issue 13, the copies overlap compute on the device: 12 requests of 512 prompt + 384 output tokens in a
+    2,048-row pool (3 at a time) preempt each other repeatedly, and each victim moves 64-112 MB (128 KiB per
+    token), so a swap batch outlasts the host's preparation of the next graph (with 256-token prompts, 45 MB
+    victims, 2-3 of the batches were still running when the next graph began, on an H100 and on an H200). The device timeline (CUDA events on the
     compute stream and the copy stream, kernels/cuda/copy_stream.cu) must then show graphs that began while a
     swap batch still ran, and the time both ran at once; tokens equal llama.cpp's synchronous copies under
     the same schedule, and the host no longer waits for the copies (step time is reported for both)."""
     rng = random.Random(5)
-    prompts = [[rng.randrange(100, 30000) for _ in range(256)] for _ in range(12)]
+    prompts = [[rng.randrange(100, 30000) for _ in range(512)] for _ in range(12)]
     stream_tokens, s = _large_swap_run(large_kv_model, "1", monkeypatch, prompts, 384)
     llama_tokens, s_llama = _large_swap_run(large_kv_model, "0", monkeypatch, prompts, 384)
     assert s.swap_on_copy_stream == 1 and s_llama.swap_on_copy_stream == 0
