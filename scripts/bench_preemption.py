@@ -166,6 +166,8 @@ def main() -> None:
                          "row is the round with the median throughput")
     ap.add_argument("--out", type=Path, default=Path("results/scheduler/preemption_summary.json"))
     args = ap.parse_args()
+    if args.dump_only and (args.dump_requests is None or args.dataset != "sharegpt"):
+        ap.error("--dump-only needs --dataset sharegpt and --dump-requests")
     model = args.model or str(default_model_path())
 
     rows = []

@@ -383,8 +383,8 @@ void test_shared_prefix_in_flight_is_computed_once() {
 }
 
 // The wait ends when the computing sequence leaves: request 2 shares request 1's 30-token prompt, request
-// 1 is aborted after its first step of a 4-token budget (it computed one block), and request 2 then
-// computes on its own (on the cached first block). Only a shared part of at least S tokens makes it wait:
+// 1 is aborted after two steps of a 4-token budget (it computed two blocks), and request 2 then computes
+// the rest on its own (on the two cached blocks). Only a shared part of at least S tokens makes it wait:
 // request 3 shares only the first block with request 4 and is admitted in the same step.
 void test_shared_prefix_wait_ends_with_the_computing_sequence() {
     SchedulerConfig c = make_config(4, 4, 64, 128);
