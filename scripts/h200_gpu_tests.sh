@@ -156,18 +156,23 @@ if want profile; then
   done
 fi
 if want ncu; then
-  # kernel time of a few decode steps (ncu serializes kernels: for the breakdown, not the speed)
+  # kernel time of a few decode steps (ncu serializes kernels: for the breakdown, not the speed). NCU_INSITU=1:
+  # without ncu's cache flush and clock lock (--cache-control none --clock-control none), so that a kernel's time
+  # includes the L2 state the previous kernels left and the boost clock, as in a real step (issue 11's B=1 gap:
+  # stop 27 found the flushed, base-clock figures level with flash attention, which hides per-kernel latency).
   NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null | head -1 || true)
+  NCU_EXTRA=()
+  [ -n "${NCU_INSITU:-}" ] && NCU_EXTRA=(--cache-control none --clock-control none)
   for npl in ${NCU_NPL:-64 256}; do
     log "ncu: kernel time by kernel, decode steps at B=$npl (paged; launches ${NCU_SKIP:-6000}.. of the warm-up run)"
-    "$NCU" --csv --metrics gpu__time_duration.sum -s "${NCU_SKIP:-6000}" -c "${NCU_COUNT:-1500}" \
+    "$NCU" --csv "${NCU_EXTRA[@]}" --metrics gpu__time_duration.sum -s "${NCU_SKIP:-6000}" -c "${NCU_COUNT:-1500}" \
         python scripts/profile_gpu_step.py -m "$MODEL" --npl "$npl" --npp 16 --ntg 32 > "/tmp/ncu_b$npl.csv" 2> /dev/null || true
     python scripts/ncu_summary.py "/tmp/ncu_b$npl.csv" > "$OUT/ncu_b$npl.txt" 2>&1 || true
     head -22 "$OUT/ncu_b$npl.txt" | tee -a "$OUT/run.log"; tail -2 "$OUT/ncu_b$npl.txt" | tee -a "$OUT/run.log"
     if [ -n "${NCU_STOCK:-}" ]; then  # the same breakdown for llama-batched-bench (stock KV, flash attention)
       log "ncu: llama-batched-bench decode steps at B=$npl (stock KV, -fa on)"
       BB=$(find "$BUILD_DIR" -name llama-batched-bench -type f | head -1)
-      "$NCU" --csv --metrics gpu__time_duration.sum -s "${NCU_SKIP:-6000}" -c "${NCU_COUNT:-1500}" \
+      "$NCU" --csv "${NCU_EXTRA[@]}" --metrics gpu__time_duration.sum -s "${NCU_SKIP:-6000}" -c "${NCU_COUNT:-1500}" \
           "$BB" -m "$MODEL" -c $((npl * 512)) -b 2048 -ub 512 -npp 16 -ntg 64 -npl "$npl" -ngl 99 -fa on \
           > "/tmp/ncu_stock_b$npl.csv" 2> /dev/null || true
       python scripts/ncu_summary.py --per-step-kernel flash_attn "/tmp/ncu_stock_b$npl.csv" > "$OUT/ncu_stock_b$npl.txt" 2>&1 || true

@@ -146,17 +146,24 @@ struct Variant {
     int32_t split_keys;  // 0 = the kernel's rule
     int32_t pdl;         // -1 = off
     int32_t tile_rows;   // 0 = default (8), 4 = narrow
+    int32_t loads;       // two_pass: a PagedLoads, 0 = the launcher's rule (by the grid)
 };
 
-constexpr Variant kTwoPass{"two_pass", cf::cuda::kPagedKernelTwoPass, 0, 0, 0};
-constexpr Variant kPipelined{"pipelined", cf::cuda::kPagedKernelPipelined, 0, 0, 0};
-constexpr Variant kPipelinedNarrow{"pipelined", cf::cuda::kPagedKernelPipelined, 0, 0, 4};
-constexpr Variant kPipelinedNoPdl{"pipelined", cf::cuda::kPagedKernelPipelined, 0, -1, 0};
+constexpr Variant kTwoPass{"two_pass", cf::cuda::kPagedKernelTwoPass, 0, 0, 0, 0};
+constexpr Variant kTwoPassNarrow{"two_pass", cf::cuda::kPagedKernelTwoPass, 0, 0, 0, cf::cuda::kPagedLoadsNarrow};
+constexpr Variant kTwoPassNarrowPf{"two_pass", cf::cuda::kPagedKernelTwoPass, 0, 0, 0, cf::cuda::kPagedLoadsNarrowPf};
+constexpr Variant kTwoPassWide{"two_pass", cf::cuda::kPagedKernelTwoPass, 0, 0, 0, cf::cuda::kPagedLoadsWide};
+constexpr Variant kPipelined{"pipelined", cf::cuda::kPagedKernelPipelined, 0, 0, 0, 0};
+constexpr Variant kPipelinedNarrow{"pipelined", cf::cuda::kPagedKernelPipelined, 0, 0, 4, 0};
+constexpr Variant kPipelinedNoPdl{"pipelined", cf::cuda::kPagedKernelPipelined, 0, -1, 0, 0};
 
-Variant pipelined_split(int32_t keys) { return {"pipelined", cf::cuda::kPagedKernelPipelined, keys, 0, 0}; }
+Variant pipelined_split(int32_t keys) { return {"pipelined", cf::cuda::kPagedKernelPipelined, keys, 0, 0, 0}; }
 
 std::string label_of(const Variant & v) {
     std::string label = v.label;
+    if (v.loads == cf::cuda::kPagedLoadsNarrow) label += " narrow";
+    if (v.loads == cf::cuda::kPagedLoadsNarrowPf) label += " narrow_pf";
+    if (v.loads == cf::cuda::kPagedLoadsWide) label += " wide";
     if (v.tile_rows == 4) label += " rows4";
     if (v.split_keys) label += " S=" + std::to_string(v.split_keys);
     if (v.pdl < 0) label += " no PDL";
@@ -168,6 +175,7 @@ void apply(const Variant & v, PagedAttentionCudaArgs & a) {
     a.split_keys = v.split_keys;
     a.pdl = v.pdl;
     a.tile_rows = v.tile_rows;
+    a.loads = v.loads;
 }
 
 // Runs the kernel over `queries` (q values from q_of(query index)); returns [n][n_head][head_dim].
@@ -256,8 +264,17 @@ void test_shape(int D, int n_head, int n_head_kv, int block_size, unsigned seed,
     const std::vector<float> want = reference(m, qs, q);
     Layout other = make_layout(m, seed + 99);
 
+    std::vector<float> two_pass_bits;  // the first two_pass variant's outputs: every load shape must equal them
     for (const Variant & v : variants) {
         const std::vector<float> got = run(v, m, lay, qs, q);
+        if (v.kernel == cf::cuda::kPagedKernelTwoPass) {
+            if (two_pass_bits.empty()) {
+                two_pass_bits = got;
+            } else {
+                expect(std::memcmp(got.data(), two_pass_bits.data(), got.size() * sizeof(float)) == 0,
+                       "D=" + std::to_string(D) + " " + label_of(v) + ": outputs differ from the first two_pass load shape's");
+            }
+        }
         double max_err = 0;
         for (size_t i = 0; i < got.size(); ++i) {
             const double e = std::fabs((double) got[i] - want[i]);
@@ -615,7 +632,7 @@ void bench_decode(int batch, int ctx, int D, int n_head, int n_head_kv, const st
 
 // Both kernels on every shape; at contexts >= 8K also the pipelined kernel with fixed split lengths and without PDL.
 void bench_shape(int batch, int ctx, int D) {
-    std::vector<Variant> vs = {kTwoPass, kPipelined, kPipelinedNarrow};
+    std::vector<Variant> vs = {kTwoPass, kTwoPassNarrow, kTwoPassNarrowPf, kTwoPassWide, kPipelined, kPipelinedNarrow};
     if (ctx >= 8192) {
         vs.push_back(kPipelinedNoPdl);
         for (int keys : {128, 256, 512, 1024, 2048}) {
@@ -634,7 +651,8 @@ int main(int argc, char ** argv) {
         return 0;
     }
     const bool long_only = bench && argc > 2 && std::strcmp(argv[2], "long") == 0;  // `--bench long`: >= 8K only
-    const std::vector<Variant> all = {kTwoPass, kPipelined, kPipelinedNarrow, kPipelinedNoPdl, pipelined_split(64)};
+    const std::vector<Variant> all = {kTwoPass,  kTwoPassNarrow,   kTwoPassNarrowPf, kTwoPassWide,
+                                      kPipelined, kPipelinedNarrow, kPipelinedNoPdl,  pipelined_split(64)};
     test_shape(64, 9, 3, 16, 1, all);    // SmolLM2-135M
     test_shape(64, 32, 8, 16, 2, all);   // Llama-3.2-1B
     test_shape(128, 32, 8, 16, 3, all);  // Llama-3.1-8B

@@ -60,8 +60,17 @@ __host__ __device__ inline int split_count(int ctx) {
     const int keys = split_keys_for(ctx);
     return (ctx + keys - 1) / keys;
 }
-// K/V rows each thread group loads before using any of them.
+// K/V rows each thread group loads before using any of them, in the two load shapes of the two-pass kernel
+// (PagedLoads). Narrow: CF_PA_ROWS_IN_FLIGHT (4) rows per round, 70 registers at D 64, G 4 (ptxas, sm_90), the
+// shape every grid used before. Wide: 16 rows per round, so that a split of 256 keys at head size 64 (16 groups of
+// 8 lanes) is one round of K loads and one of V, with the first round of V issued before the softmax: for grids that
+// leave most SMs idle (B=1: 8 CTAs for a 200-key row), where the kernel is a chain of memory round trips.
+// Neither the rows in flight nor the prefetch change any sum: a key's score is computed by one lane group whatever
+// the round, and group g accumulates P.V over keys g, g + NG, g + 2 NG, ... in that order in every shape, so the
+// two shapes give bit-identical outputs and the launcher may pick one by the grid (test_paged_attention_cuda.cu
+// asserts it: a row alone runs wide, the same row in a batch narrow).
 constexpr int kRowsInFlight = CF_PA_ROWS_IN_FLIGHT;
+constexpr int kRowsInFlightWide = 16;
 
 #define CF_CUDA_STR2(x) #x
 #define CF_CUDA_STR(x) CF_CUDA_STR2(x)
@@ -274,8 +283,10 @@ __device__ __forceinline__ void finish_split(float (&acc)[G][8], float * big_s, 
 
 // One CTA: KV head blockIdx.y, token blockIdx.z, keys [split * S, (split + 1) * S) with S =
 // split_keys_for(the row's context length) <= kPagedSplitKeys.
-// D: head size; G: query heads per KV head.
-template <int D, int G>
+// D: head size; G: query heads per KV head; R: K/V rows in flight per lane group (kRowsInFlight or
+// kRowsInFlightWide); kPrefetchV: the first round of V rows is loaded before the softmax. R and kPrefetchV move
+// loads only: outputs are bit-identical for every choice (see kRowsInFlightWide).
+template <int D, int G, int R, bool kPrefetchV>
 __global__ void __launch_bounds__(threads_for(D))
 paged_attention_split_kernel(const PagedAttentionCudaArgs a, float * part_o /* [n_tokens][n_head][n_splits][D] */,
                              float * part_ml /* [n_tokens][n_head][n_splits][2] */, int n_splits) {
@@ -322,22 +333,39 @@ paged_attention_split_kernel(const PagedAttentionCudaArgs a, float * part_o /* [
             }
         }
         // Every thread runs the same number of iterations (the lane shuffles below need whole warps),
-        // and issues the loads of kRowsInFlight keys before using any of them.
-        for (int base = 0; base < nkeys; base += kRowsInFlight * NG) {
-            uint4 raw[kRowsInFlight];
+        // and issues the loads of R keys before using any of them.
+        for (int base = 0; base < nkeys; base += R * NG) {
+            uint4 raw[R];
 #pragma unroll
-            for (int u = 0; u < kRowsInFlight; ++u) {
+            for (int u = 0; u < R; ++u) {
                 const int i = base + u * NG + g;
                 raw[u] = i < nkeys ? *reinterpret_cast<const uint4 *>(kv_row(a.k_pool, a.k_stage, a.k_stride_row, row_s[i], stage_base, kvh * D + li * 8))
                                    : make_uint4(0u, 0u, 0u, 0u);
             }
 #pragma unroll
-            for (int u = 0; u < kRowsInFlight; ++u) {
+            for (int u = 0; u < R; ++u) {
                 store_scores<G, TG>(qr, raw[u], base + u * NG + g, nkeys, li, a, p_s);
             }
         }
     }
     __syncthreads();
+
+    // The first round of V rows of this lane group (keys g, g + NG, ..., g + (R - 1) NG), in flight during the
+    // softmax when kPrefetchV.
+    const int g_pv = tid / TG;
+    const int li_pv = tid % TG;
+    auto load_v_round = [&](int base, uint4 (&raw)[R]) {
+#pragma unroll
+        for (int u = 0; u < R; ++u) {
+            const int i = base + u * NG;
+            raw[u] = i < nkeys ? *reinterpret_cast<const uint4 *>(kv_row(a.v_pool, a.v_stage, a.v_stride_row, row_s[i], stage_base, kvh * D + li_pv * 8))
+                               : make_uint4(0u, 0u, 0u, 0u);
+        }
+    };
+    uint4 v_first[R];
+    if (kPrefetchV) {
+        load_v_round(g_pv, v_first);
+    }
 
     // Softmax over the split, all heads at once: max, exp, sum (fixed orders, see block_reduce).
     __shared__ float m_s[G];
@@ -349,8 +377,7 @@ paged_attention_split_kernel(const PagedAttentionCudaArgs a, float * part_o /* [
     // P.V: NG keys in flight, TG threads per key, each thread 8 dims (16 bytes of V) of every head.
     // Partial sums meet across the groups of a warp (lane butterfly), then across warps in order.
     {
-        const int g = tid / TG;
-        const int li = tid % TG;
+        const int g = g_pv;
         float acc[G][8];
 #pragma unroll
         for (int h = 0; h < G; ++h) {
@@ -359,16 +386,18 @@ paged_attention_split_kernel(const PagedAttentionCudaArgs a, float * part_o /* [
                 acc[h][j] = 0.0f;
             }
         }
-        for (int base = g; base < nkeys; base += kRowsInFlight * NG) {
-            uint4 raw[kRowsInFlight];
+        for (int base = g; base < nkeys; base += R * NG) {
+            uint4 raw[R];
+            if (kPrefetchV && base == g) {
 #pragma unroll
-            for (int u = 0; u < kRowsInFlight; ++u) {
-                const int i = base + u * NG;
-                raw[u] = i < nkeys ? *reinterpret_cast<const uint4 *>(kv_row(a.v_pool, a.v_stage, a.v_stride_row, row_s[i], stage_base, kvh * D + li * 8))
-                                   : make_uint4(0u, 0u, 0u, 0u);
+                for (int u = 0; u < R; ++u) {
+                    raw[u] = v_first[u];
+                }
+            } else {
+                load_v_round(base, raw);
             }
 #pragma unroll
-            for (int u = 0; u < kRowsInFlight; ++u) {
+            for (int u = 0; u < R; ++u) {
                 const int i = base + u * NG;
                 if (i >= nkeys) {
                     break;
@@ -429,6 +458,7 @@ struct EnvDefaults {
     int32_t split_keys = 0;
     int32_t pdl = 0;
     int32_t tile_rows = 0;
+    int32_t loads = kPagedLoadsDefault;
 };
 
 const EnvDefaults & env_defaults() {
@@ -452,6 +482,17 @@ const EnvDefaults & env_defaults() {
         if (const char * v = std::getenv("CACHEFLOW_PA_TILE_ROWS")) {
             e.tile_rows = std::atoi(v) == pipelined::kTileRowsNarrow ? pipelined::kTileRowsNarrow : 0;
         }
+        if (const char * v = std::getenv("CACHEFLOW_PA_LOADS")) {
+            if (std::strcmp(v, "narrow") == 0) {
+                e.loads = kPagedLoadsNarrow;
+            } else if (std::strcmp(v, "narrow_pf") == 0) {
+                e.loads = kPagedLoadsNarrowPf;
+            } else if (std::strcmp(v, "wide") == 0) {
+                e.loads = kPagedLoadsWide;
+            } else {
+                std::fprintf(stderr, "cacheflow: CACHEFLOW_PA_LOADS=%s is not narrow, narrow_pf or wide; ignored\n", v);
+            }
+        }
         return e;
     }();
     return d;
@@ -472,6 +513,30 @@ bool device_has_pdl() {
     return cached[dev] == 1;
 }
 
+// Streaming multiprocessors of the current device, cached per device (132 on the H200 / H100 SXM).
+int device_sm_count() {
+    static int cached[64] = {};  // 0 = not asked yet; racing writers store the same value
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) {
+        return 0;
+    }
+    if (cached[dev] == 0) {
+        int sms = 0;
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+        cached[dev] = sms > 0 ? sms : -1;
+    }
+    return cached[dev] > 0 ? cached[dev] : 0;
+}
+
+// The two-pass kernel's load shape for a grid of `ctas` CTAs: wide while the grid fills at most two CTAs per SM (a
+// B=1 decode step: 8 CTAs per 256-key split of a row at 8 KV heads), where nothing else hides a CTA's memory round
+// trips, else narrow (70 registers, more CTAs per SM). The grid, not the rows, decides, so the choice may follow the
+// batch: both shapes compute the same bits (kRowsInFlightWide). Measured: results/h200_gpu (stop 34 onwards).
+PagedLoads loads_for_grid(int64_t ctas) {
+    const int sms = device_sm_count();
+    return sms > 0 && ctas <= 2 * (int64_t) sms ? kPagedLoadsWide : kPagedLoadsNarrow;
+}
+
 // What one call launches: the kernel, its split rule and grid splits, PDL.
 struct Plan {
     bool pipelined;
@@ -479,6 +544,7 @@ struct Plan {
     bool pdl;
     bool narrow;     // pipelined: the narrow register budget (tile_rows 4)
     int n_splits;    // splits of the grid
+    PagedLoads loads;  // two-pass: rows in flight and V prefetch
 };
 
 Plan plan_for(const PagedAttentionCudaArgs & a) {
@@ -487,6 +553,10 @@ Plan plan_for(const PagedAttentionCudaArgs & a) {
     p.pipelined = (a.kernel != kPagedKernelDefault ? a.kernel : env.kernel) == kPagedKernelPipelined;
     if (!p.pipelined) {
         p.n_splits = two_pass_num_splits(a);
+        const int32_t loads = a.loads != kPagedLoadsDefault ? a.loads : env.loads;
+        p.loads = loads != kPagedLoadsDefault
+                      ? (PagedLoads) loads
+                      : loads_for_grid((int64_t) p.n_splits * a.n_head_kv * a.n_tokens);
         return p;
     }
     p.split_keys = a.split_keys != 0 ? a.split_keys : env.split_keys;
@@ -541,7 +611,20 @@ cudaError_t launch(const PagedAttentionCudaArgs & args, const Plan & plan, void 
         }
         return err != cudaSuccess ? err : cudaGetLastError();
     }
-    paged_attention_split_kernel<D, G><<<grid, threads_for(D), 0, stream>>>(a, part_o, part_ml, n_splits);
+    switch (plan.loads) {
+        case kPagedLoadsWide:
+            paged_attention_split_kernel<D, G, kRowsInFlightWide, true>
+                <<<grid, threads_for(D), 0, stream>>>(a, part_o, part_ml, n_splits);
+            break;
+        case kPagedLoadsNarrowPf:
+            paged_attention_split_kernel<D, G, kRowsInFlight, true>
+                <<<grid, threads_for(D), 0, stream>>>(a, part_o, part_ml, n_splits);
+            break;
+        default:
+            paged_attention_split_kernel<D, G, kRowsInFlight, false>
+                <<<grid, threads_for(D), 0, stream>>>(a, part_o, part_ml, n_splits);
+            break;
+    }
     if (n_splits > 1) {
         paged_attention_combine_kernel<D><<<cgrid, D, 0, stream>>>(a, part_o, part_ml, n_splits);
     }
@@ -585,8 +668,9 @@ const char * paged_attention_cuda_unsupported(const PagedAttentionCudaArgs & a) 
         return "block size, block table width and token count must be positive";
     }
     if (a.kernel < kPagedKernelDefault || a.kernel > kPagedKernelPipelined || a.split_keys < 0 || a.pdl < -1 ||
-        a.pdl > 1 || (a.tile_rows != 0 && a.tile_rows != 4 && a.tile_rows != 8)) {
-        return "kernel must be a PagedKernel, split_keys >= 0, pdl -1, 0 or 1, tile_rows 0, 4 or 8";
+        a.pdl > 1 || (a.tile_rows != 0 && a.tile_rows != 4 && a.tile_rows != 8) || a.loads < kPagedLoadsDefault ||
+        a.loads > kPagedLoadsWide) {
+        return "kernel must be a PagedKernel, split_keys >= 0, pdl -1, 0 or 1, tile_rows 0, 4 or 8, loads a PagedLoads";
     }
     return nullptr;
 }

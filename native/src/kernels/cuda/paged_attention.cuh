@@ -18,7 +18,9 @@
 //     them in an order fixed by the split count;
 //   - two-pass kernel (paged_attention.cu): S = kPagedSplitKeys = 256 for every row (split_keys_for;
 //     shorter splits for short rows behind a build knob), scores of the whole split, a block-wide softmax,
-//     then P.V;
+//     then P.V; two load shapes with bit-identical outputs (PagedLoads): narrow (4 K/V rows in flight per lane
+//     group) and, for grids of at most two CTAs per SM, wide (16 rows, the first V round issued before the
+//     softmax), so a lone row's CTA waits for fewer memory round trips;
 //   - pipelined kernel (paged_attention_pipelined.cuh, issue 11's long rows): S = max(256, pow2 >= ctx / 32)
 //     (about 32 splits per long row), each warp streams its own tiles with an online softmax, K/V of the next
 //     tile in flight while one is computed; the combine kernel and the split kernel use programmatic
@@ -89,10 +91,22 @@ struct PagedAttentionCudaArgs {
     //     else on where the device has it (sm_90+).
     //   tile_rows (pipelined only): K/V rows per lane per tile, 8 (wide) or 4 (narrow register budget, more CTAs
     //     per SM); 0 = CACHEFLOW_PA_TILE_ROWS if set, else 8.
+    //   loads (two_pass only): a PagedLoads; 0 = CACHEFLOW_PA_LOADS (narrow | narrow_pf | wide) if set, else the
+    //     rule (paged_attention.cu, loads_for_grid). Outputs are bit-identical for every value.
     int32_t kernel;
     int32_t split_keys;
     int32_t pdl;
     int32_t tile_rows;
+    int32_t loads;
+};
+
+// How the two-pass kernel moves K/V (paged_attention.cu, kRowsInFlightWide): rows in flight per lane group and
+// whether the first round of V is loaded before the softmax. Loads only: no choice changes an output bit.
+enum PagedLoads : int32_t {
+    kPagedLoadsDefault = 0,   // by the grid: wide where it leaves most SMs idle, else narrow
+    kPagedLoadsNarrow = 1,    // 4 rows per round (every grid before stop 34)
+    kPagedLoadsNarrowPf = 2,  // 4 rows per round, first V round before the softmax
+    kPagedLoadsWide = 3,      // 16 rows per round, first V round before the softmax
 };
 
 enum PagedKernel : int32_t {
