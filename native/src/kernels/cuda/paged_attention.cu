@@ -489,8 +489,11 @@ const EnvDefaults & env_defaults() {
                 e.loads = kPagedLoadsNarrowPf;
             } else if (std::strcmp(v, "wide") == 0) {
                 e.loads = kPagedLoadsWide;
+            } else if (std::strcmp(v, "by_grid") == 0) {
+                e.loads = kPagedLoadsByGrid;
             } else {
-                std::fprintf(stderr, "cacheflow: CACHEFLOW_PA_LOADS=%s is not narrow, narrow_pf or wide; ignored\n", v);
+                std::fprintf(stderr, "cacheflow: CACHEFLOW_PA_LOADS=%s is not narrow, narrow_pf, wide or by_grid; ignored\n",
+                             v);
             }
         }
         return e;
@@ -528,10 +531,11 @@ int device_sm_count() {
     return cached[dev] > 0 ? cached[dev] : 0;
 }
 
-// The two-pass kernel's load shape for a grid of `ctas` CTAs: wide while the grid fills at most two CTAs per SM (a
-// B=1 decode step: 8 CTAs per 256-key split of a row at 8 KV heads), where nothing else hides a CTA's memory round
-// trips, else narrow (70 registers, more CTAs per SM). The grid, not the rows, decides, so the choice may follow the
-// batch: both shapes compute the same bits (kRowsInFlightWide). Measured: results/h200_gpu (stop 34 onwards).
+// kPagedLoadsByGrid: the two-pass kernel's load shape for a grid of `ctas` CTAs: wide while the grid fills at most
+// two CTAs per SM (a B=1 decode step: 8 CTAs per 256-key split of a row at 8 KV heads), where nothing else hides a
+// CTA's memory round trips, else narrow (70 registers, more CTAs per SM). The grid, not the rows, decides, so the
+// choice may follow the batch: both shapes compute the same bits (kRowsInFlightWide). Opt-in (CACHEFLOW_PA_LOADS=
+// by_grid) until the standalone benchmark and an end-to-end B=1 run on a GPU have measured it.
 PagedLoads loads_for_grid(int64_t ctas) {
     const int sms = device_sm_count();
     return sms > 0 && ctas <= 2 * (int64_t) sms ? kPagedLoadsWide : kPagedLoadsNarrow;
@@ -554,9 +558,9 @@ Plan plan_for(const PagedAttentionCudaArgs & a) {
     if (!p.pipelined) {
         p.n_splits = two_pass_num_splits(a);
         const int32_t loads = a.loads != kPagedLoadsDefault ? a.loads : env.loads;
-        p.loads = loads != kPagedLoadsDefault
-                      ? (PagedLoads) loads
-                      : loads_for_grid((int64_t) p.n_splits * a.n_head_kv * a.n_tokens);
+        p.loads = loads == kPagedLoadsByGrid ? loads_for_grid((int64_t) p.n_splits * a.n_head_kv * a.n_tokens)
+                  : loads == kPagedLoadsDefault ? kPagedLoadsNarrow
+                                                : (PagedLoads) loads;
         return p;
     }
     p.split_keys = a.split_keys != 0 ? a.split_keys : env.split_keys;
@@ -669,7 +673,7 @@ const char * paged_attention_cuda_unsupported(const PagedAttentionCudaArgs & a) 
     }
     if (a.kernel < kPagedKernelDefault || a.kernel > kPagedKernelPipelined || a.split_keys < 0 || a.pdl < -1 ||
         a.pdl > 1 || (a.tile_rows != 0 && a.tile_rows != 4 && a.tile_rows != 8) || a.loads < kPagedLoadsDefault ||
-        a.loads > kPagedLoadsWide) {
+        a.loads > kPagedLoadsByGrid) {
         return "kernel must be a PagedKernel, split_keys >= 0, pdl -1, 0 or 1, tile_rows 0, 4 or 8, loads a PagedLoads";
     }
     return nullptr;
