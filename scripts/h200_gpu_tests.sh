@@ -98,7 +98,8 @@ if want flashinfer; then  # issue 11: the decode kernel next to FlashInfer's bat
 fi
 
 if want decode; then
-  # DECODE_PA_KERNELS="two_pass pipelined": the paged runs once per CACHEFLOW_PA_KERNEL (paged_attention.cu)
+  # DECODE_PA_KERNELS="two_pass pipelined": the paged runs once per CACHEFLOW_PA_KERNEL (paged_attention.cu); an entry
+  # loads_<shape> (e.g. "default loads_by_grid") sets CACHEFLOW_PA_LOADS=<shape> instead (the two-pass load shapes)
   pa_kernels=${DECODE_PA_KERNELS:-default}
   for npl in $NPL; do
     for mode in ${DECODE_MODES:-paged stock}; do
@@ -107,7 +108,7 @@ if want decode; then
         tag="decode_${mode}_b${npl}_p${NPP:-128}"; [ "$pak" != default ] && [ "$mode" = paged ] && tag="${tag}_$pak"
         log "decode: cacheflow ($mode KV${pak:+, kernel $pak}) vs llama-batched-bench, npl $npl"
         mkdir -p "$OUT/$tag"
-        ( [ "$pak" != default ] && export CACHEFLOW_PA_KERNEL=$pak
+        ( case $pak in default) ;; loads_*) export CACHEFLOW_PA_LOADS=${pak#loads_} ;; *) export CACHEFLOW_PA_KERNEL=$pak ;; esac
           timeout 300 python scripts/bench_decode.py -m "$MODEL" --npp "${NPP:-128}" --ntg 128 --npl "$npl" -i ${ITER:-2} \
               -t 8 -ngl 99 --kv-mode "$mode" --out "$OUT/$tag" 2>&1 | tail -6 \
               | tee -a "$OUT/run.log" ) || log "decode bench ($mode, $npl, $pak) failed"

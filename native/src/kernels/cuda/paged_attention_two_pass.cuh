@@ -1,0 +1,452 @@
+// paged_attention_two_pass.cuh - the two-pass split kernel of paged_attention.cu and its combine kernel; included
+// by paged_attention.cu and by native/tests/cuda/emulate_paged_attention_two_pass.cpp (the same code under g++, for
+// checking its logic where no GPU is at hand). Contract, work split and batch invariance: paged_attention.cuh.
+#pragma once
+
+#include "paged_attention.cuh"
+#include "paged_attention_pipelined.cuh"
+
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace cf {
+namespace cuda {
+namespace two_pass {
+
+constexpr int kMaxGqa = 8;
+// Threads per CTA and K/V rows in flight per thread group, measured on the H200 with
+// scripts/cuda_kernel_variants.sh (results/h200_gpu/stop19_kernel_variants.txt): 256 threads halve a
+// lone short row's latency (B=1, 200 keys: 8.2 vs 12.3 us/layer) but lose 8-15% at large batches and
+// long contexts (B=256: 61.8 vs 56.9 us; B=32 at 8K: 240 vs 208 us), where attention fills the step;
+// 128 threads and 4 rows in flight are the default. The count fixes the order of the sums, so it may
+// not depend on the batch (batch invariance); head size 256 always uses 128 (shared memory).
+// CF_PA_THREADS / CF_PA_ROWS_IN_FLIGHT: tuning knobs for the standalone benchmark (-D at compile time).
+#ifndef CF_PA_THREADS
+#define CF_PA_THREADS 128
+#endif
+#ifndef CF_PA_ROWS_IN_FLIGHT
+#define CF_PA_ROWS_IN_FLIGHT 4
+#endif
+__host__ __device__ constexpr int threads_for(int D) { return D <= 128 ? CF_PA_THREADS : 128; }
+
+// Split length by the row's own context length (paged_attention.cuh): rows of at most
+// 8 * kShortSplitKeys keys use splits of kShortSplitKeys, rows of at most 8 * 2 * kShortSplitKeys
+// splits of 2 * kShortSplitKeys, longer rows kPagedSplitKeys. The choice depends on ctx alone, never
+// on the batch, so batch invariance holds. CF_PA_SHORT_SPLIT (a power of two in [32, 256]) is a knob
+// for scripts/cuda_kernel_variants.sh, and 256, every row in 256-key splits, is the default: on the
+// H200 (results/h200_gpu/stop24/kernel_short_splits.txt) 64-key splits cut a lone 200-key row from
+// 12.4 to 9.5 us per layer but cost B=64 15.5 -> 26.0 us and B=256 57.2 -> 86.1 us at the same
+// length (4x the CTAs, each loading its query heads and reducing, plus the combine), and since the
+// rule may not look at the batch, short rows of big batches would pay for it.
+#ifndef CF_PA_SHORT_SPLIT
+#define CF_PA_SHORT_SPLIT 256
+#endif
+constexpr int kShortSplitKeys = CF_PA_SHORT_SPLIT;
+static_assert(kShortSplitKeys >= 32 && kShortSplitKeys <= kPagedSplitKeys &&
+                  (kShortSplitKeys & (kShortSplitKeys - 1)) == 0,
+              "CF_PA_SHORT_SPLIT must be a power of two in [32, 256]");
+
+__host__ __device__ inline int split_keys_for(int ctx) {
+    if (ctx <= 8 * kShortSplitKeys) {
+        return kShortSplitKeys;
+    }
+    if (2 * kShortSplitKeys <= kPagedSplitKeys && ctx <= 16 * kShortSplitKeys) {
+        return 2 * kShortSplitKeys;
+    }
+    return kPagedSplitKeys;
+}
+
+__host__ __device__ inline int split_count(int ctx) {
+    const int keys = split_keys_for(ctx);
+    return (ctx + keys - 1) / keys;
+}
+// K/V rows each thread group loads before using any of them, in the two load shapes of the two-pass kernel
+// (PagedLoads). Narrow: CF_PA_ROWS_IN_FLIGHT (4) rows per round, 70 registers at D 64, G 4 (ptxas, sm_90), the
+// shape every grid used before. Wide: 16 rows per round, so that a split of 256 keys at head size 64 (16 groups of
+// 8 lanes) is one round of K loads and one of V, with the first round of V issued before the softmax: for grids that
+// leave most SMs idle (B=1: 8 CTAs for a 200-key row), where the kernel is a chain of memory round trips.
+// Neither the rows in flight nor the prefetch change any sum: a key's score is computed by one lane group whatever
+// the round, and group g accumulates P.V over keys g, g + NG, g + 2 NG, ... in that order in every shape, so the
+// two shapes give bit-identical outputs and the launcher may pick one by the grid (test_paged_attention_cuda.cu
+// asserts it: a row alone runs wide, the same row in a batch narrow).
+constexpr int kRowsInFlight = CF_PA_ROWS_IN_FLIGHT;
+constexpr int kRowsInFlightWide = 16;
+
+
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int off = 16; off > 0; off >>= 1) {
+        v += __shfl_xor_sync(0xffffffffu, v, off);
+    }
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+    for (int off = 16; off > 0; off >>= 1) {
+        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, off));
+    }
+    return v;
+}
+
+using pipelined::halves_to_float;  // 16 bytes of f16 as 8 f32
+// Block-wide reduction of G values per thread (one per query head) in one pass; every thread gets
+// the G results in v. The order (lane butterfly, then warps 0..kWarps-1) is fixed, so the results
+// depend only on the inputs.
+template <bool kMax, int G, int kWarps>
+__device__ void block_reduce(float (&v)[G], float (*scratch)[G] /* [kWarps][G] */) {
+    const int warp = threadIdx.x / 32;
+#pragma unroll
+    for (int h = 0; h < G; ++h) {
+        v[h] = kMax ? warp_max(v[h]) : warp_sum(v[h]);
+        if (threadIdx.x % 32 == 0) {
+            scratch[warp][h] = v[h];
+        }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int h = 0; h < G; ++h) {
+        float r = scratch[0][h];
+        for (int w = 1; w < kWarps; ++w) {
+            r = kMax ? fmaxf(r, scratch[w][h]) : r + scratch[w][h];
+        }
+        v[h] = r;
+    }
+    __syncthreads();  // scratch is reused by the next call
+}
+
+using pipelined::kv_row;  // K/V row pointer, pool or staging slot (streaming)
+
+// A CTA's inputs in shared memory: the query heads of its GQA group (q_s[G][D]) and the pool rows of its
+// split's keys (row_s[i] = slot of position k0 + i, i < nkeys); ends with a __syncthreads.
+template <int D, int G, int kThreads>
+__device__ __forceinline__ void load_split_inputs(const PagedAttentionCudaArgs & a, int t, int kvh, int k0, int nkeys,
+                                                  float (*q_s)[D], int32_t * row_s) {
+    const int tid = threadIdx.x;
+    const int32_t * table = a.block_tables + (int64_t) a.token_seq_idx[t] * a.block_table_stride;
+    for (int i = tid; i < G * D; i += kThreads) {
+        const int h = i / D;
+        const int d = i % D;
+        q_s[h][d] = a.q[(int64_t) t * a.q_stride_token + (int64_t) (kvh * G + h) * a.q_stride_head + d];
+    }
+    for (int i = tid; i < nkeys; i += kThreads) {
+        const int p = k0 + i;
+        row_s[i] = table[p / a.block_size] * a.block_size + p % a.block_size;
+    }
+    __syncthreads();
+}
+
+// The kernel's per-key arithmetic, in functions of their own so that another way of moving K/V (e.g. the
+// cp.async-staged variant measured in stop 28: slower, removed) can reuse it and compute the same bits.
+// Thread (group g, lane li) of a TG-lane group holds dims [8 li, 8 li + 8).
+
+// Score of key i for every query head from this lane's 16 bytes of its K row: the lanes' partial dots meet
+// in a butterfly over the TG lanes; lane 0 stores scale * dot (soft-capped) in p_s[h][i] when i < nkeys.
+// Every lane of the warp must call it (shuffles).
+template <int G, int TG>
+__device__ __forceinline__ void store_scores(const float (&qr)[G][8], const uint4 & raw, int i, int nkeys, int li,
+                                             const PagedAttentionCudaArgs & a, float (*p_s)[kPagedSplitKeys]) {
+    float kf[8];
+    halves_to_float(raw, kf);
+#pragma unroll
+    for (int h = 0; h < G; ++h) {
+        float s = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            s = fmaf(qr[h][j], kf[j], s);
+        }
+#pragma unroll
+        for (int off = TG / 2; off > 0; off >>= 1) {
+            s += __shfl_xor_sync(0xffffffffu, s, off, TG);
+        }
+        if (i < nkeys && li == 0) {
+            s *= a.scale;
+            if (a.softcap != 0.0f) {
+                s = a.softcap * tanhf(s / a.softcap);
+            }
+            p_s[h][i] = s;
+        }
+    }
+}
+
+// acc[h][0..8) += p_s[h][i] * (this lane's 8 dims of key i's V row), for every query head.
+template <int G>
+__device__ __forceinline__ void accumulate_pv(float (&acc)[G][8], const uint4 & raw, int i,
+                                              const float (*p_s)[kPagedSplitKeys]) {
+    float vf[8];
+    halves_to_float(raw, vf);
+#pragma unroll
+    for (int h = 0; h < G; ++h) {
+        const float p = p_s[h][i];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            acc[h][j] = fmaf(p, vf[j], acc[h][j]);
+        }
+    }
+}
+
+// Softmax over the split's nkeys scores, all heads at once: max, exp, sum (fixed orders, see block_reduce);
+// p_s becomes the unnormalized probabilities, m_s/l_s the max and sum (written by thread 0, read after the
+// caller's next __syncthreads). Ends with a __syncthreads (inside block_reduce): every p_s write is visible.
+template <int G, int kThreads>
+__device__ __forceinline__ void softmax_split(float (*p_s)[kPagedSplitKeys], int nkeys, float (*scratch)[G],
+                                              float * m_s, float * l_s) {
+    constexpr int kWarps = kThreads / 32;
+    const int tid = threadIdx.x;
+    float m[G];
+    float l[G];
+#pragma unroll
+    for (int h = 0; h < G; ++h) {
+        m[h] = -INFINITY;
+        l[h] = 0.0f;
+    }
+    for (int i = tid; i < nkeys; i += kThreads) {
+#pragma unroll
+        for (int h = 0; h < G; ++h) {
+            m[h] = fmaxf(m[h], p_s[h][i]);
+        }
+    }
+    block_reduce<true, G, kWarps>(m, scratch);
+    for (int i = tid; i < nkeys; i += kThreads) {
+#pragma unroll
+        for (int h = 0; h < G; ++h) {
+            const float e = expf(p_s[h][i] - m[h]);
+            p_s[h][i] = e;
+            l[h] += e;
+        }
+    }
+    block_reduce<false, G, kWarps>(l, scratch);
+    if (tid == 0) {
+#pragma unroll
+        for (int h = 0; h < G; ++h) {
+            m_s[h] = m[h];
+            l_s[h] = l[h];
+        }
+    }
+}
+
+// After P.V: the TG-lane groups of a warp meet in a lane butterfly, the warps in order through big_s
+// ([kWarps][G][D], which may alias p_s: the first __syncthreads here ends every read of it), then the
+// split's output (one split: out = o / l) or its partial result (o, m, l) for the combine kernel.
+template <int D, int G, int kThreads>
+__device__ __forceinline__ void finish_split(float (&acc)[G][8], float * big_s, const float * m_s, const float * l_s,
+                                             const PagedAttentionCudaArgs & a, int t, int kvh, int split,
+                                             bool one_split, float * part_o, float * part_ml, int n_splits) {
+    constexpr int kWarps = kThreads / 32;
+    constexpr int TG = D / 8;
+    const int tid = threadIdx.x;
+    const int li = tid % TG;
+#pragma unroll
+    for (int h = 0; h < G; ++h) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+#pragma unroll
+            for (int off = 16; off >= TG; off >>= 1) {
+                acc[h][j] += __shfl_xor_sync(0xffffffffu, acc[h][j], off);
+            }
+        }
+    }
+    __syncthreads();  // every thread is done reading p_s: big_s becomes the reduction buffer
+    const int warp = tid / 32;
+    if (tid % 32 < TG) {
+#pragma unroll
+        for (int h = 0; h < G; ++h) {
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+                big_s[(warp * G + h) * D + li * 8 + j] = acc[h][j];
+            }
+        }
+    }
+    __syncthreads();
+    for (int i = tid; i < G * D; i += kThreads) {
+        const int h = i / D;
+        const int d = i % D;
+        float o = big_s[h * D + d];
+#pragma unroll
+        for (int w = 1; w < kWarps; ++w) {
+            o += big_s[(w * G + h) * D + d];
+        }
+        const int head = kvh * G + h;
+        if (one_split) {
+            a.out[((int64_t) t * a.n_head + head) * D + d] = o / l_s[h];
+        } else {
+            const int64_t part = ((int64_t) t * a.n_head + head) * n_splits + split;
+            part_o[part * D + d] = o;
+            if (d == 0) {
+                part_ml[2 * part] = m_s[h];
+                part_ml[2 * part + 1] = l_s[h];
+            }
+        }
+    }
+}
+
+// One CTA: KV head blockIdx.y, token blockIdx.z, keys [split * S, (split + 1) * S) with S =
+// split_keys_for(the row's context length) <= kPagedSplitKeys.
+// D: head size; G: query heads per KV head; R: K/V rows in flight per lane group (kRowsInFlight or
+// kRowsInFlightWide); kPrefetchV: the first round of V rows is loaded before the softmax. R and kPrefetchV move
+// loads only: outputs are bit-identical for every choice (see kRowsInFlightWide).
+template <int D, int G, int R, bool kPrefetchV>
+__global__ void __launch_bounds__(threads_for(D))
+paged_attention_split_kernel(const PagedAttentionCudaArgs a, float * part_o /* [n_tokens][n_head][n_splits][D] */,
+                             float * part_ml /* [n_tokens][n_head][n_splits][2] */, int n_splits) {
+    constexpr int kThreads = threads_for(D);
+    constexpr int kWarps = kThreads / 32;
+    constexpr int TG = D / 8;            // threads per key in Q.K (16 bytes of the K row each)
+    constexpr int NG = kThreads / TG;    // keys in flight in Q.K
+    // P.V uses the same split of a row: group g of TG threads per key, lane li holds dims [8 li, 8 li + 8).
+    constexpr int kScoreFloats = G * kPagedSplitKeys;
+    constexpr int kReduceFloats = kWarps * G * D;
+
+    __shared__ float q_s[G][D];
+    // Scores, then probabilities [G][kPagedSplitKeys]; after P.V the per-warp partial outputs
+    // [kWarps][G][D] reuse the space.
+    __shared__ float big_s[kScoreFloats > kReduceFloats ? kScoreFloats : kReduceFloats];
+    __shared__ int32_t row_s[kPagedSplitKeys];
+    __shared__ float scratch[kWarps][G];
+    float (*p_s)[kPagedSplitKeys] = reinterpret_cast<float (*)[kPagedSplitKeys]>(big_s);
+
+    const int split = blockIdx.x;
+    const int kvh = blockIdx.y;
+    const int t = blockIdx.z;
+    const int tid = threadIdx.x;
+    const int ctx = a.token_ctx_len[t];
+    const int split_keys = split_keys_for(ctx);
+    const int k0 = split * split_keys;
+    if (k0 >= ctx) {
+        return;  // beyond this row's context (the grid covers the most splits any row may have)
+    }
+    const int nkeys = min(split_keys, ctx - k0);
+    const int32_t stage_base = (int32_t) a.stage_base_row;  // INT32_MAX without streaming (launch)
+    load_split_inputs<D, G, kThreads>(a, t, kvh, k0, nkeys, q_s, row_s);
+
+    // Q.K: group g of TG threads takes keys g, g + NG, ...; lane li holds dims [8 li, 8 li + 8).
+    {
+        const int g = tid / TG;
+        const int li = tid % TG;
+        float qr[G][8];
+#pragma unroll
+        for (int h = 0; h < G; ++h) {
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+                qr[h][j] = q_s[h][li * 8 + j];
+            }
+        }
+        // Every thread runs the same number of iterations (the lane shuffles below need whole warps),
+        // and issues the loads of R keys before using any of them.
+        for (int base = 0; base < nkeys; base += R * NG) {
+            uint4 raw[R];
+#pragma unroll
+            for (int u = 0; u < R; ++u) {
+                const int i = base + u * NG + g;
+                raw[u] = i < nkeys ? *reinterpret_cast<const uint4 *>(kv_row(a.k_pool, a.k_stage, a.k_stride_row, row_s[i], stage_base, kvh * D + li * 8))
+                                   : make_uint4(0u, 0u, 0u, 0u);
+            }
+#pragma unroll
+            for (int u = 0; u < R; ++u) {
+                store_scores<G, TG>(qr, raw[u], base + u * NG + g, nkeys, li, a, p_s);
+            }
+        }
+    }
+    __syncthreads();
+
+    // The first round of V rows of this lane group (keys g, g + NG, ..., g + (R - 1) NG), in flight during the
+    // softmax when kPrefetchV.
+    const int g_pv = tid / TG;
+    const int li_pv = tid % TG;
+    auto load_v_round = [&](int base, uint4 (&raw)[R]) {
+#pragma unroll
+        for (int u = 0; u < R; ++u) {
+            const int i = base + u * NG;
+            raw[u] = i < nkeys ? *reinterpret_cast<const uint4 *>(kv_row(a.v_pool, a.v_stage, a.v_stride_row, row_s[i], stage_base, kvh * D + li_pv * 8))
+                               : make_uint4(0u, 0u, 0u, 0u);
+        }
+    };
+    uint4 v_first[R];
+    if (kPrefetchV) {
+        load_v_round(g_pv, v_first);
+    }
+
+    // Softmax over the split, all heads at once: max, exp, sum (fixed orders, see block_reduce).
+    __shared__ float m_s[G];
+    __shared__ float l_s[G];
+    softmax_split<G, kThreads>(p_s, nkeys, scratch, m_s, l_s);
+    // (block_reduce ended with __syncthreads: every p_s write is visible; m_s/l_s are read after the
+    // __syncthreads that follows P.V)
+
+    // P.V: NG keys in flight, TG threads per key, each thread 8 dims (16 bytes of V) of every head.
+    // Partial sums meet across the groups of a warp (lane butterfly), then across warps in order.
+    {
+        const int g = g_pv;
+        float acc[G][8];
+#pragma unroll
+        for (int h = 0; h < G; ++h) {
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+                acc[h][j] = 0.0f;
+            }
+        }
+        for (int base = g; base < nkeys; base += R * NG) {
+            uint4 raw[R];
+            if (kPrefetchV && base == g) {
+#pragma unroll
+                for (int u = 0; u < R; ++u) {
+                    raw[u] = v_first[u];
+                }
+            } else {
+                load_v_round(base, raw);
+            }
+#pragma unroll
+            for (int u = 0; u < R; ++u) {
+                const int i = base + u * NG;
+                if (i >= nkeys) {
+                    break;
+                }
+                accumulate_pv<G>(acc, raw[u], i, p_s);
+            }
+        }
+        finish_split<D, G, kThreads>(acc, big_s, m_s, l_s, a, t, kvh, split, ctx <= split_keys, part_o, part_ml,
+                                     n_splits);
+    }
+}
+
+// Merge the splits of rows longer than one split, in split order: grid (n_head, n_tokens), D threads.
+template <int D>
+__global__ void paged_attention_combine_kernel(const PagedAttentionCudaArgs a, const float * part_o,
+                                               const float * part_ml, int n_splits) {
+    const int head = blockIdx.x;
+    const int t = blockIdx.y;
+    const int d = threadIdx.x;
+    const int ns = split_count(a.token_ctx_len[t]);
+    if (ns == 1) {
+        return;  // written by the split kernel
+    }
+    const int64_t base = ((int64_t) t * a.n_head + head) * n_splits;
+    float mx = -INFINITY;
+    for (int s = 0; s < ns; ++s) {
+        mx = fmaxf(mx, part_ml[2 * (base + s)]);
+    }
+    float l = 0.0f;
+    float o = 0.0f;
+    for (int s = 0; s < ns; ++s) {
+        const float w = expf(part_ml[2 * (base + s)] - mx);
+        l = fmaf(w, part_ml[2 * (base + s) + 1], l);
+        o = fmaf(w, part_o[(base + s) * D + d], o);
+    }
+    a.out[((int64_t) t * a.n_head + head) * D + d] = o / l;
+}
+
+// Splits of the two-pass kernel's grid: the most split_count(ctx) of any ctx the block table width allows
+// (a function of the width alone, so a captured CUDA graph stays valid while rows grow within it).
+inline int two_pass_num_splits(const PagedAttentionCudaArgs & a) {
+    const int64_t max_ctx = a.block_table_stride * a.block_size;
+    const int64_t short_max = 8 * (int64_t) kShortSplitKeys;  // split_count(ctx) <= 8 up to twice that
+    if (max_ctx <= short_max) {
+        return (int) ((max_ctx + kShortSplitKeys - 1) / kShortSplitKeys);
+    }
+    const int64_t long_splits = (max_ctx + kPagedSplitKeys - 1) / kPagedSplitKeys;
+    return (int) (long_splits > 8 ? long_splits : 8);
+}
+
+}  // namespace two_pass
+}  // namespace cuda
+}  // namespace cf

@@ -1,0 +1,270 @@
+// emulate_paged_attention_two_pass.cpp - the two-pass CUDA kernels of paged_attention_two_pass.cuh run on the CPU, in
+// every load shape (PagedLoads: narrow, narrow with the V prefetch, wide): the header is compiled by g++ with
+// __device__/__global__ erased, 128 host threads per CTA (one CTA at a time, __shared__ = static), __shfl_xor_sync
+// and __syncthreads as barriers, the combine kernel's D threads run one after another (it has no barrier). Checks,
+// where no GPU is at hand: each shape against a float64 reference; the three shapes bit-identical to each other
+// (what lets the launcher pick a shape by the grid); each row alone, with a wider table and relocated blocks
+// bit-identical to its batched output (batch invariance); the grid's split count against a brute-force maximum.
+// Not a substitute for test_paged_attention_cuda.cu on a GPU (host expf, no memory model). Not a ctest. From the
+// repository root:
+//   g++ -std=c++20 -O1 -pthread -w -I /usr/local/cuda/include -I native/src/kernels/cuda \
+//     native/tests/cuda/emulate_paged_attention_two_pass.cpp -o /tmp/emu2 && /tmp/emu2
+// Exit status 0 = PASS.
+#define __device__
+#define __global__
+#define __host__
+#define __shared__ static
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+#include <cuda_fp16.h>
+#include <vector_functions.h>
+#include <vector_types.h>
+
+#include <algorithm>
+#include <barrier>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <thread>
+#include <vector>
+using std::max;
+using std::min;
+thread_local uint3 threadIdx, blockIdx;
+static std::barrier<> * g_cta_bar;
+static std::barrier<> * g_warp_bar[4];
+static uint32_t g_slot[4][32];
+inline void __syncthreads() { g_cta_bar->arrive_and_wait(); }
+// Lane l reads lane l ^ off of its warp (off < width keeps it inside its width-lane segment, as on the GPU).
+template <class T> T __shfl_xor_sync(unsigned, T v, int off, int = 32) {
+    static_assert(sizeof(T) == 4);
+    const int w = threadIdx.x / 32, l = threadIdx.x % 32;
+    std::memcpy(&g_slot[w][l], &v, 4);
+    g_warp_bar[w]->arrive_and_wait();
+    T r;
+    std::memcpy(&r, &g_slot[w][l ^ off], 4);
+    g_warp_bar[w]->arrive_and_wait();
+    return r;
+}
+#include "paged_attention_two_pass.cuh"
+using namespace cf::cuda;
+
+static_assert(two_pass::threads_for(64) == 128 && two_pass::threads_for(256) == 128, "the pool runs 128 lanes");
+
+// 128 persistent workers run one CTA per dispatch.
+struct Pool {
+    std::vector<std::thread> th;
+    std::barrier<> start{129}, done{129};
+    std::function<void()> job;
+    bool stop = false;
+    uint3 blk;
+    Pool() {
+        g_cta_bar = new std::barrier<>(128);
+        for (auto & b : g_warp_bar) b = new std::barrier<>(32);
+        for (int i = 0; i < 128; ++i) th.emplace_back([this, i] {
+            threadIdx = make_uint3(i, 0, 0);
+            for (;;) {
+                start.arrive_and_wait();
+                if (stop) return;
+                blockIdx = blk;
+                job();
+                done.arrive_and_wait();
+            }
+        });
+    }
+    void run(uint3 b, std::function<void()> f) { blk = b; job = f; start.arrive_and_wait(); done.arrive_and_wait(); }
+    ~Pool() { stop = true; start.arrive_and_wait(); for (auto & t : th) t.join(); }
+};
+Pool * g_pool;
+
+struct Case { int D, nh, nkv, bs; float softcap; bool stage; };
+
+template <int D, int G, int R, bool kPf>
+void launch(const PagedAttentionCudaArgs & a, std::vector<float> & ws, int n_splits) {
+    ws.assign((size_t) a.n_tokens * a.n_head * n_splits * (D + 2), NAN);
+    float * po = ws.data();
+    float * pml = po + (size_t) a.n_tokens * a.n_head * n_splits * D;
+    for (int t = 0; t < a.n_tokens; ++t)
+        for (int h = 0; h < a.n_head_kv; ++h)
+            for (int s = 0; s < n_splits; ++s)
+                g_pool->run(make_uint3(s, h, t), [&] { two_pass::paged_attention_split_kernel<D, G, R, kPf>(a, po, pml, n_splits); });
+    if (n_splits > 1)
+        for (int t = 0; t < a.n_tokens; ++t)
+            for (int h = 0; h < a.n_head; ++h) {
+                blockIdx = make_uint3(h, t, 0);
+                for (int d = 0; d < D; ++d) {  // D threads, no barrier: one after another on this thread
+                    threadIdx = make_uint3(d, 0, 0);
+                    two_pass::paged_attention_combine_kernel<D>(a, po, pml, n_splits);
+                }
+            }
+}
+
+template <int D, int G>
+void launch_loads(const PagedAttentionCudaArgs & a, std::vector<float> & ws, int n, PagedLoads loads) {
+    switch (loads) {
+        case kPagedLoadsWide: launch<D, G, two_pass::kRowsInFlightWide, true>(a, ws, n); break;
+        case kPagedLoadsNarrowPf: launch<D, G, two_pass::kRowsInFlight, true>(a, ws, n); break;
+        default: launch<D, G, two_pass::kRowsInFlight, false>(a, ws, n); break;
+    }
+}
+template <int D>
+void launch_g(const PagedAttentionCudaArgs & a, std::vector<float> & ws, int n, PagedLoads loads) {
+    switch (a.n_head / a.n_head_kv) {
+        case 1: launch_loads<D, 1>(a, ws, n, loads); break;
+        case 3: launch_loads<D, 3>(a, ws, n, loads); break;
+        case 4: launch_loads<D, 4>(a, ws, n, loads); break;
+        case 8: launch_loads<D, 8>(a, ws, n, loads); break;
+        default: std::abort();
+    }
+}
+
+int g_fail = 0;
+
+// qs: (seq, ctx) queries; returns out [n][nh][D].
+std::vector<float> run_case(const Case & c, PagedLoads loads, const std::vector<int> & lens,
+                            const std::vector<std::pair<int, int>> & qs, const std::vector<float> & q,
+                            const std::vector<std::vector<float>> & kv_k, const std::vector<std::vector<float>> & kv_v,
+                            unsigned layout_seed, int extra_width) {
+    const int row = c.nkv * c.D;
+    int nb = 0;
+    for (int L : lens) nb += (L + c.bs - 1) / c.bs;
+    nb += 5;
+    std::vector<int> ids(nb);
+    for (int i = 0; i < nb; ++i) ids[i] = i;
+    std::mt19937 rng(layout_seed);
+    std::shuffle(ids.begin(), ids.end(), rng);
+    int width = 1;
+    for (int L : lens) width = max(width, (L + c.bs - 1) / c.bs);
+    width += extra_width;
+    std::vector<half> kp((size_t) nb * c.bs * row, __float2half(0.f)), vp = kp;
+    std::vector<int32_t> tables(lens.size() * width, -1);
+    size_t next = 0;
+    for (size_t s = 0; s < lens.size(); ++s)
+        for (int p = 0; p < lens[s]; ++p) {
+            if (p % c.bs == 0) tables[s * width + p / c.bs] = ids[next++];
+            const size_t slot = (size_t) tables[s * width + p / c.bs] * c.bs + p % c.bs;
+            for (int j = 0; j < row; ++j) {
+                kp[slot * row + j] = __float2half(kv_k[s][(size_t) p * row + j]);
+                vp[slot * row + j] = __float2half(kv_v[s][(size_t) p * row + j]);
+            }
+        }
+    // streaming: rows >= stage_base come from a separate buffer holding those rows; the pool's are NaN there
+    std::vector<half> ks, vs;
+    int64_t stage_base = INT32_MAX;
+    if (c.stage) {
+        stage_base = (int64_t) (nb / 2) * c.bs;
+        ks.assign(kp.begin() + stage_base * row, kp.end());
+        vs.assign(vp.begin() + stage_base * row, vp.end());
+        std::fill(kp.begin() + stage_base * row, kp.end(), __float2half(NAN));
+        std::fill(vp.begin() + stage_base * row, vp.end(), __float2half(NAN));
+    }
+    std::vector<int32_t> seq(qs.size()), ctx(qs.size());
+    for (size_t i = 0; i < qs.size(); ++i) { seq[i] = qs[i].first; ctx[i] = qs[i].second; }
+    std::vector<float> out(qs.size() * c.nh * c.D, NAN);
+    PagedAttentionCudaArgs a{};
+    a.q = q.data(); a.q_stride_head = c.D; a.q_stride_token = (int64_t) c.nh * c.D;
+    a.k_pool = kp.data(); a.v_pool = vp.data(); a.k_stride_row = a.v_stride_row = row; a.kv_size = (int64_t) nb * c.bs;
+    a.block_tables = tables.data(); a.block_table_stride = width; a.token_seq_idx = seq.data(); a.token_ctx_len = ctx.data();
+    a.out = out.data(); a.n_tokens = (int) qs.size(); a.n_head = c.nh; a.n_head_kv = c.nkv; a.head_dim = c.D;
+    a.block_size = c.bs; a.scale = 1.0f / std::sqrt((float) c.D); a.softcap = c.softcap;
+    a.k_stage = c.stage ? ks.data() : nullptr; a.v_stage = c.stage ? vs.data() : nullptr; a.stage_base_row = stage_base;
+    const int n_splits = two_pass::two_pass_num_splits(a);
+    std::vector<float> ws;
+    switch (c.D) {
+        case 64: launch_g<64>(a, ws, n_splits, loads); break;
+        case 128: launch_g<128>(a, ws, n_splits, loads); break;
+        case 256: launch_g<256>(a, ws, n_splits, loads); break;
+    }
+    return out;
+}
+
+const char * name_of(PagedLoads l) {
+    return l == kPagedLoadsWide ? "wide" : l == kPagedLoadsNarrowPf ? "narrow_pf" : "narrow";
+}
+
+void test(const Case & c, const std::vector<int> & lens, unsigned seed) {
+    std::mt19937 rng(seed);
+    std::uniform_real_distribution<float> u(-1, 1);
+    const int row = c.nkv * c.D, G = c.nh / c.nkv;
+    std::vector<std::vector<float>> K, V;
+    for (int L : lens) {
+        std::vector<float> k((size_t) L * row), v(k.size());
+        for (auto & x : k) x = __half2float(__float2half(u(rng)));
+        for (auto & x : v) x = __half2float(__float2half(u(rng)));
+        K.push_back(k); V.push_back(v);
+    }
+    std::vector<std::pair<int, int>> qs;
+    for (int s = 0; s < (int) lens.size(); ++s) { qs.push_back({s, lens[s]}); if (lens[s] > 3) qs.push_back({s, lens[s] / 2 + 1}); }
+    std::vector<float> q(qs.size() * c.nh * c.D);
+    for (auto & x : q) x = 2 * u(rng);
+    std::vector<float> first;
+    for (PagedLoads loads : {kPagedLoadsNarrow, kPagedLoadsNarrowPf, kPagedLoadsWide}) {
+        auto got = run_case(c, loads, lens, qs, q, K, V, seed + 1, 0);
+        double max_err = 0;
+        for (size_t i = 0; i < qs.size(); ++i)
+            for (int h = 0; h < c.nh; ++h) {
+                const int kvh = h / G, L = qs[i].second, s = qs[i].first;
+                std::vector<double> sc(L);
+                double mx = -1e300;
+                for (int p = 0; p < L; ++p) {
+                    double d = 0;
+                    for (int j = 0; j < c.D; ++j) d += (double) q[(i * c.nh + h) * c.D + j] * K[s][(size_t) p * row + kvh * c.D + j];
+                    d /= std::sqrt((double) c.D);
+                    if (c.softcap != 0) d = c.softcap * std::tanh(d / c.softcap);
+                    sc[p] = d; mx = max(mx, d);
+                }
+                double l = 0;
+                for (auto & x : sc) l += (x = std::exp(x - mx));
+                for (int j = 0; j < c.D; ++j) {
+                    double o = 0;
+                    for (int p = 0; p < L; ++p) o += sc[p] * V[s][(size_t) p * row + kvh * c.D + j];
+                    const double e = std::fabs(o / l - got[(i * c.nh + h) * c.D + j]);
+                    max_err = std::isnan(e) ? INFINITY : max(max_err, e);
+                }
+            }
+        const bool same = first.empty() || std::memcmp(first.data(), got.data(), got.size() * 4) == 0;
+        if (first.empty()) first = got;
+        // invariance: each query alone, wider table (more splits in the grid), another layout; in the other shapes
+        // too (alone runs wide where the launcher's by_grid rule would send it)
+        bool inv = true;
+        for (size_t i = 0; i < qs.size(); i += 3) {
+            std::vector<float> q1(q.begin() + i * c.nh * c.D, q.begin() + (i + 1) * c.nh * c.D);
+            const PagedLoads other = loads == kPagedLoadsWide ? kPagedLoadsNarrow : kPagedLoadsWide;
+            auto alone = run_case(c, other, lens, {qs[i]}, q1, K, V, seed + 77, 300);
+            inv &= std::memcmp(alone.data(), got.data() + i * c.nh * c.D, alone.size() * 4) == 0;
+        }
+        const bool ok = max_err < 1e-5 && inv && same;
+        g_fail += !ok;
+        std::printf("D=%d heads %d/%d bs=%d softcap %.0f stage %d %-9s: max err %.2e, same bits as narrow %s, "
+                    "invariant %s %s\n", c.D, c.nh, c.nkv, c.bs, c.softcap, (int) c.stage, name_of(loads), max_err,
+                    same ? "yes" : "NO", inv ? "yes" : "NO", ok ? "ok" : "FAIL");
+        std::fflush(stdout);
+    }
+}
+
+int main() {
+    Pool pool;
+    g_pool = &pool;
+    for (int64_t mc : {16LL, 200LL, 2048LL, 2064LL, 4096LL, 8192LL, 8200LL}) {
+        int brute = 0;
+        for (int c = 1; c <= mc; ++c) brute = max(brute, two_pass::split_count(c));
+        PagedAttentionCudaArgs a{};
+        a.block_size = 8;
+        a.block_table_stride = (mc + 7) / 8;
+        const int grid = two_pass::two_pass_num_splits(a);
+        const bool ok = grid >= brute;
+        g_fail += !ok;
+        std::printf("max_ctx %5lld: grid splits %d, most any row needs %d %s\n", (long long) (a.block_table_stride * 8),
+                    grid, brute, ok ? "ok" : "FAIL");
+    }
+    const std::vector<int> lens = {1, 5, 33, 200, 256, 257, 700, 1300};
+    test({64, 32, 8, 16, 0, false}, lens, 1);    // Llama-3.2-1B
+    test({64, 9, 3, 16, 0, false}, lens, 2);     // SmolLM2-135M (GQA 3)
+    test({128, 32, 8, 16, 30, false}, lens, 3);  // Llama-3.1-8B, soft cap
+    test({128, 8, 8, 32, 0, true}, lens, 4);     // GQA 1, KV staging
+    test({256, 8, 1, 5, 0, true}, lens, 5);      // head size 256, GQA 8, block size 5
+    test({64, 24, 3, 12, 0, false}, {2100}, 6);  // one long row: 9 splits of 256
+    std::printf(g_fail ? "%d FAILED\n" : "PASS\n", g_fail);
+    return g_fail != 0;
+}
