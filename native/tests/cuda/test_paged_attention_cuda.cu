@@ -1,10 +1,10 @@
-// test_paged_attention_cuda.cu - the CUDA paged attention kernels (two-pass and pipelined, PagedKernel) against
+// test_paged_attention_cuda.cu - the CUDA paged attention kernels (two-pass, pipelined, warp; PagedKernel) against
 // a float64 reference, their batch invariance (a row's output is bit-identical alone, in any batch, with any table
 // width and wherever its blocks sit), and their speed on decode shapes (CUDA events, medians; printed, not
 // asserted). The two-pass kernel's load shapes (PagedLoads) must give bit-identical outputs. `--bench` times both
 // kernels (the two-pass one in each load shape) on every shape and, at contexts >= 8K, the pipelined kernel with
 // fixed split lengths and without PDL, then prints issue 11's summary (the least share of the copy bandwidth at
-// >= 8K).
+// >= 8K). Each kernel's bench line gives its us per layer and its largest difference from the two-pass kernel's.
 // Then the opt-in tensor-core prefill path (paged_prefill_mma.cuh) on ragged prefill batches against float64
 // (asserted: within 2e-3 of the output scale), and with --bench a 2048-token chunk at context 2K / 8K / 32K,
 // rows kernel vs MMA path (us per layer, TFLOP/s). --bench-prefill: those three lines alone.
@@ -157,6 +157,7 @@ constexpr Variant kTwoPassWide{"two_pass", cf::cuda::kPagedKernelTwoPass, 0, 0, 
 // By the grid: a row alone (the invariance check below) runs wide, the batch narrow, and their bits must agree.
 constexpr Variant kTwoPassByGrid{"two_pass", cf::cuda::kPagedKernelTwoPass, 0, 0, 0, cf::cuda::kPagedLoadsByGrid};
 constexpr Variant kPipelined{"pipelined", cf::cuda::kPagedKernelPipelined, 0, 0, 0, 0};
+constexpr Variant kWarp{"warp", cf::cuda::kPagedKernelWarp, 0, 0, 0, 0};
 constexpr Variant kPipelinedNarrow{"pipelined", cf::cuda::kPagedKernelPipelined, 0, 0, 4, 0};
 constexpr Variant kPipelinedNoPdl{"pipelined", cf::cuda::kPagedKernelPipelined, 0, -1, 0, 0};
 
@@ -636,7 +637,7 @@ void bench_decode(int batch, int ctx, int D, int n_head, int n_head_kv, const st
 
 // Both kernels on every shape; at contexts >= 8K also the pipelined kernel with fixed split lengths and without PDL.
 void bench_shape(int batch, int ctx, int D) {
-    std::vector<Variant> vs = {kTwoPass, kTwoPassNarrowPf, kTwoPassWide, kTwoPassByGrid, kPipelined, kPipelinedNarrow};
+    std::vector<Variant> vs = {kTwoPass, kTwoPassNarrowPf, kTwoPassWide, kTwoPassByGrid, kWarp, kPipelined, kPipelinedNarrow};
     if (ctx >= 8192) {
         vs.push_back(kPipelinedNoPdl);
         for (int keys : {128, 256, 512, 1024, 2048}) {
@@ -655,7 +656,7 @@ int main(int argc, char ** argv) {
         return 0;
     }
     const bool long_only = bench && argc > 2 && std::strcmp(argv[2], "long") == 0;  // `--bench long`: >= 8K only
-    const std::vector<Variant> all = {kTwoPass,   kTwoPassNarrowPf, kTwoPassWide,    kTwoPassByGrid,
+    const std::vector<Variant> all = {kTwoPass,   kTwoPassNarrowPf, kTwoPassWide,    kTwoPassByGrid,     kWarp,
                                       kPipelined, kPipelinedNarrow, kPipelinedNoPdl, pipelined_split(64)};
     test_shape(64, 9, 3, 16, 1, all);    // SmolLM2-135M
     test_shape(64, 32, 8, 16, 2, all);   // Llama-3.2-1B

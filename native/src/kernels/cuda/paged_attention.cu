@@ -2,6 +2,7 @@
 #include "paged_attention.cuh"
 #include "paged_attention_pipelined.cuh"
 #include "paged_attention_two_pass.cuh"
+#include "paged_attention_warp_split.cuh"
 #include "paged_prefill_mma.cuh"
 
 #include <climits>
@@ -41,8 +42,11 @@ const EnvDefaults & env_defaults() {
                 e.kernel = kPagedKernelTwoPass;
             } else if (std::strcmp(v, "pipelined") == 0) {
                 e.kernel = kPagedKernelPipelined;
+            } else if (std::strcmp(v, "warp") == 0) {
+                e.kernel = kPagedKernelWarp;
             } else {
-                std::fprintf(stderr, "cacheflow: CACHEFLOW_PA_KERNEL=%s is not two_pass or pipelined; ignored\n", v);
+                std::fprintf(stderr, "cacheflow: CACHEFLOW_PA_KERNEL=%s is not two_pass, pipelined or warp; ignored\n",
+                             v);
             }
         }
         if (const char * v = std::getenv("CACHEFLOW_PA_SPLIT_KEYS")) {
@@ -116,17 +120,26 @@ PagedLoads loads_for_grid(int64_t ctas) {
 // What one call launches: the kernel, its split rule and grid splits, PDL.
 struct Plan {
     bool pipelined;
+    bool warp;       // the warp-split kernel (paged_attention_warp_split.cuh)
     int split_keys;  // pipelined: fixed keys per split, 0 = the rule
     bool pdl;
     bool narrow;     // pipelined: the narrow register budget (tile_rows 4)
     int n_splits;    // splits of the grid
     PagedLoads loads;  // two-pass: rows in flight and V prefetch
+    // Whether some row may write split states for a combine kernel (the workspace is needed).
+    bool partials() const { return n_splits > (warp ? warp_split::kWarps : 1); }
 };
 
 Plan plan_for(const PagedAttentionCudaArgs & a) {
     const EnvDefaults & env = env_defaults();
     Plan p{};
-    p.pipelined = (a.kernel != kPagedKernelDefault ? a.kernel : env.kernel) == kPagedKernelPipelined;
+    const int32_t kernel = a.kernel != kPagedKernelDefault ? a.kernel : env.kernel;
+    p.pipelined = kernel == kPagedKernelPipelined;
+    p.warp = kernel == kPagedKernelWarp;
+    if (p.warp) {
+        p.n_splits = warp_split::max_split_count(a.block_table_stride * a.block_size);
+        return p;
+    }
     if (!p.pipelined) {
         p.n_splits = two_pass_num_splits(a);
         const int32_t loads = a.loads != kPagedLoadsDefault ? a.loads : env.loads;
@@ -169,12 +182,21 @@ cudaError_t launch(const PagedAttentionCudaArgs & args, const Plan & plan, void 
     const int n_splits = plan.n_splits;
     float * part_o = nullptr;
     float * part_ml = nullptr;
-    if (n_splits > 1) {
+    if (plan.partials()) {
         part_o = static_cast<float *>(workspace);
         part_ml = part_o + (size_t) a.n_tokens * a.n_head * n_splits * D;
     }
     const dim3 grid((unsigned) n_splits, (unsigned) a.n_head_kv, (unsigned) a.n_tokens);
     const dim3 cgrid((unsigned) a.n_head, (unsigned) a.n_tokens);
+    if (plan.warp) {
+        const dim3 wgrid((unsigned) ((n_splits + warp_split::kWarps - 1) / warp_split::kWarps), (unsigned) a.n_head_kv,
+                         (unsigned) a.n_tokens);
+        warp_split::split_kernel<D, G><<<wgrid, warp_split::kThreads, 0, stream>>>(a, part_o, part_ml, n_splits);
+        if (plan.partials()) {
+            warp_split::combine_kernel<D><<<cgrid, warp_split::kCombineThreads, 0, stream>>>(a, part_o, part_ml, n_splits);
+        }
+        return cudaGetLastError();
+    }
     if (plan.pipelined) {
         const int bs_shift = (a.block_size & (a.block_size - 1)) == 0 ? __builtin_ctz((unsigned) a.block_size) : -1;
         auto kernel = plan.narrow ? pipelined::split_kernel<D, G, pipelined::kTileRowsNarrow>
@@ -243,7 +265,7 @@ const char * paged_attention_cuda_unsupported(const PagedAttentionCudaArgs & a) 
     if (a.block_size < 1 || a.block_table_stride < 1 || a.n_tokens < 0) {
         return "block size, block table width and token count must be positive";
     }
-    if (a.kernel < kPagedKernelDefault || a.kernel > kPagedKernelPipelined || a.split_keys < 0 || a.pdl < -1 ||
+    if (a.kernel < kPagedKernelDefault || a.kernel > kPagedKernelWarp || a.split_keys < 0 || a.pdl < -1 ||
         a.pdl > 1 || (a.tile_rows != 0 && a.tile_rows != 4 && a.tile_rows != 8) || a.loads < kPagedLoadsDefault ||
         a.loads > kPagedLoadsByGrid) {
         return "kernel must be a PagedKernel, split_keys >= 0, pdl -1, 0 or 1, tile_rows 0, 4 or 8, loads a PagedLoads";
@@ -252,11 +274,11 @@ const char * paged_attention_cuda_unsupported(const PagedAttentionCudaArgs & a) 
 }
 
 static size_t rows_workspace_bytes(const PagedAttentionCudaArgs & a) {
-    const int n_splits = plan_for(a).n_splits;
-    if (n_splits <= 1) {
+    const Plan plan = plan_for(a);
+    if (!plan.partials()) {
         return 0;
     }
-    return (size_t) a.n_tokens * a.n_head * n_splits * ((size_t) a.head_dim + 2) * sizeof(float);
+    return (size_t) a.n_tokens * a.n_head * plan.n_splits * ((size_t) a.head_dim + 2) * sizeof(float);
 }
 
 // Where the prefill path's workspace starts: after the rows kernel's, 256-byte aligned.
@@ -275,7 +297,14 @@ static const char * paged_attention_rows_cuda(const PagedAttentionCudaArgs & a, 
         return nullptr;
     }
     const Plan plan = plan_for(a);
-    if (plan.n_splits > 1 && (workspace == nullptr || reinterpret_cast<uintptr_t>(workspace) % 16 != 0)) {
+    if (plan.warp && plan.n_splits > warp_split::kMaxSplits) {
+        std::snprintf(message, sizeof(message),
+                      CF_CUDA_WHERE "paged attention: the warp kernel takes rows of at most %d keys (block table of %lld)",
+                      warp_split::kMaxSplits * warp_split::kMaxSplitKeys,
+                      (long long) (a.block_table_stride * a.block_size));
+        return message;
+    }
+    if (plan.partials() && (workspace == nullptr || reinterpret_cast<uintptr_t>(workspace) % 16 != 0)) {
         std::snprintf(message, sizeof(message),
                       CF_CUDA_WHERE "paged attention: no 16-byte aligned workspace for %d splits", plan.n_splits);
         return message;

@@ -6,17 +6,17 @@
 // block_tables[row][p / block_size] * block_size + p % block_size. Causality comes from the context
 // lengths, so no KQ mask exists. Query head h reads KV head h / (n_head / n_head_kv).
 //
-// Work decomposition (grid = splits x KV heads x tokens, 128 threads per CTA), two kernels behind one launcher
+// Work decomposition (grid = splits x KV heads x tokens, 128 threads per CTA), three kernels behind one launcher
 // (PagedAttentionCudaArgs::kernel, default CACHEFLOW_PA_KERNEL, else the two-pass kernel until the pipelined one has
 // passed on a GPU):
-//   - one CTA computes all n_head / n_head_kv query heads of one KV head for one token, so each
-//     K/V row is loaded once per GQA group (FlashInfer's GQA decode; vLLM's legacy kernel loads it
-//     once per query head instead);
+//   - one CTA (in the warp-split kernel, one warp) computes all n_head / n_head_kv query heads of one KV
+//     head for one token, so each K/V row is loaded once per GQA group (FlashInfer's GQA decode; vLLM's
+//     legacy kernel loads it once per query head instead);
 //   - keys are cut into splits of S positions at ABSOLUTE boundaries [S s, S s + S) (flash-decoding,
 //     Dao et al. 2023), S a function of the row's own context length; a row with one split writes its
 //     output directly, longer rows write (max, sum, partial output) per split and a combine kernel merges
 //     them in an order fixed by the split count;
-//   - two-pass kernel (paged_attention.cu): S = kPagedSplitKeys = 256 for every row (split_keys_for;
+//   - two-pass kernel (paged_attention_two_pass.cuh): S = kPagedSplitKeys = 256 for every row (split_keys_for;
 //     shorter splits for short rows behind a build knob), scores of the whole split, a block-wide softmax,
 //     then P.V; two load shapes with bit-identical outputs (PagedLoads): narrow (4 K/V rows in flight per lane
 //     group) and, for grids of at most two CTAs per SM, wide (16 rows, the first V round issued before the
@@ -24,7 +24,10 @@
 //   - pipelined kernel (paged_attention_pipelined.cuh, issue 11's long rows): S = max(256, pow2 >= ctx / 32)
 //     (about 32 splits per long row), each warp streams its own tiles with an online softmax, K/V of the next
 //     tile in flight while one is computed; the combine kernel and the split kernel use programmatic
-//     dependent launch on sm_90.
+//     dependent launch on sm_90;
+//   - warp-split kernel (paged_attention_warp_split.cuh, stop 34, opt-in): a split is one warp's (S = 64 keys up to
+//     4,096-key rows, then about 64 splits of at most 256), four splits per CTA in parallel; a row of at most four
+//     splits is merged in its CTA, longer rows by a combine kernel.
 // Batch invariance (shared/ARCHITECTURE.md, "Outputs that do not depend on the load"): every
 // reduction over keys (scores, max, sum, P.V) runs in an order fixed by the row's own context length
 // alone: not by the number of tokens in the step, the other sequences, the grid's split count or where
@@ -83,7 +86,7 @@ struct PagedAttentionCudaArgs {
     int64_t stage_base_row;          // desc->stage_base_block * block_size, in [0, INT32_MAX]
     // Kernel choice, for A/B runs (all 0 = the defaults; each is constant for a node, so batch invariance and
     // captured CUDA graphs hold).
-    //   kernel: a PagedKernel; 0 = CACHEFLOW_PA_KERNEL (two_pass | pipelined) if set, else two_pass
+    //   kernel: a PagedKernel; 0 = CACHEFLOW_PA_KERNEL (two_pass | pipelined | warp) if set, else two_pass
     //     (paged_attention.cu, EnvDefaults).
     //   split_keys (pipelined only): > 0 = every split that many keys (at least ctx / 1024); 0 =
     //     CACHEFLOW_PA_SPLIT_KEYS if set, else the rule (paged_attention_pipelined.cuh, split_keys_for).
@@ -114,6 +117,7 @@ enum PagedKernel : int32_t {
     kPagedKernelDefault = 0,
     kPagedKernelTwoPass = 1,    // paged_attention.cu's register kernel (the only one before issue 11's work)
     kPagedKernelPipelined = 2,  // paged_attention_pipelined.cuh
+    kPagedKernelWarp = 3,       // paged_attention_warp_split.cuh: one warp per split, 4 splits per CTA
 };
 
 // nullptr if the kernel covers these shapes (head size, GQA ratio up to 8, alignment), else why not.

@@ -1,5 +1,5 @@
 // paged_attention_two_pass.cuh - the two-pass split kernel of paged_attention.cu and its combine kernel; included
-// by paged_attention.cu and by native/tests/cuda/emulate_paged_attention_two_pass.cpp (the same code under g++, for
+// by paged_attention.cu and by native/tests/cuda/emulate_paged_attention.cpp (the same code under g++, for
 // checking its logic where no GPU is at hand). Contract, work split and batch invariance: paged_attention.cuh.
 #pragma once
 

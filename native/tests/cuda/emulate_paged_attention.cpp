@@ -1,14 +1,15 @@
-// emulate_paged_attention_two_pass.cpp - the two-pass CUDA kernels of paged_attention_two_pass.cuh run on the CPU, in
-// every load shape (PagedLoads: narrow, narrow with the V prefetch, wide): the header is compiled by g++ with
-// __device__/__global__ erased, 128 host threads per CTA (one CTA at a time, __shared__ = static), __shfl_xor_sync
-// and __syncthreads as barriers, the combine kernel's D threads run one after another (it has no barrier). Checks,
-// where no GPU is at hand: each shape against a float64 reference; the three shapes bit-identical to each other
-// (what lets the launcher pick a shape by the grid); each row alone, with a wider table and relocated blocks
-// bit-identical to its batched output (batch invariance); the grid's split count against a brute-force maximum.
+// emulate_paged_attention.cpp - the two-pass CUDA kernels of paged_attention_two_pass.cuh, in every load shape
+// (PagedLoads: narrow, narrow with the V prefetch, wide), and the warp-split kernels of
+// paged_attention_warp_split.cuh, run on the CPU: the headers are compiled by g++ with __device__/__global__ erased,
+// 128 host threads per CTA (one CTA at a time, __shared__ = static), __shfl_xor_sync, __syncwarp and __syncthreads
+// as barriers, the two-pass combine kernel's D threads one after another (it has no barrier). Checks, where no GPU
+// is at hand: each kernel against a float64 reference; the three two-pass shapes bit-identical to each other (what
+// lets the launcher pick a shape by the grid); each row alone, with a wider table and relocated blocks bit-identical
+// to its batched output (batch invariance); the grids' split counts against brute-force maxima.
 // Not a substitute for test_paged_attention_cuda.cu on a GPU (host expf, no memory model). Not a ctest. From the
 // repository root:
 //   g++ -std=c++20 -O1 -pthread -w -I /usr/local/cuda/include -I native/src/kernels/cuda \
-//     native/tests/cuda/emulate_paged_attention_two_pass.cpp -o /tmp/emu2 && /tmp/emu2
+//     native/tests/cuda/emulate_paged_attention.cpp -o /tmp/emu && /tmp/emu
 // Exit status 0 = PASS.
 #define __device__
 #define __global__
@@ -36,6 +37,7 @@ static std::barrier<> * g_cta_bar;
 static std::barrier<> * g_warp_bar[4];
 static uint32_t g_slot[4][32];
 inline void __syncthreads() { g_cta_bar->arrive_and_wait(); }
+inline void __syncwarp(unsigned = 0xffffffffu) { g_warp_bar[threadIdx.x / 32]->arrive_and_wait(); }
 // Lane l reads lane l ^ off of its warp (off < width keeps it inside its width-lane segment, as on the GPU).
 template <class T> T __shfl_xor_sync(unsigned, T v, int off, int = 32) {
     static_assert(sizeof(T) == 4);
@@ -48,7 +50,11 @@ template <class T> T __shfl_xor_sync(unsigned, T v, int off, int = 32) {
     return r;
 }
 #include "paged_attention_two_pass.cuh"
+#include "paged_attention_warp_split.cuh"
 using namespace cf::cuda;
+
+// The kernels under test: the two-pass kernel in a load shape, or the warp-split kernel.
+enum class Kern { narrow, narrow_pf, wide, warp };
 
 static_assert(two_pass::threads_for(64) == 128 && two_pass::threads_for(256) == 128, "the pool runs 128 lanes");
 
@@ -101,15 +107,33 @@ void launch(const PagedAttentionCudaArgs & a, std::vector<float> & ws, int n_spl
 }
 
 template <int D, int G>
-void launch_loads(const PagedAttentionCudaArgs & a, std::vector<float> & ws, int n, PagedLoads loads) {
-    switch (loads) {
-        case kPagedLoadsWide: launch<D, G, two_pass::kRowsInFlightWide, true>(a, ws, n); break;
-        case kPagedLoadsNarrowPf: launch<D, G, two_pass::kRowsInFlight, true>(a, ws, n); break;
+void launch_warp(const PagedAttentionCudaArgs & a, std::vector<float> & ws) {
+    const int n_splits = warp_split::max_split_count(a.block_table_stride * a.block_size);
+    ws.assign((size_t) a.n_tokens * a.n_head * n_splits * (D + 2), NAN);
+    float * po = ws.data();
+    float * pml = po + (size_t) a.n_tokens * a.n_head * n_splits * D;
+    const int ctas = (n_splits + warp_split::kWarps - 1) / warp_split::kWarps;
+    for (int t = 0; t < a.n_tokens; ++t)
+        for (int h = 0; h < a.n_head_kv; ++h)
+            for (int x = 0; x < ctas; ++x)
+                g_pool->run(make_uint3(x, h, t), [&] { warp_split::split_kernel<D, G>(a, po, pml, n_splits); });
+    if (n_splits > warp_split::kWarps)
+        for (int t = 0; t < a.n_tokens; ++t)
+            for (int h = 0; h < a.n_head; ++h)
+                g_pool->run(make_uint3(h, t, 0), [&] { warp_split::combine_kernel<D>(a, po, pml, n_splits); });
+}
+
+template <int D, int G>
+void launch_loads(const PagedAttentionCudaArgs & a, std::vector<float> & ws, int n, Kern k) {
+    switch (k) {
+        case Kern::wide: launch<D, G, two_pass::kRowsInFlightWide, true>(a, ws, n); break;
+        case Kern::narrow_pf: launch<D, G, two_pass::kRowsInFlight, true>(a, ws, n); break;
+        case Kern::warp: launch_warp<D, G>(a, ws); break;
         default: launch<D, G, two_pass::kRowsInFlight, false>(a, ws, n); break;
     }
 }
 template <int D>
-void launch_g(const PagedAttentionCudaArgs & a, std::vector<float> & ws, int n, PagedLoads loads) {
+void launch_g(const PagedAttentionCudaArgs & a, std::vector<float> & ws, int n, Kern loads) {
     switch (a.n_head / a.n_head_kv) {
         case 1: launch_loads<D, 1>(a, ws, n, loads); break;
         case 3: launch_loads<D, 3>(a, ws, n, loads); break;
@@ -122,7 +146,7 @@ void launch_g(const PagedAttentionCudaArgs & a, std::vector<float> & ws, int n, 
 int g_fail = 0;
 
 // qs: (seq, ctx) queries; returns out [n][nh][D].
-std::vector<float> run_case(const Case & c, PagedLoads loads, const std::vector<int> & lens,
+std::vector<float> run_case(const Case & c, Kern loads, const std::vector<int> & lens,
                             const std::vector<std::pair<int, int>> & qs, const std::vector<float> & q,
                             const std::vector<std::vector<float>> & kv_k, const std::vector<std::vector<float>> & kv_v,
                             unsigned layout_seed, int extra_width) {
@@ -179,8 +203,8 @@ std::vector<float> run_case(const Case & c, PagedLoads loads, const std::vector<
     return out;
 }
 
-const char * name_of(PagedLoads l) {
-    return l == kPagedLoadsWide ? "wide" : l == kPagedLoadsNarrowPf ? "narrow_pf" : "narrow";
+const char * name_of(Kern k) {
+    return k == Kern::wide ? "wide" : k == Kern::narrow_pf ? "narrow_pf" : k == Kern::warp ? "warp" : "narrow";
 }
 
 void test(const Case & c, const std::vector<int> & lens, unsigned seed) {
@@ -199,7 +223,7 @@ void test(const Case & c, const std::vector<int> & lens, unsigned seed) {
     std::vector<float> q(qs.size() * c.nh * c.D);
     for (auto & x : q) x = 2 * u(rng);
     std::vector<float> first;
-    for (PagedLoads loads : {kPagedLoadsNarrow, kPagedLoadsNarrowPf, kPagedLoadsWide}) {
+    for (Kern loads : {Kern::narrow, Kern::narrow_pf, Kern::wide, Kern::warp}) {
         auto got = run_case(c, loads, lens, qs, q, K, V, seed + 1, 0);
         double max_err = 0;
         for (size_t i = 0; i < qs.size(); ++i)
@@ -223,14 +247,16 @@ void test(const Case & c, const std::vector<int> & lens, unsigned seed) {
                     max_err = std::isnan(e) ? INFINITY : max(max_err, e);
                 }
             }
-        const bool same = first.empty() || std::memcmp(first.data(), got.data(), got.size() * 4) == 0;
+        // the two-pass shapes must equal narrow's bits; the warp kernel sums in another order
+        const bool same = first.empty() || loads == Kern::warp ||
+                          std::memcmp(first.data(), got.data(), got.size() * 4) == 0;
         if (first.empty()) first = got;
         // invariance: each query alone, wider table (more splits in the grid), another layout; in the other shapes
         // too (alone runs wide where the launcher's by_grid rule would send it)
         bool inv = true;
         for (size_t i = 0; i < qs.size(); i += 3) {
             std::vector<float> q1(q.begin() + i * c.nh * c.D, q.begin() + (i + 1) * c.nh * c.D);
-            const PagedLoads other = loads == kPagedLoadsWide ? kPagedLoadsNarrow : kPagedLoadsWide;
+            const Kern other = loads == Kern::warp ? Kern::warp : loads == Kern::wide ? Kern::narrow : Kern::wide;
             auto alone = run_case(c, other, lens, {qs[i]}, q1, K, V, seed + 77, 300);
             inv &= std::memcmp(alone.data(), got.data() + i * c.nh * c.D, alone.size() * 4) == 0;
         }
@@ -238,7 +264,7 @@ void test(const Case & c, const std::vector<int> & lens, unsigned seed) {
         g_fail += !ok;
         std::printf("D=%d heads %d/%d bs=%d softcap %.0f stage %d %-9s: max err %.2e, same bits as narrow %s, "
                     "invariant %s %s\n", c.D, c.nh, c.nkv, c.bs, c.softcap, (int) c.stage, name_of(loads), max_err,
-                    same ? "yes" : "NO", inv ? "yes" : "NO", ok ? "ok" : "FAIL");
+                    loads == Kern::warp ? "-" : same ? "yes" : "NO", inv ? "yes" : "NO", ok ? "ok" : "FAIL");
         std::fflush(stdout);
     }
 }
@@ -258,13 +284,26 @@ int main() {
         std::printf("max_ctx %5lld: grid splits %d, most any row needs %d %s\n", (long long) (a.block_table_stride * 8),
                     grid, brute, ok ? "ok" : "FAIL");
     }
+    // the warp kernel's split rule and grid split count
+    for (int ctx : {1, 64, 65, 256, 257, 4096, 4097, 8192, 16384, 16385, 65536}) {
+        std::printf("warp: ctx %6d: S=%3d splits %4d\n", ctx, warp_split::split_keys_for(ctx), warp_split::split_count(ctx));
+    }
+    for (int64_t mc : {16LL, 256LL, 300LL, 4096LL, 4100LL, 8192LL, 9000LL, 20000LL, 70000LL}) {
+        int brute = 0;
+        for (int c = 1; c <= mc; ++c) brute = max(brute, warp_split::split_count(c));
+        const bool ok = brute == warp_split::max_split_count(mc);
+        g_fail += !ok;
+        std::printf("warp: max_ctx %6lld: grid splits %d (brute %d) %s\n", (long long) mc, warp_split::max_split_count(mc),
+                    brute, ok ? "ok" : "FAIL");
+    }
     const std::vector<int> lens = {1, 5, 33, 200, 256, 257, 700, 1300};
     test({64, 32, 8, 16, 0, false}, lens, 1);    // Llama-3.2-1B
     test({64, 9, 3, 16, 0, false}, lens, 2);     // SmolLM2-135M (GQA 3)
     test({128, 32, 8, 16, 30, false}, lens, 3);  // Llama-3.1-8B, soft cap
     test({128, 8, 8, 32, 0, true}, lens, 4);     // GQA 1, KV staging
     test({256, 8, 1, 5, 0, true}, lens, 5);      // head size 256, GQA 8, block size 5
-    test({64, 24, 3, 12, 0, false}, {2100}, 6);  // one long row: 9 splits of 256
+    test({64, 24, 3, 12, 0, false}, {2100}, 6);  // one long row: 9 splits of 256 (two-pass), 33 of 64 (warp)
+    test({64, 8, 2, 16, 0, false}, {5000}, 7);   // warp: 128-key splits, 40 of them
     std::printf(g_fail ? "%d FAILED\n" : "PASS\n", g_fail);
     return g_fail != 0;
 }
