@@ -144,6 +144,10 @@ def _decode_json(raw: bytes) -> object:
         return json.loads(raw, parse_constant=_reject_constant)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ProtocolError(f"Invalid JSON in request body: {exc}") from None
+    except RecursionError:
+        # Python's parser recurses once per nesting level (about 1,000 allowed); no request field nests deeper
+        # than a few levels, so the body is malformed, not the server
+        raise ProtocolError("Invalid JSON in request body: arrays or objects nested too deeply") from None
 
 
 def _reject_constant(name: str) -> object:

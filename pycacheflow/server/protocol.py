@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Union
 
-from pycacheflow.errors import InvalidArgumentError
+from pycacheflow.errors import InvalidArgumentError, UnsupportedError
 from pycacheflow.reasoning import REASONING_FORMATS
 from pycacheflow.sampling_params import SamplingParams
 from pycacheflow.server import json_schema, logprobs
@@ -471,6 +471,7 @@ def parse_chat(
         ProtocolError: invalid field (the message names it).
     """
     body = require_object(body)
+    options = read_chat_options(body, generating=True)  # before a schema becomes "grammar"
     probs = (logprobs.read_chat_logprobs(body), False)
     grammar = _schema_grammar(json_schema.chat_grammar, body)
     if grammar:
@@ -482,7 +483,7 @@ def parse_chat(
     message = read_str(body, "reasoning_budget_message", None)
     return replace(
         request,
-        **read_chat_options(body),
+        **options,
         reasoning_budget=defaults.reasoning_budget if budget == -1 else budget,
         reasoning_budget_message=defaults.reasoning_budget_message if message is None else message,
     )
@@ -496,19 +497,22 @@ def _schema_grammar(pick: object, body: Mapping[str, object]) -> str:
         raise ProtocolError(str(exc)) from None
 
 
-def read_chat_options(body: Mapping[str, object]) -> dict[str, object]:
+def read_chat_options(body: Mapping[str, object], generating: bool = False) -> dict[str, object]:
     """The chat-template fields of a chat or /apply-template body, as GenerationRequest
-    fields (tools, template_kwargs, add_generation_prompt, continue_final_message).
+    fields (tools, template_kwargs, add_generation_prompt, continue_final_message), after
+    checking ``tool_choice`` (``generating``: a chat completion, not /apply-template).
 
     Raises:
-        ProtocolError: a field of the wrong type, or both add_generation_prompt and
-            continue_final_message true.
+        ProtocolError: a field of the wrong type, an unknown tool_choice, a grammar with tools,
+            or both add_generation_prompt and continue_final_message true.
+        UnsupportedError: a chat completion with tools and tool_choice "required".
     """
     tools = body.get("tools")
     if tools is not None and not (
         isinstance(tools, list) and all(isinstance(t, dict) for t in tools)
     ):
         raise _bad_type("tools", "an array of objects", tools)
+    _check_tool_choice(body, bool(tools), generating)
     kwargs = body.get("chat_template_kwargs")
     if kwargs is not None and not isinstance(kwargs, dict):
         raise _bad_type("chat_template_kwargs", "an object", kwargs)
@@ -535,6 +539,35 @@ def read_chat_options(body: Mapping[str, object]) -> dict[str, object]:
         "add_generation_prompt": add_generation_prompt,
         "continue_final_message": continue_final,
     }
+
+
+def _check_tool_choice(body: Mapping[str, object], has_tools: bool, generating: bool) -> None:
+    """``tool_choice`` as llama-server reads it (server-common.cpp and common/chat.cpp of the pinned
+    tree): a string "auto" (the default), "none" or "required", anything else a 400 naming it; a
+    value that is not a string counts as "auto". llama-server then parses the model's tool calls
+    into ``message.tool_calls`` and, for "required", constrains the output to a call. CacheFlow
+    renders the tools into the prompt but parses no tool calls (README, "Not covered"), so
+    "required" with tools is refused (501) for a completion rather than answered with plain text;
+    with tools and a choice other than "none", a grammar is refused as llama-server refuses it.
+
+    Raises:
+        ProtocolError: an unknown tool_choice, or a grammar with tools.
+        UnsupportedError: tool_choice "required" with tools when ``generating``.
+    """
+    choice = body.get("tool_choice", "auto")
+    if not isinstance(choice, str):
+        choice = "auto"
+    if choice not in ("auto", "none", "required"):
+        raise ProtocolError(f"Invalid tool_choice: {choice}")
+    if not has_tools or choice == "none":
+        return
+    if _present(body, "grammar"):
+        raise ProtocolError("Cannot use custom grammar constraints with tools.")
+    if choice == "required" and generating:
+        raise UnsupportedError(
+            'tool_choice "required" is not supported: cacheflow serve passes tools to the chat '
+            "template but does not constrain or parse tool calls (message.tool_calls)"
+        )
 
 
 def _generation(

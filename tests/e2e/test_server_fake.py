@@ -258,6 +258,14 @@ BAD_REQUESTS = [
     ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "\\ud800"}]}',
      "Field 'messages[0]'.content is not valid UTF-8"),
     ("/tokenize", b'{"content": "\\ud800"}', "Field 'content' is not valid UTF-8"),
+    # nesting deeper than Python's parser recurses (was a 500 from its RecursionError)
+    ("/v1/completions", b"[" * 5000 + b"]" * 5000, "nested too deeply"),
+    ("/completion", b'{"prompt": ' + b"[" * 3000 + b"]" * 3000 + b"}", "nested too deeply"),
+    # tool_choice as llama-server reads it
+    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "a"}], "tool_choice": "bogus"}',
+     "Invalid tool_choice: bogus"),
+    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "a"}], "tools": [{"type": "function"}],'
+     b' "grammar": "root ::= [a]"}', "Cannot use custom grammar constraints with tools."),
     # token ids beyond int32 (were a 500 from the C ABI conversion)
     ("/detokenize", b'{"tokens": [99999999999999999999999]}', "Field 'tokens[0]': token id"),
     ("/tokenize", b'{"content": [99999999999999999999999]}', "Field 'content[0]': token id"),
@@ -271,6 +279,23 @@ def test_bad_requests_are_400(client, path, raw, fragment):
     error = response.json()["error"]
     assert error["code"] == 400 and error["type"] == "invalid_request_error"
     assert fragment in error["message"]
+
+
+def test_tool_choice_required_is_refused_by_name(client):
+    """With tools, llama-server constrains a "required" answer to a tool call and parses it into
+    message.tool_calls; cacheflow serve parses no tool calls, so it refuses the request by name
+    (501) instead of answering with plain text. "none", "auto" and an object (llama-server reads
+    a non-string as "auto") pass the check (this fake model has no Jinja template for tools)."""
+    body = {"messages": [{"role": "user", "content": "a"}], "max_tokens": 2,
+            "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}  # fmt: skip
+    response = client.post("/v1/chat/completions", json={**body, "tool_choice": "required"})
+    assert response.status_code == 501, response.text
+    error = response.json()["error"]
+    assert (error["code"], error["type"]) == (501, "not_supported_error")
+    assert 'tool_choice "required" is not supported' in error["message"]
+    for choice in ("auto", "none", {"type": "function", "function": {"name": "f"}}):
+        answer = client.post("/v1/chat/completions", json={**body, "tool_choice": choice})
+        assert answer.status_code == 400 and "tools need a Jinja chat template" in answer.text
 
 
 def test_prompt_over_context_is_400_while_a_stream_continues(client, server):
