@@ -259,8 +259,13 @@ def load_llm(
     except ImportError as exc:
         raise click.ClickException(str(exc)) from None
     except OutOfMemoryError as exc:
-        hint = f"\nThe KV cache does not fit: lower {memory_options}." if memory_options else ""
-        raise click.ClickException(f"{type(exc).__name__}: {exc}{hint}") from None
+        message = str(exc)
+        if "of swap space" in message:  # the host swap pool (Swapper), not the KV cache
+            message = message.replace("swap_space_bytes", "--swap-space")
+            hint = "\nThe swap space does not fit in host memory: lower --swap-space (GiB)."
+        else:
+            hint = f"\nThe KV cache does not fit: lower {memory_options}." if memory_options else ""
+        raise click.ClickException(f"{type(exc).__name__}: {message}{hint}") from None
     except InvalidArgumentError as exc:
         # A value the engine refused: it owns the ranges of its settings; its message (which
         # starts with the field's name) is kept as is, under the option that set the field.

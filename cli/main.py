@@ -136,7 +136,7 @@ def cacheflow() -> None:
     "--seed",
     type=int,
     default=None,
-    help="Seed for reproducible sampling (default: random).",
+    help="Seed for reproducible sampling (default or -1: random, as in llama.cpp).",
 )
 @click.option(
     "--stop",
@@ -169,6 +169,15 @@ def cacheflow() -> None:
 @PAGED_ATTENTION_OPTION
 @CACHE_PROMPT_OPTION
 @PREEMPTION_OPTION
+@click.option(
+    "--policy",
+    type=click.Choice(("fcfs", "sjf")),
+    default="fcfs",
+    show_default=True,
+    help="Scheduling policy: fcfs (arrival order) or sjf (shortest predicted remaining work first: "
+    "prompt left + -n/--max-tokens left). The priority policy needs per-request priorities: "
+    "cacheflow serve --policy priority, or LLM(policy='priority') with add_request(priority=).",
+)
 @SWAP_SPACE_OPTION
 @LONG_PREFILL_OPTION
 @kv_stream_options
@@ -309,6 +318,10 @@ def _collect_prompts(prompts: tuple[str, ...], prompts_file: str | None) -> list
                 result += read_prompts_file(prompts_file)
         except (PromptsFileError, OSError) as exc:
             raise click.BadParameter(str(exc), param_hint="--prompts-file") from None
+        if not result:  # not the default prompt: the user asked for the file's prompts
+            where = "standard input" if prompts_file == "-" else prompts_file
+            raise click.BadParameter(f"{where} holds no prompt (blank lines only)",
+                                     param_hint="--prompts-file")  # fmt: skip
     for index, prompt in enumerate(result):  # e.g. arguments in another encoding than UTF-8
         try:
             encode_utf8(prompt, f"prompt {index + 1}")
@@ -325,7 +338,7 @@ def _sampling_params(options: dict[str, object]) -> SamplingParams:
             top_k=options["top_k"],
             top_p=options["top_p"],
             min_p=options["min_p"],
-            seed=options["seed"],
+            seed=None if options["seed"] == -1 else options["seed"],  # llama.cpp's LLAMA_DEFAULT_SEED
             stop=list(options["stop"]),
             ignore_eos=options["ignore_eos"],
             **other_sampler_values(options),
@@ -418,6 +431,7 @@ def _base_config_kwargs(options: dict[str, object]) -> dict[str, object]:
         "paged_attention": options["paged_attention"],
         "enable_prefix_caching": options["cache_prompt"],
         "preemption_mode": options["preemption"],
+        "policy": options.get("policy", "fcfs"),
         "swap_space_bytes": swap_space_bytes(options["swap_space"]),
         "long_prefill_token_threshold": int(options["long_prefill_token_threshold"]),
         **kv_stream_config(options),

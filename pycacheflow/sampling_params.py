@@ -211,12 +211,13 @@ class SamplingParams:
     def __post_init__(self) -> None:
         # Normalise containers first (frozen: assign through object.__setattr__).
         stop = (self.stop,) if isinstance(self.stop, str) else self.stop
-        object.__setattr__(self, "stop", _as_tuple("stop", stop))
+        object.__setattr__(self, "stop", _as_tuple("stop", stop, "a string or a list of strings"))
         object.__setattr__(self, "stop_token_ids", _as_tuple("stop_token_ids", self.stop_token_ids))
         breakers = self.dry_sequence_breakers
         breakers = (breakers,) if isinstance(breakers, str) else breakers
         object.__setattr__(self, "dry_sequence_breakers",
-                           _as_tuple("dry_sequence_breakers", breakers))  # fmt: skip
+                           _as_tuple("dry_sequence_breakers", breakers,
+                                     "a string or a list of strings"))  # fmt: skip
         self._check_c_types()
         self._normalise_logit_bias()
         from pycacheflow._native import check_sampling_params
@@ -299,9 +300,9 @@ def _require_c_float(name: str, value: object) -> None:
                          f"got {value}")  # fmt: skip
 
 
-def _as_tuple(name: str, value: object) -> tuple:
+def _as_tuple(name: str, value: object, what: str = "a list") -> tuple:
     if value is None:
         return ()
     if not isinstance(value, Iterable) or isinstance(value, (bytes, dict)):
-        raise TypeError(f"{name} must be a list, got {value!r}")
+        raise TypeError(f"{name} must be {what}, got {value!r}")
     return tuple(value)

@@ -183,6 +183,40 @@ def test_kv_cache_beyond_memory(real_model_path):
     assert "The KV cache does not fit: lower --ctx-size, --kv-cache-memory or -c" in result.output
 
 
+def test_sjf_policy_runs_the_same_greedy_outputs(tiny_model_path):
+    args = ("generate", "-m", str(tiny_model_path), "--json", "-q", "-n", "4", "-c", "1", *PROMPTS)
+    fcfs = run_cli(*args)
+    sjf = run_cli(*args, "--policy", "sjf")
+    assert fcfs.exit_code == 0 and sjf.exit_code == 0, fcfs.output + sjf.output
+    texts = [[json.loads(line)["text"] for line in r.stdout.splitlines()] for r in (fcfs, sjf)]
+    assert texts[0] == texts[1]  # in prompt order either way
+
+
+def test_seed_minus_one_is_random_as_in_llama_cpp(tiny_model_path):
+    result = run_cli("generate", "-m", str(tiny_model_path), "-q", "--seed", "-1", "--temp", "0.8",
+                     "-n", "2", "hi")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    result = run_cli("generate", "-m", str(tiny_model_path), "-q", "--seed", "-2", "-n", "2", "hi")
+    assert result.exit_code == 2 and "seed must be in [0, 2**63)" in result.output
+
+
+def test_swap_without_swap_space_says_it_recomputes(tiny_model_path, capfd):
+    result = run_cli("generate", "-m", str(tiny_model_path), "-q", "--preemption", "swap", "--swap-space", "0",
+                     "-n", "1", "hi")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    native_stderr = capfd.readouterr().err  # the engine writes the note to file descriptor 2
+    assert "preemption_mode=swap with swap_space_bytes=0 holds no KV block" in native_stderr
+    assert "preempted sequences are recomputed" in native_stderr
+
+
+def test_swap_space_beyond_memory_names_the_flag(tiny_model_path):
+    result = run_cli("generate", "-m", str(tiny_model_path), "--swap-space", "100000", "-n", "2", "hi")
+    assert result.exit_code == 1, result.output
+    assert "bytes of swap space (lower --swap-space)" in result.output
+    assert "The swap space does not fit in host memory: lower --swap-space (GiB)." in result.output
+    assert "KV cache" not in result.output
+
+
 def test_subprocess_entry_point(tiny_model_path, tiny_llm):
     cmd = [sys.executable, "-m", "cli", "generate", "-m", str(tiny_model_path), "--json",
            "-n", "4", "--ignore-eos", "Hello", "World"]

@@ -84,6 +84,15 @@ def test_bad_prompts_file_is_a_usage_error(runner, tmp_path):
     assert result.exit_code == 2 and "p.jsonl:2" in result.output
 
 
+def test_empty_prompts_file_is_a_usage_error_not_the_default_prompt(runner, tmp_path):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n  \n")
+    result = runner.invoke(cacheflow, ["generate", "--prompts-file", str(empty)])
+    assert result.exit_code == 2 and "empty.txt holds no prompt (blank lines only)" in result.output
+    result = runner.invoke(cacheflow, ["generate", "--prompts-file", "-"], input="")
+    assert result.exit_code == 2 and "standard input holds no prompt" in result.output
+
+
 def test_prompts_file_text_and_jsonl(tmp_path):
     text = tmp_path / "p.txt"
     text.write_text("first prompt\n\n  second  \n")

@@ -27,6 +27,10 @@ def test_lists_become_tuples_and_single_stop_string_is_wrapped():
     assert p.stop == ("\n\n", "END") and p.stop_token_ids == (2, 7)
     assert SamplingParams(stop="END").stop == ("END",)
     assert hash(p) == hash(SamplingParams(stop=("\n\n", "END"), stop_token_ids=(2, 7)))
+    with pytest.raises(TypeError, match=r"stop must be a string or a list of strings, got 5"):
+        SamplingParams(stop=5)
+    with pytest.raises(TypeError, match=r"stop_token_ids must be a list, got 5"):
+        SamplingParams(stop_token_ids=5)
 
 
 @pytest.mark.parametrize(

@@ -39,8 +39,14 @@ std::unique_ptr<KvCacheManager> make_kv_manager(const LlamaSession & session) {
             stream.max_staged = session.kv_stream_blocks();
             session.check_kv_stream_host_slots(session.paged_block_bytes());  // the context's own block bytes
         }
+        const int32_t host_blocks = num_host_blocks(session);
+        if (session.config().preemption_mode == CF_PREEMPTION_MODE_SWAP && host_blocks == 0) {
+            std::fprintf(stderr, "cacheflow: preemption_mode=swap with swap_space_bytes=%lld holds no KV block "
+                                 "(%lld bytes each): preempted sequences are recomputed\n",
+                         (long long) session.config().swap_space_bytes, (long long) session.paged_block_bytes());
+        }
         return make_paged_kv(session.num_blocks(), session.config().block_size, session.config().enable_prefix_caching,
-                             num_host_blocks(session), session.paged_block_bytes(), stream);
+                             host_blocks, session.paged_block_bytes(), stream);
     }
     if (session.config().preemption_mode == CF_PREEMPTION_MODE_SWAP) {
         std::fprintf(stderr, "cacheflow: preemption_mode=swap has no effect on the stock KV cache: it reserves "
