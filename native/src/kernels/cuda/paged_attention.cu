@@ -22,8 +22,9 @@ using namespace two_pass;
 #define CF_CUDA_WHERE __FILE__ ":" CF_CUDA_STR(__LINE__) ": "
 
 // The process's defaults for the A/B knobs of PagedAttentionCudaArgs (read once): CACHEFLOW_PA_KERNEL=two_pass|
-// pipelined, CACHEFLOW_PA_SPLIT_KEYS=N (pipelined: N keys per split), CACHEFLOW_PA_PDL=0|1,
-// CACHEFLOW_PA_TILE_ROWS=4|8 (pipelined: the narrow or wide register budget).
+// pipelined|warp, CACHEFLOW_PA_SPLIT_KEYS=N (pipelined: N keys per split), CACHEFLOW_PA_PDL=0|1,
+// CACHEFLOW_PA_TILE_ROWS=4|8 (pipelined: the narrow or wide register budget), CACHEFLOW_PA_LOADS=narrow|narrow_pf|
+// wide|by_grid (the two-pass and warp kernels' load shapes; the warp kernel takes by_grid when unset).
 // The pipelined kernel stays opt-in until it has passed the standalone test on a GPU (it was written and compiled
 // for sm_90 without one); then kPagedKernelPipelined becomes the default here.
 struct EnvDefaults {
@@ -136,8 +137,14 @@ Plan plan_for(const PagedAttentionCudaArgs & a) {
     const int32_t kernel = a.kernel != kPagedKernelDefault ? a.kernel : env.kernel;
     p.pipelined = kernel == kPagedKernelPipelined;
     p.warp = kernel == kPagedKernelWarp;
-    if (p.warp) {
+    if (p.warp) {  // its round rows: PagedLoads as for the two-pass kernel, by the grid unless set (same bits)
         p.n_splits = warp_split::max_split_count(a.block_table_stride * a.block_size);
+        const int32_t loads = a.loads != kPagedLoadsDefault ? a.loads : env.loads;
+        const int64_t ctas = (int64_t) ((p.n_splits + warp_split::kWarps - 1) / warp_split::kWarps) * a.n_head_kv *
+                             a.n_tokens;
+        p.loads = loads == kPagedLoadsDefault || loads == kPagedLoadsByGrid ? loads_for_grid(ctas)
+                  : loads == kPagedLoadsWide                                ? kPagedLoadsWide
+                                                                            : kPagedLoadsNarrow;
         return p;
     }
     if (!p.pipelined) {
@@ -191,7 +198,13 @@ cudaError_t launch(const PagedAttentionCudaArgs & args, const Plan & plan, void 
     if (plan.warp) {
         const dim3 wgrid((unsigned) ((n_splits + warp_split::kWarps - 1) / warp_split::kWarps), (unsigned) a.n_head_kv,
                          (unsigned) a.n_tokens);
-        warp_split::split_kernel<D, G><<<wgrid, warp_split::kThreads, 0, stream>>>(a, part_o, part_ml, n_splits);
+        if (plan.loads == kPagedLoadsWide) {
+            warp_split::split_kernel<D, G, warp_split::kRoundRowsWide>
+                <<<wgrid, warp_split::kThreads, 0, stream>>>(a, part_o, part_ml, n_splits);
+        } else {
+            warp_split::split_kernel<D, G, warp_split::kRoundRowsNarrow>
+                <<<wgrid, warp_split::kThreads, 0, stream>>>(a, part_o, part_ml, n_splits);
+        }
         if (plan.partials()) {
             warp_split::combine_kernel<D><<<cgrid, warp_split::kCombineThreads, 0, stream>>>(a, part_o, part_ml, n_splits);
         }
@@ -297,13 +310,6 @@ static const char * paged_attention_rows_cuda(const PagedAttentionCudaArgs & a, 
         return nullptr;
     }
     const Plan plan = plan_for(a);
-    if (plan.warp && plan.n_splits > warp_split::kMaxSplits) {
-        std::snprintf(message, sizeof(message),
-                      CF_CUDA_WHERE "paged attention: the warp kernel takes rows of at most %d keys (block table of %lld)",
-                      warp_split::kMaxSplits * warp_split::kMaxSplitKeys,
-                      (long long) (a.block_table_stride * a.block_size));
-        return message;
-    }
     if (plan.partials() && (workspace == nullptr || reinterpret_cast<uintptr_t>(workspace) % 16 != 0)) {
         std::snprintf(message, sizeof(message),
                       CF_CUDA_WHERE "paged attention: no 16-byte aligned workspace for %d splits", plan.n_splits);

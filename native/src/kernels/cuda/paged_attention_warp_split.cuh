@@ -58,14 +58,22 @@ constexpr int kCombineThreads = 128;
 constexpr int kMinSplitKeys = CF_PA_WARP_MIN_SPLIT;
 constexpr int kTargetSplits = CF_PA_WARP_TARGET_SPLITS;
 constexpr int kMaxSplitKeys = 256;
-// Most splits of one row the combine kernel takes (its shared arrays): rows up to kMaxSplits x kMaxSplitKeys
-// (262,144) keys; the launcher refuses wider block tables.
-constexpr int kMaxSplits = 1024;
-// K/V rows per lane in flight in one round.
+// Splits whose weights the combine kernel stages in shared memory at a time (rows of any length: it goes through
+// them in chunks of this many, in split order).
+constexpr int kCombineChunk = 1024;
+// K/V rows per lane in flight in one round, in the kernel's two load shapes (the template argument kRows): wide
+// (16: one round of K and one of V for a 64-key split at head size 64) for grids that leave SMs idle, narrow (4:
+// fewer registers, more CTAs per SM) otherwise. Like the two-pass kernel's PagedLoads they move loads only: a key's
+// score, the lane-strided softmax and each lane group's P.V run in the same order in both, so their outputs are
+// bit-identical and the launcher may choose by the grid (emulate_paged_attention.cpp checks it).
 #ifndef CF_PA_WARP_ROUND_ROWS
 #define CF_PA_WARP_ROUND_ROWS 16
 #endif
-constexpr int kRoundRows = CF_PA_WARP_ROUND_ROWS;
+#ifndef CF_PA_WARP_ROUND_ROWS_NARROW
+#define CF_PA_WARP_ROUND_ROWS_NARROW 4
+#endif
+constexpr int kRoundRowsWide = CF_PA_WARP_ROUND_ROWS;
+constexpr int kRoundRowsNarrow = CF_PA_WARP_ROUND_ROWS_NARROW;
 // CTAs per SM the register allocation must allow (__launch_bounds__'s second argument; 1 = the compiler's choice).
 #ifndef CF_PA_WARP_MIN_CTAS
 #define CF_PA_WARP_MIN_CTAS 1
@@ -117,7 +125,7 @@ __device__ __forceinline__ float warp_sum(float v) {
 // One CTA: splits 4 blockIdx.x + w (warp w) of token blockIdx.z's row, KV head blockIdx.y. D: head size; G: query
 // heads per KV head. part_o / part_ml: the split states of rows of more than kWarps splits (the combine kernel's
 // input), [n_tokens][n_head][n_splits][D] and [..][2] f32.
-template <int D, int G>
+template <int D, int G, int kRoundRows>
 __global__ void __launch_bounds__(kThreads, CF_PA_WARP_MIN_CTAS)
 split_kernel(const PagedAttentionCudaArgs a, float * part_o, float * part_ml, int n_splits) {
     constexpr int TG = D / 8;           // lanes per key
@@ -140,8 +148,10 @@ split_kernel(const PagedAttentionCudaArgs a, float * part_o, float * part_ml, in
     const int S = split_keys_for(ctx);
     const int ns = (ctx + S - 1) / S;  // splits of this row
     const int first = blockIdx.x * kWarps;
-    if (first >= ns) {
-        return;  // beyond this row (the grid covers the most splits any row may have)
+    if (first >= ns || ns > n_splits) {
+        // beyond this row (the grid covers the most splits any row may have), or a context longer than the block
+        // table allows (a broken contract: nothing is written rather than another row's partial results)
+        return;
     }
     const int warp = threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
@@ -355,26 +365,25 @@ split_kernel(const PagedAttentionCudaArgs a, float * part_o, float * part_ml, in
 }
 
 // Merge the splits of rows of more than kWarps splits, in split order (the formula above): grid (n_head, n_tokens),
-// kCombineThreads threads.
+// kCombineThreads threads. The splits' weights exp(m_s - m) are staged kCombineChunk at a time; each output element
+// then sums its splits one after another (fixed order), with the loads of a chunk free to be in flight together.
 template <int D>
 __global__ void __launch_bounds__(kCombineThreads)
 combine_kernel(const PagedAttentionCudaArgs a, const float * part_o, const float * part_ml, int n_splits) {
-    __shared__ float w_s[kMaxSplits];  // each split's max, then its weight exp(m_s - m)
-    __shared__ float l_s[kMaxSplits];
+    __shared__ float w_s[kCombineChunk];  // weight exp(m_s - m) of each split of the chunk
+    __shared__ float l_s[kCombineChunk];
     __shared__ float m_red[kCombineThreads / 32];
 
     const int head = blockIdx.x;
     const int t = blockIdx.y;
     const int ns = split_count(a.token_ctx_len[t]);
-    if (ns <= kWarps) {
-        return;  // written by the split kernel
+    if (ns <= kWarps || ns > n_splits) {
+        return;  // written by the split kernel (or a broken contract, see there)
     }
     const int64_t base = ((int64_t) t * a.n_head + head) * n_splits;
     float mx = -INFINITY;
     for (int s = threadIdx.x; s < ns; s += kCombineThreads) {
-        w_s[s] = part_ml[2 * (base + s)];
-        l_s[s] = part_ml[2 * (base + s) + 1];
-        mx = fmaxf(mx, w_s[s]);
+        mx = fmaxf(mx, part_ml[2 * (base + s)]);
     }
     mx = warp_max(mx);  // a max: exact in any order
     if (threadIdx.x % 32 == 0) {
@@ -385,22 +394,41 @@ combine_kernel(const PagedAttentionCudaArgs a, const float * part_o, const float
     for (int w = 1; w < kCombineThreads / 32; ++w) {
         mx = fmaxf(mx, m_red[w]);
     }
-    for (int s = threadIdx.x; s < ns; s += kCombineThreads) {
-        w_s[s] = expf(w_s[s] - mx);
-    }
-    __syncthreads();
-    float l = 0.0f;
-    for (int s = 0; s < ns; ++s) {
-        l = fmaf(w_s[s], l_s[s], l);
-    }
     const float * po = part_o + base * D;
-    for (int d = threadIdx.x; d < D; d += kCombineThreads) {
-        float o = 0.0f;
-#pragma unroll 8
-        for (int s = 0; s < ns; ++s) {
-            o = fmaf(w_s[s], po[(int64_t) s * D + d], o);
+    float l = 0.0f;
+    float o[(D + kCombineThreads - 1) / kCombineThreads];
+#pragma unroll
+    for (int k = 0; k < (D + kCombineThreads - 1) / kCombineThreads; ++k) {
+        o[k] = 0.0f;
+    }
+    for (int c0 = 0; c0 < ns; c0 += kCombineChunk) {
+        const int nc = min(kCombineChunk, ns - c0);
+        __syncthreads();  // the previous chunk's weights are no longer read
+        for (int s = threadIdx.x; s < nc; s += kCombineThreads) {
+            w_s[s] = expf(part_ml[2 * (base + c0 + s)] - mx);
+            l_s[s] = part_ml[2 * (base + c0 + s) + 1];
         }
-        a.out[((int64_t) t * a.n_head + head) * D + d] = o / l;
+        __syncthreads();
+        for (int s = 0; s < nc; ++s) {
+            l = fmaf(w_s[s], l_s[s], l);
+        }
+#pragma unroll
+        for (int k = 0; k < (D + kCombineThreads - 1) / kCombineThreads; ++k) {
+            const int d = threadIdx.x + k * kCombineThreads;
+            if (d < D) {
+#pragma unroll 8
+                for (int s = 0; s < nc; ++s) {
+                    o[k] = fmaf(w_s[s], po[(int64_t) (c0 + s) * D + d], o[k]);
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int k = 0; k < (D + kCombineThreads - 1) / kCombineThreads; ++k) {
+        const int d = threadIdx.x + k * kCombineThreads;
+        if (d < D) {
+            a.out[((int64_t) t * a.n_head + head) * D + d] = o[k] / l;
+        }
     }
 }
 
