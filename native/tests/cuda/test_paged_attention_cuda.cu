@@ -157,7 +157,9 @@ constexpr Variant kTwoPassWide{"two_pass", cf::cuda::kPagedKernelTwoPass, 0, 0, 
 // By the grid: a row alone (the invariance check below) runs wide, the batch narrow, and their bits must agree.
 constexpr Variant kTwoPassByGrid{"two_pass", cf::cuda::kPagedKernelTwoPass, 0, 0, 0, cf::cuda::kPagedLoadsByGrid};
 constexpr Variant kPipelined{"pipelined", cf::cuda::kPagedKernelPipelined, 0, 0, 0, 0};
-constexpr Variant kWarp{"warp", cf::cuda::kPagedKernelWarp, 0, 0, 0, 0};
+constexpr Variant kWarp{"warp", cf::cuda::kPagedKernelWarp, 0, 0, 0, 0};  // load shape by the grid
+constexpr Variant kWarpNarrow{"warp", cf::cuda::kPagedKernelWarp, 0, 0, 0, cf::cuda::kPagedLoadsNarrow};
+constexpr Variant kWarpWide{"warp", cf::cuda::kPagedKernelWarp, 0, 0, 0, cf::cuda::kPagedLoadsWide};
 constexpr Variant kPipelinedNarrow{"pipelined", cf::cuda::kPagedKernelPipelined, 0, 0, 4, 0};
 constexpr Variant kPipelinedNoPdl{"pipelined", cf::cuda::kPagedKernelPipelined, 0, -1, 0, 0};
 
@@ -269,15 +271,17 @@ void test_shape(int D, int n_head, int n_head_kv, int block_size, unsigned seed,
     const std::vector<float> want = reference(m, qs, q);
     Layout other = make_layout(m, seed + 99);
 
-    std::vector<float> two_pass_bits;  // the first two_pass variant's outputs: every load shape must equal them
+    // the first two_pass / warp variant's outputs: every load shape of that kernel must equal them
+    std::vector<float> two_pass_bits, warp_bits;
     for (const Variant & v : variants) {
         const std::vector<float> got = run(v, m, lay, qs, q);
-        if (v.kernel == cf::cuda::kPagedKernelTwoPass) {
-            if (two_pass_bits.empty()) {
-                two_pass_bits = got;
+        if (v.kernel == cf::cuda::kPagedKernelTwoPass || v.kernel == cf::cuda::kPagedKernelWarp) {
+            std::vector<float> & bits = v.kernel == cf::cuda::kPagedKernelWarp ? warp_bits : two_pass_bits;
+            if (bits.empty()) {
+                bits = got;
             } else {
-                expect(std::memcmp(got.data(), two_pass_bits.data(), got.size() * sizeof(float)) == 0,
-                       "D=" + std::to_string(D) + " " + label_of(v) + ": outputs differ from the first two_pass load shape's");
+                expect(std::memcmp(got.data(), bits.data(), got.size() * sizeof(float)) == 0,
+                       "D=" + std::to_string(D) + " " + label_of(v) + ": outputs differ from its kernel's first load shape's");
             }
         }
         double max_err = 0;
@@ -637,7 +641,8 @@ void bench_decode(int batch, int ctx, int D, int n_head, int n_head_kv, const st
 
 // Both kernels on every shape; at contexts >= 8K also the pipelined kernel with fixed split lengths and without PDL.
 void bench_shape(int batch, int ctx, int D) {
-    std::vector<Variant> vs = {kTwoPass, kTwoPassNarrowPf, kTwoPassWide, kTwoPassByGrid, kWarp, kPipelined, kPipelinedNarrow};
+    std::vector<Variant> vs = {kTwoPass, kTwoPassNarrowPf, kTwoPassWide, kTwoPassByGrid, kWarp,
+                               kWarpNarrow, kWarpWide, kPipelined, kPipelinedNarrow};
     if (ctx >= 8192) {
         vs.push_back(kPipelinedNoPdl);
         for (int keys : {128, 256, 512, 1024, 2048}) {
@@ -656,8 +661,9 @@ int main(int argc, char ** argv) {
         return 0;
     }
     const bool long_only = bench && argc > 2 && std::strcmp(argv[2], "long") == 0;  // `--bench long`: >= 8K only
-    const std::vector<Variant> all = {kTwoPass,   kTwoPassNarrowPf, kTwoPassWide,    kTwoPassByGrid,     kWarp,
-                                      kPipelined, kPipelinedNarrow, kPipelinedNoPdl, pipelined_split(64)};
+    const std::vector<Variant> all = {kTwoPass,    kTwoPassNarrowPf, kTwoPassWide,     kTwoPassByGrid,
+                                      kWarp,       kWarpNarrow,      kWarpWide,        kPipelined,
+                                      kPipelinedNarrow, kPipelinedNoPdl, pipelined_split(64)};
     test_shape(64, 9, 3, 16, 1, all);    // SmolLM2-135M
     test_shape(64, 32, 8, 16, 2, all);   // Llama-3.2-1B
     test_shape(128, 32, 8, 16, 3, all);  // Llama-3.1-8B
