@@ -30,6 +30,7 @@
 
 #include "paged_attention.cuh"
 #include "paged_attention_pipelined.cuh"
+#include "paged_attention_two_pass.cuh"
 
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -42,6 +43,9 @@ namespace warp_split {
 
 using pipelined::halves_to_float;
 using pipelined::kv_row;
+// A key's score and its P.V term, as the two-pass kernel computes them (one lane group per key, 8 dims per lane).
+using two_pass::accumulate_pv;
+using two_pass::store_scores;
 
 constexpr int kWarps = 4;
 constexpr int kThreads = 32 * kWarps;
@@ -58,6 +62,7 @@ constexpr int kCombineThreads = 128;
 constexpr int kMinSplitKeys = CF_PA_WARP_MIN_SPLIT;
 constexpr int kTargetSplits = CF_PA_WARP_TARGET_SPLITS;
 constexpr int kMaxSplitKeys = 256;
+static_assert(kMaxSplitKeys == kPagedSplitKeys, "the score slices are the two-pass kernel's [G][kPagedSplitKeys]");
 // Splits whose weights the combine kernel stages in shared memory at a time (rows of any length: it goes through
 // them in chunks of this many, in split order).
 constexpr int kCombineChunk = 1024;
@@ -197,28 +202,7 @@ split_kernel(const PagedAttentionCudaArgs a, float * part_o, float * part_ml, in
                 if (r0 + u >= rows) {
                     break;  // warp-uniform
                 }
-                const int i = (r0 + u) * KPW + g;
-                float kf[8];
-                halves_to_float(raw[u], kf);
-#pragma unroll
-                for (int h = 0; h < G; ++h) {
-                    float s = 0.0f;
-#pragma unroll
-                    for (int j = 0; j < 8; ++j) {
-                        s = fmaf(q[h][j], kf[j], s);
-                    }
-#pragma unroll
-                    for (int off = TG / 2; off > 0; off >>= 1) {
-                        s += __shfl_xor_sync(0xffffffffu, s, off, TG);
-                    }
-                    if (li == 0 && i < nkeys) {
-                        s *= a.scale;
-                        if (a.softcap != 0.0f) {
-                            s = a.softcap * tanhf(s / a.softcap);
-                        }
-                        sc[h][i] = s;
-                    }
-                }
+                store_scores<G, TG>(q, raw[u], (r0 + u) * KPW + g, nkeys, li, a, sc);
             }
         }
         // The first round of V rows, in flight during the softmax.
@@ -289,16 +273,7 @@ split_kernel(const PagedAttentionCudaArgs a, float * part_o, float * part_ml, in
                 if (r0 + u >= rows || i >= nkeys) {
                     break;  // keys of a group only grow with u
                 }
-                float vf[8];
-                halves_to_float(raw[u], vf);
-#pragma unroll
-                for (int h = 0; h < G; ++h) {
-                    const float p = sc[h][i];
-#pragma unroll
-                    for (int j = 0; j < 8; ++j) {
-                        acc[h][j] = fmaf(p, vf[j], acc[h][j]);
-                    }
-                }
+                accumulate_pv<G>(acc, raw[u], i, sc);
             }
         }
 #pragma unroll
