@@ -1,11 +1,14 @@
-// emulate_paged_attention.cpp - the two-pass CUDA kernels of paged_attention_two_pass.cuh, in every load shape
-// (PagedLoads: narrow, narrow with the V prefetch, wide), and the warp-split kernels of
-// paged_attention_warp_split.cuh, run on the CPU: the headers are compiled by g++ with __device__/__global__ erased,
+// emulate_paged_attention.cpp - the CUDA paged attention kernels run on the CPU: the two-pass kernels of
+// paged_attention_two_pass.cuh in every load shape (PagedLoads: narrow, narrow with the V prefetch, wide), the
+// warp-split kernels of paged_attention_warp_split.cuh in both load shapes, and the pipelined kernels of
+// paged_attention_pipelined.cuh in both register budgets, with their split rule or fixed splits. The headers are
+// compiled by g++ with __device__/__global__ erased,
 // 128 host threads per CTA (one CTA at a time, __shared__ = static), __shfl_xor_sync, __syncwarp and __syncthreads
 // as barriers, the two-pass combine kernel's D threads one after another (it has no barrier). Checks, where no GPU
 // is at hand: each kernel against a float64 reference; the three two-pass shapes bit-identical to each other (what
 // lets the launcher pick a shape by the grid); each row alone, with a wider table and relocated blocks bit-identical
-// to its batched output (batch invariance); the grids' split counts against brute-force maxima.
+// to its batched output (batch invariance); the grids' split counts against brute-force maxima. (The pipelined
+// kernel's tile size is part of its arithmetic, so its two budgets are not bit-identical to each other.)
 // Not a substitute for test_paged_attention_cuda.cu on a GPU (host expf, no memory model). Not a ctest. From the
 // repository root:
 //   g++ -std=c++20 -O1 -pthread -w -I /usr/local/cuda/include -I native/src/kernels/cuda \
@@ -49,12 +52,17 @@ template <class T> T __shfl_xor_sync(unsigned, T v, int off, int = 32) {
     g_warp_bar[w]->arrive_and_wait();
     return r;
 }
+#include "paged_attention_pipelined.cuh"
 #include "paged_attention_two_pass.cuh"
 #include "paged_attention_warp_split.cuh"
 using namespace cf::cuda;
 
-// The kernels under test: the two-pass kernel in a load shape, or the warp-split kernel.
-enum class Kern { narrow, narrow_pf, wide, warp, warp_narrow };
+// The kernels under test: the two-pass kernel in a load shape, the warp-split kernel in a load shape, or the
+// pipelined kernel in a register budget (tile rows 8 or 4).
+enum class Kern { narrow, narrow_pf, wide, warp, warp_narrow, pipelined, pipelined_narrow };
+const std::vector<Kern> kAll = {Kern::narrow,      Kern::narrow_pf, Kern::wide,
+                                Kern::warp,        Kern::warp_narrow,
+                                Kern::pipelined,   Kern::pipelined_narrow};
 
 static_assert(two_pass::threads_for(64) == 128 && two_pass::threads_for(256) == 128, "the pool runs 128 lanes");
 
@@ -84,7 +92,8 @@ struct Pool {
 };
 Pool * g_pool;
 
-struct Case { int D, nh, nkv, bs; float softcap; bool stage; };
+// fixed: the pipelined kernel's split length (0 = its rule); the other kernels ignore it.
+struct Case { int D, nh, nkv, bs; float softcap; bool stage; int fixed = 0; };
 
 template <int D, int G, int R, bool kPf>
 void launch(const PagedAttentionCudaArgs & a, std::vector<float> & ws, int n_splits) {
@@ -123,9 +132,30 @@ void launch_warp(const PagedAttentionCudaArgs & a, std::vector<float> & ws) {
                 g_pool->run(make_uint3(h, t, 0), [&] { warp_split::combine_kernel<D>(a, po, pml, n_splits); });
 }
 
+template <int D, int G, int kTileRows>
+void launch_pipelined(const PagedAttentionCudaArgs & a, std::vector<float> & ws, int fixed) {
+    const int n_splits = pipelined::max_split_count(a.block_table_stride * a.block_size, fixed);
+    const int bs_shift = (a.block_size & (a.block_size - 1)) == 0 ? __builtin_ctz(a.block_size) : -1;
+    ws.assign((size_t) a.n_tokens * a.n_head * n_splits * (D + 2), NAN);
+    float * po = ws.data();
+    float * pml = po + (size_t) a.n_tokens * a.n_head * n_splits * D;
+    for (int t = 0; t < a.n_tokens; ++t)
+        for (int h = 0; h < a.n_head_kv; ++h)
+            for (int s = 0; s < n_splits; ++s)
+                g_pool->run(make_uint3(s, h, t), [&] {
+                    pipelined::split_kernel<D, G, kTileRows>(a, po, pml, n_splits, fixed, bs_shift);
+                });
+    if (n_splits > 1)
+        for (int t = 0; t < a.n_tokens; ++t)
+            for (int h = 0; h < a.n_head; ++h)
+                g_pool->run(make_uint3(h, t, 0), [&] { pipelined::combine_kernel<D>(a, po, pml, n_splits, fixed); });
+}
+
 template <int D, int G>
-void launch_loads(const PagedAttentionCudaArgs & a, std::vector<float> & ws, int n, Kern k) {
+void launch_loads(const PagedAttentionCudaArgs & a, std::vector<float> & ws, int n, Kern k, int fixed) {
     switch (k) {
+        case Kern::pipelined: launch_pipelined<D, G, pipelined::kTileRowsWide>(a, ws, fixed); break;
+        case Kern::pipelined_narrow: launch_pipelined<D, G, pipelined::kTileRowsNarrow>(a, ws, fixed); break;
         case Kern::wide: launch<D, G, two_pass::kRowsInFlightWide, true>(a, ws, n); break;
         case Kern::narrow_pf: launch<D, G, two_pass::kRowsInFlight, true>(a, ws, n); break;
         case Kern::warp: launch_warp<D, G, warp_split::kRoundRowsWide>(a, ws); break;
@@ -134,12 +164,12 @@ void launch_loads(const PagedAttentionCudaArgs & a, std::vector<float> & ws, int
     }
 }
 template <int D>
-void launch_g(const PagedAttentionCudaArgs & a, std::vector<float> & ws, int n, Kern loads) {
+void launch_g(const PagedAttentionCudaArgs & a, std::vector<float> & ws, int n, Kern loads, int fixed) {
     switch (a.n_head / a.n_head_kv) {
-        case 1: launch_loads<D, 1>(a, ws, n, loads); break;
-        case 3: launch_loads<D, 3>(a, ws, n, loads); break;
-        case 4: launch_loads<D, 4>(a, ws, n, loads); break;
-        case 8: launch_loads<D, 8>(a, ws, n, loads); break;
+        case 1: launch_loads<D, 1>(a, ws, n, loads, fixed); break;
+        case 3: launch_loads<D, 3>(a, ws, n, loads, fixed); break;
+        case 4: launch_loads<D, 4>(a, ws, n, loads, fixed); break;
+        case 8: launch_loads<D, 8>(a, ws, n, loads, fixed); break;
         default: std::abort();
     }
 }
@@ -197,19 +227,20 @@ std::vector<float> run_case(const Case & c, Kern loads, const std::vector<int> &
     const int n_splits = two_pass::two_pass_num_splits(a);
     std::vector<float> ws;
     switch (c.D) {
-        case 64: launch_g<64>(a, ws, n_splits, loads); break;
-        case 128: launch_g<128>(a, ws, n_splits, loads); break;
-        case 256: launch_g<256>(a, ws, n_splits, loads); break;
+        case 64: launch_g<64>(a, ws, n_splits, loads, c.fixed); break;
+        case 128: launch_g<128>(a, ws, n_splits, loads, c.fixed); break;
+        case 256: launch_g<256>(a, ws, n_splits, loads, c.fixed); break;
     }
     return out;
 }
 
 const char * name_of(Kern k) {
     return k == Kern::wide ? "wide" : k == Kern::narrow_pf ? "narrow_pf" : k == Kern::warp ? "warp"
-           : k == Kern::warp_narrow ? "warp_nrw" : "narrow";
+           : k == Kern::warp_narrow ? "warp_nrw" : k == Kern::pipelined ? "pipe" : k == Kern::pipelined_narrow ? "pipe_nrw"
+           : "narrow";
 }
 
-void test(const Case & c, const std::vector<int> & lens, unsigned seed) {
+void test(const Case & c, const std::vector<int> & lens, unsigned seed, const std::vector<Kern> & kernels = kAll) {
     std::mt19937 rng(seed);
     std::uniform_real_distribution<float> u(-1, 1);
     const int row = c.nkv * c.D, G = c.nh / c.nkv;
@@ -225,7 +256,7 @@ void test(const Case & c, const std::vector<int> & lens, unsigned seed) {
     std::vector<float> q(qs.size() * c.nh * c.D);
     for (auto & x : q) x = 2 * u(rng);
     std::vector<float> first, first_warp;
-    for (Kern loads : {Kern::narrow, Kern::narrow_pf, Kern::wide, Kern::warp, Kern::warp_narrow}) {
+    for (Kern loads : kernels) {
         auto got = run_case(c, loads, lens, qs, q, K, V, seed + 1, 0);
         double max_err = 0;
         for (size_t i = 0; i < qs.size(); ++i)
@@ -252,15 +283,17 @@ void test(const Case & c, const std::vector<int> & lens, unsigned seed) {
         // the two-pass shapes must equal narrow's bits, the warp kernel's narrow rounds its wide rounds' (the two
         // kernels sum in different orders)
         const bool is_warp = loads == Kern::warp || loads == Kern::warp_narrow;
+        const bool is_pipe = loads == Kern::pipelined || loads == Kern::pipelined_narrow;
         std::vector<float> & ref = is_warp ? first_warp : first;
-        const bool same = ref.empty() || std::memcmp(ref.data(), got.data(), got.size() * 4) == 0;
-        if (ref.empty()) ref = got;
+        const bool same = is_pipe || ref.empty() || std::memcmp(ref.data(), got.data(), got.size() * 4) == 0;
+        if (ref.empty() && !is_pipe) ref = got;
         // invariance: each query alone, wider table (more splits in the grid), another layout; in the other shapes
         // too (alone runs wide where the launcher's by_grid rule would send it)
         bool inv = true;
         for (size_t i = 0; i < qs.size(); i += 3) {
             std::vector<float> q1(q.begin() + i * c.nh * c.D, q.begin() + (i + 1) * c.nh * c.D);
-            const Kern other = loads == Kern::warp          ? Kern::warp_narrow
+            const Kern other = is_pipe                      ? loads
+                               : loads == Kern::warp        ? Kern::warp_narrow
                                : loads == Kern::warp_narrow ? Kern::warp
                                : loads == Kern::wide        ? Kern::narrow
                                                             : Kern::wide;
@@ -269,16 +302,17 @@ void test(const Case & c, const std::vector<int> & lens, unsigned seed) {
         }
         const bool ok = max_err < 1e-5 && inv && same;
         g_fail += !ok;
-        std::printf("D=%d heads %d/%d bs=%d softcap %.0f stage %d %-9s: max err %.2e, same bits as its kernel's "
-                    "first shape %s, invariant %s %s\n", c.D, c.nh, c.nkv, c.bs, c.softcap, (int) c.stage,
-                    name_of(loads), max_err, same ? "yes" : "NO", inv ? "yes" : "NO", ok ? "ok" : "FAIL");
+        std::printf("D=%d heads %d/%d bs=%d softcap %.0f stage %d split %d %-9s: max err %.2e, same bits as its "
+                    "kernel's first shape %s, invariant %s %s\n", c.D, c.nh, c.nkv, c.bs, c.softcap, (int) c.stage,
+                    c.fixed, name_of(loads), max_err, is_pipe ? "-" : same ? "yes" : "NO", inv ? "yes" : "NO",
+                    ok ? "ok" : "FAIL");
         std::fflush(stdout);
     }
 }
 
 int main(int argc, char ** argv) {
-    // --quick: two cases (short rows merged in one CTA or split, a long row through both combine kernels), for CI
-    // (tests/kernels/test_paged_attention_emulated.py, about a minute on 2 cores)
+    // --quick: two cases for every kernel (short rows merged in one CTA or split, a long row through the combine
+    // kernels), for CI (tests/kernels/test_paged_attention_emulated.py, about 1.5 minutes on 2 cores)
     const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
     Pool pool;
     g_pool = &pool;
@@ -306,6 +340,24 @@ int main(int argc, char ** argv) {
         std::printf("warp: max_ctx %6lld: grid splits %d (brute %d) %s\n", (long long) mc, warp_split::max_split_count(mc),
                     brute, ok ? "ok" : "FAIL");
     }
+    // the pipelined kernel's split rule (and a fixed split) and grid split count
+    for (int ctx : {1, 255, 256, 257, 4096, 8192, 8193, 16384, 32768, 100000}) {
+        std::printf("pipelined: ctx %6d: rule S=%5d n=%3d | fixed 128: S=%5d n=%4d\n", ctx,
+                    pipelined::split_keys_for(ctx, 0), pipelined::split_count(ctx, 0),
+                    pipelined::split_keys_for(ctx, 128), pipelined::split_count(ctx, 128));
+    }
+    for (int64_t mc : {200LL, 8192LL, 8200LL, 32768LL, 131072LL}) {
+        int brute0 = 0, brute1 = 0;
+        for (int c = 1; c <= mc; ++c) {
+            brute0 = max(brute0, pipelined::split_count(c, 0));
+            brute1 = max(brute1, pipelined::split_count(c, 100));
+        }
+        const bool ok = brute0 == pipelined::max_split_count(mc, 0) && brute1 == pipelined::max_split_count(mc, 100);
+        g_fail += !ok;
+        std::printf("pipelined: max_ctx %6lld: grid splits %d (brute %d), fixed 100: %d (brute %d) %s\n",
+                    (long long) mc, pipelined::max_split_count(mc, 0), brute0, pipelined::max_split_count(mc, 100),
+                    brute1, ok ? "ok" : "FAIL");
+    }
     if (quick) {
         test({64, 32, 8, 16, 0, false}, {1, 33, 200, 257, 1300}, 1);
         test({64, 8, 2, 16, 0, true}, {5000}, 7);
@@ -320,6 +372,14 @@ int main(int argc, char ** argv) {
     test({256, 8, 1, 5, 0, true}, lens, 5);      // head size 256, GQA 8, block size 5
     test({64, 24, 3, 12, 0, false}, {2100}, 6);  // one long row: 9 splits of 256 (two-pass), 33 of 64 (warp)
     test({64, 8, 2, 16, 0, false}, {5000}, 7);   // warp: 128-key splits, 40 of them
+    // the pipelined kernel with fixed splits, in one register budget each
+    const std::vector<Kern> kPipe = {Kern::pipelined};
+    const std::vector<Kern> kPipeNarrow = {Kern::pipelined_narrow};
+    test({64, 32, 8, 16, 0, false, 64}, lens, 13, kPipe);
+    test({64, 32, 8, 12, 0, false, 100}, lens, 14, kPipeNarrow);
+    test({128, 32, 8, 16, 30, false, 64}, lens, 15, kPipe);
+    test({256, 6, 2, 5, 0, true, 96}, lens, 16, kPipe);        // head size 256, GQA 3, staging
+    test({64, 24, 3, 32, 0, false, 128}, lens, 17, kPipeNarrow);
     std::printf(g_fail ? "%d FAILED\n" : "PASS\n", g_fail);
     return g_fail != 0;
 }
