@@ -95,15 +95,25 @@ Pool * g_pool;
 // fixed: the pipelined kernel's split length (0 = its rule); the other kernels ignore it.
 struct Case { int D, nh, nkv, bs; float softcap; bool stage; int fixed = 0; };
 
+// The split states' workspace of the kernels: part_o [n_tokens][n_head][n_splits][D] then part_ml [..][2], NaN-filled.
+template <int D>
+std::pair<float *, float *> partials(std::vector<float> & ws, const PagedAttentionCudaArgs & a, int n_splits) {
+    ws.assign((size_t) a.n_tokens * a.n_head * n_splits * (D + 2), NAN);
+    return {ws.data(), ws.data() + (size_t) a.n_tokens * a.n_head * n_splits * D};
+}
+
+// fn as CTA (x, y, z) for every x < nx, y < ny, z < nz, one CTA at a time.
+void run_grid(int nx, int ny, int nz, const std::function<void()> & fn) {
+    for (int z = 0; z < nz; ++z)
+        for (int y = 0; y < ny; ++y)
+            for (int x = 0; x < nx; ++x) g_pool->run(make_uint3(x, y, z), fn);
+}
+
 template <int D, int G, int R, bool kPf>
 void launch(const PagedAttentionCudaArgs & a, std::vector<float> & ws, int n_splits) {
-    ws.assign((size_t) a.n_tokens * a.n_head * n_splits * (D + 2), NAN);
-    float * po = ws.data();
-    float * pml = po + (size_t) a.n_tokens * a.n_head * n_splits * D;
-    for (int t = 0; t < a.n_tokens; ++t)
-        for (int h = 0; h < a.n_head_kv; ++h)
-            for (int s = 0; s < n_splits; ++s)
-                g_pool->run(make_uint3(s, h, t), [&] { two_pass::paged_attention_split_kernel<D, G, R, kPf>(a, po, pml, n_splits); });
+    const auto [po, pml] = partials<D>(ws, a, n_splits);
+    run_grid(n_splits, a.n_head_kv, a.n_tokens,
+             [&] { two_pass::paged_attention_split_kernel<D, G, R, kPf>(a, po, pml, n_splits); });
     if (n_splits > 1)
         for (int t = 0; t < a.n_tokens; ++t)
             for (int h = 0; h < a.n_head; ++h) {
@@ -118,37 +128,24 @@ void launch(const PagedAttentionCudaArgs & a, std::vector<float> & ws, int n_spl
 template <int D, int G, int kRows>
 void launch_warp(const PagedAttentionCudaArgs & a, std::vector<float> & ws) {
     const int n_splits = warp_split::max_split_count(a.block_table_stride * a.block_size);
-    ws.assign((size_t) a.n_tokens * a.n_head * n_splits * (D + 2), NAN);
-    float * po = ws.data();
-    float * pml = po + (size_t) a.n_tokens * a.n_head * n_splits * D;
+    const auto [po, pml] = partials<D>(ws, a, n_splits);
     const int ctas = (n_splits + warp_split::kWarps - 1) / warp_split::kWarps;
-    for (int t = 0; t < a.n_tokens; ++t)
-        for (int h = 0; h < a.n_head_kv; ++h)
-            for (int x = 0; x < ctas; ++x)
-                g_pool->run(make_uint3(x, h, t), [&] { warp_split::split_kernel<D, G, kRows>(a, po, pml, n_splits); });
-    if (n_splits > warp_split::kWarps)
-        for (int t = 0; t < a.n_tokens; ++t)
-            for (int h = 0; h < a.n_head; ++h)
-                g_pool->run(make_uint3(h, t, 0), [&] { warp_split::combine_kernel<D>(a, po, pml, n_splits); });
+    run_grid(ctas, a.n_head_kv, a.n_tokens, [&] { warp_split::split_kernel<D, G, kRows>(a, po, pml, n_splits); });
+    if (n_splits > warp_split::kWarps) {
+        run_grid(a.n_head, a.n_tokens, 1, [&] { warp_split::combine_kernel<D>(a, po, pml, n_splits); });
+    }
 }
 
 template <int D, int G, int kTileRows>
 void launch_pipelined(const PagedAttentionCudaArgs & a, std::vector<float> & ws, int fixed) {
     const int n_splits = pipelined::max_split_count(a.block_table_stride * a.block_size, fixed);
     const int bs_shift = (a.block_size & (a.block_size - 1)) == 0 ? __builtin_ctz(a.block_size) : -1;
-    ws.assign((size_t) a.n_tokens * a.n_head * n_splits * (D + 2), NAN);
-    float * po = ws.data();
-    float * pml = po + (size_t) a.n_tokens * a.n_head * n_splits * D;
-    for (int t = 0; t < a.n_tokens; ++t)
-        for (int h = 0; h < a.n_head_kv; ++h)
-            for (int s = 0; s < n_splits; ++s)
-                g_pool->run(make_uint3(s, h, t), [&] {
-                    pipelined::split_kernel<D, G, kTileRows>(a, po, pml, n_splits, fixed, bs_shift);
-                });
-    if (n_splits > 1)
-        for (int t = 0; t < a.n_tokens; ++t)
-            for (int h = 0; h < a.n_head; ++h)
-                g_pool->run(make_uint3(h, t, 0), [&] { pipelined::combine_kernel<D>(a, po, pml, n_splits, fixed); });
+    const auto [po, pml] = partials<D>(ws, a, n_splits);
+    run_grid(n_splits, a.n_head_kv, a.n_tokens,
+             [&] { pipelined::split_kernel<D, G, kTileRows>(a, po, pml, n_splits, fixed, bs_shift); });
+    if (n_splits > 1) {
+        run_grid(a.n_head, a.n_tokens, 1, [&] { pipelined::combine_kernel<D>(a, po, pml, n_splits, fixed); });
+    }
 }
 
 template <int D, int G>
