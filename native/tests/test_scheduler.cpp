@@ -487,6 +487,28 @@ void test_long_prefill_top_up_in_a_paged_pool() {
     assert(num_done == 1 && sched.num_preemptions() == 0 && blocks.num_free_blocks() == 8);
 }
 
+// Paged: a long prefill passed over at admission holds no block yet, so its prompt's blocks stay
+// reserved: later prompts are admitted only beside them (here 3 of 4 prompts of 5 blocks in a pool of
+// 16), and none of the admitted ones is preempted for want of blocks it was promised.
+void test_passed_over_long_prefills_reserve_their_blocks() {
+    SchedulerConfig c = make_config(8, 16, 32, 64);
+    c.long_prefill_token_threshold = 8;
+    Scheduler sched(c, make_paged_kv(16, 4));  // 16 blocks of 4 tokens
+    const BlockManager & blocks = *sched.kv().block_manager();
+    for (int64_t id = 1; id <= 4; ++id) {
+        sched.add(make_seq(id, 20, 1));
+    }
+    const StepPlan * out = nullptr;
+    run_step(sched, &out);  // 1: 8 tokens then the top-up; 2 and 3 admitted on reserved blocks; 4 waits
+    assert(sched.num_running() == 3 && sched.num_waiting() == 1);
+    assert(out->seqs.size() == 1 && out->seqs[0].seq->request_id == 1 && out->seqs[0].num_new_tokens == 16);
+    int32_t num_done = 0;
+    while (sched.has_work()) {
+        num_done += (int32_t) run_step(sched).size();
+    }
+    assert(num_done == 4 && sched.num_preemptions() == 0 && blocks.num_free_blocks() == 16);
+}
+
 int main() {
     test_chunked_prefill();
     test_decodes_first_then_prefill_in_request_order();
@@ -505,6 +527,7 @@ int main() {
     test_long_prefill_lets_a_short_prompt_in();
     test_long_prefills_one_at_a_time();
     test_long_prefill_top_up_in_a_paged_pool();
+    test_passed_over_long_prefills_reserve_their_blocks();
     test_shared_prefix_in_flight_is_computed_once();
     test_shared_prefix_wait_ends_with_the_computing_sequence();
     std::printf("test_scheduler: ok\n");

@@ -68,6 +68,7 @@ const StepPlan & Scheduler::schedule(int64_t now_ns) {
     out_.clear();
     now_ns_ = now_ns;
     num_blocks_promised_ = 0;
+    num_blocks_reserved_ = 0;
     long_entry_ = -1;
     long_skipped_.clear();
     kv_->begin_step();  // the previous step's swap-outs give their device blocks back now
@@ -124,7 +125,9 @@ void Scheduler::swap_in_swapped(int32_t * budget) {
 // next one; its next chunk's blocks were counted free (can_swap_in) but are taken only then.
 bool Scheduler::swap_in_front(int32_t * budget) {
     Sequence * seq = swapped_.front().get();
-    if (num_running() >= config_.max_num_seqs || !kv_->can_swap_in(*seq, num_running(), chunk_size(*seq, *budget))) {
+    if (num_running() >= config_.max_num_seqs ||
+        !kv_->can_swap_in(*seq, num_running(), chunk_size(*seq, *budget), /*with_deferred=*/false,
+                          num_blocks_reserved_)) {
         return false;
     }
     std::unique_ptr<Sequence> owned = std::move(swapped_.front());
@@ -271,6 +274,9 @@ void Scheduler::push_scheduled(Sequence * seq, int32_t budget_left, int32_t * bu
     if (is_long_prefill(*seq)) {  // scheduler.h, "Long prefills": one gets T tokens now, the others wait
         if (long_entry_ >= 0 || !long_skipped_.empty()) {
             long_skipped_.push_back(seq);
+            if (!kv_->holds_device_blocks(*seq)) {  // admitted on blocks it has not taken: they stay reserved
+                num_blocks_reserved_ += kv_->num_blocks_to_allocate(*seq, seq->num_uncomputed_tokens());
+            }
             return;
         }
         budget_left = std::min(budget_left, config_.long_prefill_token_threshold);
@@ -393,11 +399,14 @@ bool Scheduler::waits_for_deferred_blocks(Sequence & seq, int32_t num_new_tokens
 }
 
 // The running sequence, other than needy and not scheduled this step, that comes last in policy
-// order; nullptr if there is none or it comes before needy (then needy gives way itself).
+// order among those holding device blocks; nullptr if there is none or it comes before needy (then
+// needy gives way itself). One holding no block (a long prefill passed over before its first chunk)
+// would free nothing: preempting it would only count a preemption and send it back to the queue.
 Sequence * Scheduler::preemption_victim(const Sequence & needy) const {
     Sequence * victim = nullptr;
     for (const auto & seq : running_) {
-        if (seq.get() == &needy || seq->scheduled || !seq->holds_kv || seq->status != SequenceStatus::RUNNING) {
+        if (seq.get() == &needy || seq->scheduled || !seq->holds_kv || seq->status != SequenceStatus::RUNNING ||
+            !kv_->holds_device_blocks(*seq)) {
             continue;
         }
         if (victim == nullptr || comes_before(*victim, *seq)) {
@@ -468,7 +477,8 @@ void Scheduler::free_kv(Sequence * seq) {
 }
 
 bool Scheduler::can_admit(const Sequence & seq) const {
-    return num_running() < config_.max_num_seqs && kv_->can_admit(seq, num_running(), /*with_deferred=*/false);
+    return num_running() < config_.max_num_seqs &&
+           kv_->can_admit(seq, num_running(), /*with_deferred=*/false, num_blocks_reserved_);
 }
 
 void Scheduler::admit_at(size_t waiting_index) {

@@ -95,8 +95,11 @@
 // (head-of-line blocking), a long prefill alone still gets the whole budget, and long prefills among
 // themselves keep their order (one at a time, not shared round-robin, which would delay every one of
 // them). Admission order does not change: a skipped long sequence is admitted (it holds its slot and
-// its cached prefix) and computes nothing in that step. The chunks change, the tokens do not: the paged
-// attention is chunk-invariant.
+// its cached prefix) and computes nothing in that step. In the paged mode one that holds no block yet
+// keeps the blocks of the rest of its prompt reserved: admission and swap-in behind it in that step count
+// them as taken (else they let in more than the pool holds, and the extra ones are sent back unstarted),
+// and it is never a preemption victim (it would free nothing). The chunks change, the tokens do not: the
+// paged attention is chunk-invariant.
 //
 // Shared prefixes in flight (SchedulerConfig::min_pending_shared_prefix = S > 0; the idea of SGLang's
 // in-batch prefix caching): a waiting sequence W is passed over while some running sequence R has yet to
@@ -262,6 +265,7 @@ class Scheduler {
     std::vector<Sequence *> order_;                    // scratch: running_ at the start of a pass
     int64_t now_ns_ = 0;                               // the step being planned (schedule)
     int64_t num_blocks_promised_ = 0;                  // deferred blocks counted for StepPlan::deferred
+    int64_t num_blocks_reserved_ = 0;  // blocks of this step's passed-over long prefills that hold none (admission)
     int32_t long_entry_ = -1;                          // out_.seqs index of this step's capped long prefill
     std::vector<Sequence *> long_skipped_;             // long prefills passed over in the first pass
     int64_t num_preemptions_ = 0;

@@ -70,7 +70,10 @@ class KvCacheManager {
     // with_deferred: also count the blocks that this step's swap-outs free at the next step
     // (num_blocks_freed_next_step), to ask whether seq fits once they are back (priority
     // preemption stops preempting then); admission itself always asks without them.
-    virtual bool can_admit(const Sequence & seq, int32_t num_running, bool with_deferred = false) const = 0;
+    // num_reserved_blocks: free blocks already promised to sequences admitted before seq that hold none
+    // yet (long prefills passed over in this step, Scheduler), so not free for seq.
+    virtual bool can_admit(const Sequence & seq, int32_t num_running, bool with_deferred = false,
+                           int64_t num_reserved_blocks = 0) const = 0;
 
     // `seq` starts running: take what the mode sets aside at admission (unified: its reservation;
     // paged: the blocks of the longest cached prefix of its tokens). Returns the number of leading
@@ -148,6 +151,13 @@ class KvCacheManager {
     // any order and beside the step's compute (engine/swapper.h). A sequence swapped in at step t
     // (its copies in step t's plan) joins the batch at step t + 1 (the scheduler's SWAPPING_IN).
 
+    // True if seq's table holds at least one device block, so that preempting it can free KV rows for
+    // another; a running sequence that holds none (a long prefill passed over before its first chunk)
+    // is no preemption victim. The stock modes never run short of rows: true.
+    virtual bool holds_device_blocks(const Sequence & seq) const {
+        (void) seq;
+        return true;
+    }
     // True if swap_out(seq) can take host slots for every block of `seq` (admitted, with a table).
     // With KV streaming its host-resident blocks keep their slots (only device blocks take new ones),
     // and a table that could not come back to the device pool whole (its blocks and one more token's)
@@ -171,13 +181,14 @@ class KvCacheManager {
     // True if a swapped `seq` fits back next to `num_running` running sequences: its blocks, the
     // blocks of its next num_new_tokens tokens (with KV streaming, of its next token only: the rest of
     // its chunk gets blocks by streaming once it runs), and the admission watermark are free.
-    // with_deferred as for can_admit.
+    // with_deferred and num_reserved_blocks as for can_admit.
     virtual bool can_swap_in(const Sequence & seq, int32_t num_running, int32_t num_new_tokens,
-                             bool with_deferred = false) const {
+                             bool with_deferred = false, int64_t num_reserved_blocks = 0) const {
         (void) seq;
         (void) num_running;
         (void) num_new_tokens;
         (void) with_deferred;
+        (void) num_reserved_blocks;
         return false;
     }
     // Give a swapped seq fresh device blocks: append (host slot, device block) pairs to *out and

@@ -58,7 +58,8 @@ int32_t PagedKv::pending_shared_prefix_tokens(const Sequence & seq, const Sequen
     return std::max(0, common / block_size * block_size - computed);
 }
 
-bool PagedKv::can_admit(const Sequence & seq, int32_t num_running, bool with_deferred) const {
+bool PagedKv::can_admit(const Sequence & seq, int32_t num_running, bool with_deferred,
+                        int64_t num_reserved_blocks) const {
     const int64_t watermark = num_running == 0 ? 0 : std::max<int64_t>(watermark_blocks_, num_running);
     int64_t needed = num_blocks_to_admit(seq);
     if (stream_.enabled) {
@@ -66,7 +67,7 @@ bool PagedKv::can_admit(const Sequence & seq, int32_t num_running, bool with_def
         // and not more than the pool less one block
         needed = std::min<int64_t>(needed, std::max<int64_t>(1, num_blocks_total() - 1));
     }
-    return needed + watermark <= num_free_blocks(with_deferred);
+    return needed + watermark + num_reserved_blocks <= num_free_blocks(with_deferred);
 }
 
 int32_t PagedKv::admit(const Sequence & seq) {
@@ -115,6 +116,11 @@ int32_t num_device_entries(const BlockTable & table) {
 
 }  // namespace
 
+bool PagedKv::holds_device_blocks(const Sequence & seq) const {
+    const BlockTable * table = blocks_.find(seq.request_id);
+    return table != nullptr && num_device_entries(*table) > 0;
+}
+
 // With streaming a table may be longer than the device pool, but swap_in() brings every block back to the
 // device: such a sequence could never come back, so it is not swapped (recompute streams it again).
 bool PagedKv::can_swap_out(const Sequence & seq) const {
@@ -154,8 +160,8 @@ void PagedKv::swap_out(const Sequence & seq, std::vector<BlockSwap> * out) {
     blocks_.free_deferred(seq.request_id);  // the swap-out copy reads them during this step
 }
 
-bool PagedKv::can_swap_in(const Sequence & seq, int32_t num_running, int32_t num_new_tokens,
-                          bool with_deferred) const {
+bool PagedKv::can_swap_in(const Sequence & seq, int32_t num_running, int32_t num_new_tokens, bool with_deferred,
+                          int64_t num_reserved_blocks) const {
     auto it = swapped_.find(seq.request_id);
     assert(it != swapped_.end() && num_new_tokens >= 0);
     if (stream_.enabled) {
@@ -165,7 +171,7 @@ bool PagedKv::can_swap_in(const Sequence & seq, int32_t num_running, int32_t num
     const int64_t total = (int64_t) it->second.num_tokens + num_new_tokens;
     const int64_t needed = (total + bs - 1) / bs;  // its blocks and those of the next tokens
     const int64_t watermark = num_running == 0 ? 0 : std::max<int64_t>(watermark_blocks_, num_running);
-    return needed + watermark <= num_free_blocks(with_deferred);
+    return needed + watermark + num_reserved_blocks <= num_free_blocks(with_deferred);
 }
 
 void PagedKv::swap_in(const Sequence & seq, std::vector<BlockSwap> * out) {

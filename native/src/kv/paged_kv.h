@@ -66,7 +66,8 @@ class PagedKv final : public KvCacheManager {
     // block per running sequence, so that admitting a prompt does not force a preemption (and its
     // recompute) on the very next decode. Alone, a sequence may take the whole pool. Blocks of a
     // cached prefix are not needed again; cached free blocks count as free.
-    bool can_admit(const Sequence & seq, int32_t num_running, bool with_deferred) const override;
+    bool can_admit(const Sequence & seq, int32_t num_running, bool with_deferred,
+                   int64_t num_reserved_blocks) const override;
     int32_t admit(const Sequence & seq) override;
     bool allocate(const Sequence & seq, int32_t num_new_tokens) override;
     void commit(const Sequence & seq) override;
@@ -87,11 +88,12 @@ class PagedKv final : public KvCacheManager {
     bool supports_fork() const override { return true; }
     int32_t pending_shared_prefix_tokens(const Sequence & seq, const Sequence & other) const override;
 
+    bool holds_device_blocks(const Sequence & seq) const override;
     bool can_swap_out(const Sequence & seq) const override;
     int64_t swap_bytes(const Sequence & seq) const override;
     void swap_out(const Sequence & seq, std::vector<BlockSwap> * out) override;
-    bool can_swap_in(const Sequence & seq, int32_t num_running, int32_t num_new_tokens,
-                     bool with_deferred) const override;
+    bool can_swap_in(const Sequence & seq, int32_t num_running, int32_t num_new_tokens, bool with_deferred,
+                     int64_t num_reserved_blocks) const override;
     void swap_in(const Sequence & seq, std::vector<BlockSwap> * out) override;
     void free_swapped(const Sequence & seq) override;
     void begin_step() override;

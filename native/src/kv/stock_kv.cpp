@@ -15,7 +15,8 @@ class StockSplitKv final : public KvCacheManager {
     explicit StockSplitKv(int32_t n_ctx_per_seq) : n_ctx_per_seq_(n_ctx_per_seq) { assert(n_ctx_per_seq >= 1); }
 
     const char * name() const override { return "stock split"; }
-    bool can_admit(const Sequence & /*seq*/, int32_t /*num_running*/, bool /*with_deferred*/) const override {
+    bool can_admit(const Sequence & /*seq*/, int32_t /*num_running*/, bool /*with_deferred*/,
+                   int64_t /*num_reserved_blocks*/) const override {
         return true;
     }
     int32_t admit(const Sequence & /*seq*/) override {
@@ -62,7 +63,8 @@ class StockUnifiedKv final : public KvCacheManager {
     }
 
     const char * name() const override { return "stock unified"; }
-    bool can_admit(const Sequence & seq, int32_t /*num_running*/, bool /*with_deferred*/) const override {
+    bool can_admit(const Sequence & seq, int32_t /*num_running*/, bool /*with_deferred*/,
+                   int64_t /*num_reserved_blocks*/) const override {
         return reserved_ + seq.max_kv_tokens(n_ctx_per_seq_) <= n_ctx_;
     }
     int32_t admit(const Sequence & seq) override {
