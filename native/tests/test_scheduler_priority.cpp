@@ -314,6 +314,29 @@ void test_storm_of_urgent_arrivals() {
 
 }  // namespace
 
+// Long prefills passed over keep their blocks reserved only against what comes after them: budget 8,
+// T = 4, 16 blocks of 4. Step 0 runs 1 (20 tokens, priority 5) and admits 2 and 3 (same) unstarted, on
+// 10 reserved blocks. An urgent 20-token arrival (priority 0) comes before them, so their reservation does
+// not hold it back: it is admitted at the next step, as priority preemption's own check (which runs
+// before anything is passed over) says it fits. Every request then completes.
+void test_reservations_do_not_hold_back_an_urgent_arrival() {
+    SchedulerConfig c = prio_config(8, 64, 64, kNoAging);
+    c.max_num_batched_tokens = 8;
+    c.long_prefill_token_threshold = 4;
+    Scheduler sched(c, make_paged_kv(16, 4));
+    Log log;
+    for (int64_t id = 1; id <= 3; ++id) {
+        add(sched, log, make_request(id, 20, 2, /*priority=*/5));
+    }
+    run_step(sched, log, 0);
+    assert(sched.num_running() == 3 && sched.num_waiting() == 0 && sched.kv().num_blocks_used() == 2);
+    add(sched, log, make_request(4, 20, 2, /*priority=*/0, kStepNs));
+    const StepPlan & out = run_step(sched, log, kStepNs);
+    assert(out.preempted.empty() && sched.num_running() == 4 && sched.num_waiting() == 0);
+    run_all(sched, log, 2 * kStepNs);
+    assert(log.finished.size() == 4 && log.num_output[4] == 2 && sched.kv().num_blocks_used() == 0);
+}
+
 int main() {
     test_urgent_arrival_preempts_least_urgent_for_a_place();
     test_urgent_arrival_preempts_least_urgent_for_blocks();
@@ -323,6 +346,7 @@ int main() {
     test_aging_lets_a_starving_request_in();
     test_aged_runner_is_not_preempted_by_fresh_arrivals();
     test_storm_of_urgent_arrivals();
+    test_reservations_do_not_hold_back_an_urgent_arrival();
     std::printf("test_scheduler_priority: ok\n");
     return 0;
 }

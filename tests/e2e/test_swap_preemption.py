@@ -96,22 +96,30 @@ def test_real_model_swap_keeps_greedy_outputs(real_model_path, make_llm):
     assert [o.token_ids for o in outs] == expected
 
 
-def test_long_prompts_passed_over_are_never_recomputed(tiny_model_path, make_llm):
-    # 12 prompts of 512 tokens, over the long-prefill threshold (256 for the budget of 512), in a pool
-    # of 2,048 rows: one long prefill computes at a time and the others are passed over holding no block.
-    # Admission keeps their prompts' blocks reserved, so it lets in only what fits beside them and no
-    # sequence is sent back to the queue unstarted (before, admission let in sequences whose blocks were
-    # not there, and each such give-way counted as a recompute preemption). Decode growth then preempts by
-    # swap only, and the tokens equal a roomy run.
-    ps = [[100 + (37 * i + 13 * j) % 20000 for j in range(512)] for i in range(12)]
-    roomy = make_llm(tiny_model_path, kv_mode="paged", max_num_seqs=12, n_ctx=12 * 1024)
+@pytest.mark.parametrize("shared_prefix", [0, 64])
+def test_long_prompts_passed_over_are_never_recomputed(tiny_model_path, make_llm, shared_prefix):
+    # 12 prompts of 512 tokens, over the long-prefill threshold of 256, in a pool of 2,048 rows: one long
+    # prefill computes at a time and the others are passed over, computing nothing. Admission keeps the
+    # blocks of their prompts reserved, so it lets in only what fits beside them; a sequence that still
+    # gives way before computing anything goes back to the queue uncounted. Before, admission let in
+    # sequences whose blocks were not there, and each of their give-ways counted as a recompute
+    # preemption (of 0 tokens). With a shared 64-token prefix (prefix caching on, the default) every
+    # admitted prompt holds the cached prefix blocks, and the rest of its prompt is reserved all the same.
+    # Decode growth then preempts by swap only, and the tokens equal a roomy run.
+    head = [100 + (7 * j) % 20000 for j in range(shared_prefix)]
+    ps = [head + [100 + (37 * i + 13 * j) % 20000 for j in range(512 - shared_prefix)] for i in range(12)]
+    roomy = make_llm(tiny_model_path, kv_mode="paged", max_num_seqs=12, n_ctx=12 * 1024,
+                     long_prefill_token_threshold=256)
     expected = [o.token_ids for o in roomy.generate(ps, greedy(384))]
-    tight = make_llm(tiny_model_path, kv_mode="paged", max_num_seqs=12, n_ctx=2048, preemption_mode="swap")
+    assert roomy.stats().num_preemptions == 0
+    tight = make_llm(tiny_model_path, kv_mode="paged", max_num_seqs=12, n_ctx=2048, preemption_mode="swap",
+                     long_prefill_token_threshold=256)
     outs = tight.generate(ps, greedy(384))
     assert [o.token_ids for o in outs] == expected
     s = tight.stats()
     assert s.num_preemptions_swap > 0 and s.num_preemptions_recompute == 0 and s.num_recomputed_tokens == 0
     assert s.num_preemptions == s.num_preemptions_swap
+    assert sum(o.metrics.num_preemptions for o in outs) == s.num_preemptions
 
 
 def test_swap_space_too_small_falls_back_to_recompute(tiny_model_path, make_llm):

@@ -68,7 +68,6 @@ const StepPlan & Scheduler::schedule(int64_t now_ns) {
     out_.clear();
     now_ns_ = now_ns;
     num_blocks_promised_ = 0;
-    num_blocks_reserved_ = 0;
     long_entry_ = -1;
     long_skipped_.clear();
     kv_->begin_step();  // the previous step's swap-outs give their device blocks back now
@@ -127,7 +126,7 @@ bool Scheduler::swap_in_front(int32_t * budget) {
     Sequence * seq = swapped_.front().get();
     if (num_running() >= config_.max_num_seqs ||
         !kv_->can_swap_in(*seq, num_running(), chunk_size(*seq, *budget), /*with_deferred=*/false,
-                          num_blocks_reserved_)) {
+                          blocks_reserved_before(*seq))) {
         return false;
     }
     std::unique_ptr<Sequence> owned = std::move(swapped_.front());
@@ -135,6 +134,7 @@ bool Scheduler::swap_in_front(int32_t * budget) {
     kv_->swap_in(*owned, &out_.blocks_to_swap_in);
     owned->status = SequenceStatus::SWAPPING_IN;
     owned->scheduled = false;
+    owned->num_tokens_at_admission = -1;  // its KV came back: giving way again is a preemption
     owned->holds_kv = true;
     end_wait(*owned);
     out_.swapped_in.push_back(seq);
@@ -247,6 +247,7 @@ void Scheduler::fork_choices() {
             end_wait(*owned);
             kv_->fork(*parent, *owned);
             owned->holds_kv = true;
+            owned->num_tokens_at_admission = -1;  // its KV is forked, not computed by itself
             owned->num_computed_tokens = parent->num_computed_tokens;
             owned->num_cached_tokens = parent->num_computed_tokens;  // reused, not computed
             running_.push_back(std::move(owned));
@@ -273,10 +274,7 @@ void Scheduler::push_scheduled(Sequence * seq, int32_t budget_left, int32_t * bu
     assert(seq->num_uncomputed_tokens() >= 1 && budget_left >= 1);
     if (is_long_prefill(*seq)) {  // scheduler.h, "Long prefills": one gets T tokens now, the others wait
         if (long_entry_ >= 0 || !long_skipped_.empty()) {
-            long_skipped_.push_back(seq);
-            if (!kv_->holds_device_blocks(*seq)) {  // admitted on blocks it has not taken: they stay reserved
-                num_blocks_reserved_ += kv_->num_blocks_to_allocate(*seq, seq->num_uncomputed_tokens());
-            }
+            long_skipped_.push_back(seq);  // the blocks of its rest stay reserved (blocks_reserved_before)
             return;
         }
         budget_left = std::min(budget_left, config_.long_prefill_token_threshold);
@@ -369,7 +367,7 @@ bool Scheduler::allocate_or_preempt(Sequence * seq, int32_t num_new_tokens) {
     // The others are scheduled already: seq resumes once they free blocks. With streaming, a sequence
     // alone also gives way to swapped ones: they may hold the host slots it would stream into, and they
     // come back (swap_in_swapped) once it is out.
-    if (num_running() > 1 || (kv_->streams() && !swapped_.empty())) {
+    if (others_hold_blocks(*seq) || (kv_->streams() && !swapped_.empty())) {
         preempt(seq);
         return false;
     }
@@ -442,8 +440,18 @@ void Scheduler::preempt(Sequence * seq, bool for_priority) {
     }
     std::unique_ptr<Sequence> owned = std::move(running_[index]);
     running_.erase(running_.begin() + (std::ptrdiff_t) index);
-    owned->num_preemptions += 1;
     owned->queued_since_ns = now_ns_;  // its effective priority stays what it was while running
+    if (owned->num_tokens_at_admission == owned->num_computed_tokens) {
+        // Nothing computed in this stay (a long prefill passed over, or one whose first chunk found no
+        // blocks): it goes back to the queue as it came, losing nothing; no preemption is counted.
+        free_kv(owned.get());
+        owned->status = SequenceStatus::WAITING;
+        owned->num_computed_tokens = 0;
+        out_.preempted.push_back({owned.get(), /*swapped=*/false, for_priority, /*unstarted=*/true});
+        add(std::move(owned));
+        return;
+    }
+    owned->num_preemptions += 1;
     num_preemptions_ += 1;
     preemption_stats_.num_priority += for_priority ? 1 : 0;
     if (should_swap(*owned)) {
@@ -478,7 +486,29 @@ void Scheduler::free_kv(Sequence * seq) {
 
 bool Scheduler::can_admit(const Sequence & seq) const {
     return num_running() < config_.max_num_seqs &&
-           kv_->can_admit(seq, num_running(), /*with_deferred=*/false, num_blocks_reserved_);
+           kv_->can_admit(seq, num_running(), /*with_deferred=*/false, blocks_reserved_before(seq));
+}
+
+// Blocks reserved for the long prefills passed over in this step that come before `queued` (waiting or
+// swapped) in policy order: see "Long prefills" in scheduler.h. One preempted since is no longer counted.
+int64_t Scheduler::blocks_reserved_before(const Sequence & queued) const {
+    int64_t n = 0;
+    for (const Sequence * seq : long_skipped_) {
+        if (seq->status == SequenceStatus::RUNNING && !seq->scheduled && comes_before(*seq, queued)) {
+            n += kv_->num_blocks_to_reserve(*seq);
+        }
+    }
+    return n;
+}
+
+// True if a running sequence other than seq holds a device block: one that could free blocks for seq.
+bool Scheduler::others_hold_blocks(const Sequence & seq) const {
+    for (const auto & other : running_) {
+        if (other.get() != &seq && other->holds_kv && kv_->holds_device_blocks(*other)) {
+            return true;
+        }
+    }
+    return false;
 }
 
 void Scheduler::admit_at(size_t waiting_index) {
@@ -493,6 +523,7 @@ void Scheduler::admit_at(size_t waiting_index) {
     if (seq->num_preemptions == 0) {
         seq->num_cached_tokens = seq->num_computed_tokens;  // a first admission: prompt tokens only
     }
+    seq->num_tokens_at_admission = seq->num_computed_tokens;
     seq->holds_kv = true;
     running_.push_back(std::move(seq));
 }

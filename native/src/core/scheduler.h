@@ -22,8 +22,11 @@
 // sequence needs a block and none is free, the scheduler preempts the running sequence that comes
 // last in policy order among those not yet scheduled this step (for FCFS: the newest), frees its
 // blocks and returns it to the waiting queue with its output kept; re-admitted, it prefills prompt
-// and output again and goes on where it stopped. If no other sequence can give way, the sequence
-// that needs the block is preempted itself; alone in the pool it cannot grow at all and ends
+// and output again and goes on where it stopped. A sequence holding no device block is never the
+// victim (it would free nothing), and one that has computed nothing since its admission goes back to
+// the queue unstarted, counted as no preemption (nothing is recomputed or swapped). If no other
+// sequence can give way, the sequence that needs the block is preempted itself; if no other holds a
+// block it is alone in the pool, cannot grow at all and ends
 // (out_of_blocks, with the KV manager's reason when it streams). With KV streaming, middle blocks move
 // to the host (KvCacheManager::demote) before anyone is preempted, and a sequence alone gives way
 // (preempts itself) while swapped sequences wait, since they may hold the host slots it would stream
@@ -95,11 +98,12 @@
 // (head-of-line blocking), a long prefill alone still gets the whole budget, and long prefills among
 // themselves keep their order (one at a time, not shared round-robin, which would delay every one of
 // them). Admission order does not change: a skipped long sequence is admitted (it holds its slot and
-// its cached prefix) and computes nothing in that step. In the paged mode one that holds no block yet
-// keeps the blocks of the rest of its prompt reserved: admission and swap-in behind it in that step count
-// them as taken (else they let in more than the pool holds, and the extra ones are sent back unstarted),
-// and it is never a preemption victim (it would free nothing). The chunks change, the tokens do not: the
-// paged attention is chunk-invariant.
+// its cached prefix) and computes nothing in that step. In the paged mode a passed-over sequence keeps
+// the blocks of the rest of what it computes reserved (KvCacheManager::num_blocks_to_reserve): admitting
+// or swapping in a sequence that comes after it in policy order counts them as taken, else admission
+// would let in more than the pool holds and the extra ones would go back unstarted. A more urgent one
+// (PRIORITY) is not held back by them. The chunks change, the tokens do not: the paged attention is
+// chunk-invariant.
 //
 // Shared prefixes in flight (SchedulerConfig::min_pending_shared_prefix = S > 0; the idea of SGLang's
 // in-batch prefix caching): a waiting sequence W is passed over while some running sequence R has yet to
@@ -227,6 +231,8 @@ class Scheduler {
   private:
     bool comes_before(const Sequence & a, const Sequence & b) const;
     bool can_admit(const Sequence & seq) const;
+    int64_t blocks_reserved_before(const Sequence & queued) const;
+    bool others_hold_blocks(const Sequence & seq) const;
     void admit_at(size_t waiting_index);
     void fork_choices();
     bool waits_for_fork(Sequence & seq) const;
@@ -265,7 +271,6 @@ class Scheduler {
     std::vector<Sequence *> order_;                    // scratch: running_ at the start of a pass
     int64_t now_ns_ = 0;                               // the step being planned (schedule)
     int64_t num_blocks_promised_ = 0;                  // deferred blocks counted for StepPlan::deferred
-    int64_t num_blocks_reserved_ = 0;  // blocks of this step's passed-over long prefills that hold none (admission)
     int32_t long_entry_ = -1;                          // out_.seqs index of this step's capped long prefill
     std::vector<Sequence *> long_skipped_;             // long prefills passed over in the first pass
     int64_t num_preemptions_ = 0;

@@ -78,9 +78,9 @@ bool Scheduler::fits_now(const Sequence & queued, bool with_deferred) const {
     }
     if (queued.status == SequenceStatus::SWAPPED) {
         return kv_->can_swap_in(queued, num_running(), chunk_size(queued, config_.max_num_batched_tokens),
-                                with_deferred, num_blocks_reserved_);
+                                with_deferred, blocks_reserved_before(queued));
     }
-    return kv_->can_admit(queued, num_running(), with_deferred, num_blocks_reserved_);
+    return kv_->can_admit(queued, num_running(), with_deferred, blocks_reserved_before(queued));
 }
 
 // See "Priority preemption" in scheduler.h. Runs before any running sequence is scheduled in this

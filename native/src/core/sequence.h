@@ -158,6 +158,9 @@ struct Sequence {
     int32_t num_computed_tokens = 0;  // the single progress counter, see the diagram above
     int32_t num_cached_tokens = 0;    // prompt tokens found in the prefix cache at first admission
     int32_t num_preemptions = 0;
+    // num_computed_tokens when last admitted from WAITING (its prefix-cache hit), -1 after a swap-in or
+    // a fork: while the two are equal it has computed nothing in this stay, and giving way loses nothing.
+    int32_t num_tokens_at_admission = -1;
     bool holds_kv = false;            // the KV cache manager holds rows for it (admitted, not freed)
     bool scheduled = false;           // running and scheduled in the step being planned
     // Choices of one prompt (cf_request.num_forks), paged mode: the parent computes its prompt up

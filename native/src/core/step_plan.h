@@ -90,6 +90,9 @@ struct StepPlan {
         // The reason: true = it made room for a more urgent request (PRIORITY policy, before the
         // step's sequences were scheduled); false = a running sequence needed a block.
         bool for_priority = false;
+        // It had computed nothing since its admission (Sequence::num_tokens_at_admission): it went back
+        // to the waiting queue unstarted, counted in no preemption statistic.
+        bool unstarted = false;
     };
     // Sequences swapped in this step (their blocks in blocks_to_swap_in), now SWAPPING_IN: they
     // join the batch at the next step.

@@ -288,6 +288,9 @@ void Engine::collect_logprobs(Sequence & seq, const float * logits, int32_t toke
 void Engine::handle_block_shortage(const StepPlan & out) {
     for (const StepPlan::Preempted & p : out.preempted) {
         release_slot(*p.seq);
+        if (p.unstarted) {
+            continue;  // back in the queue with nothing computed: no preemption
+        }
         profiler_.request(p.swapped ? CF_PROFILE_EVENT_REQUEST_SWAP_OUT : CF_PROFILE_EVENT_REQUEST_PREEMPT,
                           totals_.num_steps, step_start_ns_, p.seq->request_id, p.seq->num_tokens());
         if (p.for_priority) {

@@ -70,8 +70,8 @@ class KvCacheManager {
     // with_deferred: also count the blocks that this step's swap-outs free at the next step
     // (num_blocks_freed_next_step), to ask whether seq fits once they are back (priority
     // preemption stops preempting then); admission itself always asks without them.
-    // num_reserved_blocks: free blocks already promised to sequences admitted before seq that hold none
-    // yet (long prefills passed over in this step, Scheduler), so not free for seq.
+    // num_reserved_blocks: free blocks set aside for running sequences ahead of seq in policy order
+    // (long prefills passed over in this step, Scheduler::blocks_reserved_before), so not free for seq.
     virtual bool can_admit(const Sequence & seq, int32_t num_running, bool with_deferred = false,
                            int64_t num_reserved_blocks = 0) const = 0;
 
@@ -151,9 +151,9 @@ class KvCacheManager {
     // any order and beside the step's compute (engine/swapper.h). A sequence swapped in at step t
     // (its copies in step t's plan) joins the batch at step t + 1 (the scheduler's SWAPPING_IN).
 
-    // True if seq's table holds at least one device block, so that preempting it can free KV rows for
-    // another; a running sequence that holds none (a long prefill passed over before its first chunk)
-    // is no preemption victim. The stock modes never run short of rows: true.
+    // True if seq's table holds at least one device block (its own or shared). One that holds none (a
+    // long prefill passed over before its first chunk) frees nothing if preempted, so the scheduler
+    // never picks it as a victim. The stock modes never run short of rows: true.
     virtual bool holds_device_blocks(const Sequence & seq) const {
         (void) seq;
         return true;
@@ -208,6 +208,13 @@ class KvCacheManager {
     virtual void end_step() {}
     // Blocks this step's swap-outs return to the free list at the next begin_step().
     virtual int32_t num_blocks_freed_next_step() const { return 0; }
+    // Blocks a running seq passed over in this step still needs for the rest of what it computes (as
+    // can_admit counts a prompt: with KV streaming at most the pool less one block); 0 in the stock
+    // modes. Admission and swap-in behind it leave them free (Scheduler, "Long prefills").
+    virtual int64_t num_blocks_to_reserve(const Sequence & seq) const {
+        (void) seq;
+        return 0;
+    }
     // Blocks allocate(seq, num_new_tokens) would take from the free list now. Does not mutate.
     virtual int64_t num_blocks_to_allocate(const Sequence & seq, int32_t num_new_tokens) const {
         (void) seq;

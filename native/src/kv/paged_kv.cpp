@@ -121,6 +121,11 @@ bool PagedKv::holds_device_blocks(const Sequence & seq) const {
     return table != nullptr && num_device_entries(*table) > 0;
 }
 
+int64_t PagedKv::num_blocks_to_reserve(const Sequence & seq) const {
+    const int64_t needed = num_blocks_to_allocate(seq, seq.num_uncomputed_tokens());
+    return stream_.enabled ? std::min<int64_t>(needed, std::max<int64_t>(1, num_blocks_total() - 1)) : needed;
+}
+
 // With streaming a table may be longer than the device pool, but swap_in() brings every block back to the
 // device: such a sequence could never come back, so it is not swapped (recompute streams it again).
 bool PagedKv::can_swap_out(const Sequence & seq) const {

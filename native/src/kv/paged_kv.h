@@ -89,6 +89,7 @@ class PagedKv final : public KvCacheManager {
     int32_t pending_shared_prefix_tokens(const Sequence & seq, const Sequence & other) const override;
 
     bool holds_device_blocks(const Sequence & seq) const override;
+    int64_t num_blocks_to_reserve(const Sequence & seq) const override;
     bool can_swap_out(const Sequence & seq) const override;
     int64_t swap_bytes(const Sequence & seq) const override;
     void swap_out(const Sequence & seq, std::vector<BlockSwap> * out) override;
