@@ -108,7 +108,8 @@ PREEMPTION_OPTION = click.option(
     default="auto",
     show_default=True,
     help="Paged mode, when the KV pool is full: 'swap' copies a preempted sequence's blocks to "
-    "host memory and back (exact resume, no recompute), 'recompute' computes its prompt and "
+    "host memory and back (exact resume, no recompute) while --swap-space holds it, else "
+    "recomputes it (engine stats count both), 'recompute' computes its prompt and "
     "output again, 'auto' picks the cheaper per sequence while --swap-space lasts. The stock "
     "KV modes never preempt.",
 )

@@ -71,7 +71,8 @@ class EngineConfig:
             ``SamplingParams.cache_prompt``.
         preemption_mode: paged mode, what happens to a running sequence preempted when the
             pool is short of blocks: "swap" copies its blocks to host memory and back when it
-            resumes (exact resume: no recompute, greedy outputs as if never preempted);
+            resumes (exact resume: no recompute, greedy outputs as if never preempted), or,
+            when swap_space_bytes cannot hold a victim's blocks, recomputes it (stats count both);
             "recompute" frees them and computes prompt and output again when it is re-admitted;
             "auto" (the default) picks per victim the cheaper of the two by the engine's
             measured copy and compute rates, swapping only while host space lasts. The stock
