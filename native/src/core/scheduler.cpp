@@ -444,11 +444,7 @@ void Scheduler::preempt(Sequence * seq, bool for_priority) {
     if (owned->num_tokens_at_admission == owned->num_computed_tokens) {
         // Nothing computed in this stay (a long prefill passed over, or one whose first chunk found no
         // blocks): it goes back to the queue as it came, losing nothing; no preemption is counted.
-        free_kv(owned.get());
-        owned->status = SequenceStatus::WAITING;
-        owned->num_computed_tokens = 0;
-        out_.preempted.push_back({owned.get(), /*swapped=*/false, for_priority, /*unstarted=*/true});
-        add(std::move(owned));
+        requeue(std::move(owned), for_priority, /*unstarted=*/true);
         return;
     }
     owned->num_preemptions += 1;
@@ -468,12 +464,17 @@ void Scheduler::preempt(Sequence * seq, bool for_priority) {
         swapped_.insert(pos, std::move(owned));
         return;
     }
-    free_kv(owned.get());
     preemption_stats_.num_recompute += 1;
     preemption_stats_.num_recomputed_tokens += owned->num_computed_tokens;
+    requeue(std::move(owned), for_priority, /*unstarted=*/false);
+}
+
+// A sequence taken out of the running set goes back to the waiting queue without KV, its output kept.
+void Scheduler::requeue(std::unique_ptr<Sequence> owned, bool for_priority, bool unstarted) {
+    free_kv(owned.get());
     owned->status = SequenceStatus::WAITING;
     owned->num_computed_tokens = 0;
-    out_.preempted.push_back({owned.get(), /*swapped=*/false, for_priority});
+    out_.preempted.push_back({owned.get(), /*swapped=*/false, for_priority, unstarted});
     add(std::move(owned));
 }
 

@@ -233,6 +233,7 @@ class Scheduler {
     bool can_admit(const Sequence & seq) const;
     int64_t blocks_reserved_before(const Sequence & queued) const;
     bool others_hold_blocks(const Sequence & seq) const;
+    void requeue(std::unique_ptr<Sequence> owned, bool for_priority, bool unstarted);
     void admit_at(size_t waiting_index);
     void fork_choices();
     bool waits_for_fork(Sequence & seq) const;
