@@ -19,7 +19,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-results/prefix_cache/stop23}
+BUILD=${BUILD:-$(ls -d build/cp3*/ 2>/dev/null | head -1)}  # the folder `pip install .` made
 BUILD=${BUILD:-build/dev}
+BUILD=${BUILD%/}
 NP=${NP:-8}
 N=${N:-64}
 P=${P:-1000}

@@ -11,7 +11,7 @@ block size 16):
    sequences in the batch (and, for reference, of the steps that also prefilled).
 The ratio is the worst case of one step: all 256 sequences admitted in it.
 
-    CACHEFLOW_LIB=$PWD/build/dev/libcacheflow.so PYTHONPATH=$PWD \\
+    CACHEFLOW_LIB=$(ls $PWD/build/cp3*/libcacheflow.so) PYTHONPATH=$PWD \\
         python scripts/bench_prefix_lookup.py [--threads 2] [--out results/prefix_cache/stop23]
 Writes <out>/lookup_native.txt and <out>/lookup_summary.json.
 """
@@ -83,7 +83,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--output-len", type=int, default=48)
-    parser.add_argument("--build", type=Path, default=Path("build/dev"))
+    pip_builds = sorted(Path("build").glob("cp3*"))  # the folder `pip install .` made
+    parser.add_argument("--build", type=Path, default=pip_builds[0] if pip_builds else Path("build/dev"))
     parser.add_argument("--out", type=Path, default=Path("results/prefix_cache/stop23"))
     args = parser.parse_args()
     text, table = native_lookup(args.build)

@@ -11,7 +11,7 @@
 #   scripts/llama_server_suite.sh stock      # stock only; rewrites stock_passed.txt
 #
 # Environment: MODEL (default: `cacheflow model path`), OUT (results/tmp/llama_server_suite),
-# BUILD (the CMake build folder, default build/dev), PORT (18380), TEST_TIMEOUT (s per test, 300),
+# BUILD (the CMake build folder; default: the one `pip install .` made, build/cp3*, else build/dev), PORT (18380), TEST_TIMEOUT (s per test, 300),
 # SUITE_FILES (the test files). Needs: the model pulled, the tree fetched (by a build), and
 # pytest, requests, openai, numpy, prometheus_client, filelock, pytest-timeout in the Python env.
 # Exit status: that of compare.py (1 when a test stock passes fails against CacheFlow and is not
@@ -23,7 +23,9 @@ HERE=$ROOT/scripts/llama_server_suite
 MODE=${1:-both}
 TESTS=$ROOT/vendor/llama.cpp/tools/server/tests
 OUT=$(mkdir -p "${OUT:-results/tmp/llama_server_suite}" && cd "${OUT:-results/tmp/llama_server_suite}" && pwd)
+BUILD=${BUILD:-$(ls -d build/cp3*/ 2>/dev/null | head -1)}
 BUILD=${BUILD:-build/dev}
+BUILD=${BUILD%/}
 MODEL=${MODEL:-$(cacheflow model path)}
 SUITE_FILES=${SUITE_FILES:-"test_basic.py test_tokenize.py test_security.py test_completion.py
   test_chat_completion.py test_ignore_eos.py test_ctx_shift.py test_metrics.py"}
