@@ -84,7 +84,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--output-len", type=int, default=48)
     pip_builds = sorted(Path("build").glob("cp3*"))  # the folder `pip install .` made
-    parser.add_argument("--build", type=Path, default=pip_builds[0] if pip_builds else Path("build/dev"))
+    default_build = pip_builds[0] if pip_builds else Path("build/dev")
+    parser.add_argument("--build", type=Path, default=default_build)
     parser.add_argument("--out", type=Path, default=Path("results/prefix_cache/stop23"))
     args = parser.parse_args()
     text, table = native_lookup(args.build)
