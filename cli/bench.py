@@ -305,6 +305,9 @@ def _offline(
     summary = ctx.summary(command, levels, medians, ratio_rows)
     results.write_json(out / f"{command}_summary.json", summary)
     _print_table(medians, ratio_rows)
+    if kv_series:  # the KV cache's own figures (utilization = rows holding tokens / capacity)
+        click.echo()
+        _print_table(results.summarize(rows, ["variant", "concurrency"], KV_COLUMNS), [], KV_COLUMNS)
     click.echo(
         f"wrote {out}/{command}_results.csv, {command}_requests.csv, {command}_summary.json",
         err=True,
@@ -490,16 +493,31 @@ def _default_model() -> str:
     return str(ensure_default_model(progress=True))
 
 
-def _print_table(medians: list[dict[str, object]], ratio_rows: list[dict[str, object]]) -> None:
-    cols = (
-        "output_throughput",
-        "decode_tok_s",
-        "ceiling_fraction",
-        "ttft_ms_median",
-        "tpot_ms_median",
-        "e2e_ms_median",
-    )
-    click.echo(f"{'variant':<34}{'c':>4}" + "".join(f"{c[:17]:>18}" for c in cols))
+TABLE_COLUMNS = (
+    "output_throughput",
+    "decode_tok_s",
+    "ceiling_fraction",
+    "ttft_ms_median",
+    "tpot_ms_median",
+    "e2e_ms_median",
+)
+# kv-cache's second table: KV rows holding tokens / capacity (mean, peak over steps), rows reserved
+# / capacity, the reserved rows holding no token, preemptions (Profile.kv_summary)
+KV_COLUMNS = (
+    "kv_utilization_mean",
+    "kv_utilization_peak",
+    "kv_reserved_mean",
+    "kv_reserved_unused_mean",
+    "num_preemptions",
+)
+
+
+def _print_table(
+    medians: list[dict[str, object]],
+    ratio_rows: list[dict[str, object]],
+    cols: Sequence[str] = TABLE_COLUMNS,
+) -> None:
+    click.echo(f"{'variant':<34}{'c':>4}" + "".join(f"{c.removeprefix('kv_')[:17]:>18}" for c in cols))
     for m in medians:
         values = "".join(f"{_fmt(m.get(c)):>18}" for c in cols)
         click.echo(f"{str(m['variant'])[:33]:<34}{m['concurrency']!s:>4}{values}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 import re
 from pathlib import Path
@@ -256,7 +257,14 @@ def load_llm(
     try:
         from pycacheflow.llm import LLM
 
-        llm = LLM(config=config)
+        # the command prints its own notice of a rounded context, naming its option
+        llm_logger = logging.getLogger("pycacheflow.llm")
+        level = llm_logger.level
+        llm_logger.setLevel(logging.ERROR)
+        try:
+            llm = LLM(config=config)
+        finally:
+            llm_logger.setLevel(level)
     except ImportError as exc:
         raise click.ClickException(str(exc)) from None
     except OutOfMemoryError as exc:

@@ -487,13 +487,14 @@ def _echo_header(index: int, prompts: list[str]) -> None:
 def format_summary(
     outputs: list[RequestOutput], wall_s: float, stats: EngineStats | None = None
 ) -> str:
-    """Stats summary: requests, tokens, mean TTFT/TPOT (ms), output tokens/s, wall time, and with
-    KV streaming on its counters (blocks demoted, promoted, staged).
+    """Stats summary: requests, tokens, mean TTFT/TPOT (ms), output tokens/s, wall time; the
+    preemptions if any (``preemption_line``); with KV streaming on its counters (blocks demoted,
+    promoted, staged).
 
     Args:
         outputs: finished requests.
         wall_s: seconds from the first submission to the last finish.
-        stats: the engine's stats after the run; None = no streaming line.
+        stats: the engine's stats after the run; None = no preemption or streaming line.
     """
     num_prompt = sum(o.metrics.num_prompt_tokens for o in outputs)
     num_output = sum(o.metrics.num_output_tokens for o in outputs)
@@ -505,8 +506,22 @@ def format_summary(
         f"mean TTFT: {_mean_ms(ttfts)}  mean TPOT: {_mean_ms(tpots)}  "
         f"output: {rate:.1f} tok/s  wall: {wall_s:.2f} s"
     )
-    streaming = kv_stream.summary_line(stats) if stats is not None else None
-    return summary + (f"\n{streaming}" if streaming else "")
+    lines = [summary]
+    if stats is not None:
+        lines += [line for line in (preemption_line(stats), kv_stream.summary_line(stats)) if line]
+    return "\n".join(lines)
+
+
+def preemption_line(stats: EngineStats) -> str | None:
+    """The run's preemptions by mode (swap to host / recompute), with the tokens recomputed and
+    the bytes swapped out; None when nothing was preempted."""
+    if stats.num_preemptions == 0:
+        return None
+    return (
+        f"preemptions: {stats.num_preemptions} (swap {stats.num_preemptions_swap}, recompute "
+        f"{stats.num_preemptions_recompute}); {stats.num_recomputed_tokens} tokens recomputed, "
+        f"{stats.swap_out_bytes / 2**20:.1f} MiB swapped out"
+    )
 
 
 def _mean_ms(values: list[float]) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import weakref
@@ -20,6 +21,8 @@ from pycacheflow.profiler import DEFAULT_PROFILE_CAPACITY, Profile, ProfileColle
 from pycacheflow.request_state import RequestState
 from pycacheflow.sampling_params import SamplingParams
 from pycacheflow.text import encode_utf8, is_exact_int_list
+
+logger = logging.getLogger("pycacheflow.llm")
 
 PromptInput = Union[str, Sequence[int]]  # text, or token ids
 
@@ -77,7 +80,8 @@ class LLM:
         profile: record profiler events (``profile()``, ``export_trace``); sets
             ``profile_capacity`` to DEFAULT_PROFILE_CAPACITY unless the config sets one.
         **config_kwargs: EngineConfig fields (n_ctx, max_num_seqs, kv_mode, ...) overriding
-            ``config``.
+            ``config``. An n_ctx that llama.cpp rounds up (to multiples of 256) is logged as a
+            warning on the ``pycacheflow.llm`` logger; ``info.n_ctx`` gives the size used.
 
     Raises:
         ValueError/TypeError: a bad config value. ModelLoadError, UnsupportedError,
@@ -97,6 +101,12 @@ class LLM:
             self.config = replace(self.config, profile_capacity=DEFAULT_PROFILE_CAPACITY)
         self._engine = Engine(self.config)
         self._info = self._engine.info()
+        if 0 < self.config.n_ctx != self._info.n_ctx:
+            # llama.cpp sizes its KV cache in multiples of 256 rows (per sequence in stock mode)
+            logger.warning(
+                "pycacheflow: n_ctx %d rounded to %d tokens of KV cache (llama.cpp allocates "
+                "multiples of 256); at most %d tokens per sequence", self.config.n_ctx,
+                self._info.n_ctx, self._info.n_ctx_per_seq)  # fmt: skip
         self._profiler: ProfileCollector | None = None
         if self.config.profile_capacity > 0:
             self._profiler = ProfileCollector(self._engine.profile_drain)

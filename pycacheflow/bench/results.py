@@ -111,9 +111,10 @@ def kv_timeseries_rows(command: str, results: Iterable[OfflineResult]) -> list[d
 
 
 def summarize(
-    rows: Sequence[dict[str, object]], group_keys: Sequence[str]
+    rows: Sequence[dict[str, object]], group_keys: Sequence[str], extra: Sequence[str] = ()
 ) -> list[dict[str, object]]:
-    """Median of each KEY_METRICS column per group (e.g. per variant and concurrency)."""
+    """Median of each KEY_METRICS column, and of each ``extra`` column (e.g. the KV utilization
+    ones), per group (e.g. per variant and concurrency)."""
     groups: dict[tuple, list[dict[str, object]]] = {}
     for row in rows:
         groups.setdefault(tuple(row.get(k) for k in group_keys), []).append(row)
@@ -121,7 +122,7 @@ def summarize(
     for key, members in groups.items():
         entry: dict[str, object] = dict(zip(group_keys, key))
         entry["iterations"] = len(members)
-        for name, _ in KEY_METRICS + (("ceiling_fraction", True),):
+        for name in [m for m, _ in KEY_METRICS] + ["ceiling_fraction", *extra]:
             values = [float(m[name]) for m in members if _is_value(m.get(name))]
             if values:
                 entry[name] = statistics.median(values)

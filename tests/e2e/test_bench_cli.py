@@ -89,7 +89,7 @@ def test_scaling_and_kv_cache(tiny_model_path, tmp_path):
         ("cacheflow", "1"),
         ("cacheflow", "2"),
     ]
-    run_bench(
+    out = run_bench(
         "kv-cache",
         "-m",
         str(tiny_model_path),
@@ -109,6 +109,12 @@ def test_scaling_and_kv_cache(tiny_model_path, tmp_path):
     (row,) = results.read_csv(tmp_path / "kv_cache_results.csv")
     assert 0 < float(row["kv_utilization_peak"]) <= 1
     assert float(row["kv_reserved_peak"]) >= float(row["kv_utilization_peak"])
+    # the KV table is printed too, with the CSV's figures
+    (line,) = [ln for ln in out.output.splitlines() if "utilization_mean" in ln]
+    assert "utilization_peak" in line and "reserved_unused_m" in line
+    (kv_row,) = [ln for ln in out.output.splitlines()[out.output.splitlines().index(line):]
+                 if ln.startswith("cacheflow ")]  # fmt: skip
+    assert f"{float(row['kv_utilization_peak']):.2f}" in kv_row.split()
 
 
 def test_serve_against_the_noop_server(tiny_model_path, tmp_path):

@@ -8,6 +8,7 @@ pycacheflow._native.Engine directly with values the Python layer would have refu
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 
 import pytest
@@ -114,6 +115,16 @@ def test_engine_config_ranges_come_from_the_engine(kwargs, message, tmp_path, ma
 
 
 # ---------------------------------------------------------------------------- prompts
+
+
+def test_a_rounded_n_ctx_is_logged(tiny_model_path, make_llm, caplog):
+    caplog.set_level(logging.WARNING, logger="pycacheflow.llm")
+    llm = make_llm(tiny_model_path, n_ctx=800, max_num_seqs=2)
+    assert llm.info.n_ctx == 1024
+    assert "n_ctx 800 rounded to 1024 tokens of KV cache" in caplog.text
+    caplog.clear()
+    make_llm(tiny_model_path, n_ctx=1024, max_num_seqs=2)
+    assert "rounded" not in caplog.text
 
 
 def test_prompt_length_limits(tiny_model_path, make_llm):

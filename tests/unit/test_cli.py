@@ -136,6 +136,14 @@ def test_format_summary():
     assert "mean TTFT: n/a" in format_summary([], 1.0)
 
 
+def test_format_summary_names_preemptions():
+    stats = SimpleNamespace(num_preemptions=5, num_preemptions_swap=3, num_preemptions_recompute=2,
+                            num_recomputed_tokens=140, swap_out_bytes=3 * 2**20, kv_streaming=0)  # fmt: skip
+    assert format_summary([], 1.0, stats).endswith(
+        "\npreemptions: 5 (swap 3, recompute 2); 140 tokens recomputed, 3.0 MiB swapped out")
+    assert "preemptions" not in format_summary([], 1.0, SimpleNamespace(num_preemptions=0, kv_streaming=0))
+
+
 @pytest.mark.parametrize(
     "n_ctx,info,notice",
     [
