@@ -357,6 +357,8 @@ def ctx_size_notice(n_ctx: int, info: ModelInfo, n_ctx_slot: int = 0) -> str | N
         per_seq = " per slot"  # serve -c C -np N: each slot's share is padded (llama-context.cpp)
     limit = (f"at most {min(n_ctx_slot, info.n_ctx_per_seq)} tokens per slot" if n_ctx_slot > 0
              else f"at most {info.n_ctx_per_seq} tokens per sequence")  # fmt: skip
+    if info.n_ctx == (n_ctx + 255) // 256 * 256 - info.block_size:  # paged, step padding on (GPU)
+        per_seq += ", less the step padding's scratch block"
     return (
         f"cacheflow: --ctx-size {n_ctx} rounded to {info.n_ctx} tokens of KV cache (llama.cpp "
         f"allocates multiples of 256{per_seq}); {limit}"

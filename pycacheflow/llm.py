@@ -102,11 +102,15 @@ class LLM:
         self._engine = Engine(self.config)
         self._info = self._engine.info()
         if 0 < self.config.n_ctx != self._info.n_ctx:
-            # llama.cpp sizes its KV cache in multiples of 256 rows (per sequence in stock mode)
+            # llama.cpp sizes its KV cache in multiples of 256 rows (per sequence in stock mode);
+            # paged mode with step padding (on a GPU) keeps the pool's last block as its scratch
+            padded = (self.config.n_ctx + 255) // 256 * 256
+            scratch = self._info.n_ctx == padded - self._info.block_size
             logger.warning(
                 "pycacheflow: n_ctx %d rounded to %d tokens of KV cache (llama.cpp allocates "
-                "multiples of 256); at most %d tokens per sequence", self.config.n_ctx,
-                self._info.n_ctx, self._info.n_ctx_per_seq)  # fmt: skip
+                "multiples of 256%s); at most %d tokens per sequence", self.config.n_ctx,
+                self._info.n_ctx, ", less the step padding's scratch block" if scratch else "",
+                self._info.n_ctx_per_seq)  # fmt: skip
         self._profiler: ProfileCollector | None = None
         if self.config.profile_capacity > 0:
             self._profiler = ProfileCollector(self._engine.profile_drain)

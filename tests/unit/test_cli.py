@@ -152,6 +152,9 @@ def test_format_summary_names_preemptions():
          "sequence")),
         (4000, ("paged", 4096, 4096), ("cacheflow: --ctx-size 4000 rounded to 4096 tokens of KV "
          "cache (llama.cpp allocates multiples of 256); at most 4096 tokens per sequence")),
+        (272, ("paged", 496, 496), ("cacheflow: --ctx-size 272 rounded to 496 tokens of KV cache "
+         "(llama.cpp allocates multiples of 256, less the step padding's scratch block); at most "
+         "496 tokens per sequence")),  # paged on a GPU: 512 rows, the last block is the scratch
         (4096, ("stock", 4096, 1024), None),  # used as given
         (0, ("paged", 8192, 2048), None),  # the default
     ],
@@ -159,18 +162,18 @@ def test_format_summary_names_preemptions():
 def test_ctx_size_notice(n_ctx, info, notice):
     kv_mode_name, info_n_ctx, n_ctx_per_seq = info
     model_info = SimpleNamespace(kv_mode_name=kv_mode_name, n_ctx=info_n_ctx,
-                                 n_ctx_per_seq=n_ctx_per_seq)  # fmt: skip
+                                 n_ctx_per_seq=n_ctx_per_seq, block_size=16)  # fmt: skip
     assert ctx_size_notice(n_ctx, model_info) == notice
 
 
 def test_ctx_size_notice_of_serve_names_the_slot_context():
     """serve -c 100 -np 4: as llama.cpp pads each slot's share to 256 tokens, the pool holds
     1024 and a slot 256 (as /slots says)."""
-    info = SimpleNamespace(kv_mode_name="paged", n_ctx=1024, n_ctx_per_seq=1024)
+    info = SimpleNamespace(kv_mode_name="paged", n_ctx=1024, n_ctx_per_seq=1024, block_size=16)
     assert ctx_size_notice(100, info, n_ctx_slot=256) == (
         "cacheflow: --ctx-size 100 rounded to 1024 tokens of KV cache (llama.cpp allocates "
         "multiples of 256 per slot); at most 256 tokens per slot")
-    one_slot = SimpleNamespace(kv_mode_name="paged", n_ctx=256, n_ctx_per_seq=256)
+    one_slot = SimpleNamespace(kv_mode_name="paged", n_ctx=256, n_ctx_per_seq=256, block_size=16)
     assert ctx_size_notice(100, one_slot, n_ctx_slot=256) == (
         "cacheflow: --ctx-size 100 rounded to 256 tokens of KV cache (llama.cpp allocates "
         "multiples of 256); at most 256 tokens per slot")
