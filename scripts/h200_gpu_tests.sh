@@ -165,18 +165,26 @@ if want ncu; then
   NCU_EXTRA=()
   [ -n "${NCU_INSITU:-}" ] && NCU_EXTRA=(--cache-control none --clock-control none)
   for npl in ${NCU_NPL:-64 256}; do
-    log "ncu: kernel time by kernel, decode steps at B=$npl (paged; launches ${NCU_SKIP:-6000}.. of the warm-up run)"
-    "$NCU" --csv "${NCU_EXTRA[@]}" --metrics gpu__time_duration.sum -s "${NCU_SKIP:-6000}" -c "${NCU_COUNT:-1500}" \
-        python scripts/profile_gpu_step.py -m "$MODEL" --npl "$npl" --npp 16 --ntg 32 > "/tmp/ncu_b$npl.csv" 2> /dev/null || true
-    python scripts/ncu_summary.py "/tmp/ncu_b$npl.csv" > "$OUT/ncu_b$npl.txt" 2>&1 || true
-    head -22 "$OUT/ncu_b$npl.txt" | tee -a "$OUT/run.log"; tail -2 "$OUT/ncu_b$npl.txt" | tee -a "$OUT/run.log"
+    # NCU_KV_MODES="paged stock": the engine's stock KV mode (flash attention) too, the same window, for a per-kernel
+    # diff of one engine in both modes; NCU_NTG: output tokens per request (a larger one, e.g. 256 with NCU_SKIP 8000,
+    # keeps the window inside the warm-up run's decode steps, clear of any prefill)
+    for kv in ${NCU_KV_MODES:-paged}; do
+      tag=$([ "$kv" = paged ] && echo "b$npl" || echo "${kv}_engine_b$npl")
+      step_kernel=$([ "$kv" = paged ] && echo paged_attention_split || echo flash_attn_ext)
+      log "ncu: kernel time by kernel, decode steps at B=$npl ($kv KV; launches ${NCU_SKIP:-6000}.. of the warm-up run)"
+      "$NCU" --csv "${NCU_EXTRA[@]}" --metrics gpu__time_duration.sum -s "${NCU_SKIP:-6000}" -c "${NCU_COUNT:-1500}" \
+          python scripts/profile_gpu_step.py -m "$MODEL" --npl "$npl" --npp 16 --ntg "${NCU_NTG:-32}" --kv-mode "$kv" \
+          > "/tmp/ncu_$tag.csv" 2> /dev/null || true
+      python scripts/ncu_summary.py --per-step-kernel "$step_kernel" "/tmp/ncu_$tag.csv" > "$OUT/ncu_$tag.txt" 2>&1 || true
+      head -22 "$OUT/ncu_$tag.txt" | tee -a "$OUT/run.log"; tail -2 "$OUT/ncu_$tag.txt" | tee -a "$OUT/run.log"
+    done
     if [ -n "${NCU_STOCK:-}" ]; then  # the same breakdown for llama-batched-bench (stock KV, flash attention)
       log "ncu: llama-batched-bench decode steps at B=$npl (stock KV, -fa on)"
       BB=$(find "$BUILD_DIR" -name llama-batched-bench -type f | head -1)
       "$NCU" --csv "${NCU_EXTRA[@]}" --metrics gpu__time_duration.sum -s "${NCU_SKIP:-6000}" -c "${NCU_COUNT:-1500}" \
           "$BB" -m "$MODEL" -c $((npl * 512)) -b 2048 -ub 512 -npp 16 -ntg 64 -npl "$npl" -ngl 99 -fa on \
           > "/tmp/ncu_stock_b$npl.csv" 2> /dev/null || true
-      python scripts/ncu_summary.py --per-step-kernel flash_attn "/tmp/ncu_stock_b$npl.csv" > "$OUT/ncu_stock_b$npl.txt" 2>&1 || true
+      python scripts/ncu_summary.py --per-step-kernel flash_attn_ext "/tmp/ncu_stock_b$npl.csv" > "$OUT/ncu_stock_b$npl.txt" 2>&1 || true
       head -22 "$OUT/ncu_stock_b$npl.txt" | tee -a "$OUT/run.log"; tail -2 "$OUT/ncu_stock_b$npl.txt" | tee -a "$OUT/run.log"
     fi
   done
