@@ -25,12 +25,24 @@ from cli.common import (
     LONG_PREFILL_OPTION,
     PREEMPTION_OPTION,
     SWAP_SPACE_OPTION,
+    ByteSize,
+    engine_error,
     kv_stream_config,
     swap_space_bytes,
 )
 from pycacheflow.config import KV_MODES
+from pycacheflow.errors import CacheFlowError
 
 DATASETS = ("random", "sharegpt", "shared-prefix")
+# EngineConfig field -> the offline commands' option, for the engine's messages about a value
+OPTION_OF_FIELD = {
+    "kv_cache_bytes": "--kv-cache-memory",
+    "max_num_batched_tokens": "--batch-tokens",
+    "max_num_seqs": "-c/--concurrency",
+    "n_threads": "-t/--threads",
+    "swap_space_bytes": "--swap-space",
+    "long_prefill_token_threshold": "--long-prefill-token-threshold",
+}
 SERVE_DATASETS = (*DATASETS, "multi-turn")  # conversations need a server: `bench serve` only
 
 
@@ -88,6 +100,15 @@ def _common(fn: Callable) -> Callable:
             default=True,
             show_default=True,
             help="Prefix caching of the CacheFlow engine under test.",
+        ),
+        click.option(
+            "--kv-cache-memory",
+            type=ByteSize(),
+            default=0,
+            help="KV memory budget (e.g. 4MiB) of CacheFlow's paged engines, so that the pool "
+            "fills and --preemption / --swap-space take effect; the stock baselines keep room "
+            "for every sequence (they cannot preempt). 0 (the default) = room for every "
+            "sequence at once: nothing is preempted.",
         ),
         PREEMPTION_OPTION,
         SWAP_SPACE_OPTION,
@@ -271,22 +292,26 @@ def _offline(
     rows, request_rows, kv_rows = [], [], []
     with _progress(total, command) as bar:
         for c in levels:
-            runs = offline.run_variants(
-                ctx.model,
-                variants,
-                c,
-                workload,
-                int(opts["iterations"]),
-                int(opts["threads"]),
-                int(opts["batch_tokens"]),
-                on_finish=lambda: bar.update(1),
-                preemption={
-                    "preemption_mode": str(opts["preemption"]),
-                    "swap_space_bytes": swap_space_bytes(float(opts["swap_space"])),
-                    "long_prefill_token_threshold": int(opts["long_prefill_token_threshold"]),
-                    **kv_stream_config(opts),
-                },
-            )
+            try:
+                runs = offline.run_variants(
+                    ctx.model,
+                    variants,
+                    c,
+                    workload,
+                    int(opts["iterations"]),
+                    int(opts["threads"]),
+                    int(opts["batch_tokens"]),
+                    on_finish=lambda: bar.update(1),
+                    preemption={
+                        "preemption_mode": str(opts["preemption"]),
+                        "swap_space_bytes": swap_space_bytes(float(opts["swap_space"])),
+                        "long_prefill_token_threshold": int(opts["long_prefill_token_threshold"]),
+                        **kv_stream_config(opts),
+                    },
+                    kv_cache_bytes=int(opts["kv_cache_memory"]),
+                )
+            except CacheFlowError as exc:  # an engine that refused its settings, e.g. too small a budget
+                raise engine_error(exc, OPTION_OF_FIELD) from None
             rows += [results.result_row(command, r, ctx.hw, ctx.params) for r in runs]
             request_rows += results.request_rows(command, runs)
             if kv_series:
@@ -501,8 +526,9 @@ TABLE_COLUMNS = (
     "tpot_ms_median",
     "e2e_ms_median",
 )
-# kv-cache's second table: KV rows holding tokens / capacity (mean, peak over steps), rows reserved
-# / capacity, the reserved rows holding no token, preemptions (Profile.kv_summary)
+# kv-cache's second table (Profile.kv_summary, fractions of the KV capacity in rows, mean and peak
+# over steps): rows holding a token, rows reserved (blocks in use), the share of the reserved rows
+# holding no token, preemptions; its column headers
 KV_COLUMNS = (
     "kv_utilization_mean",
     "kv_utilization_peak",
@@ -510,6 +536,13 @@ KV_COLUMNS = (
     "kv_reserved_unused_mean",
     "num_preemptions",
 )
+COLUMN_LABELS = {
+    "kv_utilization_mean": "used/capacity",
+    "kv_utilization_peak": "used peak",
+    "kv_reserved_mean": "reserved/capacity",
+    "kv_reserved_unused_mean": "unused/reserved",
+    "num_preemptions": "preemptions",
+}
 
 
 def _print_table(
@@ -517,18 +550,21 @@ def _print_table(
     ratio_rows: list[dict[str, object]],
     cols: Sequence[str] = TABLE_COLUMNS,
 ) -> None:
-    click.echo(f"{'variant':<34}{'c':>4}" + "".join(f"{c.removeprefix('kv_')[:17]:>18}" for c in cols))
+    labels = [COLUMN_LABELS.get(c, c)[:17] for c in cols]
+    click.echo(f"{'variant':<34}{'c':>4}" + "".join(f"{label:>18}" for label in labels))
     for m in medians:
-        values = "".join(f"{_fmt(m.get(c)):>18}" for c in cols)
+        values = "".join(f"{_fmt(m.get(c), integral=c == 'num_preemptions'):>18}" for c in cols)
         click.echo(f"{str(m['variant'])[:33]:<34}{m['concurrency']!s:>4}{values}")
     for r in ratio_rows:
         values = "".join(f"{_fmt(r.get(c), 'x'):>18}" for c in cols)
         click.echo(f"{'cacheflow / ' + str(r['baseline'])[:21]:<34}{r['concurrency']!s:>4}{values}")
 
 
-def _fmt(value: object, suffix: str = "") -> str:
+def _fmt(value: object, suffix: str = "", integral: bool = False) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "-"
+    if integral:
+        return f"{float(value):g}"  # a median of counts: 3, or 2.5 between two runs
     return f"{float(value):.3f}{suffix}" if suffix else f"{float(value):.2f}"
 
 

@@ -212,6 +212,21 @@ def to_click_error(exc: CacheFlowError) -> click.ClickException:
     return click.ClickException(f"{type(exc).__name__}: {flag_message(str(exc))}")
 
 
+def engine_error(exc: CacheFlowError, option_names: dict[str, str]) -> click.ClickException:
+    """An engine's refusal to start, as click reports it: a value it refused (InvalidArgumentError)
+    as a usage error under the option that set the field (exit 2), anything else as
+    ``Error: <Type>: <message>`` (exit 1).
+
+    Args:
+        exc: what the engine raised.
+        option_names: EngineConfig field -> the command's option (e.g. "kv_cache_bytes" ->
+            "--kv-cache-memory").
+    """
+    if isinstance(exc, InvalidArgumentError):
+        return click.UsageError(_under_option(str(exc), option_names))
+    return to_click_error(exc)
+
+
 def load_llm(
     model: Path | None,
     config_kwargs: dict[str, object],
@@ -357,7 +372,8 @@ def ctx_size_notice(n_ctx: int, info: ModelInfo, n_ctx_slot: int = 0) -> str | N
         per_seq = " per slot"  # serve -c C -np N: each slot's share is padded (llama-context.cpp)
     limit = (f"at most {min(n_ctx_slot, info.n_ctx_per_seq)} tokens per slot" if n_ctx_slot > 0
              else f"at most {info.n_ctx_per_seq} tokens per sequence")  # fmt: skip
-    if info.n_ctx == (n_ctx + 255) // 256 * 256 - info.block_size:  # paged, step padding on (GPU)
+    if info.kv_mode_name == "paged" and info.n_ctx == (n_ctx + 255) // 256 * 256 - info.block_size:
+        # paged with step padding (on a GPU): the pool's last block is the padding's scratch
         per_seq += ", less the step padding's scratch block"
     return (
         f"cacheflow: --ctx-size {n_ctx} rounded to {info.n_ctx} tokens of KV cache (llama.cpp "

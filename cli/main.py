@@ -273,9 +273,23 @@ def generate(
         raise to_click_error(exc) from None
     finally:
         llm.close()
+    for line in context_limit_notes(outputs, params.max_tokens, llm.info.n_ctx_per_seq):
+        click.echo(line, err=True)
     if not quiet:
         click.echo(format_summary(outputs, wall_s, stats), err=True)
     _exit_on_request_errors(outputs)
+
+
+def context_limit_notes(outputs: list[RequestOutput], max_tokens: int, n_ctx_per_seq: int) -> list[str]:
+    """One line per prompt whose output stopped short of -n/--max-tokens because its sequence
+    reached the context limit (finish reason "length" either way; llama-server sets
+    ``truncated`` then)."""
+    return [
+        f"cacheflow: prompt {index + 1} stopped at the context limit ({n_ctx_per_seq} tokens per "
+        f"sequence) after {o.metrics.num_output_tokens} of {max_tokens} tokens"
+        for index, o in enumerate(outputs)
+        if o.finish_reason == "length" and o.metrics.num_output_tokens < max_tokens
+    ]
 
 
 def _exit_on_request_errors(outputs: list[RequestOutput]) -> None:

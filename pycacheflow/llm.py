@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import operator
 import os
 import threading
 import weakref
@@ -105,7 +106,8 @@ class LLM:
             # llama.cpp sizes its KV cache in multiples of 256 rows (per sequence in stock mode);
             # paged mode with step padding (on a GPU) keeps the pool's last block as its scratch
             padded = (self.config.n_ctx + 255) // 256 * 256
-            scratch = self._info.n_ctx == padded - self._info.block_size
+            scratch = (self._info.kv_mode_name == "paged"
+                       and self._info.n_ctx == padded - self._info.block_size)  # fmt: skip
             logger.warning(
                 "pycacheflow: n_ctx %d rounded to %d tokens of KV cache (llama.cpp allocates "
                 "multiples of 256%s); at most %d tokens per sequence", self.config.n_ctx,
@@ -348,9 +350,11 @@ class LLM:
             The request id.
 
         Raises:
-            Same as ``generate``.
+            Same as ``generate``; TypeError / InvalidArgumentError for a priority that is not an
+            int32.
         """
-        p = self._prepare_all([prompt], params, use_chat_template)[0]
+        priority = _checked_priority(priority)
+        p = self._prepare_all([prompt], params, use_chat_template, single=True)[0]
         with self._lock:
             stream = self._runner.add_request(p.engine_tokens, p.params, priority, notify)
             state = RequestState(stream.request_id, p.prompt, p.token_ids, p.params.stop,
@@ -387,7 +391,8 @@ class LLM:
         """
         if not params:
             raise ValueError("add_choices needs at least one SamplingParams")
-        prepared = self._prepare_all([prompt] * len(params), list(params), False)
+        priority = _checked_priority(priority)
+        prepared = self._prepare_all([prompt] * len(params), list(params), False, single=True)
         with self._lock:
             streams = self._runner.add_choices(
                 prepared[0].engine_tokens, [p.params for p in prepared], priority, notify
@@ -468,11 +473,14 @@ class LLM:
         prompts: PromptInput | Sequence[PromptInput],
         params: SamplingParams | Sequence[SamplingParams] | None,
         use_chat_template: bool,
+        single: bool = False,
     ) -> list[_Prepared]:
+        """Checked prompts; an error names ``prompts[i]``, or ``prompt`` when ``single`` (the
+        one prompt of add_request / add_choices)."""
         prompt_list = _normalize_prompts(prompts)
         params_list = _normalize_params(params, len(prompt_list))
         return [
-            self._prepare(prompt, p, use_chat_template, index)
+            self._prepare(prompt, p, use_chat_template, "prompt" if single else f"prompts[{index}]")
             for index, (prompt, p) in enumerate(zip(prompt_list, params_list))
         ]
 
@@ -493,21 +501,21 @@ class LLM:
         return PreparedPrompt(text, tuple(ffi.unpack(tokens, num_tokens - start)), tokens)
 
     def _prepare(
-        self, prompt: PromptInput, params: SamplingParams, use_chat_template: bool, index: int
+        self, prompt: PromptInput, params: SamplingParams, use_chat_template: bool, label: str
     ) -> _Prepared:
         if isinstance(prompt, PreparedPrompt):
             if use_chat_template:
                 raise ValueError("use_chat_template does not apply to a prepared prompt")
-            self._validate_length(len(prompt.token_ids), index)
+            self._validate_length(len(prompt.token_ids), label)
             return _Prepared(prompt.prompt, prompt.token_ids, params, prompt.tokens)
-        return _Prepared(*self._prompt_tokens(prompt, use_chat_template, index), params)
+        return _Prepared(*self._prompt_tokens(prompt, use_chat_template, label), params)
 
     def _prompt_tokens(
-        self, prompt: PromptInput, use_chat_template: bool, index: int
+        self, prompt: PromptInput, use_chat_template: bool, label: str
     ) -> tuple[str | None, list[int]]:
         """(the prompt as given if text, else None; its checked token ids)."""
         if isinstance(prompt, str):
-            encode_utf8(prompt, f"prompts[{index}]")
+            encode_utf8(prompt, label)
             text = prompt
             if use_chat_template:
                 text = self.apply_chat_template([{"role": "user", "content": prompt}])
@@ -517,7 +525,7 @@ class LLM:
             # exact ints (a tokenizer's output) are copied in C, others (bools, numpy ints) by int()
             exact = is_exact_int_list(prompt)
             token_ids, original = (list(prompt) if exact else [int(t) for t in prompt]), None
-        self._validate_tokens(token_ids, index)
+        self._validate_tokens(token_ids, label)
         return original, token_ids
 
     def tokenize_prompt(self, text: str) -> list[int]:
@@ -534,25 +542,42 @@ class LLM:
         bos = self._info.token_bos
         return bool(self._info.add_bos) and num_tokens >= 2 and token_ids[0] == token_ids[1] == bos
 
-    def _validate_length(self, num_tokens: int, index: int) -> None:
+    def _validate_length(self, num_tokens: int, label: str) -> None:
         limit = self._info.n_ctx_per_seq
         if not num_tokens:
-            raise errors.InvalidArgumentError(f"prompts[{index}] is empty")
+            raise errors.InvalidArgumentError(f"{label} is empty")
         if num_tokens >= limit:
             raise errors.PromptTooLongError(
-                f"prompts[{index}] has {num_tokens} tokens; a sequence holds at most "
+                f"{label} has {num_tokens} tokens; a sequence holds at most "
                 f"{limit} (prompt + output), so prompts must be shorter than {limit} tokens"
             )
 
-    def _validate_tokens(self, token_ids: list[int], index: int) -> None:
+    def _validate_tokens(self, token_ids: list[int], label: str) -> None:
         n_vocab = self._info.n_vocab
-        self._validate_length(len(token_ids), index)
+        self._validate_length(len(token_ids), label)
         in_range = min(token_ids) >= 0 and max(token_ids) < n_vocab  # C loops; the culprit below
         bad = None if in_range else next(t for t in token_ids if not 0 <= t < n_vocab)
         if bad is not None:
             raise errors.InvalidArgumentError(
-                f"prompts[{index}]: token id {bad} out of range [0, {n_vocab})"
+                f"{label}: token id {bad} out of range [0, {n_vocab})"
             )
+
+
+def _checked_priority(priority: object) -> int:
+    """A request priority as the engine takes it (int32).
+
+    Raises:
+        TypeError: not an integer (bools and floats included).
+        InvalidArgumentError: outside [-2**31, 2**31 - 1].
+    """
+    if isinstance(priority, bool) or not hasattr(priority, "__index__"):
+        raise TypeError(f"priority must be an int, got {priority!r:.40}")
+    value = operator.index(priority)
+    if not -(2**31) <= value < 2**31:
+        raise errors.InvalidArgumentError(
+            f"priority {value} is out of range [{-(2**31)}, {2**31 - 1}] (smaller runs first)"
+        )
+    return value
 
 
 def _close(profiler: ProfileCollector | None, runner: EngineRunner) -> None:

@@ -6,12 +6,14 @@
 #include "cacheflow.h"
 #include "core/block_manager.h"
 
+#include <algorithm>
 #include <cassert>
 #include <cstdio>
 #include <cstring>
 #include <map>
 #include <random>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 using namespace cf;
@@ -78,8 +80,10 @@ void test_zero_tokens_registers_sequence() {
 void test_fork_then_copy_on_write() {
     BlockManager m(8, 4);
     append(m, 1, 10);  // blocks 0 1 2, block 2 holds 2 rows
+    assert(m.num_rows_filled() == 10);
     m.fork(1, 2);
     check(m);
+    assert(m.num_rows_filled() == 10);  // the child's rows are the parent's: counted once
     assert(blocks_of(m, 2) == blocks_of(m, 1) && m.find(2)->num_tokens == 10);
     assert(m.pool().ref_count(0) == 2 && m.pool().ref_count(2) == 2 && m.num_free_blocks() == 5);
 
@@ -91,6 +95,7 @@ void test_fork_then_copy_on_write() {
     assert(m.pending_copies().size() == 1);
     assert(m.pending_copies()[0].src_block_id == 2 && m.pending_copies()[0].dst_block_id == 3);
     assert(m.pool().ref_count(2) == 1 && m.pool().ref_count(3) == 1 && m.pool().ref_count(1) == 2);
+    assert(m.num_rows_filled() == 8 + 2 + 3);  // shared blocks 0 1, the parent's 2, the child's copy 3
 
     // The parent now owns block 2 alone: no copy.
     assert(m.num_blocks_needed(1, 1) == 0);
@@ -269,6 +274,21 @@ struct Sim {
     void verify() const {
         check(m);
         assert(m.num_seqs() == (int32_t) seqs.size());
+        std::unordered_map<int32_t, int32_t> fill;  // device block -> rows filled, each block once
+        for (const auto & [seq_id, values] : seqs) {
+            const BlockTable * table = m.find(seq_id);
+            for (int32_t i = 0; i < table->num_blocks(); ++i) {
+                const int32_t rows = std::min(block_size, table->num_tokens - i * block_size);
+                int32_t & f = fill[table->block_ids[(size_t) i]];
+                f = std::max(f, rows);
+            }
+        }
+        int64_t filled = 0;
+        for (const auto & [block_id, rows] : fill) {
+            filled += rows;
+        }
+        assert(m.num_rows_filled() == filled);
+        assert(filled <= (int64_t) m.pool().num_used() * block_size);
         for (const auto & [seq_id, values] : seqs) {
             const BlockTable * table = m.find(seq_id);
             assert(table != nullptr && table->num_tokens == (int32_t) values.size());

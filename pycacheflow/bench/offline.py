@@ -143,16 +143,21 @@ def engine_config(
     paged_attention: str = "invariant",
     prefix_caching: bool = True,
     preemption: dict[str, object] | None = None,
+    kv_cache_bytes: int = 0,
 ) -> EngineConfig:
     """EngineConfig sized for the workload: ``concurrency`` sequences of up to max_seq_tokens
     (prompt + output), rounded up to llama.cpp's 256-token context alignment. ``preemption``:
-    EngineConfig's preemption_mode / swap_space_bytes (default: the engine's)."""
+    EngineConfig's preemption_mode / swap_space_bytes (default: the engine's). ``kv_cache_bytes``
+    > 0 sizes the KV cache of the "auto" and "paged" modes instead (a pool that may fill, so that
+    preemption happens); the stock modes keep room for every sequence, as they cannot preempt."""
     from pycacheflow.profiler import DEFAULT_PROFILE_CAPACITY
 
     per_seq = -(-(max_seq_tokens + 1) // _CTX_ALIGN_TOKENS) * _CTX_ALIGN_TOKENS
+    budget = kv_cache_bytes if kv_mode in ("auto", "paged") else 0
     return EngineConfig(
         model=model,
-        n_ctx=concurrency * per_seq,
+        n_ctx=0 if budget else concurrency * per_seq,
+        kv_cache_bytes=budget,
         max_num_seqs=concurrency,
         max_num_batched_tokens=batch_tokens,
         n_threads=threads,
@@ -232,6 +237,7 @@ def run_variants(
     batch_tokens: int,
     on_finish: Callable[[], None] | None = None,
     preemption: dict[str, object] | None = None,
+    kv_cache_bytes: int = 0,
 ) -> list[OfflineResult]:
     """Run ``iterations`` iterations of the workload on every variant, interleaved.
 
@@ -245,6 +251,7 @@ def run_variants(
         batch_tokens: max_num_batched_tokens.
         on_finish: progress callback, once per finished request.
         preemption: preemption_mode / swap_space_bytes of every engine (see engine_config).
+        kv_cache_bytes: KV budget of the paged engines; 0 = room for every sequence.
 
     Returns:
         One OfflineResult per (iteration, variant), in run order.
@@ -266,6 +273,7 @@ def run_variants(
                 v.paged_attention,
                 v.prefix_caching,
                 preemption,
+                kv_cache_bytes,
             )
             llms[v.name] = LLM(config=config)
             warm_up(llms[v.name], concurrency, llms[v.name].info.n_vocab)

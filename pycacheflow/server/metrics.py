@@ -287,7 +287,9 @@ def _llamacpp_text(m: ServerMetrics, s: EngineStats, window: list) -> str:
          "Average generation throughput in tokens/s since the previous scrape.",
          _rate(window[2], window[3])),
         ("gauge", "requests_processing", "Number of requests processing.", s.num_running),
-        ("gauge", "requests_deferred", "Number of requests deferred.", s.num_waiting),
+        ("gauge", "requests_deferred",
+         "Number of requests deferred (waiting to start, or preempted and swapped out).",
+         s.num_waiting + s.num_swapped),
         ("gauge", "n_busy_slots_per_decode", "Average number of busy slots per llama_decode() call",
          _rate(s.num_generated_tokens, s.num_steps)),
     )  # fmt: skip

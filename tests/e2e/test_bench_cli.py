@@ -110,11 +110,33 @@ def test_scaling_and_kv_cache(tiny_model_path, tmp_path):
     assert 0 < float(row["kv_utilization_peak"]) <= 1
     assert float(row["kv_reserved_peak"]) >= float(row["kv_utilization_peak"])
     # the KV table is printed too, with the CSV's figures
-    (line,) = [ln for ln in out.output.splitlines() if "utilization_mean" in ln]
-    assert "utilization_peak" in line and "reserved_unused_m" in line
+    (line,) = [ln for ln in out.output.splitlines() if "used/capacity" in ln]
+    assert line.split()[2:] == ["used/capacity", "used", "peak", "reserved/capacity",
+                                "unused/reserved", "preemptions"]  # fmt: skip
     (kv_row,) = [ln for ln in out.output.splitlines()[out.output.splitlines().index(line):]
                  if ln.startswith("cacheflow ")]  # fmt: skip
     assert f"{float(row['kv_utilization_peak']):.2f}" in kv_row.split()
+
+
+def test_kv_cache_with_a_budget_and_shared_prefixes(tiny_model_path, make_llm, tmp_path):
+    """--kv-cache-memory sizes the paged engine's pool (the stock baselines keep room for every
+    sequence); with a shared system prompt the rows counted as used count its blocks once, so
+    used <= reserved on every step; too small a budget is a usage error naming the option."""
+    per_token = make_llm(tiny_model_path, max_num_seqs=1).info.kv_bytes_per_token
+    args = ["kv-cache", "-m", str(tiny_model_path), "-n", "12", "-p", "48", "-o", "32", "-c", "8",
+            "--dataset", "shared-prefix", "--threads", "1", "--baseline", "stock", "--out", str(tmp_path)]  # fmt: skip
+    run_bench(*args, "--kv-cache-memory", str(256 * per_token))
+    rows = {r["variant"]: r for r in results.read_csv(tmp_path / "kv_cache_results.csv")}
+    assert int(float(rows["cacheflow"]["kv_capacity_tokens"])) == 256  # the budget's rows
+    assert int(float(rows["stock"]["kv_capacity_tokens"])) > 256
+    for row in rows.values():
+        assert 0 <= float(row["kv_reserved_unused_mean"]) < 1, row
+        assert float(row["kv_utilization_peak"]) <= float(row["kv_reserved_peak"]), row
+    for series in results.read_csv(tmp_path / "kv_cache_kv_timeseries.csv"):
+        assert float(series["kv_used_frac"]) <= float(series["kv_reserved_frac"]), series
+    small = CliRunner().invoke(cacheflow, ["bench", *args, "--kv-cache-memory", str(16 * per_token)])
+    assert small.exit_code == 2
+    assert "Invalid value for --kv-cache-memory" in small.output and "Traceback" not in small.output
 
 
 def test_serve_against_the_noop_server(tiny_model_path, tmp_path):

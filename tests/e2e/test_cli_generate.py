@@ -176,6 +176,19 @@ def test_rounded_ctx_size_is_a_notice(tiny_model_path, args, notice):
     assert result.stderr == notice
 
 
+def test_output_cut_by_the_context_limit_is_noted(tiny_model_path):
+    prompt = " ".join(["word"] * 240)  # 240 tokens in a 256-token sequence: room for 16
+    result = run_cli("generate", "-m", str(tiny_model_path), "-q", "--json", "-n", "100", "--ctx-size", "256",
+                     "-c", "1", "--ignore-eos", prompt)  # fmt: skip
+    assert result.exit_code == 0, result.output
+    (out,) = [json.loads(line) for line in result.stdout.splitlines()]
+    assert out["finish_reason"] == "length"
+    assert result.stderr == ("cacheflow: prompt 1 stopped at the context limit (256 tokens per sequence) "
+                             "after 16 of 100 tokens\n")  # fmt: skip
+    full = run_cli("generate", "-m", str(tiny_model_path), "-q", "-n", "4", "--ignore-eos", prompt)
+    assert full.exit_code == 0 and full.stderr == ""  # -n reached: nothing to note
+
+
 def test_kv_cache_beyond_memory(real_model_path):
     result = run_cli("generate", "-m", str(real_model_path), "--ctx-size", str(2**31 - 1), "hi")
     assert result.exit_code == 1, result.output

@@ -171,6 +171,23 @@ def test_token_id_out_of_range(tiny_llm):
         tiny_llm.generate([[1, -1]], greedy(4))
 
 
+def test_single_prompt_calls_name_the_prompt_and_check_the_priority(tiny_llm):
+    """add_request / add_choices take one prompt: their errors say "prompt", not prompts[0];
+    a priority that is not an int32 is refused before anything is submitted."""
+    limit = tiny_llm.info.n_ctx_per_seq
+    with pytest.raises(PromptTooLongError, match=rf"^prompt has {limit} tokens"):
+        tiny_llm.add_request([1] * limit, greedy(4))
+    with pytest.raises(InvalidArgumentError, match=r"^prompt: token id -1 out of range"):
+        tiny_llm.add_choices([1, -1], [greedy(4), greedy(4)])
+    with pytest.raises(TypeError, match=r"priority must be an int, got 1\.5"):
+        tiny_llm.add_request([1, 2], greedy(4), priority=1.5)
+    with pytest.raises(TypeError, match="priority must be an int"):
+        tiny_llm.add_request([1, 2], greedy(4), priority=True)
+    with pytest.raises(InvalidArgumentError, match=r"priority 1099511627776 is out of range"):
+        tiny_llm.add_choices([1, 2], [greedy(4)], priority=2**40)
+    assert tiny_llm.stats().num_waiting == 0 and tiny_llm.stats().num_running == 0
+
+
 def test_text_without_a_utf8_form(tiny_llm, tiny_model_path, tmp_path, make_llm):
     """Lone surrogates (undecodable bytes escaped by surrogateescape, or "\\ud800" in JSON) are
     an InvalidArgumentError naming the value, not a UnicodeEncodeError from deep inside."""

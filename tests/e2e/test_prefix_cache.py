@@ -94,7 +94,8 @@ def test_warm_repeat_equals_cold_run(llms):
 
 def test_common_system_prompt_is_held_once(real_model_path):
     """8 requests with a 10-block system prompt, all submitted at once: while they all decode,
-    the pool holds the system prompt's blocks once plus each request's own blocks."""
+    the pool holds the system prompt's blocks once plus each request's own blocks, and the KV
+    rows counted as used (stats.kv_tokens_used) count the shared rows once."""
     from pycacheflow._native import Engine
     from pycacheflow.config import EngineConfig
 
@@ -119,6 +120,9 @@ def test_common_system_prompt_is_held_once(real_model_path):
                 # a request with g output tokens has 11 * 16 + g - 1 tokens in the KV cache
                 own = sum(math.ceil((11 * BLOCK + g - 1) / BLOCK) - 10 for g in live)
                 assert stats.kv_blocks_used == 10 + own, (stats, live)
+                # KV rows holding a token: the system prompt's once, then each request's own
+                assert stats.kv_tokens_used == 10 * BLOCK + sum(BLOCK + g - 1 for g in live)
+                assert stats.kv_tokens_used <= stats.kv_blocks_used * BLOCK
                 checked += 1
         assert checked >= 3
         stats = engine.stats()

@@ -1,5 +1,5 @@
 """The /metrics text of pycacheflow.server.metrics from hand-made engine stats (no engine):
-TTFT by request priority and priority preemptions."""
+TTFT by request priority and priority preemptions; llama-server's request gauges."""
 
 from __future__ import annotations
 
@@ -44,3 +44,11 @@ def test_no_priority_seen_yet():
     assert not any(name.startswith("cacheflow:time_to_first_token_by_priority") for name, _ in got)
     assert PriorityTTFT(1, 0, 0.0, 0.0).ttft_mean_s == 0.0
     assert PriorityTTFT(1, 4, 2.0, 1.0).ttft_mean_s == 0.5
+
+
+def test_swapped_requests_count_as_deferred():
+    """llama-server's two request gauges cover every request in the engine: a sequence swapped
+    out to host memory waits to resume, as a queued one waits to start."""
+    text = ServerMetrics().render(stats(num_running=12, num_waiting=3, num_swapped=4)).decode()
+    values = dict(line.split() for line in text.splitlines() if line.startswith("llamacpp:requests_"))
+    assert values == {"llamacpp:requests_processing": "12", "llamacpp:requests_deferred": "7"}

@@ -236,6 +236,37 @@ void BlockManager::take_copies(std::vector<BlockCopy> * out) {
     pinned_.clear();
 }
 
+int64_t BlockManager::num_rows_filled() const {
+    int64_t rows = 0;
+    std::vector<int32_t> shared;  // blocks with several holders: counted once, at their fullest holder's fill
+    for (const auto & [seq_id, table] : tables_) {
+        (void) seq_id;
+        for (int32_t i = 0; i < table.num_blocks(); ++i) {
+            const int32_t block_id = table.block_ids[(size_t) i];
+            if (is_host_entry(block_id)) {
+                continue;
+            }
+            if (pool_.ref_count(block_id) == 1) {
+                rows += rows_filled(table, i);
+                continue;
+            }
+            if (shared_fill_.empty()) {
+                shared_fill_.assign((size_t) pool_.num_blocks(), 0);
+            }
+            int32_t & fill = shared_fill_[(size_t) block_id];
+            if (fill == 0) {
+                shared.push_back(block_id);
+            }
+            fill = std::max(fill, rows_filled(table, i));
+        }
+    }
+    for (int32_t block_id : shared) {
+        rows += shared_fill_[(size_t) block_id];
+        shared_fill_[(size_t) block_id] = 0;
+    }
+    return rows;
+}
+
 std::string BlockManager::check_invariants() const {
     std::string error = pool_.check_invariants();
     if (!error.empty()) {

@@ -109,6 +109,11 @@ class BlockManager {
     // The sequence's table, or nullptr if it holds none.
     const BlockTable * find(int64_t seq_id) const;
 
+    // Device KV rows holding a token: over the distinct device blocks of all tables, the rows
+    // filled (a block shared by several tables, prefix-cached or forked, counts once; host
+    // entries of KV streaming do not count). <= num_used blocks * block_size. O(table entries).
+    int64_t num_rows_filled() const;
+
     // Blocks append_slots(seq_id, num_new_tokens) takes from the pool, counting a copy-on-write
     // block. An unknown sequence counts as empty. int64 so that huge requests cannot overflow.
     int64_t num_blocks_needed(int64_t seq_id, int32_t num_new_tokens) const;
@@ -258,6 +263,7 @@ class BlockManager {
 
     BlockPool pool_;
     std::unordered_map<int64_t, BlockTable> tables_;
+    mutable std::vector<int32_t> shared_fill_;  // num_rows_filled's scratch: [num_blocks], all 0 between calls
     std::vector<BlockCopy> copies_;  // pending, oldest first
     std::unique_ptr<PrefixCache> cache_;  // nullptr when the prefix cache is off
     std::vector<int32_t> pinned_;         // copy sources held until take_copies()

@@ -586,11 +586,7 @@ std::unique_ptr<Sequence> Scheduler::release(size_t running_index, cf_finish_rea
 }
 
 int64_t Scheduler::kv_tokens_used() const {
-    int64_t used = 0;
-    for (const auto & seq : running_) {
-        used += seq->num_computed_tokens;
-    }
-    return used;
+    return kv_->kv_tokens_used(running_);
 }
 
 std::vector<int64_t> Scheduler::request_ids() const {

@@ -214,7 +214,7 @@ class Scheduler {
     int64_t num_preemptions() const { return num_preemptions_; }  // since construction
     // KV rows set aside for running sequences (see KvCacheManager::kv_tokens_reserved).
     int64_t kv_tokens_reserved() const { return kv_->kv_tokens_reserved(); }
-    // KV rows holding computed tokens of running sequences.
+    // KV rows holding tokens of running sequences (KvCacheManager::kv_tokens_used: shared rows once).
     int64_t kv_tokens_used() const;
     const std::vector<std::unique_ptr<Sequence>> & running() const { return running_; }
     // Ids of every running, swapped and waiting sequence (in that order); allocates, not for the hot path.

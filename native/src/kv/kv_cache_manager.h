@@ -108,6 +108,16 @@ class KvCacheManager {
     // KV rows set aside for running sequences: split, whole streams; unified, the reservations;
     // paged, rows of the blocks in use.
     virtual int64_t kv_tokens_reserved() const = 0;
+    // KV rows holding a token. The stock modes: every running sequence's computed tokens (each
+    // has rows of its own); paged overrides it with the distinct device rows filled, so that
+    // blocks shared by the prefix cache or a fork count once (used <= reserved).
+    virtual int64_t kv_tokens_used(const std::vector<std::unique_ptr<Sequence>> & running) const {
+        int64_t used = 0;
+        for (const auto & seq : running) {
+            used += seq->num_computed_tokens;
+        }
+        return used;
+    }
     virtual int32_t num_blocks_total() const { return 0; }  // 0 in the stock modes
     virtual int32_t num_blocks_used() const { return 0; }
     // Prefix cache counters (zeros without one).

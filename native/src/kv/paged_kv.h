@@ -74,6 +74,10 @@ class PagedKv final : public KvCacheManager {
     void free(const Sequence & seq) override;
     void fill_plan(StepPlan * plan) override;
     int64_t kv_tokens_reserved() const override;
+    int64_t kv_tokens_used(const std::vector<std::unique_ptr<Sequence>> & running) const override {
+        (void) running;
+        return blocks_.num_rows_filled();
+    }
     int32_t num_blocks_total() const override { return blocks_.pool().num_blocks(); }
     int32_t num_blocks_used() const override { return blocks_.pool().num_used(); }
     PrefixCacheStats prefix_cache_stats() const override { return blocks_.prefix_cache_stats(); }
