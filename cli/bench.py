@@ -105,7 +105,7 @@ def _common(fn: Callable) -> Callable:
             "--kv-cache-memory",
             type=ByteSize(),
             default=0,
-            help="KV memory budget (e.g. 4MiB) of CacheFlow's paged engines, so that the pool "
+            help="KV memory budget (e.g. 16MiB) of CacheFlow's paged engines, so that the pool "
             "fills and --preemption / --swap-space take effect; the stock baselines keep room "
             "for every sequence (they cannot preempt). 0 (the default) = room for every "
             "sequence at once: nothing is preempted.",
@@ -310,7 +310,7 @@ def _offline(
                     },
                     kv_cache_bytes=int(opts["kv_cache_memory"]),
                 )
-            except CacheFlowError as exc:  # an engine that refused its settings, e.g. too small a budget
+            except CacheFlowError as exc:  # an engine refused its settings (e.g. a tiny budget)
                 raise engine_error(exc, OPTION_OF_FIELD) from None
             rows += [results.result_row(command, r, ctx.hw, ctx.params) for r in runs]
             request_rows += results.request_rows(command, runs)
@@ -332,7 +332,8 @@ def _offline(
     _print_table(medians, ratio_rows)
     if kv_series:  # the KV cache's own figures (utilization = rows holding tokens / capacity)
         click.echo()
-        _print_table(results.summarize(rows, ["variant", "concurrency"], KV_COLUMNS), [], KV_COLUMNS)
+        kv_medians = results.summarize(rows, ["variant", "concurrency"], KV_COLUMNS)
+        _print_table(kv_medians, [], KV_COLUMNS)
     click.echo(
         f"wrote {out}/{command}_results.csv, {command}_requests.csv, {command}_summary.json",
         err=True,

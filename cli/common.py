@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import math
 import re
 from pathlib import Path
@@ -19,6 +18,7 @@ from pycacheflow.config import (
 )
 from cli.kv_stream import flag_message
 from pycacheflow.errors import CacheFlowError, InvalidArgumentError, OutOfMemoryError
+from pycacheflow.outputs import rounding_note
 
 if TYPE_CHECKING:
     from pycacheflow.llm import LLM
@@ -272,14 +272,7 @@ def load_llm(
     try:
         from pycacheflow.llm import LLM
 
-        # the command prints its own notice of a rounded context, naming its option
-        llm_logger = logging.getLogger("pycacheflow.llm")
-        level = llm_logger.level
-        llm_logger.setLevel(logging.ERROR)
-        try:
-            llm = LLM(config=config)
-        finally:
-            llm_logger.setLevel(level)
+        llm = LLM(config=config, warn_rounded_ctx=False)  # the command's notice names its option
     except ImportError as exc:
         raise click.ClickException(str(exc)) from None
     except OutOfMemoryError as exc:
@@ -365,17 +358,12 @@ def ctx_size_notice(n_ctx: int, info: ModelInfo, n_ctx_slot: int = 0) -> str | N
         n_ctx_slot: the server's context per slot (-c / -np, from the rounded -c), which then
             bounds a request instead of the engine's context per sequence; 0 = none.
     """
-    if n_ctx <= 0 or info.n_ctx == n_ctx:
+    note = rounding_note(n_ctx, info)
+    if note is None:
         return None
-    per_seq = " per sequence" if info.kv_mode_name == "stock" else ""
     if n_ctx_slot > 0 and info.n_ctx > (n_ctx + 255) // 256 * 256:
-        per_seq = " per slot"  # serve -c C -np N: each slot's share is padded (llama-context.cpp)
+        # serve -c C -np N: each slot's share is padded (llama-context.cpp)
+        note = note.replace("256 per sequence", "256").replace("256", "256 per slot", 1)
     limit = (f"at most {min(n_ctx_slot, info.n_ctx_per_seq)} tokens per slot" if n_ctx_slot > 0
              else f"at most {info.n_ctx_per_seq} tokens per sequence")  # fmt: skip
-    if info.kv_mode_name == "paged" and info.n_ctx == (n_ctx + 255) // 256 * 256 - info.block_size:
-        # paged with step padding (on a GPU): the pool's last block is the padding's scratch
-        per_seq += ", less the step padding's scratch block"
-    return (
-        f"cacheflow: --ctx-size {n_ctx} rounded to {info.n_ctx} tokens of KV cache (llama.cpp "
-        f"allocates multiples of 256{per_seq}); {limit}"
-    )
+    return f"cacheflow: --ctx-size {n_ctx} rounded to {info.n_ctx} tokens of KV cache ({note}); {limit}"

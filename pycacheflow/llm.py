@@ -17,7 +17,7 @@ from pycacheflow._native import Engine, token_array_slice
 from pycacheflow.chat_template import ChatFormatter
 from pycacheflow.config import EngineConfig
 from pycacheflow.engine import EngineRunner, RequestStream
-from pycacheflow.outputs import EngineStats, ModelInfo, RequestOutput, StreamDelta
+from pycacheflow.outputs import EngineStats, ModelInfo, RequestOutput, StreamDelta, rounding_note
 from pycacheflow.profiler import DEFAULT_PROFILE_CAPACITY, Profile, ProfileCollector
 from pycacheflow.request_state import RequestState
 from pycacheflow.sampling_params import SamplingParams
@@ -80,9 +80,11 @@ class LLM:
         config: a full EngineConfig (its ``model`` is used when ``model`` is None).
         profile: record profiler events (``profile()``, ``export_trace``); sets
             ``profile_capacity`` to DEFAULT_PROFILE_CAPACITY unless the config sets one.
+        warn_rounded_ctx: log a rounded n_ctx (below); False for callers that say it their way.
         **config_kwargs: EngineConfig fields (n_ctx, max_num_seqs, kv_mode, ...) overriding
             ``config``. An n_ctx that llama.cpp rounds up (to multiples of 256) is logged as a
-            warning on the ``pycacheflow.llm`` logger; ``info.n_ctx`` gives the size used.
+            warning on the ``pycacheflow.llm`` logger (``rounding_note``) unless
+            ``warn_rounded_ctx`` is False; ``info.n_ctx`` gives the size used.
 
     Raises:
         ValueError/TypeError: a bad config value. ModelLoadError, UnsupportedError,
@@ -95,6 +97,7 @@ class LLM:
         *,
         config: EngineConfig | None = None,
         profile: bool = False,
+        warn_rounded_ctx: bool = True,
         **config_kwargs: object,
     ) -> None:
         self.config = _make_config(model, config, config_kwargs)
@@ -102,17 +105,11 @@ class LLM:
             self.config = replace(self.config, profile_capacity=DEFAULT_PROFILE_CAPACITY)
         self._engine = Engine(self.config)
         self._info = self._engine.info()
-        if 0 < self.config.n_ctx != self._info.n_ctx:
-            # llama.cpp sizes its KV cache in multiples of 256 rows (per sequence in stock mode);
-            # paged mode with step padding (on a GPU) keeps the pool's last block as its scratch
-            padded = (self.config.n_ctx + 255) // 256 * 256
-            scratch = (self._info.kv_mode_name == "paged"
-                       and self._info.n_ctx == padded - self._info.block_size)  # fmt: skip
-            logger.warning(
-                "pycacheflow: n_ctx %d rounded to %d tokens of KV cache (llama.cpp allocates "
-                "multiples of 256%s); at most %d tokens per sequence", self.config.n_ctx,
-                self._info.n_ctx, ", less the step padding's scratch block" if scratch else "",
-                self._info.n_ctx_per_seq)  # fmt: skip
+        note = rounding_note(self.config.n_ctx, self._info)
+        if note is not None and warn_rounded_ctx:
+            logger.warning("pycacheflow: n_ctx %d rounded to %d tokens of KV cache (%s); at most "
+                           "%d tokens per sequence", self.config.n_ctx, self._info.n_ctx, note,
+                           self._info.n_ctx_per_seq)  # fmt: skip
         self._profiler: ProfileCollector | None = None
         if self.config.profile_capacity > 0:
             self._profiler = ProfileCollector(self._engine.profile_drain)

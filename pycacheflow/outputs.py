@@ -184,6 +184,26 @@ class ModelInfo(NamedTuple):
     kv_mode_name: str = ""
 
 
+def rounding_note(n_ctx: int, info: ModelInfo) -> str | None:
+    """Why the KV cache holds info.n_ctx tokens where n_ctx were asked for, or None when it holds
+    n_ctx (or n_ctx is 0, the default size).
+
+    llama.cpp allocates its KV cache in multiples of 256 rows (per sequence in the stock split
+    mode). Paged mode with step padding (on a GPU) keeps the pool's last block as the padding's
+    scratch, asking for one block more when the rounding leaves none spare (llama_session.cpp), so
+    its capacity is a multiple of 256 less one block.
+    """
+    if n_ctx <= 0 or info.n_ctx == n_ctx:
+        return None
+    note = "llama.cpp allocates multiples of 256"
+    if info.kv_mode_name == "stock":
+        note += " per sequence"
+    scratch = info.n_ctx % 256 != 0 and (info.n_ctx + info.block_size) % 256 == 0
+    if info.kv_mode_name == "paged" and scratch:
+        note += ", less the step padding's scratch block"
+    return note
+
+
 class DeviceInfo(NamedTuple):
     """cf_device_info: one ggml device (``pycacheflow._native.list_devices``).
 

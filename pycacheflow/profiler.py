@@ -193,6 +193,9 @@ class StepSpan:
     kv_tokens_used: int
     kv_tokens_free: int
     kv_blocks_used: int = 0  # paged mode; 0 in the stock modes
+    # KV rows the running sequences attend: their computed tokens, a shared row once per holder
+    # (kv_tokens_used counts a shared row once)
+    kv_tokens_attended: int = 0
 
 
 @dataclass
@@ -269,6 +272,7 @@ class Profile:
                     kv_tokens_used=end.kv_tokens_used,
                     kv_tokens_free=end.kv_tokens_free,
                     kv_blocks_used=end.kv_blocks_used,
+                    kv_tokens_attended=end.num_tokens,
                 )
             )
         return sorted(result, key=lambda s: s.step_id)

@@ -315,7 +315,7 @@ typedef struct cf_engine_stats {
     int64_t num_finished;           /* requests finished (any reason) since init            */
     int64_t num_prompt_tokens;      /* prompt tokens computed since init                    */
     int64_t num_generated_tokens;   /* tokens sampled since init                            */
-    int32_t kv_tokens_used;         /* KV rows holding live tokens now                      */
+    int32_t kv_tokens_used;         /* KV rows holding live tokens now (shared rows once)   */
     int32_t kv_tokens_capacity;     /* KV rows in the cache                                 */
     int32_t kv_blocks_total;        /* paged mode; 0 otherwise                              */
     int32_t kv_blocks_used;
@@ -852,8 +852,11 @@ typedef enum cf_profile_event_kind {
 /* One profiler event. Fields a kind does not list are 0.
  *   STEP_BEGIN:  num_seqs, num_decode_tokens, num_prefill_tokens (the batch of this step).
  *   STEP_END:    num_waiting (requests not admitted after the step), kv_tokens_used (KV rows
- *                holding computed tokens), kv_tokens_free (KV rows not set aside for any running
- *                sequence: n_ctx - reserved), kv_blocks_used (paged mode; 0 in stock modes).
+ *                holding a token; paged: device rows, a block shared by the prefix cache or a
+ *                fork counted once), kv_tokens_free (KV rows not set aside for any running
+ *                sequence: n_ctx - reserved), kv_blocks_used (paged mode; 0 in stock modes),
+ *                num_tokens (KV rows attended: the running sequences' computed tokens, a shared
+ *                row once per holder).
  *   REQUEST_ARRIVAL:          request_id, num_tokens = prompt tokens. Recorded by the first step
  *                             after the call, stamped with the time the call accepted it, so
  *                             events are not always in time order: sort by time_ns.

@@ -181,12 +181,15 @@ void test_free_deferred_holds_blocks_until_release() {
     append(m, 1, 6);  // blocks 0 1 2; free list: 3 4 5
     m.fork(1, 2);
     append(m, 3, 2);  // block 3
+    assert(m.num_rows_filled() == 6 + 2);  // seq 2's rows are seq 1's
     m.free_deferred(1);
     check(m);
     assert(m.find(1) == nullptr && m.num_deferred_blocks() == 3 && m.num_blocks_freed_by_release() == 0);
+    assert(m.num_rows_filled() == 6 + 2);  // the fork still holds blocks 0-2: counted once, through it
     m.free_deferred(3);
     check(m);
     assert(m.num_free_blocks() == 2 && m.num_deferred_blocks() == 4 && m.num_blocks_freed_by_release() == 1);
+    assert(m.num_rows_filled() == 6);  // block 3, held only for the copy, holds no table's token
     assert(!m.can_allocate(7, 5) && m.can_allocate(7, 4));  // the held blocks are not handed out
     m.free(2);  // the fork's other holder: its blocks now wait only for the release
     check(m);
@@ -198,6 +201,19 @@ void test_free_deferred_holds_blocks_until_release() {
     // free() of seq 2 found them still held, so only the release returned them.
     append(m, 7, 12);
     assert((blocks_of(m, 7) == std::vector<int32_t>{ 4, 5, 2, 1, 0, 3 }));
+}
+
+// Host entries (KV streaming's demote) hold no device row: num_rows_filled leaves them out.
+void test_rows_filled_leaves_out_host_entries() {
+    BlockManager m(8, 4);
+    append(m, 1, 14);  // blocks 0 1 2 3, the last with 2 rows
+    assert(m.num_rows_filled() == 14);
+    assert(m.demote(1, 0, 5) == 0 && m.demote(1, 1, 6) == 1);  // full, private, away from the end
+    check(m);
+    assert(m.find(1)->block_ids[0] == host_entry(5) && m.num_host_entries() == 2);
+    assert(m.num_rows_filled() == 14 - 8);
+    m.release_deferred();
+    assert(m.num_rows_filled() == 6 && m.num_free_blocks() == 6);
 }
 
 void test_write_block_table_pads() {
@@ -426,6 +442,7 @@ int main() {
     test_huge_request_does_not_overflow();
     test_free_returns_blocks_last_first();
     test_free_deferred_holds_blocks_until_release();
+    test_rows_filled_leaves_out_host_entries();
     test_write_block_table_pads();
     test_dump_lists_tables_and_copies();
     test_random_streams();

@@ -47,7 +47,7 @@ void test_fields_and_order() {
     Profiler p(8);
     p.step_begin(3, 100, 2, 1, 16);
     p.request(CF_PROFILE_EVENT_REQUEST_FINISH, 3, 150, 42, 9, CF_FINISH_REASON_LENGTH);
-    p.step_end(3, 200, 5, 33, 60, 0);
+    p.step_end(3, 200, 5, 33, 60, 0, 41);
     p.request_copy(CF_PROFILE_EVENT_REQUEST_KV_DEMOTE, 4, 210, 7, 32, 2 * 368640);
     const std::vector<cf_profile_event> evs = drain_all(p);
     assert(evs.size() == 4);
@@ -58,6 +58,7 @@ void test_fields_and_order() {
     assert(evs[1].num_tokens == 9 && evs[1].finish_reason == CF_FINISH_REASON_LENGTH);
     assert(evs[2].kind == CF_PROFILE_EVENT_STEP_END && evs[2].num_waiting == 5);
     assert(evs[2].kv_tokens_used == 33 && evs[2].kv_tokens_free == 60 && evs[2].time_ns == 200);
+    assert(evs[2].num_tokens == 41);  // STEP_END: the KV rows attended
     assert(evs[3].kind == CF_PROFILE_EVENT_REQUEST_KV_DEMOTE && evs[3].request_id == 7 && evs[3].step_id == 4);
     assert(evs[3].num_tokens == 32 && evs[3].num_bytes == 2 * 368640 && evs[3].finish_reason == 0);
     assert(drain_all(p).empty());

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from pycacheflow.bench.datasets import BenchRequest
 from pycacheflow.config import EngineConfig
+from pycacheflow.errors import InvalidArgumentError
 from pycacheflow.metrics import RunMetrics, decode_ceiling_tok_s, run_metrics
 from pycacheflow.outputs import EngineStats, RequestMetrics, RequestOutput
 from pycacheflow.profiler import Profile
@@ -86,7 +87,9 @@ class OfflineResult:
         kv_mode: the engine's resolved KV mode ("stock", "stock-unified", "paged").
         run: aggregate metrics; outputs: per-request outputs in workload order.
         profile: profiler events of the run (None without profiling).
-        stats: engine counters right after the run.
+        stats: engine counters right after the run (cumulative over the engine's life: the
+            engine serves every iteration).
+        num_preemptions: preemptions during this run alone.
     """
 
     variant: str
@@ -97,6 +100,7 @@ class OfflineResult:
     run: RunMetrics
     profile: Profile | None
     stats: EngineStats
+    num_preemptions: int = 0
 
     @property
     def metrics(self) -> list[RequestMetrics]:
@@ -106,7 +110,8 @@ class OfflineResult:
     def decode_phase(self, hw: HardwareModel | None) -> dict[str, float]:
         """Decode-only steps (no prefill in the batch) from the profile: tokens/s over their
         summed durations, and the same steps' bandwidth-bound ideal time: each step reads the
-        weights once plus the KV rows in use (kv_tokens_used after the step).
+        weights once plus the KV rows its sequences attend (kv_tokens_attended after the step: a
+        prefix shared by several sequences counts once per sequence, in every KV mode alike).
 
         Returns:
             {} without a profile; else decode_tok_s, and with ``hw`` ceiling_decode_tok_s and
@@ -124,7 +129,7 @@ class OfflineResult:
         out = {"decode_tok_s": tokens / actual_s, "decode_steps": len(steps)}
         if hw is not None and hw.bandwidth_bytes_s > 0:
             ideal_s = sum(
-                (hw.weight_bytes + s.kv_tokens_used * hw.kv_token_bytes) / hw.bandwidth_bytes_s
+                (hw.weight_bytes + s.kv_tokens_attended * hw.kv_token_bytes) / hw.bandwidth_bytes_s
                 for s in steps
             )
             out["ceiling_decode_tok_s"] = tokens / ideal_s
@@ -149,7 +154,9 @@ def engine_config(
     (prompt + output), rounded up to llama.cpp's 256-token context alignment. ``preemption``:
     EngineConfig's preemption_mode / swap_space_bytes (default: the engine's). ``kv_cache_bytes``
     > 0 sizes the KV cache of the "auto" and "paged" modes instead (a pool that may fill, so that
-    preemption happens); the stock modes keep room for every sequence, as they cannot preempt."""
+    preemption happens; "auto" takes it also where it resolves to stock, for a model the paged
+    path does not cover); "stock" and "stock-unified" keep room for every sequence, as they
+    cannot preempt."""
     from pycacheflow.profiler import DEFAULT_PROFILE_CAPACITY
 
     per_seq = -(-(max_seq_tokens + 1) // _CTX_ALIGN_TOKENS) * _CTX_ALIGN_TOKENS
@@ -253,6 +260,10 @@ def run_variants(
         preemption: preemption_mode / swap_space_bytes of every engine (see engine_config).
         kv_cache_bytes: KV budget of the paged engines; 0 = room for every sequence.
 
+    Raises:
+        InvalidArgumentError: an engine refused its settings, or a budget that cannot hold the
+            workload's longest request (its message starts with kv_cache_bytes=).
+
     Returns:
         One OfflineResult per (iteration, variant), in run order.
     """
@@ -275,7 +286,13 @@ def run_variants(
                 preemption,
                 kv_cache_bytes,
             )
-            llms[v.name] = LLM(config=config)
+            llms[v.name] = LLM(config=config, warn_rounded_ctx=False)  # sized here, not by the user
+            if config.kv_cache_bytes and llms[v.name].info.n_ctx_per_seq <= max_seq:
+                raise InvalidArgumentError(
+                    f"kv_cache_bytes={config.kv_cache_bytes} holds "
+                    f"{llms[v.name].info.n_ctx_per_seq} tokens per sequence, but the workload's "
+                    f"longest request needs {max_seq + 1} (prompt + output + 1); raise it"
+                )
             warm_up(llms[v.name], concurrency, llms[v.name].info.n_vocab)
         results = []
         for it in range(iterations):
@@ -298,8 +315,10 @@ def _run_one(
     iteration: int,
     on_finish: Callable[[], None] | None,
 ) -> OfflineResult:
+    preemptions_before = llm.stats().num_preemptions
     outputs = run_closed_loop(llm, requests, concurrency, on_finish)
     profile = llm.profile(clear=True) if variant.profile else None
+    stats = llm.stats()
     return OfflineResult(
         variant=variant.name,
         kv_mode=llm.info.kv_mode_name,
@@ -308,7 +327,8 @@ def _run_one(
         outputs=outputs,
         run=run_metrics([o.metrics for o in outputs]),
         profile=profile,
-        stats=llm.stats(),
+        stats=stats,
+        num_preemptions=stats.num_preemptions - preemptions_before,
     )
 
 

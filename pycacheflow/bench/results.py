@@ -50,7 +50,7 @@ def result_row(
     }
     row.update(r.run.to_row())
     row.update(r.decode_phase(hw))
-    row["num_preemptions"] = r.stats.num_preemptions
+    row["num_preemptions"] = r.num_preemptions  # this run's, not the engine's total
     prompt_tokens = sum(m.num_prompt_tokens for m in r.metrics)
     cached = sum(m.num_cached_tokens for m in r.metrics)
     row["prefix_cache_hit_rate"] = cached / prompt_tokens if prompt_tokens else 0.0  # in tokens

@@ -121,7 +121,8 @@ def test_scaling_and_kv_cache(tiny_model_path, tmp_path):
 def test_kv_cache_with_a_budget_and_shared_prefixes(tiny_model_path, make_llm, tmp_path):
     """--kv-cache-memory sizes the paged engine's pool (the stock baselines keep room for every
     sequence); with a shared system prompt the rows counted as used count its blocks once, so
-    used <= reserved on every step; too small a budget is a usage error naming the option."""
+    used <= reserved on every step; a budget too small for the cache or for the longest request
+    is a usage error naming the option."""
     per_token = make_llm(tiny_model_path, max_num_seqs=1).info.kv_bytes_per_token
     args = ["kv-cache", "-m", str(tiny_model_path), "-n", "12", "-p", "48", "-o", "32", "-c", "8",
             "--dataset", "shared-prefix", "--threads", "1", "--baseline", "stock", "--out", str(tmp_path)]  # fmt: skip
@@ -137,6 +138,10 @@ def test_kv_cache_with_a_budget_and_shared_prefixes(tiny_model_path, make_llm, t
     small = CliRunner().invoke(cacheflow, ["bench", *args, "--kv-cache-memory", str(16 * per_token)])
     assert small.exit_code == 2
     assert "Invalid value for --kv-cache-memory" in small.output and "Traceback" not in small.output
+    # a pool that holds fewer tokens than the longest request: refused, not silently cut short
+    long = CliRunner().invoke(cacheflow, ["bench", *args, "-p", "300", "--kv-cache-memory", str(256 * per_token)])
+    assert long.exit_code == 2, long.output
+    assert "Invalid value for --kv-cache-memory" in long.output and "holds 256 tokens per sequence" in long.output
 
 
 def test_serve_against_the_noop_server(tiny_model_path, tmp_path):

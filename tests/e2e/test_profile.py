@@ -56,6 +56,8 @@ def test_profile_records_every_request_and_step(profiled_llm):
     assert sum(s.num_prefill_tokens for s in steps) == prompt_total
     assert sum(s.num_decode_tokens for s in steps) == NUM_REQUESTS * (MAX_TOKENS - 1)
     assert max(s.kv_tokens_used for s in steps) > 0 and steps[-1].kv_tokens_used == 0
+    # nothing is shared here: the rows attended are the rows holding tokens
+    assert all(s.kv_tokens_attended == s.kv_tokens_used for s in steps)
 
 
 def test_export_trace_is_valid(profiled_llm, tmp_path):

@@ -155,6 +155,10 @@ def test_format_summary_names_preemptions():
         (272, ("paged", 496, 496), ("cacheflow: --ctx-size 272 rounded to 496 tokens of KV cache "
          "(llama.cpp allocates multiples of 256, less the step padding's scratch block); at most "
          "496 tokens per sequence")),  # paged on a GPU: 512 rows, the last block is the scratch
+        (4096, ("paged", 4336, 4336), ("cacheflow: --ctx-size 4096 rounded to 4336 tokens of KV cache "
+         "(llama.cpp allocates multiples of 256, less the step padding's scratch block); at most "
+         "4336 tokens per sequence")),  # no spare block in 4096: one more asked for, 4352 rows
+        (4080, ("paged", 4080, 4080), None),  # 4096 rows, the spare block is the scratch
         (4096, ("stock", 4096, 1024), None),  # used as given
         (0, ("paged", 8192, 2048), None),  # the default
     ],

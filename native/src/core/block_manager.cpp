@@ -238,7 +238,8 @@ void BlockManager::take_copies(std::vector<BlockCopy> * out) {
 
 int64_t BlockManager::num_rows_filled() const {
     int64_t rows = 0;
-    std::vector<int32_t> shared;  // blocks with several holders: counted once, at their fullest holder's fill
+    std::vector<int32_t> & shared = shared_blocks_;  // blocks with several holders: once, at the fullest fill
+    shared.clear();
     for (const auto & [seq_id, table] : tables_) {
         (void) seq_id;
         for (int32_t i = 0; i < table.num_blocks(); ++i) {

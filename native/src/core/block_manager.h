@@ -264,6 +264,7 @@ class BlockManager {
     BlockPool pool_;
     std::unordered_map<int64_t, BlockTable> tables_;
     mutable std::vector<int32_t> shared_fill_;  // num_rows_filled's scratch: [num_blocks], all 0 between calls
+    mutable std::vector<int32_t> shared_blocks_;  // num_rows_filled's scratch: the shared blocks it met
     std::vector<BlockCopy> copies_;  // pending, oldest first
     std::unique_ptr<PrefixCache> cache_;  // nullptr when the prefix cache is off
     std::vector<int32_t> pinned_;         // copy sources held until take_copies()

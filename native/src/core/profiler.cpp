@@ -40,7 +40,7 @@ void Profiler::step_begin(int64_t step_id, int64_t time_ns, int32_t num_seqs, in
 }
 
 void Profiler::step_end(int64_t step_id, int64_t time_ns, int32_t num_waiting, int32_t kv_tokens_used,
-                        int32_t kv_tokens_free, int32_t kv_blocks_used) {
+                        int32_t kv_tokens_free, int32_t kv_blocks_used, int32_t kv_tokens_attended) {
     if (capacity_ == 0) {
         return;
     }
@@ -52,6 +52,7 @@ void Profiler::step_end(int64_t step_id, int64_t time_ns, int32_t num_waiting, i
     ev.kv_tokens_used = kv_tokens_used;
     ev.kv_tokens_free = kv_tokens_free;
     ev.kv_blocks_used = kv_blocks_used;
+    ev.num_tokens = kv_tokens_attended;
     push(ev);
 }
 

@@ -48,10 +48,12 @@ class Profiler {
     void step_begin(int64_t step_id, int64_t time_ns, int32_t num_seqs, int32_t num_decode_tokens,
                     int32_t num_prefill_tokens);
 
-    // The step's results are published. KV rows: used = holding live tokens, free = not set aside
-    // for any running sequence; blocks in paged mode only (0 otherwise).
+    // The step's results are published. KV rows: used = holding a token (a shared row once), free =
+    // not set aside for any running sequence, attended = every running sequence's computed tokens
+    // (a shared row once per holder: what attention reads; in the event's num_tokens); blocks in
+    // paged mode only (0 otherwise).
     void step_end(int64_t step_id, int64_t time_ns, int32_t num_waiting, int32_t kv_tokens_used,
-                  int32_t kv_tokens_free, int32_t kv_blocks_used);
+                  int32_t kv_tokens_free, int32_t kv_blocks_used, int32_t kv_tokens_attended);
 
     // A request event (CF_PROFILE_EVENT_REQUEST_*); num_tokens and finish_reason as documented
     // for each kind in cacheflow.h.

@@ -589,6 +589,14 @@ int64_t Scheduler::kv_tokens_used() const {
     return kv_->kv_tokens_used(running_);
 }
 
+int64_t Scheduler::kv_tokens_attended() const {
+    int64_t attended = 0;
+    for (const auto & seq : running_) {
+        attended += seq->num_computed_tokens;
+    }
+    return attended;
+}
+
 std::vector<int64_t> Scheduler::request_ids() const {
     std::vector<int64_t> ids;
     ids.reserve(running_.size() + swapped_.size() + waiting_.size());

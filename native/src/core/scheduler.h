@@ -216,6 +216,9 @@ class Scheduler {
     int64_t kv_tokens_reserved() const { return kv_->kv_tokens_reserved(); }
     // KV rows holding tokens of running sequences (KvCacheManager::kv_tokens_used: shared rows once).
     int64_t kv_tokens_used() const;
+    // Computed tokens of running sequences, a shared row once per holder: the KV rows their
+    // attention reads.
+    int64_t kv_tokens_attended() const;
     const std::vector<std::unique_ptr<Sequence>> & running() const { return running_; }
     // Ids of every running, swapped and waiting sequence (in that order); allocates, not for the hot path.
     std::vector<int64_t> request_ids() const;

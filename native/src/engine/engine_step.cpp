@@ -122,7 +122,8 @@ StepResult Engine::step_locked() {
     if (profiler_.enabled() && !out.seqs.empty()) {  // before publish: recorded once outputs are seen
         const int32_t kv_free = session_->n_ctx() - (int32_t) scheduler_.kv_tokens_reserved();
         profiler_.step_end(totals_.num_steps, clock_ns(), scheduler_.num_waiting(),
-                           (int32_t) scheduler_.kv_tokens_used(), kv_free, scheduler_.kv().num_blocks_used());
+                           (int32_t) scheduler_.kv_tokens_used(), kv_free, scheduler_.kv().num_blocks_used(),
+                           (int32_t) scheduler_.kv_tokens_attended());
     }
     if (!out.seqs.empty()) {
         totals_.step_ns += clock_ns() - step_start_ns_;  // before publish: the step's stats count it
@@ -559,16 +560,17 @@ void Engine::publish() {
     // count it as finished.
     {
         const int64_t bytes_per_token = session_->kv_bytes_per_token();
+        const int64_t kv_tokens_used = scheduler_.kv_tokens_used();  // O(table entries): outside the lock
         std::lock_guard<std::mutex> lock(stats_mu_);
         stats_ = totals_;
         stats_.num_running = scheduler_.num_running();
         stats_.num_waiting = scheduler_.num_waiting();
-        stats_.kv_tokens_used = (int32_t) scheduler_.kv_tokens_used();
+        stats_.kv_tokens_used = (int32_t) kv_tokens_used;
         stats_.kv_tokens_capacity = session_->n_ctx();
         stats_.kv_blocks_total = scheduler_.kv().num_blocks_total();
         stats_.kv_blocks_used = scheduler_.kv().num_blocks_used();
         stats_.kv_bytes_reserved = scheduler_.kv_tokens_reserved() * bytes_per_token;
-        stats_.kv_bytes_used = scheduler_.kv_tokens_used() * bytes_per_token;
+        stats_.kv_bytes_used = kv_tokens_used * bytes_per_token;
         const PrefixCacheStats cache = scheduler_.kv().prefix_cache_stats();
         stats_.prefix_cache_queried_tokens = cache.num_queried_tokens;
         stats_.prefix_cache_hit_tokens = cache.num_hit_tokens;
