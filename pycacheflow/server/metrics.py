@@ -140,7 +140,8 @@ class _Collector:
              s.kv_blocks_total),
             ("kv_blocks_used", "KV blocks in use", s.kv_blocks_used),
             ("kv_blocks_free", "KV blocks free", max(0, s.kv_blocks_total - s.kv_blocks_used)),
-            ("kv_tokens_used", "KV cache tokens in use", s.kv_tokens_used),
+            ("kv_tokens_used", "KV cache rows holding a token (a row shared by the prefix cache "
+             "or a fork counted once)", s.kv_tokens_used),
             ("kv_tokens_capacity", "KV cache capacity in tokens", s.kv_tokens_capacity),
             ("kv_bytes_used", "KV cache bytes in use", s.kv_bytes_used),
             ("prefix_cache_hit_rate",
