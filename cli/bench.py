@@ -274,6 +274,11 @@ def _offline(
     churn: bool = False,
 ) -> None:
     kv_stream.check_flags(opts)
+    if int(opts["kv_cache_memory"]) > 0 and str(opts["kv_mode"]).startswith("stock"):
+        raise click.UsageError(
+            "--kv-cache-memory sizes the paged KV mode's pool (--kv-mode auto or paged); the stock "
+            "modes keep room for every sequence"
+        )
     from pycacheflow.bench import offline, results
 
     ctx = _Context(opts)
@@ -330,7 +335,7 @@ def _offline(
     summary = ctx.summary(command, levels, medians, ratio_rows)
     results.write_json(out / f"{command}_summary.json", summary)
     _print_table(medians, ratio_rows)
-    if kv_series:  # the KV cache's own figures (utilization = rows holding tokens / capacity)
+    if kv_series or int(opts["kv_cache_memory"]) > 0:  # the KV cache's own figures
         click.echo()
         kv_medians = results.summarize(rows, ["variant", "concurrency"], KV_COLUMNS)
         _print_table(kv_medians, [], KV_COLUMNS)

@@ -18,7 +18,7 @@ from pycacheflow.config import (
 )
 from cli.kv_stream import flag_message
 from pycacheflow.errors import CacheFlowError, InvalidArgumentError, OutOfMemoryError
-from pycacheflow.outputs import rounding_note
+from pycacheflow.outputs import budget_note, rounding_note
 
 if TYPE_CHECKING:
     from pycacheflow.llm import LLM
@@ -292,6 +292,9 @@ def load_llm(
     notice = ctx_size_notice(config.n_ctx if ctx_size is None else ctx_size, llm.info, n_ctx_slot)
     if notice:
         click.echo(notice, err=True)
+    budget = budget_note(config.kv_cache_bytes, llm.info)
+    if budget:
+        click.echo(f"cacheflow: --kv-cache-memory {config.kv_cache_bytes} bytes {budget}", err=True)
     return llm
 
 

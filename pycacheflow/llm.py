@@ -17,7 +17,14 @@ from pycacheflow._native import Engine, token_array_slice
 from pycacheflow.chat_template import ChatFormatter
 from pycacheflow.config import EngineConfig
 from pycacheflow.engine import EngineRunner, RequestStream
-from pycacheflow.outputs import EngineStats, ModelInfo, RequestOutput, StreamDelta, rounding_note
+from pycacheflow.outputs import (
+    EngineStats,
+    ModelInfo,
+    RequestOutput,
+    StreamDelta,
+    budget_note,
+    rounding_note,
+)
 from pycacheflow.profiler import DEFAULT_PROFILE_CAPACITY, Profile, ProfileCollector
 from pycacheflow.request_state import RequestState
 from pycacheflow.sampling_params import SamplingParams
@@ -80,7 +87,8 @@ class LLM:
         config: a full EngineConfig (its ``model`` is used when ``model`` is None).
         profile: record profiler events (``profile()``, ``export_trace``); sets
             ``profile_capacity`` to DEFAULT_PROFILE_CAPACITY unless the config sets one.
-        warn_rounded_ctx: log a rounded n_ctx (below); False for callers that say it their way.
+        warn_rounded_ctx: log a rounded n_ctx, or a kv_cache_bytes budget whose tokens were
+            rounded down (``budget_note``); False for callers that say it their way.
         **config_kwargs: EngineConfig fields (n_ctx, max_num_seqs, kv_mode, ...) overriding
             ``config``. An n_ctx that llama.cpp rounds up (to multiples of 256) is logged as a
             warning on the ``pycacheflow.llm`` logger (``rounding_note``) unless
@@ -105,6 +113,9 @@ class LLM:
             self.config = replace(self.config, profile_capacity=DEFAULT_PROFILE_CAPACITY)
         self._engine = Engine(self.config)
         self._info = self._engine.info()
+        budget = budget_note(self.config.kv_cache_bytes, self._info)
+        if budget is not None and warn_rounded_ctx:
+            logger.warning("pycacheflow: kv_cache_bytes=%d %s", self.config.kv_cache_bytes, budget)
         note = rounding_note(self.config.n_ctx, self._info)
         if note is not None and warn_rounded_ctx:
             logger.warning("pycacheflow: n_ctx %d rounded to %d tokens of KV cache (%s); at most "

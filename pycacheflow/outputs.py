@@ -204,6 +204,24 @@ def rounding_note(n_ctx: int, info: ModelInfo) -> str | None:
     return note
 
 
+def budget_note(kv_cache_bytes: int, info: ModelInfo) -> str | None:
+    """What a KV budget in bytes became, when the cache holds fewer tokens than the budget fits
+    (``kv_cache_bytes // kv_bytes_per_token``); None when it holds them all or no budget was set.
+
+    The engine rounds the budget's tokens down to llama.cpp's multiples of 256 rows (per
+    sequence in the stock split mode), so that the cache stays within it (see ``rounding_note``
+    for the step padding's scratch block).
+    """
+    if kv_cache_bytes <= 0 or info.kv_bytes_per_token <= 0:
+        return None
+    fits = kv_cache_bytes // info.kv_bytes_per_token
+    if fits <= info.n_ctx:
+        return None
+    note = rounding_note(fits, info) or "llama.cpp allocates multiples of 256"
+    return (f"fits {fits} tokens; the KV cache holds {info.n_ctx} ({note}, rounded down to stay "
+            "within it)")  # fmt: skip
+
+
 class DeviceInfo(NamedTuple):
     """cf_device_info: one ggml device (``pycacheflow._native.list_devices``).
 

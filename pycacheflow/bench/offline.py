@@ -286,7 +286,8 @@ def run_variants(
                 preemption,
                 kv_cache_bytes,
             )
-            llms[v.name] = LLM(config=config, warn_rounded_ctx=False)  # sized here, not by the user
+            # n_ctx was sized here, not by the user; a budget the user gave is noted when rounded
+            llms[v.name] = LLM(config=config, warn_rounded_ctx=config.kv_cache_bytes > 0)
             if config.kv_cache_bytes and llms[v.name].info.n_ctx_per_seq <= max_seq:
                 raise InvalidArgumentError(
                     f"kv_cache_bytes={config.kv_cache_bytes} holds "

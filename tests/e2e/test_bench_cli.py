@@ -138,6 +138,8 @@ def test_kv_cache_with_a_budget_and_shared_prefixes(tiny_model_path, make_llm, t
     small = CliRunner().invoke(cacheflow, ["bench", *args, "--kv-cache-memory", str(16 * per_token)])
     assert small.exit_code == 2
     assert "Invalid value for --kv-cache-memory" in small.output and "Traceback" not in small.output
+    stock = CliRunner().invoke(cacheflow, ["bench", *args, "--kv-mode", "stock", "--kv-cache-memory", "6MiB"])
+    assert stock.exit_code == 2 and "--kv-cache-memory sizes the paged KV mode's pool" in stock.output
     # a pool that holds fewer tokens than the longest request: refused, not silently cut short
     long = CliRunner().invoke(cacheflow, ["bench", *args, "-p", "300", "--kv-cache-memory", str(256 * per_token)])
     assert long.exit_code == 2, long.output

@@ -189,6 +189,20 @@ def test_output_cut_by_the_context_limit_is_noted(tiny_model_path):
     assert full.exit_code == 0 and full.stderr == ""  # -n reached: nothing to note
 
 
+def test_a_budget_rounded_down_is_a_notice(tiny_model_path, tiny_llm):
+    per_token = tiny_llm.info.kv_bytes_per_token
+    budget = 300 * per_token  # 300 tokens fit; llama.cpp's multiples of 256 keep 256 within it
+    result = run_cli("generate", "-m", str(tiny_model_path), "-q", "-n", "1", "-c", "1",
+                     "--kv-cache-memory", str(budget), "hi")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert result.stderr == (f"cacheflow: --kv-cache-memory {budget} bytes fits 300 tokens; the KV cache "
+                             "holds 256 (llama.cpp allocates multiples of 256, rounded down to stay "
+                             "within it)\n")  # fmt: skip
+    exact = run_cli("generate", "-m", str(tiny_model_path), "-q", "-n", "1", "-c", "1",
+                    "--kv-cache-memory", str(256 * per_token), "hi")  # fmt: skip
+    assert exact.exit_code == 0 and exact.stderr == ""
+
+
 def test_kv_cache_beyond_memory(real_model_path):
     result = run_cli("generate", "-m", str(real_model_path), "--ctx-size", str(2**31 - 1), "hi")
     assert result.exit_code == 1, result.output

@@ -178,3 +178,22 @@ def test_forked_choices_under_pressure_with_swap(tiny_model_path, make_llm):
     s = llm.stats()
     assert s.num_preemptions_recompute == 0 and s.num_recomputed_tokens == 0
     assert s.kv_blocks_used == 0 and s.swap_blocks_used == 0 and s.num_swapped == 0
+
+
+def test_stats_account_for_every_request_at_every_moment(tiny_model_path, make_llm):
+    """While 24 requests run through a tight pool (preempted by swap), every stats() snapshot
+    counts each unfinished request exactly once: running, waiting (queued, in the inbox, or taken
+    from it by a step whose snapshot is not out yet) or swapped. The llama-server gauges
+    (requests_processing + requests_deferred) are built on these."""
+    llm = make_llm(tiny_model_path, kv_mode="paged", max_num_seqs=16, n_ctx=512, preemption_mode="swap")
+    finished_before = llm.stats().num_finished
+    ids = [llm.add_request(p, greedy(48)) for p in prompts(24)]
+    while True:
+        s = llm.stats()
+        in_engine = s.num_running + s.num_waiting + s.num_swapped
+        assert in_engine + s.num_finished - finished_before == len(ids), s
+        if s.num_finished - finished_before == len(ids):
+            break
+    outs = [list(llm.iter_outputs(i))[-1].output for i in ids]
+    assert all(len(o.token_ids) == 48 for o in outs)
+    assert llm.stats().num_preemptions_swap > 0

@@ -314,13 +314,13 @@ int32_t Engine::get_ttft_by_priority(cf_priority_ttft * out, int32_t capacity) c
 }
 
 cf_engine_stats Engine::get_stats() const {
-    cf_engine_stats out;
-    {
-        std::lock_guard<std::mutex> lock(stats_mu_);
-        out = stats_;
-    }
-    std::lock_guard<std::mutex> lock(inbox_mu_);
-    out.num_waiting += (int32_t) pending_adds_.size();
+    // Requests accepted but not in the last snapshot count as waiting: those still in the inbox,
+    // and those the step thread took from it since (publish() zeroes that count with the snapshot
+    // it puts them in, holding both locks in this order).
+    std::lock_guard<std::mutex> lock(stats_mu_);
+    cf_engine_stats out = stats_;
+    std::lock_guard<std::mutex> inbox_lock(inbox_mu_);
+    out.num_waiting += (int32_t) pending_adds_.size() + num_adds_unpublished_;
     return out;
 }
 

@@ -147,6 +147,9 @@ class Engine {
     mutable std::mutex inbox_mu_;
     std::condition_variable work_cv_;
     std::vector<std::unique_ptr<Sequence>> pending_adds_;
+    // Adds consume_inbox() moved into the scheduler since the last stats snapshot: get_stats()
+    // counts them as waiting, publish() zeroes it (under stats_mu_ then inbox_mu_).
+    int32_t num_adds_unpublished_ = 0;
     std::vector<int64_t> pending_aborts_;
     std::unordered_set<int64_t> live_ids_;  // accepted and not yet finished
     int64_t next_request_id_ = 1;

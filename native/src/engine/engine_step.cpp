@@ -138,6 +138,7 @@ StepResult Engine::step_locked() {
 void Engine::consume_inbox() {
     {
         std::lock_guard<std::mutex> lock(inbox_mu_);
+        num_adds_unpublished_ += (int32_t) pending_adds_.size();  // waiting, until the next snapshot
         inbox_adds_.swap(pending_adds_);
         inbox_aborts_.swap(pending_aborts_);
     }
@@ -614,6 +615,9 @@ void Engine::publish() {
         stats_.kv_staging_decodes = staging.num_staging_decodes;
         stats_.kv_stream_cuda_wait_layers = staging.cuda[2];
         stats_.kv_stream_cuda_copy_ns = staging.cuda[1];
+        // The adds consume_inbox() took are in this snapshot now (lock order: stats_mu_, then inbox_mu_).
+        std::lock_guard<std::mutex> inbox_lock(inbox_mu_);
+        num_adds_unpublished_ = 0;
     }
     events_.push(step_events_, step_text_, step_logprobs_);
     step_events_.clear();
