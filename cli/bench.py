@@ -316,6 +316,7 @@ def _offline(
                     kv_cache_bytes=int(opts["kv_cache_memory"]),
                 )
             except CacheFlowError as exc:  # an engine refused its settings (e.g. a tiny budget)
+                ctx.close()  # here, not by the garbage collector on some engine's thread
                 raise engine_error(exc, OPTION_OF_FIELD) from None
             rows += [results.result_row(command, r, ctx.hw, ctx.params) for r in runs]
             request_rows += results.request_rows(command, runs)
@@ -380,6 +381,10 @@ class _Context:
         )
         self.params = {k: (str(v) if isinstance(v, Path) else v) for k, v in opts.items()}
         self._cache: dict[tuple[int, bool], list] = {}
+
+    def close(self) -> None:
+        """Free the tokenizer's engine (``summary`` does it too). Idempotent."""
+        self._tokenizer.close()
 
     def workload(self, iteration: int, churn: bool = False) -> list:
         """The requests of one iteration (seed + iteration), built once and cached."""
