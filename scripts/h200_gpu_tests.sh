@@ -178,6 +178,26 @@ if want ncu; then
       python scripts/ncu_summary.py --per-step-kernel "$step_kernel" "/tmp/ncu_$tag.csv" > "$OUT/ncu_$tag.txt" 2>&1 || true
       head -22 "$OUT/ncu_$tag.txt" | tee -a "$OUT/run.log"; tail -2 "$OUT/ncu_$tag.txt" | tee -a "$OUT/run.log"
     done
+    if [ -n "${NCU_GRAPH:-}" ]; then
+      # device time of whole CUDA graphs (--graph-profiling graph: one result per graph launch, i.e. per replayed
+      # step), the engine in each NCU_KV_MODES mode and llama-batched-bench: says whether a step's gap is device
+      # time or host time between graph launches (issue 11's B=1 gap)
+      for kv in ${NCU_KV_MODES:-paged}; do
+        log "ncu: device time per CUDA graph launch at B=$npl ($kv KV engine)"
+        "$NCU" --csv "${NCU_EXTRA[@]}" --graph-profiling graph --metrics gpu__time_duration.sum -c "${NCU_GRAPH_COUNT:-600}" \
+            python scripts/profile_gpu_step.py -m "$MODEL" --npl "$npl" --npp 16 --ntg "${NCU_NTG:-32}" --kv-mode "$kv" \
+            > "/tmp/ncu_graph_${kv}_b$npl.csv" 2> /dev/null || true
+        python scripts/ncu_summary.py "/tmp/ncu_graph_${kv}_b$npl.csv" > "$OUT/ncu_graph_${kv}_b$npl.txt" 2>&1 || true
+        head -8 "$OUT/ncu_graph_${kv}_b$npl.txt" | tee -a "$OUT/run.log"
+      done
+      log "ncu: device time per CUDA graph launch at B=$npl (llama-batched-bench, stock KV, -fa on)"
+      BB=$(find "$BUILD_DIR" -name llama-batched-bench -type f | head -1)
+      "$NCU" --csv "${NCU_EXTRA[@]}" --graph-profiling graph --metrics gpu__time_duration.sum -c "${NCU_GRAPH_COUNT:-600}" \
+          "$BB" -m "$MODEL" -c $((npl * 512)) -b 2048 -ub 512 -npp 16 -ntg 128 -npl "$npl" -ngl 99 -fa on \
+          > "/tmp/ncu_graph_bb_b$npl.csv" 2> /dev/null || true
+      python scripts/ncu_summary.py "/tmp/ncu_graph_bb_b$npl.csv" > "$OUT/ncu_graph_bb_b$npl.txt" 2>&1 || true
+      head -8 "$OUT/ncu_graph_bb_b$npl.txt" | tee -a "$OUT/run.log"
+    fi
     if [ -n "${NCU_STOCK:-}" ]; then  # the same breakdown for llama-batched-bench (stock KV, flash attention)
       log "ncu: llama-batched-bench decode steps at B=$npl (stock KV, -fa on)"
       BB=$(find "$BUILD_DIR" -name llama-batched-bench -type f | head -1)

@@ -15,7 +15,7 @@ import csv
 import io
 import sys
 
-UNITS_US = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "second": 1e6}
+UNITS_US = {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3, "second": 1e6, "s": 1e6}
 
 
 def main() -> None:
@@ -31,6 +31,7 @@ def main() -> None:
         sys.exit(f"{args.csv_path}: no ncu CSV header found")
     total = collections.Counter()
     launches = collections.Counter()
+    samples = collections.defaultdict(list)
     for row in csv.DictReader(io.StringIO(text[start:])):
         if row.get("Metric Name") != "gpu__time_duration.sum":
             continue
@@ -38,10 +39,12 @@ def main() -> None:
         value = float(row["Metric Value"].replace(",", "")) * UNITS_US.get(row["Metric Unit"], 1.0)
         total[name] += value
         launches[name] += 1
+        samples[name].append(value)
     all_us = sum(total.values())
-    print(f"{'kernel':<90} {'launches':>8} {'total us':>10} {'share':>6}")
+    print(f"{'kernel':<90} {'launches':>8} {'total us':>10} {'share':>6} {'median us':>10}")
     for name, us in total.most_common(args.top):
-        print(f"{name:<90} {launches[name]:>8} {us:>10.1f} {100 * us / all_us:>5.1f}%")
+        median = sorted(samples[name])[len(samples[name]) // 2]
+        print(f"{name:<90} {launches[name]:>8} {us:>10.1f} {100 * us / all_us:>5.1f}% {median:>10.2f}")
     print(f"{'all kernels':<90} {sum(launches.values()):>8} {all_us:>10.1f}")
     steps = sum(n for k, n in launches.items() if args.per_step_kernel in k) / args.per_step_count
     if steps > 0:
