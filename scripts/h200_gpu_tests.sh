@@ -140,7 +140,15 @@ if want profile; then
       for sampling in ${PROFILE_SAMPLING:-greedy}; do
         for kv in ${PROFILE_KV_MODES:-paged}; do
           python scripts/profile_gpu_step.py -m "$MODEL" --npl "$npl" --sampling "$sampling" --kv-mode "$kv" 2>&1 \
-              | grep measured | tee -a "$OUT/run.log"
+              | grep -E "measured|CF_DECODE_TIMING" | tail -3 | tee -a "$OUT/run.log"
+        done
+        # PROFILE_ENVS="GGML_CUDA_PDL=0 CACHEFLOW_PA_PDL=0": each KV mode again with one of these set (A/B of a knob;
+        # CF_DECODE_TIMING lines, where a build prints them, come along)
+        for envset in ${PROFILE_ENVS:-}; do
+          for kv in ${PROFILE_KV_MODES:-paged}; do
+            env "$envset" python scripts/profile_gpu_step.py -m "$MODEL" --npl "$npl" --sampling "$sampling" --kv-mode "$kv" \
+                2>&1 | grep -E "measured|CF_DECODE_TIMING" | tail -3 | sed "s/^/$envset: /" | tee -a "$OUT/run.log"
+          done
         done
         if [ "${PROFILE_PADDING_AB:-0}" = 1 ]; then
           CACHEFLOW_STEP_PADDING=0 python scripts/profile_gpu_step.py -m "$MODEL" --npl "$npl" --sampling "$sampling" \
@@ -168,7 +176,7 @@ if want ncu; then
     # NCU_KV_MODES="paged stock": the engine's stock KV mode (flash attention) too, the same window, for a per-kernel
     # diff of one engine in both modes; NCU_NTG: output tokens per request (a larger one, e.g. 256 with NCU_SKIP 8000,
     # keeps the window inside the warm-up run's decode steps, clear of any prefill)
-    for kv in ${NCU_KV_MODES:-paged}; do
+    for kv in $([ -z "${NCU_GRAPH_ONLY:-}" ] && echo "${NCU_KV_MODES:-paged}" || true); do  # NCU_GRAPH_ONLY=1: only NCU_GRAPH's
       tag=$([ "$kv" = paged ] && echo "b$npl" || echo "${kv}_engine_b$npl")
       step_kernel=$([ "$kv" = paged ] && echo paged_attention_split || echo flash_attn_ext)
       log "ncu: kernel time by kernel, decode steps at B=$npl ($kv KV; launches ${NCU_SKIP:-6000}.. of the warm-up run)"
@@ -184,21 +192,21 @@ if want ncu; then
       # time or host time between graph launches (issue 11's B=1 gap)
       for kv in ${NCU_KV_MODES:-paged}; do
         log "ncu: device time per CUDA graph launch at B=$npl ($kv KV engine)"
-        "$NCU" --csv "${NCU_EXTRA[@]}" --graph-profiling graph --metrics gpu__time_duration.sum -c "${NCU_GRAPH_COUNT:-600}" \
+        "$NCU" --csv "${NCU_EXTRA[@]}" --graph-profiling graph --metrics gpu__time_duration.sum -c "${NCU_GRAPH_COUNT:-1200}" \
             python scripts/profile_gpu_step.py -m "$MODEL" --npl "$npl" --npp 16 --ntg "${NCU_NTG:-32}" --kv-mode "$kv" \
             > "/tmp/ncu_graph_${kv}_b$npl.csv" 2> /dev/null || true
         python scripts/ncu_summary.py "/tmp/ncu_graph_${kv}_b$npl.csv" > "$OUT/ncu_graph_${kv}_b$npl.txt" 2>&1 || true
-        head -8 "$OUT/ncu_graph_${kv}_b$npl.txt" | tee -a "$OUT/run.log"
+        head -14 "$OUT/ncu_graph_${kv}_b$npl.txt" | tee -a "$OUT/run.log"
       done
       log "ncu: device time per CUDA graph launch at B=$npl (llama-batched-bench, stock KV, -fa on)"
       BB=$(find "$BUILD_DIR" -name llama-batched-bench -type f | head -1)
-      "$NCU" --csv "${NCU_EXTRA[@]}" --graph-profiling graph --metrics gpu__time_duration.sum -c "${NCU_GRAPH_COUNT:-600}" \
+      "$NCU" --csv "${NCU_EXTRA[@]}" --graph-profiling graph --metrics gpu__time_duration.sum -c "${NCU_GRAPH_COUNT:-1200}" \
           "$BB" -m "$MODEL" -c $((npl * 512)) -b 2048 -ub 512 -npp 16 -ntg 128 -npl "$npl" -ngl 99 -fa on \
           > "/tmp/ncu_graph_bb_b$npl.csv" 2> /dev/null || true
       python scripts/ncu_summary.py "/tmp/ncu_graph_bb_b$npl.csv" > "$OUT/ncu_graph_bb_b$npl.txt" 2>&1 || true
-      head -8 "$OUT/ncu_graph_bb_b$npl.txt" | tee -a "$OUT/run.log"
+      head -14 "$OUT/ncu_graph_bb_b$npl.txt" | tee -a "$OUT/run.log"
     fi
-    if [ -n "${NCU_STOCK:-}" ]; then  # the same breakdown for llama-batched-bench (stock KV, flash attention)
+    if [ -n "${NCU_STOCK:-}" ] && [ -z "${NCU_GRAPH_ONLY:-}" ]; then  # the same breakdown for llama-batched-bench (stock KV, flash attention)
       log "ncu: llama-batched-bench decode steps at B=$npl (stock KV, -fa on)"
       BB=$(find "$BUILD_DIR" -name llama-batched-bench -type f | head -1)
       "$NCU" --csv "${NCU_EXTRA[@]}" --metrics gpu__time_duration.sum -s "${NCU_SKIP:-6000}" -c "${NCU_COUNT:-1500}" \
