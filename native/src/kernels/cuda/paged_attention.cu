@@ -147,8 +147,6 @@ Plan plan_for(const PagedAttentionCudaArgs & a) {
                                                                             : kPagedLoadsNarrow;
         return p;
     }
-    const int32_t pdl = a.pdl != 0 ? a.pdl : env.pdl;
-    p.pdl = pdl >= 0 && device_has_pdl();
     if (!p.pipelined) {
         p.n_splits = two_pass_num_splits(a);
         const int32_t loads = a.loads != kPagedLoadsDefault ? a.loads : env.loads;
@@ -158,6 +156,8 @@ Plan plan_for(const PagedAttentionCudaArgs & a) {
         return p;
     }
     p.split_keys = a.split_keys != 0 ? a.split_keys : env.split_keys;
+    const int32_t pdl = a.pdl != 0 ? a.pdl : env.pdl;
+    p.pdl = pdl >= 0 && device_has_pdl();
     p.narrow = (a.tile_rows != 0 ? a.tile_rows : env.tile_rows) == pipelined::kTileRowsNarrow;
     p.n_splits = pipelined::max_split_count(a.block_table_stride * a.block_size, p.split_keys);
     return p;
@@ -222,15 +222,24 @@ cudaError_t launch(const PagedAttentionCudaArgs & args, const Plan & plan, void 
         }
         return err != cudaSuccess ? err : cudaGetLastError();
     }
-    auto split_kernel = plan.loads == kPagedLoadsWide     ? paged_attention_split_kernel<D, G, kRowsInFlightWide, true>
-                        : plan.loads == kPagedLoadsNarrowPf ? paged_attention_split_kernel<D, G, kRowsInFlight, true>
-                                                            : paged_attention_split_kernel<D, G, kRowsInFlight, false>;
-    cudaError_t err = launch_ex(split_kernel, grid, dim3(threads_for(D)), plan.pdl, stream, a, part_o, part_ml, n_splits);
-    if (err == cudaSuccess && n_splits > 1) {
-        err = launch_ex(paged_attention_combine_kernel<D>, cgrid, dim3(D), plan.pdl, stream, a,
-                        (const float *) part_o, (const float *) part_ml, n_splits);
+    switch (plan.loads) {
+        case kPagedLoadsWide:
+            paged_attention_split_kernel<D, G, kRowsInFlightWide, true>
+                <<<grid, threads_for(D), 0, stream>>>(a, part_o, part_ml, n_splits);
+            break;
+        case kPagedLoadsNarrowPf:
+            paged_attention_split_kernel<D, G, kRowsInFlight, true>
+                <<<grid, threads_for(D), 0, stream>>>(a, part_o, part_ml, n_splits);
+            break;
+        default:
+            paged_attention_split_kernel<D, G, kRowsInFlight, false>
+                <<<grid, threads_for(D), 0, stream>>>(a, part_o, part_ml, n_splits);
+            break;
     }
-    return err != cudaSuccess ? err : cudaGetLastError();
+    if (n_splits > 1) {
+        paged_attention_combine_kernel<D><<<cgrid, D, 0, stream>>>(a, part_o, part_ml, n_splits);
+    }
+    return cudaGetLastError();
 }
 
 template <int D>

@@ -309,11 +309,6 @@ paged_attention_split_kernel(const PagedAttentionCudaArgs a, float * part_o /* [
     const int kvh = blockIdx.y;
     const int t = blockIdx.z;
     const int tid = threadIdx.x;
-    // PDL (launched with it on sm_90, paged_attention.cu): q, the K/V rows and the tables may come from the grids
-    // before this one, and the output may alias what they read, so nothing global is touched before the wait; the
-    // next grid (it waits for this one's completion in turn) is let in at once to hide its launch latency.
-    pipelined::grid_dependency_wait();
-    pipelined::grid_launch_dependents();
     const int ctx = a.token_ctx_len[t];
     const int split_keys = split_keys_for(ctx);
     const int k0 = split * split_keys;
@@ -421,8 +416,6 @@ __global__ void paged_attention_combine_kernel(const PagedAttentionCudaArgs a, c
     const int head = blockIdx.x;
     const int t = blockIdx.y;
     const int d = threadIdx.x;
-    pipelined::grid_dependency_wait();  // the split kernel's partial states (PDL, as in the split kernel)
-    pipelined::grid_launch_dependents();
     const int ns = split_count(a.token_ctx_len[t]);
     if (ns == 1) {
         return;  // written by the split kernel
