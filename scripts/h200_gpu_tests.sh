@@ -28,7 +28,9 @@
 # stage kvstream: bench_kv_streaming.py on a random-weight Llama-3.1-8B-shape model (written beside the build, MODEL_8B),
 # KVS_CASES PROMPTxBATCH, KVS_MODES, KVS_OUT_LEN, KVS_PREFILL (rows|mma), plus the pinned host-to-device reference,
 # issue 16 (KVS_STANDALONE=0 skips the standalone kv_stream bench). DECODE_PA_KERNELS="two_pass pipelined" runs the
-# decode stage's paged runs once per decode kernel. GPU_TESTS_K: a pytest -k expression for the tests stage.
+# decode stage's paged runs once per decode kernel. GPU_TESTS_K: a pytest -k expression for the tests stage. Stage
+# trace: a CUPTI device timeline of the replayed decode graphs (native/bench/cupti_kernel_trace.cpp, then
+# scripts/cupti_step_gaps.py), engine in TRACE_KV_MODES and llama-batched-bench, at TRACE_NPL batches.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-results/h200_gpu}
@@ -216,6 +218,37 @@ if want ncu; then
       head -22 "$OUT/ncu_stock_b$npl.txt" | tee -a "$OUT/run.log"; tail -2 "$OUT/ncu_stock_b$npl.txt" | tee -a "$OUT/run.log"
     fi
   done
+fi
+if want trace; then
+  # issue 11: a device timeline of replayed decode graphs (CUPTI activity records; nsys is absent on the machine),
+  # the engine in each TRACE_KV_MODES mode and llama-batched-bench, at TRACE_NPL batches: per step the graph's span,
+  # busy and idle time, and the idle time before each kernel (scripts/cupti_step_gaps.py)
+  CUDA_HOME=${CUDA_HOME:-$(dirname "$(dirname "$(command -v nvcc)")")}
+  CUPTI_LIB=$(ls "$CUDA_HOME"/lib64/libcupti.so "$CUDA_HOME"/extras/CUPTI/lib64/libcupti.so 2>/dev/null | head -1 || true)
+  CUPTI_INC=$(dirname "$(ls "$CUDA_HOME"/include/cupti.h "$CUDA_HOME"/extras/CUPTI/include/cupti.h 2>/dev/null | head -1)")
+  if [ -z "$CUPTI_LIB" ] || ! g++ -std=c++17 -O2 -shared -fPIC native/bench/cupti_kernel_trace.cpp -I"$CUPTI_INC" \
+      -I"$CUDA_HOME/include" "$CUPTI_LIB" -Wl,-rpath,"$(dirname "$CUPTI_LIB")" -o /tmp/libcf_cupti_trace.so \
+      > "$OUT/trace_build.log" 2>&1; then
+    log "trace: no CUPTI library or the tracer did not build (trace_build.log)"
+  else
+    for npl in ${TRACE_NPL:-1 64}; do
+      for kv in ${TRACE_KV_MODES:-paged stock}; do
+        log "trace: engine decode graphs at B=$npl ($kv KV)"
+        CF_CUPTI_TRACE="/tmp/trace_${kv}_b$npl.csv" LD_PRELOAD=/tmp/libcf_cupti_trace.so \
+            python scripts/profile_gpu_step.py -m "$MODEL" --npl "$npl" --kv-mode "$kv" 2>&1 \
+            | grep -E "measured|cupti_kernel_trace" | tee -a "$OUT/run.log"
+        python scripts/cupti_step_gaps.py "/tmp/trace_${kv}_b$npl.csv" > "$OUT/trace_${kv}_b$npl.txt" 2>&1 || true
+        head -"${TRACE_LINES:-14}" "$OUT/trace_${kv}_b$npl.txt" | tee -a "$OUT/run.log"
+      done
+      log "trace: llama-batched-bench decode graphs at B=$npl (stock KV, -fa on)"
+      BB=$(find "$BUILD_DIR" -name llama-batched-bench -type f | head -1)
+      CF_CUPTI_TRACE="/tmp/trace_bb_b$npl.csv" LD_PRELOAD=/tmp/libcf_cupti_trace.so \
+          "$BB" -m "$MODEL" -c $((npl * 512)) -b 2048 -ub 512 -npp 128 -ntg 128 -npl "$npl" -ngl 99 -fa on 2>&1 \
+          | grep -E "cupti_kernel_trace|^\|" | tail -3 | tee -a "$OUT/run.log"
+      python scripts/cupti_step_gaps.py "/tmp/trace_bb_b$npl.csv" > "$OUT/trace_bb_b$npl.txt" 2>&1 || true
+      head -"${TRACE_LINES:-14}" "$OUT/trace_bb_b$npl.txt" | tee -a "$OUT/run.log"
+    done
+  fi
 fi
 if want serve; then
   for streams in ${SERVE_STREAMS:-64 256}; do

@@ -12,6 +12,7 @@ summary counts cudaGraphLaunch (replayed steps) against cudaStreamBeginCapture /
 from __future__ import annotations
 
 import argparse
+import ctypes
 import random
 import time
 
@@ -70,6 +71,10 @@ def main() -> None:
         steps = args.ntg - 1
         print(f"{label}: B={args.npl} {args.kv_mode} {args.sampling}: decode {(tg_end - tg_start) / steps * 1e3:.3f} ms/step, "
               f"{args.npl * steps / (tg_end - tg_start):.0f} tok/s (wall {wall:.2f} s; {phases})", flush=True)
+    # under native/bench/cupti_kernel_trace.cpp (LD_PRELOAD): write its trace while the CUDA context still lives
+    flush_trace = getattr(ctypes.CDLL(None), "cf_cupti_flush", None)
+    if flush_trace is not None:
+        flush_trace()
     llm.close()
 
 

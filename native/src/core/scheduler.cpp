@@ -590,11 +590,7 @@ int64_t Scheduler::kv_tokens_used() const {
 }
 
 int64_t Scheduler::kv_tokens_attended() const {
-    int64_t attended = 0;
-    for (const auto & seq : running_) {
-        attended += seq->num_computed_tokens;
-    }
-    return attended;
+    return total_computed_tokens(running_);
 }
 
 std::vector<int64_t> Scheduler::request_ids() const {

@@ -208,4 +208,13 @@ struct Sequence {
     void append_token(int32_t token_id) { tokens.push_back(token_id); }
 };
 
+// Sum of num_computed_tokens over seqs: the KV rows their attention reads, shared rows once per reader.
+inline int64_t total_computed_tokens(const std::vector<std::unique_ptr<Sequence>> & seqs) {
+    int64_t total = 0;
+    for (const auto & seq : seqs) {
+        total += seq->num_computed_tokens;
+    }
+    return total;
+}
+
 }  // namespace cf

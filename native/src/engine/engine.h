@@ -112,7 +112,8 @@ class Engine {
     void emit_token(Sequence & seq, int32_t token_id, int64_t now_ns);
     void record_ttft(const Sequence & seq);
     void fail_everything(const std::string & why);
-    void publish();
+    // kv_tokens_used: scheduler_.kv_tokens_used() if the caller has it for the current state, else -1 (computed here).
+    void publish(int64_t kv_tokens_used = -1);
     void run_loop();
 
     // Stepping thread only (guarded by step_mu_).

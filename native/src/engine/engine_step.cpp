@@ -119,16 +119,17 @@ StepResult Engine::step_locked() {
             fail_step(out);
         }
     }
+    // O(block-table entries) in paged mode: computed once, for the profiler and the stats snapshot
+    const int64_t kv_tokens_used = scheduler_.kv_tokens_used();
     if (profiler_.enabled() && !out.seqs.empty()) {  // before publish: recorded once outputs are seen
         const int32_t kv_free = session_->n_ctx() - (int32_t) scheduler_.kv_tokens_reserved();
-        profiler_.step_end(totals_.num_steps, clock_ns(), scheduler_.num_waiting(),
-                           (int32_t) scheduler_.kv_tokens_used(), kv_free, scheduler_.kv().num_blocks_used(),
-                           (int32_t) scheduler_.kv_tokens_attended());
+        profiler_.step_end(totals_.num_steps, clock_ns(), scheduler_.num_waiting(), (int32_t) kv_tokens_used,
+                           kv_free, scheduler_.kv().num_blocks_used(), (int32_t) scheduler_.kv_tokens_attended());
     }
     if (!out.seqs.empty()) {
         totals_.step_ns += clock_ns() - step_start_ns_;  // before publish: the step's stats count it
     }
-    publish();
+    publish(kv_tokens_used);
 #ifndef NDEBUG
     scheduler_.check_invariants();  // debug builds: every step ends in a consistent state
 #endif
@@ -548,7 +549,7 @@ void Engine::fail_everything(const std::string & why) {
 
 // Make this step's results visible: live ids first (so that an abort after the final event
 // reports NOT_FOUND), then events, then the stats snapshot.
-void Engine::publish() {
+void Engine::publish(int64_t kv_tokens_used) {
     {
         std::lock_guard<std::mutex> lock(inbox_mu_);
         for (const int64_t request_id : finished_ids_) {
@@ -561,7 +562,9 @@ void Engine::publish() {
     // count it as finished.
     {
         const int64_t bytes_per_token = session_->kv_bytes_per_token();
-        const int64_t kv_tokens_used = scheduler_.kv_tokens_used();  // O(table entries): outside the lock
+        if (kv_tokens_used < 0) {
+            kv_tokens_used = scheduler_.kv_tokens_used();  // O(table entries): outside the lock
+        }
         std::lock_guard<std::mutex> lock(stats_mu_);
         stats_ = totals_;
         stats_.num_running = scheduler_.num_running();

@@ -112,11 +112,7 @@ class KvCacheManager {
     // has rows of its own); paged overrides it with the distinct device rows filled, so that
     // blocks shared by the prefix cache or a fork count once (used <= reserved).
     virtual int64_t kv_tokens_used(const std::vector<std::unique_ptr<Sequence>> & running) const {
-        int64_t used = 0;
-        for (const auto & seq : running) {
-            used += seq->num_computed_tokens;
-        }
-        return used;
+        return total_computed_tokens(running);
     }
     virtual int32_t num_blocks_total() const { return 0; }  // 0 in the stock modes
     virtual int32_t num_blocks_used() const { return 0; }
