@@ -232,7 +232,7 @@ def test_swap_without_swap_space_says_it_recomputes(tiny_model_path, capfd):
                      "-n", "1", "hi")  # fmt: skip
     assert result.exit_code == 0, result.output
     native_stderr = capfd.readouterr().err  # the engine writes the note to file descriptor 2
-    assert "preemption_mode=swap with swap_space_bytes=0 holds no KV block" in native_stderr
+    assert "swap preemption with a swap space of 0 bytes, which holds no KV block" in native_stderr
     assert "preempted sequences are recomputed" in native_stderr
 
 

@@ -41,7 +41,8 @@ std::unique_ptr<KvCacheManager> make_kv_manager(const LlamaSession & session) {
         }
         const int32_t host_blocks = num_host_blocks(session);
         if (session.config().preemption_mode == CF_PREEMPTION_MODE_SWAP && host_blocks == 0) {
-            std::fprintf(stderr, "cacheflow: preemption_mode=swap with swap_space_bytes=%lld holds no KV block "
+            // in words a library user (swap_space_bytes) and a CLI user (--swap-space, GiB) both read
+            std::fprintf(stderr, "cacheflow: swap preemption with a swap space of %lld bytes, which holds no KV block "
                                  "(%lld bytes each): preempted sequences are recomputed\n",
                          (long long) session.config().swap_space_bytes, (long long) session.paged_block_bytes());
         }
@@ -49,7 +50,7 @@ std::unique_ptr<KvCacheManager> make_kv_manager(const LlamaSession & session) {
                              host_blocks, session.paged_block_bytes(), stream);
     }
     if (session.config().preemption_mode == CF_PREEMPTION_MODE_SWAP) {
-        std::fprintf(stderr, "cacheflow: preemption_mode=swap has no effect on the stock KV cache: it reserves "
+        std::fprintf(stderr, "cacheflow: swap preemption has no effect on the stock KV cache: it reserves "
                              "each sequence's rows at admission and never preempts\n");
     }
     if (session.config().kv_unified()) {

@@ -135,7 +135,7 @@ Swapper::Swapper(LlamaSession & session, int32_t num_slots, int64_t block_bytes)
             pinned_ = nullptr;
         }
         std::fprintf(stderr, "cacheflow: could not pin %zu bytes of swap space; swaps go through llama.cpp's "
-                             "per-block copies from pageable memory (lower swap_space_bytes to pin it)\n", n_bytes);
+                             "per-block copies from pageable memory (a smaller swap space may be pinned)\n", n_bytes);
         copy_stream_.reset();
     }
     host_.reset((uint8_t *) std::calloc(n_bytes, 1));
