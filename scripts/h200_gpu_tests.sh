@@ -30,7 +30,8 @@
 # issue 16 (KVS_STANDALONE=0 skips the standalone kv_stream bench). DECODE_PA_KERNELS="two_pass pipelined" runs the
 # decode stage's paged runs once per decode kernel. GPU_TESTS_K: a pytest -k expression for the tests stage. Stage
 # trace: a CUPTI device timeline of the replayed decode graphs (native/bench/cupti_kernel_trace.cpp, then
-# scripts/cupti_step_gaps.py), engine in TRACE_KV_MODES and llama-batched-bench, at TRACE_NPL batches.
+# scripts/cupti_step_gaps.py), engine in TRACE_KV_MODES and llama-batched-bench, at TRACE_NPL batches (TRACE_LINES
+# of each summary go to run.log).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-results/h200_gpu}
@@ -149,7 +150,7 @@ if want profile; then
         for envset in ${PROFILE_ENVS:-}; do
           for kv in ${PROFILE_KV_MODES:-paged}; do
             env "$envset" python scripts/profile_gpu_step.py -m "$MODEL" --npl "$npl" --sampling "$sampling" --kv-mode "$kv" \
-                2>&1 | grep -E "measured|CF_DECODE_TIMING" | tail -3 | sed "s/^/$envset: /" | tee -a "$OUT/run.log"
+                2>&1 | grep -E "measured|CF_DECODE_TIMING" | tail -3 | sed "s|^|$envset: |" | tee -a "$OUT/run.log" || true
           done
         done
         if [ "${PROFILE_PADDING_AB:-0}" = 1 ]; then
@@ -234,17 +235,23 @@ if want trace; then
     for npl in ${TRACE_NPL:-1 64}; do
       for kv in ${TRACE_KV_MODES:-paged stock}; do
         log "trace: engine decode graphs at B=$npl ($kv KV)"
+        rm -f "/tmp/trace_${kv}_b$npl.csv"  # the tracer writes nothing for a run that recorded nothing
         CF_CUPTI_TRACE="/tmp/trace_${kv}_b$npl.csv" LD_PRELOAD=/tmp/libcf_cupti_trace.so \
             python scripts/profile_gpu_step.py -m "$MODEL" --npl "$npl" --kv-mode "$kv" 2>&1 \
-            | grep -E "measured|cupti_kernel_trace" | tee -a "$OUT/run.log"
+            | grep -E "measured|cupti_kernel_trace" | tee -a "$OUT/run.log" || true
         python scripts/cupti_step_gaps.py "/tmp/trace_${kv}_b$npl.csv" > "$OUT/trace_${kv}_b$npl.txt" 2>&1 || true
         head -"${TRACE_LINES:-14}" "$OUT/trace_${kv}_b$npl.txt" | tee -a "$OUT/run.log"
       done
-      log "trace: llama-batched-bench decode graphs at B=$npl (stock KV, -fa on)"
       BB=$(find "$BUILD_DIR" -name llama-batched-bench -type f | head -1)
+      if [ -z "$BB" ]; then
+        log "trace: no llama-batched-bench in $BUILD_DIR (stage build builds it)"
+        continue
+      fi
+      log "trace: llama-batched-bench decode graphs at B=$npl (stock KV, -fa on)"
+      rm -f "/tmp/trace_bb_b$npl.csv"
       CF_CUPTI_TRACE="/tmp/trace_bb_b$npl.csv" LD_PRELOAD=/tmp/libcf_cupti_trace.so \
           "$BB" -m "$MODEL" -c $((npl * 512)) -b 2048 -ub 512 -npp 128 -ntg 128 -npl "$npl" -ngl 99 -fa on 2>&1 \
-          | grep -E "cupti_kernel_trace|^\|" | tail -3 | tee -a "$OUT/run.log"
+          | grep -E "cupti_kernel_trace|^\|" | tail -3 | tee -a "$OUT/run.log" || true
       python scripts/cupti_step_gaps.py "/tmp/trace_bb_b$npl.csv" > "$OUT/trace_bb_b$npl.txt" 2>&1 || true
       head -"${TRACE_LINES:-14}" "$OUT/trace_bb_b$npl.txt" | tee -a "$OUT/run.log"
     done

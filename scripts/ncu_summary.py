@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Kernel time by kernel name from an `ncu --csv --metrics gpu__time_duration.sum` log.
 
-Prints one line per kernel name (launches, total microseconds, share of the total), largest first,
+Prints one line per kernel name (launches, total microseconds, share of the total, median microseconds per
+launch), largest first,
 then the total; with `--per-step-kernel NAME --per-step-count N` also the time per step, counting
 N launches of kernels whose name contains NAME as one step (e.g. the paged attention kernel, once
 per layer). Input: the CSV ncu writes to stdout (lines before the header are skipped).
@@ -13,6 +14,7 @@ import argparse
 import collections
 import csv
 import io
+import statistics
 import sys
 
 UNITS_US = {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3, "second": 1e6, "s": 1e6}
@@ -43,7 +45,7 @@ def main() -> None:
     all_us = sum(total.values())
     print(f"{'kernel':<90} {'launches':>8} {'total us':>10} {'share':>6} {'median us':>10}")
     for name, us in total.most_common(args.top):
-        median = sorted(samples[name])[len(samples[name]) // 2]
+        median = statistics.median(samples[name])
         print(f"{name:<90} {launches[name]:>8} {us:>10.1f} {100 * us / all_us:>5.1f}% {median:>10.2f}")
     print(f"{'all kernels':<90} {sum(launches.values()):>8} {all_us:>10.1f}")
     steps = sum(n for k, n in launches.items() if args.per_step_kernel in k) / args.per_step_count

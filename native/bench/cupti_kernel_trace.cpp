@@ -4,7 +4,7 @@
 // Built on the GPU machine as a shared library and preloaded into the process to trace (scripts/h200_gpu_tests.sh,
 // stage trace):
 //   g++ -std=c++17 -O2 -shared -fPIC native/bench/cupti_kernel_trace.cpp -I$CUDA/include -L$CUDA/lib64 -lcupti
-//       -o /tmp/libcf_cupti_trace.so
+//       -Wl,-rpath,$CUDA/lib64 -o /tmp/libcf_cupti_trace.so
 //   CF_CUPTI_TRACE=/tmp/trace.csv LD_PRELOAD=/tmp/libcf_cupti_trace.so python scripts/profile_gpu_step.py ...
 // scripts/cupti_step_gaps.py reads the CSV.
 //
@@ -13,8 +13,9 @@
 // activity records kernels inside graphs as they ran, each with the correlation id of its cudaGraphLaunch, so one
 // graph launch (one decode step) is one group of records.
 //
-// Environment: CF_CUPTI_TRACE = output path (unset: the library does nothing; of several processes that ran
-// something on the device, the last to write wins); CF_CUPTI_MAX_RECORDS = records kept
+// Environment: CF_CUPTI_TRACE = output path (unset: nothing is recorded, though libcupti is still loaded; each
+// process that ran something on the device writes the whole file, through a temporary file and a rename, so of
+// several such processes (LD_PRELOAD reaches child processes) the last to exit wins, never a mix); CF_CUPTI_MAX_RECORDS = records kept
 // (default 2,000,000; later ones are counted, not kept). The CSV is written by cf_cupti_flush() (exported, callable
 // through ctypes before the process tears CUDA down) or else at exit. Columns: kind (kernel | memcpy | memset), name
 // (kernel name, or the memcpy kind), start_ns, end_ns (device clock, ns), correlation_id, graph_id (0 outside graphs),
@@ -27,6 +28,7 @@
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <unistd.h>  // getpid
 #include <vector>
 
 namespace {
@@ -132,9 +134,10 @@ void write_csv() {
         return;
     }
     t.written = true;
-    FILE * f = std::fopen(t.path.c_str(), "w");
+    const std::string tmp = t.path + "." + std::to_string((long long) getpid()) + ".tmp";
+    FILE * f = std::fopen(tmp.c_str(), "w");
     if (f == nullptr) {
-        std::fprintf(stderr, "cupti_kernel_trace: cannot write %s\n", t.path.c_str());
+        std::fprintf(stderr, "cupti_kernel_trace: cannot write %s\n", tmp.c_str());
         return;
     }
     static const char * const kinds[] = {"kernel", "memcpy", "memset"};
@@ -149,7 +152,10 @@ void write_csv() {
         std::fprintf(f, "%s,%s,%llu,%llu,%u,%u,%u\n", kinds[r.kind], name.c_str(), (unsigned long long) r.start,
                      (unsigned long long) r.end, r.correlation, r.graph, r.stream);
     }
-    std::fclose(f);
+    if (std::fclose(f) != 0 || std::rename(tmp.c_str(), t.path.c_str()) != 0) {
+        std::fprintf(stderr, "cupti_kernel_trace: cannot write %s\n", t.path.c_str());
+        return;
+    }
     std::fprintf(stderr, "cupti_kernel_trace: %zu records to %s (%zu dropped past CF_CUPTI_MAX_RECORDS)\n",
                  t.records.size(), t.path.c_str(), t.dropped);
 }
@@ -191,6 +197,9 @@ __attribute__((constructor)) void start_trace() {
 
 // Flush CUPTI's buffers and write the CSV now (once per process); for callers that tear CUDA down before exit.
 extern "C" __attribute__((visibility("default"))) void cf_cupti_flush() {
+    if (trace().path.empty()) {
+        return;  // CF_CUPTI_TRACE unset: nothing was recorded
+    }
     cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
     write_csv();
 }

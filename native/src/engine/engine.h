@@ -112,8 +112,10 @@ class Engine {
     void emit_token(Sequence & seq, int32_t token_id, int64_t now_ns);
     void record_ttft(const Sequence & seq);
     void fail_everything(const std::string & why);
-    // kv_tokens_used: scheduler_.kv_tokens_used() if the caller has it for the current state, else -1 (computed here).
-    void publish(int64_t kv_tokens_used = -1);
+    // kv_tokens_used: scheduler_.kv_tokens_used() of the current state, when the caller already has it (an
+    // O(block-table entries) walk in paged mode); publish() computes it.
+    void publish(int64_t kv_tokens_used);
+    void publish() { publish(scheduler_.kv_tokens_used()); }
     void run_loop();
 
     // Stepping thread only (guarded by step_mu_).

@@ -562,9 +562,6 @@ void Engine::publish(int64_t kv_tokens_used) {
     // count it as finished.
     {
         const int64_t bytes_per_token = session_->kv_bytes_per_token();
-        if (kv_tokens_used < 0) {
-            kv_tokens_used = scheduler_.kv_tokens_used();  // O(table entries): outside the lock
-        }
         std::lock_guard<std::mutex> lock(stats_mu_);
         stats_ = totals_;
         stats_.num_running = scheduler_.num_running();
