@@ -366,6 +366,14 @@ class _Context:
                     online.check_reachable(b)
                 except (ConnectionError, RuntimeError) as exc:
                     raise click.ClickException(str(exc)) from None
+        self._batched_bench_exe: Path | None = None
+        if "llama-batched-bench" in self.baselines and opts.get("dataset", "random") == "random":
+            from pycacheflow.bench import baselines
+
+            try:  # before CacheFlow's runs: a baseline that cannot be built stops the command at once
+                self._batched_bench_exe = baselines.build_tool(baselines.find_build_dir(), "llama-batched-bench")
+            except baselines.BaselineError as exc:
+                raise click.ClickException(str(exc)) from None
         self.model = str(opts.get("model") or _default_model())
         self.out_dir = Path(opts["out_dir"])
         self._tokenizer = LLM(self.model, max_num_seqs=1, n_ctx=256, n_threads=1)
@@ -426,10 +434,9 @@ class _Context:
         if self.opts["dataset"] != "random":
             click.echo("llama-batched-bench runs fixed lengths only: skipped", err=True)
             return []
-        try:
-            exe = baselines.build_tool(baselines.find_build_dir(), "llama-batched-bench")
-        except baselines.BaselineError as exc:
-            raise click.ClickException(str(exc)) from None
+        exe = self._batched_bench_exe
+        if exe is None:  # built in __init__ for the random dataset, the only one it runs
+            return []
         p, o = int(self.opts["prompt_len"]), int(self.opts["output_len"])
         rows = []
         for it in range(int(self.opts["iterations"])):

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One command on the GPU machine (shared/GPU.md): CUDA build, the GPU tests (pytest -m gpu), the
+# One command on the GPU machine (the project's GPU notes, shared/GPU.md outside this repository): CUDA build, the GPU tests (pytest -m gpu), the
 # paged attention kernel benchmark, and decode throughput of CacheFlow (paged and stock KV) vs
 # llama-batched-bench on a random-weight model of the Llama-3.2-1B shape, all in the same run.
 #

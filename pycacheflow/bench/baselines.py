@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,13 +52,70 @@ def build_type(build_dir: Path) -> str:
     return ""
 
 
-def build_tool(build_dir: Path, target: str) -> Path:
-    """Build a llama.cpp tool target (e.g. "llama-batched-bench", "llama-server") in the
-    persistent build folder and return the executable's path.
+def _cache_entry(build_dir: Path, name: str) -> str:
+    """The value of CMakeCache.txt's entry ``name`` ("" if absent)."""
+    try:
+        for line in (build_dir / "CMakeCache.txt").read_text().splitlines():
+            if line.split(":", 1)[0] == name and "=" in line:
+                return line.split("=", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
+def stale_build_tools(build_dir: Path) -> list[str]:
+    """The CMakeCache.txt entries (CMAKE_COMMAND, CMAKE_MAKE_PROGRAM) naming programs that no longer exist.
+
+    ``pip install .`` with build isolation configures the build folder with the cmake and ninja of a
+    temporary environment that pip deletes afterwards; the folder then cannot build, nor regenerate itself.
+    """
+    return [
+        name
+        for name in ("CMAKE_COMMAND", "CMAKE_MAKE_PROGRAM")
+        if (value := _cache_entry(build_dir, name)) and os.path.isabs(value) and not os.path.exists(value)
+    ]
+
+
+def _reconfigure(build_dir: Path, stale: list[str]) -> None:
+    """Configure build_dir again with the cmake and ninja on PATH (its cache and source folder kept).
 
     Raises:
-        BaselineError: the build failed or produced no executable.
+        BaselineError: cmake or ninja is not on PATH, or the configure step failed.
     """
+    cmake, ninja = shutil.which("cmake"), shutil.which("ninja")
+    generator = _cache_entry(build_dir, "CMAKE_GENERATOR")
+    missing = [tool for tool, path in (("cmake", cmake), ("ninja", ninja)) if path is None and
+               (tool == "cmake" or generator == "Ninja")]
+    if missing:
+        raise BaselineError(
+            f"{build_dir} was configured with {' and '.join(stale)} of pip's temporary build environment, "
+            f"which pip has deleted, and {' and '.join(missing)} is not on PATH to configure it again: "
+            f"`pip install {' '.join(missing)}`, or reinstall with `pip install . --no-build-isolation`"
+        )
+    cmd = [str(cmake), "-S", _cache_entry(build_dir, "CMAKE_HOME_DIRECTORY"), "-B", str(build_dir)]
+    if generator == "Ninja":
+        cmd.append(f"-DCMAKE_MAKE_PROGRAM={ninja}")
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise BaselineError(
+            f"configuring {build_dir} again (its {' and '.join(stale)} are gone) failed:\n"
+            f"{proc.stdout[-2000:]}{proc.stderr[-2000:]}"
+        )
+
+
+def build_tool(build_dir: Path, target: str) -> Path:
+    """Build a llama.cpp tool target (e.g. "llama-batched-bench", "llama-server") in the
+    persistent build folder and return the executable's path. A folder configured by an isolated
+    ``pip install .`` (whose cmake and ninja pip has deleted) is first configured again with the
+    cmake and ninja on PATH.
+
+    Raises:
+        BaselineError: the build failed or produced no executable, or the folder needs configuring
+            again and cmake or ninja is missing.
+    """
+    stale = stale_build_tools(build_dir)
+    if stale:
+        _reconfigure(build_dir, stale)
     jobs = str(os.cpu_count() or 2)
     proc = subprocess.run(
         ["cmake", "--build", str(build_dir), "--target", target, "-j", jobs],

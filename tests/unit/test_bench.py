@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import math
 import socket
+import sys
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -475,3 +477,38 @@ def test_api_key_is_sent_as_a_bearer_token(monkeypatch):
     keyed = load_client.make_client("http://127.0.0.1:9", "/v1/completions", 5.0)
     head = keyed.request_bytes(b"{}").split(b"\r\n\r\n")[0]
     assert b"\r\nAuthorization: Bearer sekret\r\n" in head
+
+
+def _cmake_cache(build_dir: Path, command: str, make_program: str) -> None:
+    build_dir.mkdir(parents=True, exist_ok=True)
+    (build_dir / "CMakeCache.txt").write_text(
+        f"CMAKE_MAKE_PROGRAM:UNINITIALIZED={make_program}\n"
+        f"CMAKE_COMMAND:INTERNAL={command}\n"
+        "CMAKE_GENERATOR:INTERNAL=Ninja\n"
+        f"CMAKE_HOME_DIRECTORY:INTERNAL={build_dir.parent}\n"
+    )
+
+
+def test_a_build_folder_left_by_an_isolated_pip_install_is_found_stale(tmp_path):
+    """pip's isolated build configures build/<tag> with a cmake and ninja it deletes afterwards."""
+    from pycacheflow.bench import baselines
+
+    live = tmp_path / "live"
+    _cmake_cache(live, sys.executable, sys.executable)  # programs that exist
+    assert baselines.stale_build_tools(live) == []
+    gone = tmp_path / "gone"
+    _cmake_cache(gone, "/tmp/pip-build-env-x/bin/cmake", "/tmp/pip-build-env-x/bin/ninja")
+    assert baselines.stale_build_tools(gone) == ["CMAKE_COMMAND", "CMAKE_MAKE_PROGRAM"]
+
+
+def test_a_stale_build_folder_without_ninja_on_path_says_what_to_install(tmp_path, monkeypatch):
+    from pycacheflow.bench import baselines
+
+    gone = tmp_path / "gone"
+    _cmake_cache(gone, "/tmp/pip-build-env-x/bin/cmake", "/tmp/pip-build-env-x/bin/ninja")
+    monkeypatch.setattr(baselines.shutil, "which", lambda tool: "/usr/bin/cmake" if tool == "cmake" else None)
+    with pytest.raises(baselines.BaselineError) as err:
+        baselines.build_tool(gone, "llama-batched-bench")
+    message = str(err.value)
+    assert "pip's temporary build environment" in message
+    assert "`pip install ninja`" in message and "--no-build-isolation" in message
