@@ -236,6 +236,16 @@ def test_swap_without_swap_space_says_it_recomputes(tiny_model_path, capfd):
     assert "preempted sequences are recomputed" in native_stderr
 
 
+def test_swap_space_smaller_than_a_sequence_says_so(tiny_model_path, capfd):
+    # about 20 KiB: a few blocks of the tiny model, less than one sequence may fill
+    result = run_cli("generate", "-m", str(tiny_model_path), "-q", "--preemption", "swap", "--swap-space", "0.00002",
+                     "-n", "1", "hi")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    native_stderr = capfd.readouterr().err
+    assert "cacheflow: the swap space holds" in native_stderr
+    assert "less than one sequence may fill" in native_stderr and "is recomputed instead" in native_stderr
+
+
 def test_swap_space_beyond_memory_names_the_flag(tiny_model_path):
     result = run_cli("generate", "-m", str(tiny_model_path), "--swap-space", "100000", "-n", "2", "hi")
     assert result.exit_code == 1, result.output

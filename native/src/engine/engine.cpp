@@ -45,6 +45,12 @@ std::unique_ptr<KvCacheManager> make_kv_manager(const LlamaSession & session) {
             std::fprintf(stderr, "cacheflow: swap preemption with a swap space of %lld bytes, which holds no KV block "
                                  "(%lld bytes each): preempted sequences are recomputed\n",
                          (long long) session.config().swap_space_bytes, (long long) session.paged_block_bytes());
+        } else if (session.config().preemption_mode == CF_PREEMPTION_MODE_SWAP &&
+                   (int64_t) host_blocks * session.config().block_size < session.n_ctx_per_seq()) {
+            std::fprintf(stderr, "cacheflow: the swap space holds %d KV blocks (%lld tokens), less than one sequence "
+                                 "may fill (%d tokens): a preempted sequence with more blocks than are free there is "
+                                 "recomputed instead\n",
+                         host_blocks, (long long) host_blocks * session.config().block_size, session.n_ctx_per_seq());
         }
         return make_paged_kv(session.num_blocks(), session.config().block_size, session.config().enable_prefix_caching,
                              host_blocks, session.paged_block_bytes(), stream);
