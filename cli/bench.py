@@ -295,6 +295,13 @@ def _offline(
     workload = functools.partial(ctx.workload, churn=churn)
     total = sum(len(workload(0)) for _ in levels) * len(variants) * int(opts["iterations"])
     rows, request_rows, kv_rows = [], [], []
+    noted: set[str] = set()
+
+    def budget_notice(note: str) -> None:  # once per distinct note, in the option's terms
+        if note not in noted:
+            noted.add(note)
+            click.echo(f"cacheflow: --kv-cache-memory {int(opts['kv_cache_memory'])} bytes {note}", err=True)
+
     with _progress(total, command) as bar:
         for c in levels:
             try:
@@ -314,6 +321,7 @@ def _offline(
                         **kv_stream_config(opts),
                     },
                     kv_cache_bytes=int(opts["kv_cache_memory"]),
+                    on_budget_rounded=budget_notice,
                 )
             except CacheFlowError as exc:  # an engine refused its settings (e.g. a tiny budget)
                 ctx.close()  # here, not by the garbage collector on some engine's thread
@@ -346,6 +354,16 @@ def _offline(
     )
 
 
+def _make_out_dir(path: object) -> Path:
+    """The --out folder, created now (before anything is measured); one that cannot be created is a usage error."""
+    out = Path(str(path))
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise click.BadParameter(f"cannot create {out}: {exc.strerror or exc}", param_hint="--out") from None
+    return out
+
+
 class _Context:
     """Model, tokenizer, hardware model and baselines of one bench command."""
 
@@ -354,6 +372,7 @@ class _Context:
         from pycacheflow.llm import LLM
 
         self.opts = opts
+        self.out_dir = _make_out_dir(opts["out_dir"])  # before anything is loaded or measured
         self.baselines = list(opts.get("baselines") or ())
         for b in self.baselines:
             named = ("stock", "paged-ggml", "no-prefix-cache", "llama-batched-bench")
@@ -375,7 +394,6 @@ class _Context:
             except baselines.BaselineError as exc:
                 raise click.ClickException(str(exc)) from None
         self.model = str(opts.get("model") or _default_model())
-        self.out_dir = Path(opts["out_dir"])
         self._tokenizer = LLM(self.model, max_num_seqs=1, n_ctx=256, n_threads=1)
         info = self._tokenizer.info
         self.info = info
@@ -717,6 +735,7 @@ def serve(url: str, baselines: tuple[str, ...], client_check: bool, **opts: obje
     from pycacheflow.bench.load_client import API_KEY_ENV
     from pycacheflow.metrics import prompt_cache_hit_rate, run_metrics
 
+    _make_out_dir(opts["out_dir"])  # before any load is sent
     api_key = opts.pop("api_key")
     if api_key:
         os.environ[API_KEY_ENV] = str(api_key)  # read by the client processes

@@ -129,7 +129,7 @@ LONG_PREFILL_OPTION = click.option(
 
 SWAP_SPACE_OPTION = click.option(
     "--swap-space",
-    type=click.FloatRange(min=0),
+    type=click.FloatRange(min=0, max=2**31),  # 2 EiB: beyond it the bytes overflow the engine's int64 field
     default=DEFAULT_SWAP_SPACE_BYTES / 2**30,
     show_default=True,
     help="GiB of host memory for swapped-out KV blocks (paged mode; on the CPU its pages are backed "

@@ -337,6 +337,8 @@ def _collect_prompts(prompts: tuple[str, ...], prompts_file: str | None) -> list
             raise click.BadParameter(f"{where} holds no prompt (blank lines only)",
                                      param_hint="--prompts-file")  # fmt: skip
     for index, prompt in enumerate(result):  # e.g. arguments in another encoding than UTF-8
+        if not prompt:
+            raise click.UsageError(f"prompt {index + 1} is empty")
         try:
             encode_utf8(prompt, f"prompt {index + 1}")
         except InvalidArgumentError as exc:

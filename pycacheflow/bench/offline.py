@@ -19,7 +19,7 @@ from pycacheflow.bench.datasets import BenchRequest
 from pycacheflow.config import EngineConfig
 from pycacheflow.errors import InvalidArgumentError
 from pycacheflow.metrics import RunMetrics, decode_ceiling_tok_s, run_metrics
-from pycacheflow.outputs import EngineStats, RequestMetrics, RequestOutput
+from pycacheflow.outputs import EngineStats, RequestMetrics, RequestOutput, budget_note
 from pycacheflow.profiler import Profile
 from pycacheflow.sampling_params import SamplingParams
 
@@ -245,6 +245,7 @@ def run_variants(
     on_finish: Callable[[], None] | None = None,
     preemption: dict[str, object] | None = None,
     kv_cache_bytes: int = 0,
+    on_budget_rounded: Callable[[str], None] | None = None,
 ) -> list[OfflineResult]:
     """Run ``iterations`` iterations of the workload on every variant, interleaved.
 
@@ -259,6 +260,9 @@ def run_variants(
         on_finish: progress callback, once per finished request.
         preemption: preemption_mode / swap_space_bytes of every engine (see engine_config).
         kv_cache_bytes: KV budget of the paged engines; 0 = room for every sequence.
+        on_budget_rounded: called with ``outputs.budget_note``'s text when an engine holds fewer tokens than
+            the budget fits (llama.cpp's 256-row multiples); None = the engine's own warning (it names
+            kv_cache_bytes), e.g. a CLI passes one that names its option.
 
     Raises:
         InvalidArgumentError: an engine refused its settings, or a budget that cannot hold the
@@ -287,7 +291,11 @@ def run_variants(
                 kv_cache_bytes,
             )
             # n_ctx was sized here, not by the user; a budget the user gave is noted when rounded
-            llms[v.name] = LLM(config=config, warn_rounded_ctx=config.kv_cache_bytes > 0)
+            llms[v.name] = LLM(config=config,
+                               warn_rounded_ctx=config.kv_cache_bytes > 0 and on_budget_rounded is None)
+            note = budget_note(config.kv_cache_bytes, llms[v.name].info)
+            if note and on_budget_rounded is not None:
+                on_budget_rounded(note)
             if config.kv_cache_bytes and llms[v.name].info.n_ctx_per_seq <= max_seq:
                 raise InvalidArgumentError(
                     f"kv_cache_bytes={config.kv_cache_bytes} holds "

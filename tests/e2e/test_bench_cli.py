@@ -144,6 +144,11 @@ def test_kv_cache_with_a_budget_and_shared_prefixes(tiny_model_path, make_llm, t
     long = CliRunner().invoke(cacheflow, ["bench", *args, "-p", "300", "--kv-cache-memory", str(256 * per_token)])
     assert long.exit_code == 2, long.output
     assert "Invalid value for --kv-cache-memory" in long.output and "holds 256 tokens per sequence" in long.output
+    # a budget between two 256-row multiples: the notice names the option, once, not the library's field
+    rounded = CliRunner().invoke(cacheflow, ["bench", *args, "--kv-cache-memory", str(300 * per_token)])
+    assert rounded.exit_code == 0, rounded.output
+    assert rounded.output.count(f"cacheflow: --kv-cache-memory {300 * per_token} bytes fits 300 tokens") == 1
+    assert "kv_cache_bytes" not in rounded.output
 
 
 def test_serve_against_the_noop_server(tiny_model_path, tmp_path):

@@ -57,6 +57,10 @@ def test_model_path(runner, tmp_path, monkeypatch):
         (["generate", "--kv-cache-memory", "nan", "hi"], "is not a size"),
         (["generate", "--kv-cache-memory", "9" * 27, "hi"], "is too large"),
         (["generate", "--kv-cache-memory", "inf", "hi"], "is not a size"),
+        (["generate", "--swap-space", "1e30", "hi"], "--swap-space"),
+        (["generate", "", "hi"], "prompt 1 is empty"),
+        (["generate", "hi", ""], "prompt 2 is empty"),
+        (["bench", "latency", "--out", "/proc/no/such/dir"], "Invalid value for --out: cannot create /proc/no"),
     ],
 )
 def test_usage_errors_exit_2_without_traceback(runner, args, message):
