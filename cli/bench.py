@@ -397,6 +397,15 @@ class _Context:
         self._tokenizer = LLM(self.model, max_num_seqs=1, n_ctx=256, n_threads=1)
         info = self._tokenizer.info
         self.info = info
+        prompt_len = int(opts.get("prompt_len") or 0)
+        if opts.get("dataset", "random") != "sharegpt" and info.n_ctx_train > 0 and prompt_len >= info.n_ctx_train:
+            # the engine would refuse every request, after the bandwidth probe and the engines' loading
+            self.close()
+            raise click.BadParameter(
+                f"{prompt_len} prompt tokens: a sequence of this model holds at most {info.n_ctx_train} "
+                "(prompt + output), so prompts must be shorter",
+                param_hint="-p/--prompt-len",
+            )
         self.threads = int(opts.get("threads") or 0) or os.cpu_count() or 1
         click.echo("measuring memory copy bandwidth...", err=True)
         bandwidth = max(environment.measure_copy_bandwidth(threads=t) for t in {1, self.threads})

@@ -226,3 +226,14 @@ def test_unknown_baseline_is_a_usage_error(tiny_model_path, tmp_path):
         ],
     )
     assert result.exit_code == 2 and "unknown baseline" in result.output
+
+
+def test_a_prompt_longer_than_the_model_holds_is_refused_up_front(tiny_model_path, make_llm, tmp_path):
+    """Before the bandwidth probe and the engines: the engine would refuse every one of its requests."""
+    n_ctx_train = make_llm(tiny_model_path, max_num_seqs=1).info.n_ctx_train
+    result = CliRunner().invoke(cacheflow, ["bench", "throughput", "-m", str(tiny_model_path), "-n", "2", "-o", "2",
+                                            "-p", str(n_ctx_train), "--out", str(tmp_path)])  # fmt: skip
+    assert result.exit_code == 2, result.output
+    assert "Invalid value for -p/--prompt-len" in result.output
+    assert f"holds at most {n_ctx_train}" in result.output
+    assert "measuring memory copy bandwidth" not in result.output
