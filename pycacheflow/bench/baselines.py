@@ -41,19 +41,8 @@ def find_build_dir(root: str | os.PathLike[str] | None = None) -> Path:
     raise BaselineError(f"no CMake build folder under {tried}: run `pip install .` in the checkout")
 
 
-def build_type(build_dir: Path) -> str:
-    """CMAKE_BUILD_TYPE recorded in the build folder's CMakeCache.txt ("" if unknown)."""
-    try:
-        for line in (build_dir / "CMakeCache.txt").read_text().splitlines():
-            if line.startswith("CMAKE_BUILD_TYPE:"):
-                return line.split("=", 1)[1].strip()
-    except OSError:
-        pass
-    return ""
-
-
 def _cache_entry(build_dir: Path, name: str) -> str:
-    """The value of CMakeCache.txt's entry ``name`` ("" if absent)."""
+    """The value of CMakeCache.txt's entry ``name`` ("" if absent or unreadable)."""
     try:
         for line in (build_dir / "CMakeCache.txt").read_text().splitlines():
             if line.split(":", 1)[0] == name and "=" in line:
@@ -61,6 +50,11 @@ def _cache_entry(build_dir: Path, name: str) -> str:
     except OSError:
         pass
     return ""
+
+
+def build_type(build_dir: Path) -> str:
+    """CMAKE_BUILD_TYPE recorded in the build folder's CMakeCache.txt ("" if unknown)."""
+    return _cache_entry(build_dir, "CMAKE_BUILD_TYPE")
 
 
 def stale_build_tools(build_dir: Path) -> list[str]:

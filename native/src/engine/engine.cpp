@@ -40,13 +40,13 @@ std::unique_ptr<KvCacheManager> make_kv_manager(const LlamaSession & session) {
             session.check_kv_stream_host_slots(session.paged_block_bytes());  // the context's own block bytes
         }
         const int32_t host_blocks = num_host_blocks(session);
-        if (session.config().preemption_mode == CF_PREEMPTION_MODE_SWAP && host_blocks == 0) {
-            // in words a library user (swap_space_bytes) and a CLI user (--swap-space, GiB) both read
+        // the notices are in words a library user (swap_space_bytes) and a CLI user (--swap-space, GiB) both read
+        const bool swap = session.config().preemption_mode == CF_PREEMPTION_MODE_SWAP;
+        if (swap && host_blocks == 0) {
             std::fprintf(stderr, "cacheflow: swap preemption with a swap space of %lld bytes, which holds no KV block "
                                  "(%lld bytes each): preempted sequences are recomputed\n",
                          (long long) session.config().swap_space_bytes, (long long) session.paged_block_bytes());
-        } else if (session.config().preemption_mode == CF_PREEMPTION_MODE_SWAP &&
-                   (int64_t) host_blocks * session.config().block_size < session.n_ctx_per_seq()) {
+        } else if (swap && (int64_t) host_blocks * session.config().block_size < session.n_ctx_per_seq()) {
             std::fprintf(stderr, "cacheflow: the swap space holds %d KV blocks (%lld tokens), less than one sequence "
                                  "may fill (%d tokens): a preempted sequence with more blocks than are free there is "
                                  "recomputed instead\n",
