@@ -31,7 +31,8 @@
 # decode stage's paged runs once per decode kernel. GPU_TESTS_K: a pytest -k expression for the tests stage. Stage
 # trace: a CUPTI device timeline of the replayed decode graphs (native/bench/cupti_kernel_trace.cpp, then
 # scripts/cupti_step_gaps.py), engine in TRACE_KV_MODES and llama-batched-bench, at TRACE_NPL batches (TRACE_LINES
-# of each summary go to run.log).
+# of each summary go to run.log). KERNEL_BENCH_ARGS: the kernel stage's arguments to the test binary (default --bench;
+# "--bench short": the short-context decode shapes alone, at B = 1 to 256).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-results/h200_gpu}
@@ -91,7 +92,7 @@ if want kernel; then
   nvcc -std=c++17 -O3 --use_fast_math -arch=native -I native/src/kernels/cuda \
       native/src/kernels/cuda/paged_attention.cu native/src/kernels/cuda/paged_prefill_mma.cu \
       native/tests/cuda/test_paged_attention_cuda.cu -o /tmp/cf_pa_bench
-  /tmp/cf_pa_bench --bench | tee "$OUT/kernel_bench.txt" | tee -a "$OUT/run.log"
+  /tmp/cf_pa_bench ${KERNEL_BENCH_ARGS:---bench} | tee "$OUT/kernel_bench.txt" | tee -a "$OUT/run.log"
 fi
 
 if want flashinfer; then  # issue 11: the decode kernel next to FlashInfer's batch decode, same shapes and K/V (nvcc only)

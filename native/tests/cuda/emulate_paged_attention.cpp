@@ -59,22 +59,26 @@ using namespace cf::cuda;
 
 // The kernels under test: the two-pass kernel in a load shape, the warp-split kernel in a load shape, or the
 // pipelined kernel in a register budget (tile rows 8 or 4).
-enum class Kern { narrow, narrow_pf, wide, warp, warp_narrow, pipelined, pipelined_narrow };
+// warp1: the warp-split kernel's one-warp CTAs (small grids), wide rounds.
+enum class Kern { narrow, narrow_pf, wide, warp, warp_narrow, warp1, pipelined, pipelined_narrow };
 const std::vector<Kern> kAll = {Kern::narrow,      Kern::narrow_pf, Kern::wide,
-                                Kern::warp,        Kern::warp_narrow,
+                                Kern::warp,        Kern::warp_narrow, Kern::warp1,
                                 Kern::pipelined,   Kern::pipelined_narrow};
 
 static_assert(two_pass::threads_for(64) == 128 && two_pass::threads_for(256) == 128, "the pool runs 128 lanes");
 
-// 128 persistent workers run one CTA per dispatch.
+// 128 persistent workers run one CTA per dispatch; a CTA of fewer threads (the warp-split kernel's one-warp CTAs)
+// runs on the first `threads` of them, with a barrier of that many.
 struct Pool {
     std::vector<std::thread> th;
     std::barrier<> start{129}, done{129};
+    std::barrier<> * bar[2] = {new std::barrier<>(128), new std::barrier<>(32)};
     std::function<void()> job;
     bool stop = false;
     uint3 blk;
+    int threads = 128;
     Pool() {
-        g_cta_bar = new std::barrier<>(128);
+        g_cta_bar = bar[0];
         for (auto & b : g_warp_bar) b = new std::barrier<>(32);
         for (int i = 0; i < 128; ++i) th.emplace_back([this, i] {
             threadIdx = make_uint3(i, 0, 0);
@@ -82,12 +86,15 @@ struct Pool {
                 start.arrive_and_wait();
                 if (stop) return;
                 blockIdx = blk;
-                job();
+                if (i < threads) job();
                 done.arrive_and_wait();
             }
         });
     }
-    void run(uint3 b, std::function<void()> f) { blk = b; job = f; start.arrive_and_wait(); done.arrive_and_wait(); }
+    void run(uint3 b, std::function<void()> f, int n = 128) {
+        blk = b; job = f; threads = n; g_cta_bar = n == 32 ? bar[1] : bar[0];
+        start.arrive_and_wait(); done.arrive_and_wait();
+    }
     ~Pool() { stop = true; start.arrive_and_wait(); for (auto & t : th) t.join(); }
 };
 Pool * g_pool;
@@ -103,10 +110,10 @@ std::pair<float *, float *> partials(std::vector<float> & ws, const PagedAttenti
 }
 
 // fn as CTA (x, y, z) for every x < nx, y < ny, z < nz, one CTA at a time.
-void run_grid(int nx, int ny, int nz, const std::function<void()> & fn) {
+void run_grid(int nx, int ny, int nz, const std::function<void()> & fn, int threads = 128) {
     for (int z = 0; z < nz; ++z)
         for (int y = 0; y < ny; ++y)
-            for (int x = 0; x < nx; ++x) g_pool->run(make_uint3(x, y, z), fn);
+            for (int x = 0; x < nx; ++x) g_pool->run(make_uint3(x, y, z), fn, threads);
 }
 
 template <int D, int G, int R, bool kPf>
@@ -125,14 +132,15 @@ void launch(const PagedAttentionCudaArgs & a, std::vector<float> & ws, int n_spl
             }
 }
 
-template <int D, int G, int kRows>
+template <int D, int G, int kRows, int W = warp_split::kWarps>
 void launch_warp(const PagedAttentionCudaArgs & a, std::vector<float> & ws) {
     const int n_splits = warp_split::max_split_count(a.block_table_stride * a.block_size);
     const auto [po, pml] = partials<D>(ws, a, n_splits);
-    const int ctas = (n_splits + warp_split::kWarps - 1) / warp_split::kWarps;
-    run_grid(ctas, a.n_head_kv, a.n_tokens, [&] { warp_split::split_kernel<D, G, kRows>(a, po, pml, n_splits); });
-    if (n_splits > warp_split::kWarps) {
-        run_grid(a.n_head, a.n_tokens, 1, [&] { warp_split::combine_kernel<D>(a, po, pml, n_splits); });
+    const int ctas = (n_splits + W - 1) / W;
+    run_grid(ctas, a.n_head_kv, a.n_tokens, [&] { warp_split::split_kernel<D, G, kRows, W>(a, po, pml, n_splits); },
+             32 * W);
+    if (n_splits > W) {
+        run_grid(a.n_head, a.n_tokens, 1, [&] { warp_split::combine_kernel<D>(a, po, pml, n_splits, W); });
     }
 }
 
@@ -157,6 +165,7 @@ void launch_loads(const PagedAttentionCudaArgs & a, std::vector<float> & ws, int
         case Kern::narrow_pf: launch<D, G, two_pass::kRowsInFlight, true>(a, ws, n); break;
         case Kern::warp: launch_warp<D, G, warp_split::kRoundRowsWide>(a, ws); break;
         case Kern::warp_narrow: launch_warp<D, G, warp_split::kRoundRowsNarrow>(a, ws); break;
+        case Kern::warp1: launch_warp<D, G, warp_split::kRoundRowsWide, warp_split::kWarpsSmallGrid>(a, ws); break;
         default: launch<D, G, two_pass::kRowsInFlight, false>(a, ws, n); break;
     }
 }
@@ -233,7 +242,7 @@ std::vector<float> run_case(const Case & c, Kern loads, const std::vector<int> &
 
 const char * name_of(Kern k) {
     return k == Kern::wide ? "wide" : k == Kern::narrow_pf ? "narrow_pf" : k == Kern::warp ? "warp"
-           : k == Kern::warp_narrow ? "warp_nrw" : k == Kern::pipelined ? "pipe" : k == Kern::pipelined_narrow ? "pipe_nrw"
+           : k == Kern::warp_narrow ? "warp_nrw" : k == Kern::warp1 ? "warp1" : k == Kern::pipelined ? "pipe" : k == Kern::pipelined_narrow ? "pipe_nrw"
            : "narrow";
 }
 
@@ -279,7 +288,7 @@ void test(const Case & c, const std::vector<int> & lens, unsigned seed, const st
             }
         // the two-pass shapes must equal narrow's bits, the warp kernel's narrow rounds its wide rounds' (the two
         // kernels sum in different orders)
-        const bool is_warp = loads == Kern::warp || loads == Kern::warp_narrow;
+        const bool is_warp = loads == Kern::warp || loads == Kern::warp_narrow || loads == Kern::warp1;
         const bool is_pipe = loads == Kern::pipelined || loads == Kern::pipelined_narrow;
         std::vector<float> & ref = is_warp ? first_warp : first;
         const bool same = is_pipe || ref.empty() || std::memcmp(ref.data(), got.data(), got.size() * 4) == 0;
@@ -291,7 +300,8 @@ void test(const Case & c, const std::vector<int> & lens, unsigned seed, const st
             std::vector<float> q1(q.begin() + i * c.nh * c.D, q.begin() + (i + 1) * c.nh * c.D);
             const Kern other = is_pipe                      ? loads
                                : loads == Kern::warp        ? Kern::warp_narrow
-                               : loads == Kern::warp_narrow ? Kern::warp
+                               : loads == Kern::warp_narrow ? Kern::warp1
+                               : loads == Kern::warp1       ? Kern::warp_narrow
                                : loads == Kern::wide        ? Kern::narrow
                                                             : Kern::wide;
             auto alone = run_case(c, other, lens, {qs[i]}, q1, K, V, seed + 77, 300);

@@ -149,6 +149,7 @@ struct Variant {
     int32_t pdl;         // -1 = off
     int32_t tile_rows;   // 0 = default (8), 4 = narrow
     int32_t loads;       // two_pass: a PagedLoads, 0 = the launcher's rule (by the grid)
+    int32_t cta_warps = 0;  // warp: warps per CTA, 0 = the launcher's rule (by the grid)
 };
 
 constexpr Variant kTwoPass{"two_pass", cf::cuda::kPagedKernelTwoPass, 0, 0, 0, 0};
@@ -160,6 +161,10 @@ constexpr Variant kPipelined{"pipelined", cf::cuda::kPagedKernelPipelined, 0, 0,
 constexpr Variant kWarp{"warp", cf::cuda::kPagedKernelWarp, 0, 0, 0, 0};  // load shape by the grid
 constexpr Variant kWarpNarrow{"warp", cf::cuda::kPagedKernelWarp, 0, 0, 0, cf::cuda::kPagedLoadsNarrow};
 constexpr Variant kWarpWide{"warp", cf::cuda::kPagedKernelWarp, 0, 0, 0, cf::cuda::kPagedLoadsWide};
+// The warp-split kernel with one-warp or four-warp CTAs (by the grid otherwise), and without PDL.
+constexpr Variant kWarp1{"warp", cf::cuda::kPagedKernelWarp, 0, 0, 0, 0, 1};
+constexpr Variant kWarp4{"warp", cf::cuda::kPagedKernelWarp, 0, 0, 0, 0, 4};
+constexpr Variant kWarpNoPdl{"warp", cf::cuda::kPagedKernelWarp, 0, -1, 0, 0};
 constexpr Variant kPipelinedNarrow{"pipelined", cf::cuda::kPagedKernelPipelined, 0, 0, 4, 0};
 constexpr Variant kPipelinedNoPdl{"pipelined", cf::cuda::kPagedKernelPipelined, 0, -1, 0, 0};
 
@@ -173,6 +178,7 @@ std::string label_of(const Variant & v) {
     if (v.loads == cf::cuda::kPagedLoadsByGrid) label += " by_grid";
     if (v.tile_rows == 4) label += " rows4";
     if (v.split_keys) label += " S=" + std::to_string(v.split_keys);
+    if (v.cta_warps) label += " w" + std::to_string(v.cta_warps);
     if (v.pdl < 0) label += " no PDL";
     return label;
 }
@@ -183,6 +189,7 @@ void apply(const Variant & v, PagedAttentionCudaArgs & a) {
     a.pdl = v.pdl;
     a.tile_rows = v.tile_rows;
     a.loads = v.loads;
+    a.cta_warps = v.cta_warps;
 }
 
 // Runs the kernel over `queries` (q values from q_of(query index)); returns [n][n_head][head_dim].
@@ -568,6 +575,50 @@ double time_layer_us(const PagedAttentionCudaArgs & a, void * ws) {
     return ms[ms.size() / 2] * 1000.0;
 }
 
+// Median us per call as the engine runs it: `calls` calls captured in one CUDA graph on a stream (PDL edges kept)
+// and replayed, call i reading K/V copy i % copies of the pool (each copy kv_bytes apart in k_all / v_all), so that
+// a call finds its K/V cold in L2, as each layer does after the weights of the layers before it streamed through.
+double time_layer_us_graph(PagedAttentionCudaArgs a, void * ws, const half * k_all, const half * v_all,
+                           size_t pool_elems, int copies) {
+    const int calls = std::max(64, copies);
+    cudaStream_t st;
+    CHECK_CUDA(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    cudaGraph_t graph;
+    CHECK_CUDA(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+    for (int i = 0; i < calls; ++i) {
+        a.k_pool = k_all + (size_t) (i % copies) * pool_elems;
+        a.v_pool = v_all + (size_t) (i % copies) * pool_elems;
+        if (const char * err = cf::cuda::paged_attention_cuda(a, ws, st)) {
+            std::fprintf(stderr, "%s\n", err);
+            std::exit(2);
+        }
+    }
+    CHECK_CUDA(cudaStreamEndCapture(st, &graph));
+    cudaGraphExec_t exec;
+    CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+    cudaEvent_t e0, e1;
+    CHECK_CUDA(cudaEventCreate(&e0));
+    CHECK_CUDA(cudaEventCreate(&e1));
+    CHECK_CUDA(cudaGraphLaunch(exec, st));  // warm-up
+    std::vector<float> ms;
+    for (int r = 0; r < 7; ++r) {
+        CHECK_CUDA(cudaEventRecord(e0, st));
+        CHECK_CUDA(cudaGraphLaunch(exec, st));
+        CHECK_CUDA(cudaEventRecord(e1, st));
+        CHECK_CUDA(cudaEventSynchronize(e1));
+        float t = 0;
+        CHECK_CUDA(cudaEventElapsedTime(&t, e0, e1));
+        ms.push_back(t / calls);
+    }
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    cudaStreamDestroy(st);
+    std::sort(ms.begin(), ms.end());
+    return ms[ms.size() / 2] * 1000.0;
+}
+
 // One decode layer (B rows at context ctx, 16-token blocks in a random permutation) timed for each variant; the
 // outputs of every variant are compared with the first's (max |diff|, must stay under 1e-3).
 void bench_decode(int batch, int ctx, int D, int n_head, int n_head_kv, const std::vector<Variant> & variants) {
@@ -596,6 +647,15 @@ void bench_decode(int batch, int ctx, int D, int n_head, int n_head_kv, const st
     DeviceBuffer<int32_t> d_tables(tables), d_seq(seq_idx), d_ctx(ctxs);
     DeviceBuffer<float> d_out((size_t) batch * n_head * D);
     const double bytes = 2.0 * batch * (double) ctx * row * sizeof(half);
+    // Copies of the pool for the graph timing: at least 256 MB of K+V in all (five times the H100's L2), at most 1,024.
+    const int copies = (int) std::min<double>(1024.0, std::max(1.0, std::ceil(256e6 / (2.0 * pool.size() * sizeof(half)))));
+    DeviceBuffer<half> d_k_all(pool.size() * copies), d_v_all(pool.size() * copies);
+    for (int c = 0; c < copies; ++c) {
+        CHECK_CUDA(cudaMemcpy(d_k_all.ptr + (size_t) c * pool.size(), d_k.ptr, pool.size() * sizeof(half),
+                              cudaMemcpyDeviceToDevice));
+        CHECK_CUDA(cudaMemcpy(d_v_all.ptr + (size_t) c * pool.size(), d_v.ptr, pool.size() * sizeof(half),
+                              cudaMemcpyDeviceToDevice));
+    }
     std::vector<float> first;
     double best_fixed = 0.0;
     int best_keys = 0;
@@ -608,6 +668,7 @@ void bench_decode(int batch, int ctx, int D, int n_head, int n_head_kv, const st
         CHECK_CUDA(cudaMemset(d_out.ptr, 0xff, d_out.n * sizeof(float)));
         const double us = time_layer_us(a, ws.ptr);
         const std::vector<float> out = d_out.download();
+        const double us_graph = time_layer_us_graph(a, ws.ptr, d_k_all.ptr, d_v_all.ptr, pool.size(), copies);
         double diff = 0;
         if (first.empty()) {
             first = out;
@@ -620,8 +681,8 @@ void bench_decode(int batch, int ctx, int D, int n_head, int n_head_kv, const st
         const double pct = 100.0 * gbs / g_copy_gbs;
         const std::string label = label_of(v);
         std::printf("bench decode B=%-4d ctx=%-5d D=%-3d heads %d/%d %-22s %8.1f us/layer, %7.1f GB/s of K+V"
-                    " (%3.0f%% of copy) max|diff| %.1e\n",
-                    batch, ctx, D, n_head, n_head_kv, label.c_str(), us, gbs, pct, diff);
+                    " (%3.0f%% of copy) max|diff| %.1e | graph, cold K/V: %8.1f us/layer\n",
+                    batch, ctx, D, n_head, n_head_kv, label.c_str(), us, gbs, pct, diff, us_graph);
         expect(diff < 1e-3, "bench B=" + std::to_string(batch) + " ctx=" + std::to_string(ctx) + " " + label +
                                 ": differs from " + variants[0].label + " by " + std::to_string(diff));
         if (v.split_keys == 0 && ctx >= 8192) {
@@ -641,8 +702,8 @@ void bench_decode(int batch, int ctx, int D, int n_head, int n_head_kv, const st
 
 // Both kernels on every shape; at contexts >= 8K also the pipelined kernel with fixed split lengths and without PDL.
 void bench_shape(int batch, int ctx, int D) {
-    std::vector<Variant> vs = {kTwoPass, kTwoPassNarrowPf, kTwoPassWide, kTwoPassByGrid, kWarp,
-                               kWarpNarrow, kWarpWide, kPipelined, kPipelinedNarrow};
+    std::vector<Variant> vs = {kTwoPass,   kTwoPassNarrowPf, kTwoPassWide, kTwoPassByGrid, kWarp,     kWarpNarrow,
+                               kWarpWide,  kWarp1,           kWarp4,       kWarpNoPdl,     kPipelined, kPipelinedNarrow};
     if (ctx >= 8192) {
         vs.push_back(kPipelinedNoPdl);
         for (int keys : {128, 256, 512, 1024, 2048}) {
@@ -661,8 +722,11 @@ int main(int argc, char ** argv) {
         return 0;
     }
     const bool long_only = bench && argc > 2 && std::strcmp(argv[2], "long") == 0;  // `--bench long`: >= 8K only
+    // `--bench short`: the short-context decode shapes alone, at more batch sizes (where a grid rule switches)
+    const bool short_only = bench && argc > 2 && std::strcmp(argv[2], "short") == 0;
     const std::vector<Variant> all = {kTwoPass,    kTwoPassNarrowPf, kTwoPassWide,     kTwoPassByGrid,
-                                      kWarp,       kWarpNarrow,      kWarpWide,        kPipelined,
+                                      kWarp,       kWarpNarrow,      kWarpWide,        kWarp1,
+                                      kWarp4,      kWarpNoPdl,       kPipelined,
                                       kPipelinedNarrow, kPipelinedNoPdl, pipelined_split(64)};
     test_shape(64, 9, 3, 16, 1, all);    // SmolLM2-135M
     test_shape(64, 32, 8, 16, 2, all);   // Llama-3.2-1B
@@ -680,6 +744,12 @@ int main(int argc, char ** argv) {
     if (bench) {
         g_copy_gbs = copy_bandwidth_gbs();
         std::printf("bench device-to-device copy: %.1f GB/s (read + write)\n", g_copy_gbs);
+        if (short_only) {
+            for (int b : {1, 4, 8, 16, 32, 64, 128, 256}) bench_shape(b, 200, 64);
+            for (int b : {1, 16, 64}) bench_shape(b, 2048, 64);
+            for (int b : {1, 32, 128}) bench_shape(b, 256, 128);
+            return g_failures ? 1 : 0;
+        }
         if (!long_only) {
             for (int b : {1, 64, 256}) bench_shape(b, 200, 64);  // Llama-3.2-1B shape
             for (int b : {1, 16, 64}) bench_shape(b, 2048, 64);

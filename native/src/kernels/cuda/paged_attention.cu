@@ -118,17 +118,36 @@ PagedLoads loads_for_grid(int64_t ctas) {
     return sms > 0 && ctas <= 2 * (int64_t) sms ? kPagedLoadsWide : kPagedLoadsNarrow;
 }
 
+// The warp-split kernel's warps (splits) per CTA for a launch of `warps` warps in all at W = kWarps: one per CTA
+// while the grid has at most four warps per SM (a B=1 step's lone 256-key row: 32 one-warp CTAs on 32 SMs instead of
+// 8 CTAs on 8, each SM loading a quarter of the bytes), else kWarps (fewer CTAs, no combine launch for rows of up to
+// kWarps splits). Same bits either way (paged_attention_warp_split.cuh), so the grid may decide.
+// CACHEFLOW_PA_WARP_CTA=1|4 overrides it (A/B runs).
+int warps_for_grid(int64_t warps) {
+    static const int forced = [] {
+        const char * v = std::getenv("CACHEFLOW_PA_WARP_CTA");
+        return v == nullptr ? 0 : std::atoi(v) == 1 ? 1 : std::atoi(v) == warp_split::kWarps ? warp_split::kWarps : 0;
+    }();
+    if (forced != 0) {
+        return forced;
+    }
+    const int sms = device_sm_count();
+    return sms > 0 && warps <= 4 * (int64_t) sms ? warp_split::kWarpsSmallGrid : warp_split::kWarps;
+}
+
 // What one call launches: the kernel, its split rule and grid splits, PDL.
 struct Plan {
     bool pipelined;
     bool warp;       // the warp-split kernel (paged_attention_warp_split.cuh)
     int split_keys;  // pipelined: fixed keys per split, 0 = the rule
-    bool pdl;
+    bool pdl;        // pipelined and warp-split kernels
     bool narrow;     // pipelined: the narrow register budget (tile_rows 4)
     int n_splits;    // splits of the grid
+    int warps;       // warp-split: warps (splits) per CTA, kWarps or kWarpsSmallGrid
     PagedLoads loads;  // two-pass: rows in flight and V prefetch
-    // Whether some row may write split states for a combine kernel (the workspace is needed).
-    bool partials() const { return n_splits > (warp ? warp_split::kWarps : 1); }
+    // Whether some row may write split states for a combine kernel (the workspace is needed). The workspace is
+    // sized for the warp-split kernel's one-warp CTAs whatever the grid picks (the size must not depend on it).
+    bool partials() const { return n_splits > (warp ? warp_split::kWarpsSmallGrid : 1); }
 };
 
 Plan plan_for(const PagedAttentionCudaArgs & a) {
@@ -145,6 +164,9 @@ Plan plan_for(const PagedAttentionCudaArgs & a) {
         p.loads = loads == kPagedLoadsDefault || loads == kPagedLoadsByGrid ? loads_for_grid(ctas)
                   : loads == kPagedLoadsWide                                ? kPagedLoadsWide
                                                                             : kPagedLoadsNarrow;
+        p.warps = a.cta_warps != 0 ? a.cta_warps : warps_for_grid(ctas * warp_split::kWarps);
+        const int32_t pdl = a.pdl != 0 ? a.pdl : env.pdl;
+        p.pdl = pdl >= 0 && device_has_pdl();
         return p;
     }
     if (!p.pipelined) {
@@ -196,19 +218,20 @@ cudaError_t launch(const PagedAttentionCudaArgs & args, const Plan & plan, void 
     const dim3 grid((unsigned) n_splits, (unsigned) a.n_head_kv, (unsigned) a.n_tokens);
     const dim3 cgrid((unsigned) a.n_head, (unsigned) a.n_tokens);
     if (plan.warp) {
-        const dim3 wgrid((unsigned) ((n_splits + warp_split::kWarps - 1) / warp_split::kWarps), (unsigned) a.n_head_kv,
-                         (unsigned) a.n_tokens);
-        if (plan.loads == kPagedLoadsWide) {
-            warp_split::split_kernel<D, G, warp_split::kRoundRowsWide>
-                <<<wgrid, warp_split::kThreads, 0, stream>>>(a, part_o, part_ml, n_splits);
-        } else {
-            warp_split::split_kernel<D, G, warp_split::kRoundRowsNarrow>
-                <<<wgrid, warp_split::kThreads, 0, stream>>>(a, part_o, part_ml, n_splits);
+        const int w = plan.warps;
+        const dim3 wgrid((unsigned) ((n_splits + w - 1) / w), (unsigned) a.n_head_kv, (unsigned) a.n_tokens);
+        using namespace warp_split;
+        const bool wide = plan.loads == kPagedLoadsWide;
+        auto kernel = w == kWarpsSmallGrid ? (wide ? split_kernel<D, G, kRoundRowsWide, kWarpsSmallGrid>
+                                                   : split_kernel<D, G, kRoundRowsNarrow, kWarpsSmallGrid>)
+                                           : (wide ? split_kernel<D, G, kRoundRowsWide, kWarps>
+                                                   : split_kernel<D, G, kRoundRowsNarrow, kWarps>);
+        cudaError_t err = launch_ex(kernel, wgrid, dim3(32 * w), plan.pdl, stream, a, part_o, part_ml, n_splits);
+        if (err == cudaSuccess && n_splits > w) {
+            err = launch_ex(combine_kernel<D>, cgrid, dim3(kCombineThreads), plan.pdl, stream, a,
+                            (const float *) part_o, (const float *) part_ml, n_splits, w);
         }
-        if (plan.partials()) {
-            warp_split::combine_kernel<D><<<cgrid, warp_split::kCombineThreads, 0, stream>>>(a, part_o, part_ml, n_splits);
-        }
-        return cudaGetLastError();
+        return err != cudaSuccess ? err : cudaGetLastError();
     }
     if (plan.pipelined) {
         const int bs_shift = (a.block_size & (a.block_size - 1)) == 0 ? __builtin_ctz((unsigned) a.block_size) : -1;
@@ -280,8 +303,10 @@ const char * paged_attention_cuda_unsupported(const PagedAttentionCudaArgs & a) 
     }
     if (a.kernel < kPagedKernelDefault || a.kernel > kPagedKernelWarp || a.split_keys < 0 || a.pdl < -1 ||
         a.pdl > 1 || (a.tile_rows != 0 && a.tile_rows != 4 && a.tile_rows != 8) || a.loads < kPagedLoadsDefault ||
-        a.loads > kPagedLoadsByGrid) {
-        return "kernel must be a PagedKernel, split_keys >= 0, pdl -1, 0 or 1, tile_rows 0, 4 or 8, loads a PagedLoads";
+        a.loads > kPagedLoadsByGrid ||
+        (a.cta_warps != 0 && a.cta_warps != warp_split::kWarpsSmallGrid && a.cta_warps != warp_split::kWarps)) {
+        return "kernel must be a PagedKernel, split_keys >= 0, pdl -1, 0 or 1, tile_rows 0, 4 or 8, loads a PagedLoads, "
+               "cta_warps 0, 1 or 4";
     }
     return nullptr;
 }

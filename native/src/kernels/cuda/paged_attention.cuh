@@ -90,17 +90,20 @@ struct PagedAttentionCudaArgs {
     //     (paged_attention.cu, EnvDefaults).
     //   split_keys (pipelined only): > 0 = every split that many keys (at least ctx / 1024); 0 =
     //     CACHEFLOW_PA_SPLIT_KEYS if set, else the rule (paged_attention_pipelined.cuh, split_keys_for).
-    //   pdl (pipelined only): 1 = programmatic dependent launch, -1 = none, 0 = CACHEFLOW_PA_PDL (0 | 1) if set,
-    //     else on where the device has it (sm_90+).
+    //   pdl (pipelined and warp-split kernels): 1 = programmatic dependent launch, -1 = none, 0 = CACHEFLOW_PA_PDL
+    //     (0 | 1) if set, else on where the device has it (sm_90+).
     //   tile_rows (pipelined only): K/V rows per lane per tile, 8 (wide) or 4 (narrow register budget, more CTAs
     //     per SM); 0 = CACHEFLOW_PA_TILE_ROWS if set, else 8.
     //   loads (two_pass only): a PagedLoads; 0 = CACHEFLOW_PA_LOADS (narrow | narrow_pf | wide | by_grid) if set,
     //     else by_grid. Outputs are bit-identical for every value.
+    //   cta_warps (warp-split only): warps (splits) per CTA, 1 or 4; 0 = CACHEFLOW_PA_WARP_CTA if set, else by the
+    //     grid (paged_attention.cu, warps_for_grid). Outputs are bit-identical for every value.
     int32_t kernel;
     int32_t split_keys;
     int32_t pdl;
     int32_t tile_rows;
     int32_t loads;
+    int32_t cta_warps;
 };
 
 // How the two-pass kernel moves K/V (paged_attention.cu, kRowsInFlightWide): rows in flight per lane group and

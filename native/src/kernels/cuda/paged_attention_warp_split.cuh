@@ -11,9 +11,12 @@
 // decode (each warp a chunk of keys, partial states merged after):
 //   - split s of a row covers keys [s S, s S + S), S = split_keys_for(ctx) (64 for rows up to 4,096 keys, then a
 //     power of two giving about 64 splits, at most 256 keys: a function of the row's length alone);
-//   - CTA x takes splits 4x .. 4x+3 (warp w: split 4x + w), all of one row and KV head, in parallel: a row of at
-//     most 4 splits (256 keys) is ONE CTA that merges its warps' states and writes the output (no combine launch);
-//     longer rows write each split's (m, l, o) and a combine kernel merges all of them;
+//   - CTA x takes splits Wx .. Wx+W-1 (warp w: split Wx + w), all of one row and KV head, in parallel: a row of at
+//     most W splits is ONE CTA that merges its warps' states and writes the output (no combine launch); longer rows
+//     write each split's (m, l, o) and a combine kernel merges all of them. W (warps per CTA, template argument) is
+//     4 (kWarps) for grids that fill the GPU, or 1 for small ones (kWarpsSmallGrid: a lone 256-key row is 32 CTAs
+//     on 32 SMs, not 8 on 8, each loading a quarter of the K/V bytes); the merge is the same formula in the CTA and
+//     in the combine kernel, so W, like the load shape, changes no output bit and is chosen by the grid;
 //   - within a warp: one lane group of TG = D / 8 lanes per key (16 bytes of the K/V row each, all G query heads of
 //     the KV head: each K/V byte is loaded once per GQA group), KPW = 32 / TG keys per load instruction, up to
 //     kRoundRows rows per lane in flight per round (one round of K and one of V for a 64-key split at D 64), the
@@ -47,8 +50,8 @@ using pipelined::kv_row;
 using two_pass::accumulate_pv;
 using two_pass::store_scores;
 
-constexpr int kWarps = 4;
-constexpr int kThreads = 32 * kWarps;
+constexpr int kWarps = 4;           // warps (splits) per CTA on large grids
+constexpr int kWarpsSmallGrid = 1;  // on grids that leave most SMs idle (warps_for_grid in paged_attention.cu)
 constexpr int kCombineThreads = 128;
 // The split rule's knobs (build-time, for scripts/cuda_kernel_variants.sh): rows up to kMinSplitKeys x
 // kTargetSplits keys use kMinSplitKeys-key splits; longer rows the power of two giving about kTargetSplits splits,
@@ -79,7 +82,8 @@ constexpr int kCombineChunk = 1024;
 #endif
 constexpr int kRoundRowsWide = CF_PA_WARP_ROUND_ROWS;
 constexpr int kRoundRowsNarrow = CF_PA_WARP_ROUND_ROWS_NARROW;
-// CTAs per SM the register allocation must allow (__launch_bounds__'s second argument; 1 = the compiler's choice).
+// CTAs of kWarps warps per SM the register allocation must allow (__launch_bounds__'s second argument, scaled for
+// one-warp CTAs; 1 = the compiler's choice).
 #ifndef CF_PA_WARP_MIN_CTAS
 #define CF_PA_WARP_MIN_CTAS 1
 #endif
@@ -127,32 +131,38 @@ __device__ __forceinline__ float warp_sum(float v) {
     return v;
 }
 
-// One CTA: splits 4 blockIdx.x + w (warp w) of token blockIdx.z's row, KV head blockIdx.y. D: head size; G: query
-// heads per KV head. part_o / part_ml: the split states of rows of more than kWarps splits (the combine kernel's
-// input), [n_tokens][n_head][n_splits][D] and [..][2] f32.
-template <int D, int G, int kRoundRows>
-__global__ void __launch_bounds__(kThreads, CF_PA_WARP_MIN_CTAS)
+// One CTA: splits W blockIdx.x + w (warp w) of token blockIdx.z's row, KV head blockIdx.y. D: head size; G: query
+// heads per KV head; W: warps (splits) per CTA, kWarps or kWarpsSmallGrid (same bits). part_o / part_ml: the split
+// states of rows of more than W splits (the combine kernel's input), [n_tokens][n_head][n_splits][D] and [..][2] f32.
+// Programmatic dependent launch (when the launcher asks for it, sm_90): nothing global is touched before the wait
+// (q, K/V and the tables come from earlier grids, and the partial states may alias what they read); the next grid
+// is let in at once, and it waits for this one's completion in turn.
+template <int D, int G, int kRoundRows, int W>
+__global__ void __launch_bounds__(32 * W, CF_PA_WARP_MIN_CTAS * kWarps / W)
 split_kernel(const PagedAttentionCudaArgs a, float * part_o, float * part_ml, int n_splits) {
     constexpr int TG = D / 8;           // lanes per key
     constexpr int KPW = 32 / TG;        // keys per load instruction of the warp
+    constexpr int kThreads = 32 * W;
     static_assert(TG >= 1 && TG <= 32 && 32 % TG == 0, "head size must be 8 to 256");
     static_assert(G * kMaxSplitKeys >= G * D, "a warp's score slice must hold its output");
     constexpr int kSlice = G * kMaxSplitKeys;  // floats of one warp's score slice
 
     // Per warp: the scores, then the probabilities [G][kMaxSplitKeys] of its split; after P.V its output [G][D]
     // (the warp's own slice, after a __syncwarp). Pool rows of the split's keys.
-    __shared__ __align__(16) float slice_s[kWarps][kSlice];
-    __shared__ int32_t row_s[kWarps][kMaxSplitKeys];
-    __shared__ float m_s[kWarps][G];
-    __shared__ float l_s[kWarps][G];
+    __shared__ __align__(16) float slice_s[W][kSlice];
+    __shared__ int32_t row_s[W][kMaxSplitKeys];
+    __shared__ float m_s[W][G];
+    __shared__ float l_s[W][G];
 
+    pipelined::grid_dependency_wait();
+    pipelined::grid_launch_dependents();
     const int t = blockIdx.z;
     const int kvh = blockIdx.y;
     const int ctx = a.token_ctx_len[t];
     const int seq = a.token_seq_idx[t];
     const int S = split_keys_for(ctx);
     const int ns = (ctx + S - 1) / S;  // splits of this row
-    const int first = blockIdx.x * kWarps;
+    const int first = blockIdx.x * W;
     if (first >= ns || ns > n_splits) {
         // beyond this row (the grid covers the most splits any row may have), or a context longer than the block
         // table allows (a broken contract: nothing is written rather than another row's partial results)
@@ -307,13 +317,13 @@ split_kernel(const PagedAttentionCudaArgs a, float * part_o, float * part_ml, in
     }
     __syncthreads();
 
-    // A row of at most kWarps splits: merge them here and write the output; else each split's state.
-    const int n_here = min(kWarps, ns - first);
+    // A row of at most W splits: merge them here and write the output; else each split's state.
+    const int n_here = min(W, ns - first);
     for (int i = threadIdx.x; i < G * D; i += kThreads) {
         const int h = i / D;
         const int d = i % D;
         const int head = kvh * G + h;
-        if (ns <= kWarps) {
+        if (ns <= W) {
             float mx = m_s[0][h];
             for (int w = 1; w < n_here; ++w) {
                 mx = fmaxf(mx, m_s[w][h]);
@@ -339,20 +349,23 @@ split_kernel(const PagedAttentionCudaArgs a, float * part_o, float * part_ml, in
     }
 }
 
-// Merge the splits of rows of more than kWarps splits, in split order (the formula above): grid (n_head, n_tokens),
-// kCombineThreads threads. The splits' weights exp(m_s - m) are staged kCombineChunk at a time; each output element
-// then sums its splits one after another (fixed order), with the loads of a chunk free to be in flight together.
+// Merge the splits of rows of more than `merged` splits (the split kernel's W: rows of fewer were merged there), in
+// split order (the formula above): grid (n_head, n_tokens), kCombineThreads threads. The splits' weights
+// exp(m_s - m) are staged kCombineChunk at a time; each output element then sums its splits one after another (fixed
+// order), with the loads of a chunk free to be in flight together. PDL as in the split kernel.
 template <int D>
 __global__ void __launch_bounds__(kCombineThreads)
-combine_kernel(const PagedAttentionCudaArgs a, const float * part_o, const float * part_ml, int n_splits) {
+combine_kernel(const PagedAttentionCudaArgs a, const float * part_o, const float * part_ml, int n_splits, int merged) {
     __shared__ float w_s[kCombineChunk];  // weight exp(m_s - m) of each split of the chunk
     __shared__ float l_s[kCombineChunk];
     __shared__ float m_red[kCombineThreads / 32];
 
+    pipelined::grid_dependency_wait();  // the split kernel's states (every CTA waits, so completion implies its)
+    pipelined::grid_launch_dependents();
     const int head = blockIdx.x;
     const int t = blockIdx.y;
     const int ns = split_count(a.token_ctx_len[t]);
-    if (ns <= kWarps || ns > n_splits) {
+    if (ns <= merged || ns > n_splits) {
         return;  // written by the split kernel (or a broken contract, see there)
     }
     const int64_t base = ((int64_t) t * a.n_head + head) * n_splits;
