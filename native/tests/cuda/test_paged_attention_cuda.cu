@@ -165,6 +165,7 @@ constexpr Variant kWarpWide{"warp", cf::cuda::kPagedKernelWarp, 0, 0, 0, cf::cud
 constexpr Variant kWarp1{"warp", cf::cuda::kPagedKernelWarp, 0, 0, 0, 0, 1};
 constexpr Variant kWarp4{"warp", cf::cuda::kPagedKernelWarp, 0, 0, 0, 0, 4};
 constexpr Variant kWarpNoPdl{"warp", cf::cuda::kPagedKernelWarp, 0, -1, 0, 0};
+constexpr Variant kTwoPassPdl{"two_pass", cf::cuda::kPagedKernelTwoPass, 0, 1, 0, cf::cuda::kPagedLoadsByGrid};
 constexpr Variant kPipelinedNarrow{"pipelined", cf::cuda::kPagedKernelPipelined, 0, 0, 4, 0};
 constexpr Variant kPipelinedNoPdl{"pipelined", cf::cuda::kPagedKernelPipelined, 0, -1, 0, 0};
 
@@ -180,6 +181,7 @@ std::string label_of(const Variant & v) {
     if (v.split_keys) label += " S=" + std::to_string(v.split_keys);
     if (v.cta_warps) label += " w" + std::to_string(v.cta_warps);
     if (v.pdl < 0) label += " no PDL";
+    if (v.pdl > 0) label += " PDL";
     return label;
 }
 
@@ -702,8 +704,9 @@ void bench_decode(int batch, int ctx, int D, int n_head, int n_head_kv, const st
 
 // Both kernels on every shape; at contexts >= 8K also the pipelined kernel with fixed split lengths and without PDL.
 void bench_shape(int batch, int ctx, int D) {
-    std::vector<Variant> vs = {kTwoPass,   kTwoPassNarrowPf, kTwoPassWide, kTwoPassByGrid, kWarp,     kWarpNarrow,
-                               kWarpWide,  kWarp1,           kWarp4,       kWarpNoPdl,     kPipelined, kPipelinedNarrow};
+    std::vector<Variant> vs = {kTwoPass,  kTwoPassNarrowPf, kTwoPassWide, kTwoPassByGrid, kTwoPassPdl,
+                               kWarp,     kWarpNarrow,      kWarpWide,    kWarp1,         kWarp4,
+                               kWarpNoPdl, kPipelined,      kPipelinedNarrow};
     if (ctx >= 8192) {
         vs.push_back(kPipelinedNoPdl);
         for (int keys : {128, 256, 512, 1024, 2048}) {
@@ -726,7 +729,7 @@ int main(int argc, char ** argv) {
     const bool short_only = bench && argc > 2 && std::strcmp(argv[2], "short") == 0;
     const std::vector<Variant> all = {kTwoPass,    kTwoPassNarrowPf, kTwoPassWide,     kTwoPassByGrid,
                                       kWarp,       kWarpNarrow,      kWarpWide,        kWarp1,
-                                      kWarp4,      kWarpNoPdl,       kPipelined,
+                                      kWarp4,      kWarpNoPdl,       kTwoPassPdl,      kPipelined,
                                       kPipelinedNarrow, kPipelinedNoPdl, pipelined_split(64)};
     test_shape(64, 9, 3, 16, 1, all);    // SmolLM2-135M
     test_shape(64, 32, 8, 16, 2, all);   // Llama-3.2-1B

@@ -171,6 +171,8 @@ Plan plan_for(const PagedAttentionCudaArgs & a) {
     }
     if (!p.pipelined) {
         p.n_splits = two_pass_num_splits(a);
+        // PDL only where asked for (pdl = 1 or CACHEFLOW_PA_PDL=1): stop 37 measured no end-to-end gain from it
+        p.pdl = (a.pdl != 0 ? a.pdl : env.pdl) == 1 && device_has_pdl();
         const int32_t loads = a.loads != kPagedLoadsDefault ? a.loads : env.loads;
         p.loads = loads == kPagedLoadsDefault || loads == kPagedLoadsByGrid
                       ? loads_for_grid((int64_t) p.n_splits * a.n_head_kv * a.n_tokens)
@@ -245,24 +247,15 @@ cudaError_t launch(const PagedAttentionCudaArgs & args, const Plan & plan, void 
         }
         return err != cudaSuccess ? err : cudaGetLastError();
     }
-    switch (plan.loads) {
-        case kPagedLoadsWide:
-            paged_attention_split_kernel<D, G, kRowsInFlightWide, true>
-                <<<grid, threads_for(D), 0, stream>>>(a, part_o, part_ml, n_splits);
-            break;
-        case kPagedLoadsNarrowPf:
-            paged_attention_split_kernel<D, G, kRowsInFlight, true>
-                <<<grid, threads_for(D), 0, stream>>>(a, part_o, part_ml, n_splits);
-            break;
-        default:
-            paged_attention_split_kernel<D, G, kRowsInFlight, false>
-                <<<grid, threads_for(D), 0, stream>>>(a, part_o, part_ml, n_splits);
-            break;
+    auto kernel = plan.loads == kPagedLoadsWide     ? paged_attention_split_kernel<D, G, kRowsInFlightWide, true>
+                  : plan.loads == kPagedLoadsNarrowPf ? paged_attention_split_kernel<D, G, kRowsInFlight, true>
+                                                      : paged_attention_split_kernel<D, G, kRowsInFlight, false>;
+    cudaError_t err = launch_ex(kernel, grid, dim3(threads_for(D)), plan.pdl, stream, a, part_o, part_ml, n_splits);
+    if (err == cudaSuccess && n_splits > 1) {
+        err = launch_ex(paged_attention_combine_kernel<D>, cgrid, dim3(D), plan.pdl, stream, a, (const float *) part_o,
+                        (const float *) part_ml, n_splits);
     }
-    if (n_splits > 1) {
-        paged_attention_combine_kernel<D><<<cgrid, D, 0, stream>>>(a, part_o, part_ml, n_splits);
-    }
-    return cudaGetLastError();
+    return err != cudaSuccess ? err : cudaGetLastError();
 }
 
 template <int D>

@@ -90,8 +90,8 @@ struct PagedAttentionCudaArgs {
     //     (paged_attention.cu, EnvDefaults).
     //   split_keys (pipelined only): > 0 = every split that many keys (at least ctx / 1024); 0 =
     //     CACHEFLOW_PA_SPLIT_KEYS if set, else the rule (paged_attention_pipelined.cuh, split_keys_for).
-    //   pdl (pipelined and warp-split kernels): 1 = programmatic dependent launch, -1 = none, 0 = CACHEFLOW_PA_PDL
-    //     (0 | 1) if set, else on where the device has it (sm_90+).
+    //   pdl: 1 = programmatic dependent launch, -1 = none, 0 = CACHEFLOW_PA_PDL (0 | 1) if set, else on where the
+    //     device has it (sm_90+) for the pipelined and warp-split kernels, off for the two-pass kernel.
     //   tile_rows (pipelined only): K/V rows per lane per tile, 8 (wide) or 4 (narrow register budget, more CTAs
     //     per SM); 0 = CACHEFLOW_PA_TILE_ROWS if set, else 8.
     //   loads (two_pass only): a PagedLoads; 0 = CACHEFLOW_PA_LOADS (narrow | narrow_pf | wide | by_grid) if set,

@@ -305,6 +305,10 @@ paged_attention_split_kernel(const PagedAttentionCudaArgs a, float * part_o /* [
     __shared__ float scratch[kWarps][G];
     float (*p_s)[kPagedSplitKeys] = reinterpret_cast<float (*)[kPagedSplitKeys]>(big_s);
 
+    // Programmatic dependent launch, when the launcher asks for it (opt-in, pdl = 1): nothing global is touched
+    // before the wait; the next grid is let in at once and waits for this one's completion in turn.
+    pipelined::grid_dependency_wait();
+    pipelined::grid_launch_dependents();
     const int split = blockIdx.x;
     const int kvh = blockIdx.y;
     const int t = blockIdx.z;
@@ -413,6 +417,8 @@ paged_attention_split_kernel(const PagedAttentionCudaArgs a, float * part_o /* [
 template <int D>
 __global__ void paged_attention_combine_kernel(const PagedAttentionCudaArgs a, const float * part_o,
                                                const float * part_ml, int n_splits) {
+    pipelined::grid_dependency_wait();  // the split kernel's partial states (PDL, as there)
+    pipelined::grid_launch_dependents();
     const int head = blockIdx.x;
     const int t = blockIdx.y;
     const int d = threadIdx.x;
