@@ -31,7 +31,8 @@
 # decode stage's paged runs once per decode kernel. GPU_TESTS_K: a pytest -k expression for the tests stage. Stage
 # trace: a CUPTI device timeline of the replayed decode graphs (native/bench/cupti_kernel_trace.cpp, then
 # scripts/cupti_step_gaps.py), engine in TRACE_KV_MODES and llama-batched-bench, at TRACE_NPL batches (TRACE_LINES
-# of each summary go to run.log). KERNEL_BENCH_ARGS: the kernel stage's arguments to the test binary (default --bench;
+# of each summary go to run.log; TRACE_ENVS: NAME=VALUE settings, each a further paged run; TRACE_BB=0 skips
+# llama-batched-bench). A DECODE_PA_KERNELS entry NAME=VALUE runs the paged decode with that variable set. KERNEL_BENCH_ARGS: the kernel stage's arguments to the test binary (default --bench;
 # "--bench short": the short-context decode shapes alone, at B = 1 to 256).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -112,7 +113,8 @@ if want decode; then
         tag="decode_${mode}_b${npl}_p${NPP:-128}"; [ "$pak" != default ] && [ "$mode" = paged ] && tag="${tag}_$pak"
         log "decode: cacheflow ($mode KV${pak:+, kernel $pak}) vs llama-batched-bench, npl $npl"
         mkdir -p "$OUT/$tag"
-        ( case $pak in default) ;; loads_*) export CACHEFLOW_PA_LOADS=${pak#loads_} ;; *) export CACHEFLOW_PA_KERNEL=$pak ;; esac
+        ( case $pak in default) ;; loads_*) export CACHEFLOW_PA_LOADS=${pak#loads_} ;; *=*) export "${pak?}" ;;
+            *) export CACHEFLOW_PA_KERNEL=$pak ;; esac
           timeout 300 python scripts/bench_decode.py -m "$MODEL" --npp "${NPP:-128}" --ntg 128 --npl "$npl" -i ${ITER:-2} \
               -t 8 -ngl 99 --kv-mode "$mode" --out "$OUT/$tag" 2>&1 | tail -6 \
               | tee -a "$OUT/run.log" ) || log "decode bench ($mode, $npl, $pak) failed"
@@ -243,6 +245,18 @@ if want trace; then
         python scripts/cupti_step_gaps.py "/tmp/trace_${kv}_b$npl.csv" > "$OUT/trace_${kv}_b$npl.txt" 2>&1 || true
         head -"${TRACE_LINES:-14}" "$OUT/trace_${kv}_b$npl.txt" | tee -a "$OUT/run.log"
       done
+      # TRACE_ENVS="CACHEFLOW_PA_LOADS=narrow CACHEFLOW_PA_PDL=1": the paged engine again with each setting (A/B)
+      for envset in ${TRACE_ENVS:-}; do
+        tag=paged_$(echo "$envset" | tr '=,' '__')
+        log "trace: engine decode graphs at B=$npl (paged KV, $envset)"
+        rm -f "/tmp/trace_${tag}_b$npl.csv"
+        env "$envset" CF_CUPTI_TRACE="/tmp/trace_${tag}_b$npl.csv" LD_PRELOAD=/tmp/libcf_cupti_trace.so \
+            python scripts/profile_gpu_step.py -m "$MODEL" --npl "$npl" --kv-mode paged 2>&1 \
+            | grep -E "measured|cupti_kernel_trace" | tee -a "$OUT/run.log" || true
+        python scripts/cupti_step_gaps.py "/tmp/trace_${tag}_b$npl.csv" > "$OUT/trace_${tag}_b$npl.txt" 2>&1 || true
+        head -"${TRACE_LINES:-14}" "$OUT/trace_${tag}_b$npl.txt" | tee -a "$OUT/run.log"
+      done
+      [ "${TRACE_BB:-1}" = 0 ] && continue
       BB=$(find "$BUILD_DIR" -name llama-batched-bench -type f | head -1)
       if [ -z "$BB" ]; then
         log "trace: no llama-batched-bench in $BUILD_DIR (stage build builds it)"

@@ -118,21 +118,16 @@ PagedLoads loads_for_grid(int64_t ctas) {
     return sms > 0 && ctas <= 2 * (int64_t) sms ? kPagedLoadsWide : kPagedLoadsNarrow;
 }
 
-// The warp-split kernel's warps (splits) per CTA for a launch of `warps` warps in all at W = kWarps: one per CTA
-// while the grid has at most four warps per SM (a B=1 step's lone 256-key row: 32 one-warp CTAs on 32 SMs instead of
-// 8 CTAs on 8, each SM loading a quarter of the bytes), else kWarps (fewer CTAs, no combine launch for rows of up to
-// kWarps splits). Same bits either way (paged_attention_warp_split.cuh), so the grid may decide.
-// CACHEFLOW_PA_WARP_CTA=1|4 overrides it (A/B runs).
-int warps_for_grid(int64_t warps) {
+// The warp-split kernel's warps (splits) per CTA: kWarps, or CACHEFLOW_PA_WARP_CTA=1 for one-warp CTAs (same bits,
+// paged_attention_warp_split.cuh). One-warp CTAs were meant for small grids (a lone 256-key row: 32 CTAs on 32 SMs
+// instead of 8 on 8) and measured slower on an H100 at every batch (results/h200_gpu/stop38: B=1 at 200 keys 17.7
+// against 14.6 us per layer, B=256 96.5 against 78.9), so they are an A/B knob, not the grid's choice.
+int warps_per_cta() {
     static const int forced = [] {
         const char * v = std::getenv("CACHEFLOW_PA_WARP_CTA");
-        return v == nullptr ? 0 : std::atoi(v) == 1 ? 1 : std::atoi(v) == warp_split::kWarps ? warp_split::kWarps : 0;
+        return v != nullptr && std::atoi(v) == warp_split::kWarpsSmallGrid ? warp_split::kWarpsSmallGrid : 0;
     }();
-    if (forced != 0) {
-        return forced;
-    }
-    const int sms = device_sm_count();
-    return sms > 0 && warps <= 4 * (int64_t) sms ? warp_split::kWarpsSmallGrid : warp_split::kWarps;
+    return forced != 0 ? forced : warp_split::kWarps;
 }
 
 // What one call launches: the kernel, its split rule and grid splits, PDL.
@@ -164,7 +159,7 @@ Plan plan_for(const PagedAttentionCudaArgs & a) {
         p.loads = loads == kPagedLoadsDefault || loads == kPagedLoadsByGrid ? loads_for_grid(ctas)
                   : loads == kPagedLoadsWide                                ? kPagedLoadsWide
                                                                             : kPagedLoadsNarrow;
-        p.warps = a.cta_warps != 0 ? a.cta_warps : warps_for_grid(ctas * warp_split::kWarps);
+        p.warps = a.cta_warps != 0 ? a.cta_warps : warps_per_cta();
         const int32_t pdl = a.pdl != 0 ? a.pdl : env.pdl;
         p.pdl = pdl >= 0 && device_has_pdl();
         return p;

@@ -51,7 +51,7 @@ using two_pass::accumulate_pv;
 using two_pass::store_scores;
 
 constexpr int kWarps = 4;           // warps (splits) per CTA on large grids
-constexpr int kWarpsSmallGrid = 1;  // on grids that leave most SMs idle (warps_for_grid in paged_attention.cu)
+constexpr int kWarpsSmallGrid = 1;  // one-warp CTAs: an A/B knob (warps_per_cta in paged_attention.cu)
 constexpr int kCombineThreads = 128;
 // The split rule's knobs (build-time, for scripts/cuda_kernel_variants.sh): rows up to kMinSplitKeys x
 // kTargetSplits keys use kMinSplitKeys-key splits; longer rows the power of two giving about kTargetSplits splits,
