@@ -95,7 +95,7 @@ struct PagedAttentionCudaArgs {
     //   tile_rows (pipelined only): K/V rows per lane per tile, 8 (wide) or 4 (narrow register budget, more CTAs
     //     per SM); 0 = CACHEFLOW_PA_TILE_ROWS if set, else 8.
     //   loads (two_pass only): a PagedLoads; 0 = CACHEFLOW_PA_LOADS (narrow | narrow_pf | wide | by_grid) if set,
-    //     else by_grid. Outputs are bit-identical for every value.
+    //     else narrow (by_grid for the warp-split kernel). Outputs are bit-identical for every value.
     //   cta_warps (warp-split only): warps (splits) per CTA, 1 or 4; 0 = CACHEFLOW_PA_WARP_CTA if set, else by the
     //     grid (paged_attention.cu, warps_for_grid). Outputs are bit-identical for every value.
     int32_t kernel;
@@ -109,7 +109,7 @@ struct PagedAttentionCudaArgs {
 // How the two-pass kernel moves K/V (paged_attention.cu, kRowsInFlightWide): rows in flight per lane group and
 // whether the first round of V is loaded before the softmax. Loads only: no choice changes an output bit.
 enum PagedLoads : int32_t {
-    kPagedLoadsDefault = 0,   // CACHEFLOW_PA_LOADS, else by_grid
+    kPagedLoadsDefault = 0,   // CACHEFLOW_PA_LOADS, else narrow for the two-pass kernel, by_grid for the warp-split one
     kPagedLoadsNarrow = 1,    // 4 rows per round (every grid before stop 34)
     kPagedLoadsNarrowPf = 2,  // 4 rows per round, first V round before the softmax
     kPagedLoadsWide = 3,      // 16 rows per round, first V round before the softmax
