@@ -96,8 +96,8 @@ struct PagedAttentionCudaArgs {
     //     per SM); 0 = CACHEFLOW_PA_TILE_ROWS if set, else 8.
     //   loads (two_pass only): a PagedLoads; 0 = CACHEFLOW_PA_LOADS (narrow | narrow_pf | wide | by_grid) if set,
     //     else narrow (by_grid for the warp-split kernel). Outputs are bit-identical for every value.
-    //   cta_warps (warp-split only): warps (splits) per CTA, 1 or 4; 0 = CACHEFLOW_PA_WARP_CTA if set, else by the
-    //     grid (paged_attention.cu, warps_for_grid). Outputs are bit-identical for every value.
+    //   cta_warps (warp-split only): warps (splits) per CTA, 1 or 4; 0 = CACHEFLOW_PA_WARP_CTA=1 if set, else 4
+    //     (paged_attention.cu, warps_per_cta). Outputs are bit-identical for every value.
     int32_t kernel;
     int32_t split_keys;
     int32_t pdl;
