@@ -289,6 +289,8 @@ def load_llm(
         raise click.UsageError(_under_option(str(exc), option_names, explicit, hints)) from None
     except CacheFlowError as exc:
         raise to_click_error(exc) from None
+    for line in paged_flag_warnings(llm.info.kv_mode_name):
+        click.echo(line, err=True)
     notice = ctx_size_notice(config.n_ctx if ctx_size is None else ctx_size, llm.info, n_ctx_slot)
     if notice:
         click.echo(notice, err=True)
@@ -333,6 +335,30 @@ def _in_option_terms(message: str, option_names: dict[str, str]) -> str:
         return message
     message = re.sub(rf"\b({names})=([\w.]+)", lambda m: f"{option_names[m.group(1)]} {m.group(2)}", message)
     return re.sub(rf"\b({names})\b", lambda m: option_names[m.group(1)], message)
+
+
+# Options of the paged KV cache alone (click parameter -> flag): with llama.cpp's stock KV cache (--kv-mode stock or
+# stock-unified, or auto where the paged cache cannot run) they change nothing.
+PAGED_ONLY_PARAMS = {"paged_attention": "--paged-attention", "block_size": "--block-size"}
+
+
+def paged_flag_warnings(kv_mode_name: str) -> list[str]:
+    """Lines for stderr about paged-only flags the user gave when the engine runs a stock KV cache.
+
+    Args:
+        kv_mode_name: the loaded engine's resolved KV mode (``LLM.info.kv_mode_name``: "paged",
+            "stock" or "stock-unified").
+    """
+    ctx = click.get_current_context(silent=True)
+    if ctx is None or kv_mode_name == "paged":
+        return []
+    given = (click.core.ParameterSource.COMMANDLINE, click.core.ParameterSource.ENVIRONMENT)
+    return [
+        f"cacheflow: warning: {flag} has no effect: the engine runs llama.cpp's {kv_mode_name} KV cache, "
+        "and the option applies to --kv-mode paged"
+        for name, flag in PAGED_ONLY_PARAMS.items()
+        if name in ctx.params and ctx.get_parameter_source(name) in given
+    ]
 
 
 def explicit_fields(param_of_field: dict[str, str]) -> set[str]:

@@ -189,6 +189,21 @@ def test_output_cut_by_the_context_limit_is_noted(tiny_model_path):
     assert full.exit_code == 0 and full.stderr == ""  # -n reached: nothing to note
 
 
+def test_paged_only_flags_with_a_stock_kv_cache_are_noted(tiny_model_path):
+    result = run_cli("generate", "-m", str(tiny_model_path), "-q", "-n", "1", "--kv-mode", "stock",
+                     "--paged-attention", "ggml", "--block-size", "32", "hi")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert result.stderr == (
+        "cacheflow: warning: --paged-attention has no effect: the engine runs llama.cpp's stock KV cache, and the "
+        "option applies to --kv-mode paged\n"
+        "cacheflow: warning: --block-size has no effect: the engine runs llama.cpp's stock KV cache, and the "
+        "option applies to --kv-mode paged\n"
+    )
+    paged = run_cli("generate", "-m", str(tiny_model_path), "-q", "-n", "1", "--paged-attention", "ggml",
+                    "--block-size", "32", "hi")  # fmt: skip
+    assert paged.exit_code == 0 and paged.stderr == ""  # auto: paged on the CPU
+
+
 def test_a_budget_rounded_down_is_a_notice(tiny_model_path, tiny_llm):
     per_token = tiny_llm.info.kv_bytes_per_token
     budget = 300 * per_token  # 300 tokens fit; llama.cpp's multiples of 256 keep 256 within it
