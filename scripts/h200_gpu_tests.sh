@@ -113,7 +113,7 @@ if want decode; then
         tag="decode_${mode}_b${npl}_p${NPP:-128}"; [ "$pak" != default ] && [ "$mode" = paged ] && tag="${tag}_$pak"
         log "decode: cacheflow ($mode KV${pak:+, kernel $pak}) vs llama-batched-bench, npl $npl"
         mkdir -p "$OUT/$tag"
-        ( case $pak in default) ;; loads_*) export CACHEFLOW_PA_LOADS=${pak#loads_} ;; *=*) export "${pak?}" ;;
+        ( case $pak in default) ;; loads_*) export CACHEFLOW_PA_LOADS=${pak#loads_} ;; *=*) if [ "$mode" = paged ]; then export "$pak"; fi ;;
             *) export CACHEFLOW_PA_KERNEL=$pak ;; esac
           timeout 300 python scripts/bench_decode.py -m "$MODEL" --npp "${NPP:-128}" --ntg 128 --npl "$npl" -i ${ITER:-2} \
               -t 8 -ngl 99 --kv-mode "$mode" --out "$OUT/$tag" 2>&1 | tail -6 \
@@ -247,7 +247,8 @@ if want trace; then
       done
       # TRACE_ENVS="CACHEFLOW_PA_LOADS=narrow CACHEFLOW_PA_PDL=1": the paged engine again with each setting (A/B)
       for envset in ${TRACE_ENVS:-}; do
-        tag=paged_$(echo "$envset" | tr '=,' '__')
+        case $envset in *=*) ;; *) log "trace: TRACE_ENVS entry $envset is not NAME=VALUE; skipped"; continue ;; esac
+        tag=paged_$(echo "$envset" | tr '=,/' '___')
         log "trace: engine decode graphs at B=$npl (paged KV, $envset)"
         rm -f "/tmp/trace_${tag}_b$npl.csv"
         env "$envset" CF_CUPTI_TRACE="/tmp/trace_${tag}_b$npl.csv" LD_PRELOAD=/tmp/libcf_cupti_trace.so \

@@ -120,14 +120,14 @@ template <int D, int G, int R, bool kPf>
 void launch(const PagedAttentionCudaArgs & a, std::vector<float> & ws, int n_splits) {
     const auto [po, pml] = partials<D>(ws, a, n_splits);
     run_grid(n_splits, a.n_head_kv, a.n_tokens,
-             [&] { two_pass::paged_attention_split_kernel<D, G, R, kPf>(a, po, pml, n_splits); });
+             [&] { two_pass::paged_attention_split_kernel<D, G, R, kPf>(a, po, pml, n_splits, false); });
     if (n_splits > 1)
         for (int t = 0; t < a.n_tokens; ++t)
             for (int h = 0; h < a.n_head; ++h) {
                 blockIdx = make_uint3(h, t, 0);
                 for (int d = 0; d < D; ++d) {  // D threads, no barrier: one after another on this thread
                     threadIdx = make_uint3(d, 0, 0);
-                    two_pass::paged_attention_combine_kernel<D>(a, po, pml, n_splits);
+                    two_pass::paged_attention_combine_kernel<D>(a, po, pml, n_splits, false);
                 }
             }
 }
@@ -137,10 +137,10 @@ void launch_warp(const PagedAttentionCudaArgs & a, std::vector<float> & ws) {
     const int n_splits = warp_split::max_split_count(a.block_table_stride * a.block_size);
     const auto [po, pml] = partials<D>(ws, a, n_splits);
     const int ctas = (n_splits + W - 1) / W;
-    run_grid(ctas, a.n_head_kv, a.n_tokens, [&] { warp_split::split_kernel<D, G, kRows, W>(a, po, pml, n_splits); },
+    run_grid(ctas, a.n_head_kv, a.n_tokens, [&] { warp_split::split_kernel<D, G, kRows, W>(a, po, pml, n_splits, false); },
              32 * W);
     if (n_splits > W) {
-        run_grid(a.n_head, a.n_tokens, 1, [&] { warp_split::combine_kernel<D>(a, po, pml, n_splits, W); });
+        run_grid(a.n_head, a.n_tokens, 1, [&] { warp_split::combine_kernel<D>(a, po, pml, n_splits, W, false); });
     }
 }
 

@@ -152,8 +152,8 @@ struct Variant {
     int32_t split_keys;  // 0 = the kernel's rule
     int32_t pdl;         // -1 = off
     int32_t tile_rows;   // 0 = default (8), 4 = narrow
-    int32_t loads;       // two_pass: a PagedLoads, 0 = the launcher's rule (by the grid)
-    int32_t cta_warps = 0;  // warp: warps per CTA, 0 = the launcher's rule (by the grid)
+    int32_t loads;       // a PagedLoads, 0 = the launcher's default (two_pass: narrow; warp: by the grid)
+    int32_t cta_warps = 0;  // warp: warps per CTA, 0 = the launcher's default (CACHEFLOW_PA_WARP_CTA, else 4)
 };
 
 constexpr Variant kTwoPass{"two_pass", cf::cuda::kPagedKernelTwoPass, 0, 0, 0, 0};
@@ -166,7 +166,7 @@ constexpr Variant kPipelined{"pipelined", cf::cuda::kPagedKernelPipelined, 0, 0,
 constexpr Variant kWarp{"warp", cf::cuda::kPagedKernelWarp, 0, 0, 0, 0};  // load shape by the grid
 constexpr Variant kWarpNarrow{"warp", cf::cuda::kPagedKernelWarp, 0, 0, 0, cf::cuda::kPagedLoadsNarrow};
 constexpr Variant kWarpWide{"warp", cf::cuda::kPagedKernelWarp, 0, 0, 0, cf::cuda::kPagedLoadsWide};
-// The warp-split kernel with one-warp or four-warp CTAs (by the grid otherwise), and without PDL.
+// The warp-split kernel with one-warp or four-warp CTAs, and without PDL.
 constexpr Variant kWarp1{"warp", cf::cuda::kPagedKernelWarp, 0, 0, 0, 0, 1};
 constexpr Variant kWarp4{"warp", cf::cuda::kPagedKernelWarp, 0, 0, 0, 0, 4};
 constexpr Variant kWarpNoPdl{"warp", cf::cuda::kPagedKernelWarp, 0, -1, 0, 0};

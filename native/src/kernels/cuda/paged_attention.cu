@@ -111,8 +111,10 @@ int device_sm_count() {
 // kPagedLoadsByGrid: the two-pass kernel's load shape for a grid of `ctas` CTAs: wide while the grid fills at most
 // two CTAs per SM (a B=1 decode step: 8 CTAs per 256-key split of a row at 8 KV heads), where nothing else hides a
 // CTA's memory round trips, else narrow (70 registers, more CTAs per SM). The grid, not the rows, decides, so the
-// choice may follow the batch: both shapes compute the same bits (kRowsInFlightWide). The default since stop 35: on
-// an H100 it was never more than 1% slower than narrow and 6-14% faster on small grids (results/h200_gpu/stop35).
+// choice may follow the batch: both shapes compute the same bits (kRowsInFlightWide). The two-pass kernel's default
+// from stop 35 to stop 38 (back to back on an H100 never more than 1% slower than narrow and 6-14% faster on small
+// grids, results/h200_gpu/stop35); in the engine's graph at B=1 wide was the slower one (stop38), so the two-pass
+// default is narrow since. Still the warp-split kernel's default.
 PagedLoads loads_for_grid(int64_t ctas) {
     const int sms = device_sm_count();
     return sms > 0 && ctas <= 2 * (int64_t) sms ? kPagedLoadsWide : kPagedLoadsNarrow;
@@ -135,13 +137,13 @@ struct Plan {
     bool pipelined;
     bool warp;       // the warp-split kernel (paged_attention_warp_split.cuh)
     int split_keys;  // pipelined: fixed keys per split, 0 = the rule
-    bool pdl;        // pipelined and warp-split kernels
+    bool pdl;        // pipelined and warp-split kernels by default, the two-pass kernel when pdl == 1
     bool narrow;     // pipelined: the narrow register budget (tile_rows 4)
     int n_splits;    // splits of the grid
     int warps;       // warp-split: warps (splits) per CTA, kWarps or kWarpsSmallGrid
     PagedLoads loads;  // two-pass: rows in flight and V prefetch
-    // Whether some row may write split states for a combine kernel (the workspace is needed). The workspace is
-    // sized for the warp-split kernel's one-warp CTAs whatever the grid picks (the size must not depend on it).
+    // Whether some row may write split states for a combine kernel (the workspace is needed). For the warp-split
+    // kernel it is sized for one-warp CTAs whatever cta_warps is (every row of more than one split).
     bool partials() const { return n_splits > (warp ? warp_split::kWarpsSmallGrid : 1); }
 };
 
@@ -156,10 +158,11 @@ Plan plan_for(const PagedAttentionCudaArgs & a) {
         const int32_t loads = a.loads != kPagedLoadsDefault ? a.loads : env.loads;
         const int64_t ctas = (int64_t) ((p.n_splits + warp_split::kWarps - 1) / warp_split::kWarps) * a.n_head_kv *
                              a.n_tokens;
-        p.loads = loads == kPagedLoadsDefault || loads == kPagedLoadsByGrid ? loads_for_grid(ctas)
+        p.warps = a.cta_warps != 0 ? a.cta_warps : warps_per_cta();
+        const int64_t grid_ctas = ctas * warp_split::kWarps / p.warps;  // the launch's CTAs at p.warps per CTA
+        p.loads = loads == kPagedLoadsDefault || loads == kPagedLoadsByGrid ? loads_for_grid(grid_ctas)
                   : loads == kPagedLoadsWide                                ? kPagedLoadsWide
                                                                             : kPagedLoadsNarrow;
-        p.warps = a.cta_warps != 0 ? a.cta_warps : warps_per_cta();
         const int32_t pdl = a.pdl != 0 ? a.pdl : env.pdl;
         p.pdl = pdl >= 0 && device_has_pdl();
         return p;
@@ -225,10 +228,11 @@ cudaError_t launch(const PagedAttentionCudaArgs & args, const Plan & plan, void 
                                                    : split_kernel<D, G, kRoundRowsNarrow, kWarpsSmallGrid>)
                                            : (wide ? split_kernel<D, G, kRoundRowsWide, kWarps>
                                                    : split_kernel<D, G, kRoundRowsNarrow, kWarps>);
-        cudaError_t err = launch_ex(kernel, wgrid, dim3(32 * w), plan.pdl, stream, a, part_o, part_ml, n_splits);
+        cudaError_t err =
+            launch_ex(kernel, wgrid, dim3(32 * w), plan.pdl, stream, a, part_o, part_ml, n_splits, plan.pdl);
         if (err == cudaSuccess && n_splits > w) {
             err = launch_ex(combine_kernel<D>, cgrid, dim3(kCombineThreads), plan.pdl, stream, a,
-                            (const float *) part_o, (const float *) part_ml, n_splits, w);
+                            (const float *) part_o, (const float *) part_ml, n_splits, w, plan.pdl);
         }
         return err != cudaSuccess ? err : cudaGetLastError();
     }
@@ -247,10 +251,11 @@ cudaError_t launch(const PagedAttentionCudaArgs & args, const Plan & plan, void 
     auto kernel = plan.loads == kPagedLoadsWide     ? paged_attention_split_kernel<D, G, kRowsInFlightWide, true>
                   : plan.loads == kPagedLoadsNarrowPf ? paged_attention_split_kernel<D, G, kRowsInFlight, true>
                                                       : paged_attention_split_kernel<D, G, kRowsInFlight, false>;
-    cudaError_t err = launch_ex(kernel, grid, dim3(threads_for(D)), plan.pdl, stream, a, part_o, part_ml, n_splits);
+    cudaError_t err =
+        launch_ex(kernel, grid, dim3(threads_for(D)), plan.pdl, stream, a, part_o, part_ml, n_splits, plan.pdl);
     if (err == cudaSuccess && n_splits > 1) {
         err = launch_ex(paged_attention_combine_kernel<D>, cgrid, dim3(D), plan.pdl, stream, a, (const float *) part_o,
-                        (const float *) part_ml, n_splits);
+                        (const float *) part_ml, n_splits, plan.pdl);
     }
     return err != cudaSuccess ? err : cudaGetLastError();
 }

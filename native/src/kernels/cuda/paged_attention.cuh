@@ -120,7 +120,7 @@ enum PagedKernel : int32_t {
     kPagedKernelDefault = 0,
     kPagedKernelTwoPass = 1,    // paged_attention.cu's register kernel (the only one before issue 11's work)
     kPagedKernelPipelined = 2,  // paged_attention_pipelined.cuh
-    kPagedKernelWarp = 3,       // paged_attention_warp_split.cuh: one warp per split, 4 splits per CTA
+    kPagedKernelWarp = 3,       // paged_attention_warp_split.cuh: one warp per split, 4 (or cta_warps) per CTA
 };
 
 // nullptr if the kernel covers these shapes (head size, GQA ratio up to 8, alignment), else why not.

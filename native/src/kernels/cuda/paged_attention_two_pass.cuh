@@ -288,7 +288,7 @@ __device__ __forceinline__ void finish_split(float (&acc)[G][8], float * big_s, 
 template <int D, int G, int R, bool kPrefetchV>
 __global__ void __launch_bounds__(threads_for(D))
 paged_attention_split_kernel(const PagedAttentionCudaArgs a, float * part_o /* [n_tokens][n_head][n_splits][D] */,
-                             float * part_ml /* [n_tokens][n_head][n_splits][2] */, int n_splits) {
+                             float * part_ml /* [n_tokens][n_head][n_splits][2] */, int n_splits, bool pdl) {
     constexpr int kThreads = threads_for(D);
     constexpr int kWarps = kThreads / 32;
     constexpr int TG = D / 8;            // threads per key in Q.K (16 bytes of the K row each)
@@ -306,9 +306,13 @@ paged_attention_split_kernel(const PagedAttentionCudaArgs a, float * part_o /* [
     float (*p_s)[kPagedSplitKeys] = reinterpret_cast<float (*)[kPagedSplitKeys]>(big_s);
 
     // Programmatic dependent launch, when the launcher asks for it (opt-in, pdl = 1): nothing global is touched
-    // before the wait; the next grid is let in at once and waits for this one's completion in turn.
+    // before the wait (a no-op in a grid launched without PDL); the next grid is let in at once, and it waits for
+    // this one's completion in turn. Without pdl nothing is triggered: a next grid launched with PDL (ggml-cuda's
+    // kernels are) would otherwise take SM slots while this grid's later waves still need them.
     pipelined::grid_dependency_wait();
-    pipelined::grid_launch_dependents();
+    if (pdl) {
+        pipelined::grid_launch_dependents();
+    }
     const int split = blockIdx.x;
     const int kvh = blockIdx.y;
     const int t = blockIdx.z;
@@ -318,6 +322,9 @@ paged_attention_split_kernel(const PagedAttentionCudaArgs a, float * part_o /* [
     const int k0 = split * split_keys;
     if (k0 >= ctx) {
         return;  // beyond this row's context (the grid covers the most splits any row may have)
+    }
+    if (split_count(ctx) > n_splits) {
+        return;  // a context longer than the block table allows: nothing is written (broken contract)
     }
     const int nkeys = min(split_keys, ctx - k0);
     const int32_t stage_base = (int32_t) a.stage_base_row;  // INT32_MAX without streaming (launch)
@@ -416,15 +423,17 @@ paged_attention_split_kernel(const PagedAttentionCudaArgs a, float * part_o /* [
 // Merge the splits of rows longer than one split, in split order: grid (n_head, n_tokens), D threads.
 template <int D>
 __global__ void paged_attention_combine_kernel(const PagedAttentionCudaArgs a, const float * part_o,
-                                               const float * part_ml, int n_splits) {
+                                               const float * part_ml, int n_splits, bool pdl) {
     pipelined::grid_dependency_wait();  // the split kernel's partial states (PDL, as there)
-    pipelined::grid_launch_dependents();
+    if (pdl) {
+        pipelined::grid_launch_dependents();
+    }
     const int head = blockIdx.x;
     const int t = blockIdx.y;
     const int d = threadIdx.x;
     const int ns = split_count(a.token_ctx_len[t]);
-    if (ns == 1) {
-        return;  // written by the split kernel
+    if (ns == 1 || ns > n_splits) {
+        return;  // written by the split kernel (or a broken contract, see there)
     }
     const int64_t base = ((int64_t) t * a.n_head + head) * n_splits;
     float mx = -INFINITY;

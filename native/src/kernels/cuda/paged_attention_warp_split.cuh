@@ -14,9 +14,9 @@
 //   - CTA x takes splits Wx .. Wx+W-1 (warp w: split Wx + w), all of one row and KV head, in parallel: a row of at
 //     most W splits is ONE CTA that merges its warps' states and writes the output (no combine launch); longer rows
 //     write each split's (m, l, o) and a combine kernel merges all of them. W (warps per CTA, template argument) is
-//     4 (kWarps) for grids that fill the GPU, or 1 for small ones (kWarpsSmallGrid: a lone 256-key row is 32 CTAs
-//     on 32 SMs, not 8 on 8, each loading a quarter of the K/V bytes); the merge is the same formula in the CTA and
-//     in the combine kernel, so W, like the load shape, changes no output bit and is chosen by the grid;
+//     4 (kWarps), or 1 (kWarpsSmallGrid) as an A/B knob (cta_warps / CACHEFLOW_PA_WARP_CTA=1: a lone 256-key row is
+//     32 CTAs on 32 SMs, not 8 on 8; measured slower, results/h200_gpu/stop38); the merge is the same formula in the
+//     CTA and in the combine kernel, so W, like the load shape, changes no output bit;
 //   - within a warp: one lane group of TG = D / 8 lanes per key (16 bytes of the K/V row each, all G query heads of
 //     the KV head: each K/V byte is loaded once per GQA group), KPW = 32 / TG keys per load instruction, up to
 //     kRoundRows rows per lane in flight per round (one round of K and one of V for a 64-key split at D 64), the
@@ -134,12 +134,12 @@ __device__ __forceinline__ float warp_sum(float v) {
 // One CTA: splits W blockIdx.x + w (warp w) of token blockIdx.z's row, KV head blockIdx.y. D: head size; G: query
 // heads per KV head; W: warps (splits) per CTA, kWarps or kWarpsSmallGrid (same bits). part_o / part_ml: the split
 // states of rows of more than W splits (the combine kernel's input), [n_tokens][n_head][n_splits][D] and [..][2] f32.
-// Programmatic dependent launch (when the launcher asks for it, sm_90): nothing global is touched before the wait
-// (q, K/V and the tables come from earlier grids, and the partial states may alias what they read); the next grid
-// is let in at once, and it waits for this one's completion in turn.
+// Programmatic dependent launch (pdl: the launcher used it, sm_90): nothing global is touched before the wait (q,
+// K/V and the tables come from earlier grids, and the partial states may alias what they read); the next grid is let
+// in at once, and it waits for this one's completion in turn. Without pdl nothing is triggered.
 template <int D, int G, int kRoundRows, int W>
 __global__ void __launch_bounds__(32 * W, CF_PA_WARP_MIN_CTAS * kWarps / W)
-split_kernel(const PagedAttentionCudaArgs a, float * part_o, float * part_ml, int n_splits) {
+split_kernel(const PagedAttentionCudaArgs a, float * part_o, float * part_ml, int n_splits, bool pdl) {
     constexpr int TG = D / 8;           // lanes per key
     constexpr int KPW = 32 / TG;        // keys per load instruction of the warp
     constexpr int kThreads = 32 * W;
@@ -155,7 +155,9 @@ split_kernel(const PagedAttentionCudaArgs a, float * part_o, float * part_ml, in
     __shared__ float l_s[W][G];
 
     pipelined::grid_dependency_wait();
-    pipelined::grid_launch_dependents();
+    if (pdl) {
+        pipelined::grid_launch_dependents();  // only when launched with PDL (see the two-pass kernel)
+    }
     const int t = blockIdx.z;
     const int kvh = blockIdx.y;
     const int ctx = a.token_ctx_len[t];
@@ -355,13 +357,16 @@ split_kernel(const PagedAttentionCudaArgs a, float * part_o, float * part_ml, in
 // order), with the loads of a chunk free to be in flight together. PDL as in the split kernel.
 template <int D>
 __global__ void __launch_bounds__(kCombineThreads)
-combine_kernel(const PagedAttentionCudaArgs a, const float * part_o, const float * part_ml, int n_splits, int merged) {
+combine_kernel(const PagedAttentionCudaArgs a, const float * part_o, const float * part_ml, int n_splits, int merged,
+               bool pdl) {
     __shared__ float w_s[kCombineChunk];  // weight exp(m_s - m) of each split of the chunk
     __shared__ float l_s[kCombineChunk];
     __shared__ float m_red[kCombineThreads / 32];
 
     pipelined::grid_dependency_wait();  // the split kernel's states (every CTA waits, so completion implies its)
-    pipelined::grid_launch_dependents();
+    if (pdl) {
+        pipelined::grid_launch_dependents();
+    }
     const int head = blockIdx.x;
     const int t = blockIdx.y;
     const int ns = split_count(a.token_ctx_len[t]);
