@@ -50,9 +50,20 @@ def load_trace(path: str, min_nodes: int) -> tuple[list[list[Span]], list[Span]]
     return out, every
 
 
-def busy_between(every: list[Span], starts: list[int], lo: int, hi: int) -> int:
-    """Time in [lo, hi) during which some record of `every` (sorted by start; starts = their starts) ran."""
-    i = max(0, bisect.bisect_left(starts, lo) - 1)
+def running_max_ends(every: list[Span]) -> list[int]:
+    """For each index k of `every` (sorted by start), the latest end of every[0..k]: nondecreasing, so the first record
+    that may still run at time t is at bisect_right(running_max_ends, t)."""
+    out, latest = [], 0
+    for _, _, e in every:
+        latest = max(latest, e)
+        out.append(latest)
+    return out
+
+
+def busy_between(every: list[Span], starts: list[int], max_ends: list[int], lo: int, hi: int) -> int:
+    """Time in [lo, hi) during which some record of `every` ran (sorted by start; starts = their starts, max_ends =
+    running_max_ends(every)). A record that started long before lo, behind shorter ones, still counts."""
+    i = bisect.bisect_right(max_ends, lo)  # every record before i ended by lo
     clipped = [(n, max(s, lo), min(e, hi)) for n, s, e in every[i:bisect.bisect_left(starts, hi)] if e > lo]
     clipped = [r for r in clipped if r[2] > r[1]]
     return busy_ns(clipped) if clipped else 0
@@ -89,6 +100,7 @@ def main() -> None:
     if not all_groups:
         sys.exit(f"{args.csv_path}: no graph launch of at least {args.min_nodes} records")
     starts = [r[1] for r in every]
+    max_ends = running_max_ends(every)
     first = max(0, len(all_groups) - args.last)
     groups = all_groups[first:]
 
@@ -104,7 +116,7 @@ def main() -> None:
         if prev is not None:
             prev_end = max(r[2] for r in prev)
             between.append(start - prev_end)
-            idle_between.append(start - prev_end - busy_between(every, starts, prev_end, start))
+            idle_between.append(start - prev_end - busy_between(every, starts, max_ends, prev_end, start))
         latest_end = g[0][1]
         for name, s, e in g:
             per_name_dur[name].append(e - s)

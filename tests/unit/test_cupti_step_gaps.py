@@ -3,6 +3,7 @@ and the idle time charged to each kernel, on a CSV written the way native/bench/
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -53,3 +54,18 @@ def test_a_trace_without_graph_launches_is_an_error(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, str(SCRIPT), str(trace)], capture_output=True, text=True)
     assert proc.returncode != 0
     assert "no graph launch of at least 20 records" in proc.stderr
+
+
+def test_a_long_record_behind_shorter_ones_counts_as_busy_in_a_gap() -> None:
+    """A side-stream copy that starts before two short kernels and runs 5 us into the gap [100, 110) us."""
+    spec = importlib.util.spec_from_file_location("cupti_step_gaps", SCRIPT)
+    gaps = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gaps)
+    every = [("[memcpy HtoD]", 10_000, 105_000), ("k1", 20_000, 30_000), ("k2", 40_000, 50_000),
+             ("k3", 107_000, 108_000)]  # fmt: skip
+    starts = [r[1] for r in every]
+    max_ends = gaps.running_max_ends(every)
+    assert max_ends == [105_000, 105_000, 105_000, 108_000]
+    assert gaps.busy_between(every, starts, max_ends, 100_000, 110_000) == 6_000  # 5 us of the copy, 1 us of k3
+    assert gaps.busy_between(every, starts, max_ends, 60_000, 70_000) == 10_000  # inside the copy
+    assert gaps.busy_between(every, starts, max_ends, 108_000, 110_000) == 0
