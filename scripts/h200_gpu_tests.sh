@@ -31,7 +31,8 @@
 # decode stage's paged runs once per decode kernel. GPU_TESTS_K: a pytest -k expression for the tests stage. Stage
 # trace: a CUPTI device timeline of the replayed decode graphs (native/bench/cupti_kernel_trace.cpp, then
 # scripts/cupti_step_gaps.py), engine in TRACE_KV_MODES and llama-batched-bench, at TRACE_NPL batches (TRACE_LINES
-# of each summary go to run.log; TRACE_ENVS: NAME=VALUE settings, each a further paged run; TRACE_BB=0 skips
+# of each summary go to run.log; stage ncu_stalls: where the attention kernel's warps wait in place, ncu's warp-state
+# and source-counter sections, NCU_STALL_NPL / NCU_STALL_ENVS, the stock engine's flash attention beside it; TRACE_ENVS: NAME=VALUE settings, each a further paged run; TRACE_BB=0 skips
 # llama-batched-bench). A DECODE_PA_KERNELS entry NAME=VALUE runs the paged decode with that variable set. KERNEL_BENCH_ARGS: the kernel stage's arguments to the test binary (default --bench;
 # "--bench short": the short-context decode shapes alone, at B = 1 to 256).
 set -euo pipefail
@@ -221,6 +222,35 @@ if want ncu; then
       python scripts/ncu_summary.py --per-step-kernel flash_attn_ext "/tmp/ncu_stock_b$npl.csv" > "$OUT/ncu_stock_b$npl.txt" 2>&1 || true
       head -22 "$OUT/ncu_stock_b$npl.txt" | tee -a "$OUT/run.log"; tail -2 "$OUT/ncu_stock_b$npl.txt" | tee -a "$OUT/run.log"
     fi
+  done
+fi
+if want ncu_stalls; then
+  # issue 11's B=1 gap: why the attention kernel runs longer in the engine's replayed graph than alone (stop 38: 15-17
+  # us per layer in place, 12-13 back to back). One decode-step attention launch per layer, in place (no cache flush
+  # or clock lock), with ncu's warp-state and source-counter sections: where its warps wait (long scoreboard = global
+  # memory, barrier, no instruction = instruction cache, ...). NCU_STALL_NPL batches; NCU_STALL_ENVS NAME=VALUE
+  # settings, each a further run (e.g. CACHEFLOW_PA_LOADS=wide); the stock engine's flash attention beside it.
+  NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null | head -1 || true)
+  for npl in ${NCU_STALL_NPL:-1}; do
+    for run in paged ${NCU_STALL_ENVS:-} stock; do
+      case $run in
+        paged) kv=paged; kname=paged_attention_split; envset=CF_NCU_STALLS=1 ;;
+        stock) kv=stock; kname=flash_attn_ext_vec; envset=CF_NCU_STALLS=1 ;;
+        *=*) kv=paged; kname=paged_attention_split; envset=$run ;;
+        *) log "ncu_stalls: NCU_STALL_ENVS entry $run is not NAME=VALUE; skipped"; continue ;;
+      esac
+      tag=${kv}_$(echo "$envset" | tr '=,/' '___')_b$npl
+      log "ncu_stalls: $kname in place at B=$npl ($kv KV, $envset)"
+      # skip the warm-up run's prefill and first decode steps: 16 layers x 64 steps of the matching kernel
+      env "$envset" "$NCU" --cache-control none --clock-control none --kernel-name "regex:$kname" \
+          --launch-skip "${NCU_STALL_SKIP:-1024}" --launch-count "${NCU_STALL_COUNT:-2}" \
+          --section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats \
+          --section SourceCounters --section MemoryWorkloadAnalysis \
+          python scripts/profile_gpu_step.py -m "$MODEL" --npl "$npl" --npp 128 --ntg 128 --kv-mode "$kv" \
+          > "$OUT/ncu_stalls_$tag.txt" 2>&1 || true
+      grep -E "Duration|Registers Per|Achieved Occupancy|Stall|stall|Warp Cycles Per Issued|Issue Slots" \
+          "$OUT/ncu_stalls_$tag.txt" | head -24 | tee -a "$OUT/run.log"
+    done
   done
 fi
 if want trace; then
