@@ -1,7 +1,7 @@
 """The CUDA paged attention kernels' logic on the CPU, where CI has no GPU.
 
 native/tests/cuda/emulate_paged_attention.cpp compiles the two-pass kernel (every load shape), the warp-split
-kernel (both load shapes) and the pipelined kernel (both register budgets) from their headers with g++, one host
+kernel (both load shapes, and one-warp CTAs) and the pipelined kernel (both register budgets) from their headers with g++, one host
 thread per CUDA thread of a CTA (shuffles and barriers emulated), and checks them on the quick cases: within 1e-5 of
 a float64 reference, each kernel's load shapes bit-identical to each other, each row bit-identical alone, with a
 wider block table and with its blocks elsewhere (batch invariance), and the grids' split counts. About 1.5 minutes
@@ -44,4 +44,4 @@ def test_cuda_paged_attention_kernels_emulated_on_the_cpu(tmp_path: Path) -> Non
     result = subprocess.run([str(exe), "--quick"], capture_output=True, text=True, check=False, timeout=1200)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "PASS" in result.stdout
-    assert result.stdout.count("invariant yes ok") == 14, result.stdout  # 2 cases x 7 kernels and load shapes
+    assert result.stdout.count("invariant yes ok") == 16, result.stdout  # 2 cases x 8 kernels, load shapes, CTA widths

@@ -1,7 +1,7 @@
 // emulate_paged_attention.cpp - the CUDA paged attention kernels run on the CPU: the two-pass kernels of
 // paged_attention_two_pass.cuh in every load shape (PagedLoads: narrow, narrow with the V prefetch, wide), the
-// warp-split kernels of paged_attention_warp_split.cuh in both load shapes, and the pipelined kernels of
-// paged_attention_pipelined.cuh in both register budgets, with their split rule or fixed splits. The headers are
+// warp-split kernels of paged_attention_warp_split.cuh in both load shapes and with one-warp CTAs, and the pipelined
+// kernels of paged_attention_pipelined.cuh in both register budgets, with their split rule or fixed splits. The headers are
 // compiled by g++ with __device__/__global__ erased,
 // 128 host threads per CTA (one CTA at a time, __shared__ = static), __shfl_xor_sync, __syncwarp and __syncthreads
 // as barriers, the two-pass combine kernel's D threads one after another (it has no barrier). Checks, where no GPU
