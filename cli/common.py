@@ -147,7 +147,7 @@ KV_STREAMING_OPTION = click.option(
     "--swap-space under pool pressure (before preempting) and stages them back each decode, so a prompt "
     "larger than the device pool still runs; 'auto' is off (on the CPU the staging copy is pure cost; on "
     "CUDA decode is host-link bound while blocks are staged, so it is for contexts the pool cannot hold; "
-    "see the README). Not with --rpc.",
+    "see the README). Not with RPC servers.",
 )
 
 KV_STREAM_BLOCKS_OPTION = click.option(
@@ -157,7 +157,7 @@ KV_STREAM_BLOCKS_OPTION = click.option(
     show_default=True,
     help="KV streaming: host-resident blocks of the running sequences together, at most (the staging "
     "capacity, at most 65536). Needs as many host slots of --swap-space, one KV block each (every "
-    "layer's K and V of --block-size tokens; the default model's is 360 KiB, so 4 GiB holds 11,650), "
+    "layer's K and V of one block of tokens; the default model's is 360 KiB, so 4 GiB holds 11,650), "
     "checked at start; on the CPU the pool grows by this many blocks. Only with KV streaming on.",
 )
 

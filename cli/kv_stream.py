@@ -78,7 +78,8 @@ def check_flags(options: dict[str, object]) -> None:
     flags = given_tuning_flags()
     if flags and str(options["kv_streaming"]) == "off":
         raise click.UsageError(
-            f"{' and '.join(flags)} tune KV streaming, which --kv-streaming off turns off; drop "
+            f"{' and '.join(flags)} {'tune' if len(flags) > 1 else 'tunes'} KV streaming, which --kv-streaming off "
+            "turns off; drop "
             f"{'them' if len(flags) > 1 else 'it'} or use --kv-streaming on"
         )
 

@@ -212,7 +212,7 @@ def cacheflow() -> None:
     "as_json",
     is_flag=True,
     help="Print one JSON object per prompt (input order): prompt, text, token_ids, "
-    "finish_reason, metrics.",
+    "finish_reason, truncated (stopped at the context limit before -n), metrics.",
 )
 @click.option("-q", "--quiet", is_flag=True, help="Do not print the stats summary on stderr.")
 @click.option("-v", "--verbose", is_flag=True, help="Show llama.cpp and engine logs.")
@@ -254,6 +254,9 @@ def generate(
     params = _sampling_params(options)
     kv_stream.check_flags(options)
     config_kwargs = _config_kwargs(options)
+    note = _large_concurrency_note(options)
+    if note:
+        click.echo(note, err=True)
     if trace is not None:
         from pycacheflow.profiler import DEFAULT_PROFILE_CAPACITY
 
@@ -280,6 +283,11 @@ def generate(
     _exit_on_request_errors(outputs)
 
 
+def _stopped_at_context_limit(out: RequestOutput, max_tokens: int) -> bool:
+    """Whether the output stopped short of max_tokens because its sequence reached the context limit."""
+    return out.finish_reason == "length" and out.metrics.num_output_tokens < max_tokens
+
+
 def context_limit_notes(outputs: list[RequestOutput], max_tokens: int, n_ctx_per_seq: int) -> list[str]:
     """One line per prompt whose output stopped short of -n/--max-tokens because its sequence
     reached the context limit (finish reason "length" either way; llama-server sets
@@ -288,7 +296,7 @@ def context_limit_notes(outputs: list[RequestOutput], max_tokens: int, n_ctx_per
         f"cacheflow: prompt {index + 1} stopped at the context limit ({n_ctx_per_seq} tokens per "
         f"sequence) after {o.metrics.num_output_tokens} of {max_tokens} tokens"
         for index, o in enumerate(outputs)
-        if o.finish_reason == "length" and o.metrics.num_output_tokens < max_tokens
+        if _stopped_at_context_limit(o, max_tokens)
     ]
 
 
@@ -427,6 +435,22 @@ ENGINE_OPTION_HINTS = {
 }
 
 
+# From this -c on, a -c given without --ctx-size or --kv-cache-memory gets a warning before the KV cache is allocated:
+# llama.cpp's users pass context sizes (512, 2048, ...) to -c, and here the cache holds that many sequences.
+LARGE_CONCURRENCY = 256
+
+
+def _large_concurrency_note(options: dict[str, object]) -> str | None:
+    """The warning for a large -c with the cache sized by default (see LARGE_CONCURRENCY), else None."""
+    given = explicit_fields({"max_num_seqs": "concurrency", "n_ctx": "ctx_size", "kv_cache_bytes": "kv_cache_memory"})
+    concurrency = int(options["concurrency"])
+    if "max_num_seqs" not in given or concurrency < LARGE_CONCURRENCY or given & {"n_ctx", "kv_cache_bytes"}:
+        return None
+    return (f"cacheflow: warning: -c {concurrency} runs up to {concurrency} sequences at once, and the KV cache is "
+            "sized to hold all of them at the default context per sequence (it may take much of this machine's "
+            "memory); llama.cpp's -c, the context size, is --ctx-size here")
+
+
 def _config_kwargs(options: dict[str, object]) -> dict[str, object]:
     kwargs = _base_config_kwargs(options)
     try:
@@ -467,7 +491,9 @@ def _run(
     outputs = llm.generate(prompts, params, use_chat_template=chat)
     for index, out in enumerate(outputs):
         if as_json:
-            click.echo(json.dumps(out.to_dict(), ensure_ascii=False))
+            # truncated: as llama-server's field, the sequence hit the context limit before max_tokens
+            record = {**out.to_dict(), "truncated": _stopped_at_context_limit(out, params.max_tokens)}
+            click.echo(json.dumps(record, ensure_ascii=False))
         else:
             _echo_header(index, prompts)
             click.echo(out.text)

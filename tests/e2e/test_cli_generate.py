@@ -182,11 +182,29 @@ def test_output_cut_by_the_context_limit_is_noted(tiny_model_path):
                      "-c", "1", "--ignore-eos", prompt)  # fmt: skip
     assert result.exit_code == 0, result.output
     (out,) = [json.loads(line) for line in result.stdout.splitlines()]
-    assert out["finish_reason"] == "length"
+    assert out["finish_reason"] == "length" and out["truncated"] is True
     assert result.stderr == ("cacheflow: prompt 1 stopped at the context limit (256 tokens per sequence) "
                              "after 16 of 100 tokens\n")  # fmt: skip
-    full = run_cli("generate", "-m", str(tiny_model_path), "-q", "-n", "4", "--ignore-eos", prompt)
+    full = run_cli("generate", "-m", str(tiny_model_path), "-q", "--json", "-n", "4", "--ignore-eos", prompt)
     assert full.exit_code == 0 and full.stderr == ""  # -n reached: nothing to note
+    (out,) = [json.loads(line) for line in full.stdout.splitlines()]
+    assert out["finish_reason"] == "length" and out["truncated"] is False
+
+
+def test_a_large_concurrency_with_the_default_context_is_warned_before_loading(tiny_model_path):
+    """llama.cpp's users pass the context size to -c; the warning comes before the KV cache is allocated (here the
+    run then stops at a usage error, so nothing is allocated)."""
+    result = run_cli("generate", "-m", str(tiny_model_path), "-q", "-n", "1", "-c", "256", "--batch-tokens", "128",
+                     "hi")  # fmt: skip
+    assert result.exit_code == 2
+    assert result.stderr.startswith(
+        "cacheflow: warning: -c 256 runs up to 256 sequences at once, and the KV cache is sized to hold all of them "
+        "at the default context per sequence (it may take much of this machine's memory); llama.cpp's -c, the "
+        "context size, is --ctx-size here\n"
+    )
+    sized = run_cli("generate", "-m", str(tiny_model_path), "-q", "-n", "1", "-c", "256", "--batch-tokens", "128",
+                    "--ctx-size", "512", "hi")  # fmt: skip
+    assert sized.exit_code == 2 and "warning" not in sized.stderr
 
 
 def test_paged_only_flags_with_a_stock_kv_cache_are_noted(tiny_model_path):

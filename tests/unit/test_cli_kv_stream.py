@@ -41,7 +41,7 @@ def test_flag_message(message, flags):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--kv-stream-blocks", "8"], "--kv-stream-blocks tune KV streaming, which --kv-streaming off "
+        (["--kv-stream-blocks", "8"], "--kv-stream-blocks tunes KV streaming, which --kv-streaming off "
          "turns off; drop it or use --kv-streaming on"),
         (["--kv-stream-blocks", "8", "--kv-stream-depth", "3"], "--kv-stream-blocks and --kv-stream-depth "
          "tune KV streaming, which --kv-streaming off turns off; drop them or use --kv-streaming on"),
