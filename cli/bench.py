@@ -406,6 +406,20 @@ class _Context:
                 "(prompt + output), so prompts must be shorter",
                 param_hint="-p/--prompt-len",
             )
+        budget = int(opts.get("kv_cache_memory") or 0)
+        if budget > 0 and info.kv_bytes_per_token > 0:
+            # the engine's rule (a paged pool of whole 256-row multiples, at least 256 rows and one per sequence),
+            # checked before the bandwidth probe rather than after it
+            rows = budget // info.kv_bytes_per_token
+            need = max(256, int(opts.get("concurrency") or 1))
+            if rows // 256 * 256 < need:
+                self.close()
+                raise click.BadParameter(
+                    f"{budget} bytes ({budget / 2**20:.4g} MiB) hold {rows} KV rows of this model "
+                    f"({info.kv_bytes_per_token} bytes each); the cache needs at least {need} "
+                    f"({need * info.kv_bytes_per_token / 2**20:.4g} MiB)",
+                    param_hint="--kv-cache-memory",
+                )
         self.threads = int(opts.get("threads") or 0) or os.cpu_count() or 1
         click.echo("measuring memory copy bandwidth...", err=True)
         bandwidth = max(environment.measure_copy_bandwidth(threads=t) for t in {1, self.threads})

@@ -138,6 +138,9 @@ def test_kv_cache_with_a_budget_and_shared_prefixes(tiny_model_path, make_llm, t
     small = CliRunner().invoke(cacheflow, ["bench", *args, "--kv-cache-memory", str(16 * per_token)])
     assert small.exit_code == 2
     assert "Invalid value for --kv-cache-memory" in small.output and "Traceback" not in small.output
+    # refused in the user's units before the bandwidth probe and the engines' loading
+    assert f"{16 * per_token} bytes" in small.output and "MiB) hold 16 KV rows of this model" in small.output
+    assert "the cache needs at least 256" in small.output and "measuring memory copy bandwidth" not in small.output
     stock = CliRunner().invoke(cacheflow, ["bench", *args, "--kv-mode", "stock", "--kv-cache-memory", "6MiB"])
     assert stock.exit_code == 2 and "--kv-cache-memory sizes the paged KV mode's pool" in stock.output
     # a pool that holds fewer tokens than the longest request: refused, not silently cut short
