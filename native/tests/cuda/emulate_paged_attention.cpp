@@ -150,7 +150,7 @@ void launch_pipelined(const PagedAttentionCudaArgs & a, std::vector<float> & ws,
     const int bs_shift = (a.block_size & (a.block_size - 1)) == 0 ? __builtin_ctz(a.block_size) : -1;
     const auto [po, pml] = partials<D>(ws, a, n_splits);
     run_grid(n_splits, a.n_head_kv, a.n_tokens,
-             [&] { pipelined::split_kernel<D, G, kTileRows>(a, po, pml, n_splits, fixed, bs_shift); });
+             [&] { pipelined::split_kernel<D, G, kTileRows>(a, po, pml, n_splits, fixed, bs_shift, false); });
     if (n_splits > 1) {
         run_grid(a.n_head, a.n_tokens, 1, [&] { pipelined::combine_kernel<D>(a, po, pml, n_splits, fixed); });
     }
@@ -165,7 +165,7 @@ void launch_loads(const PagedAttentionCudaArgs & a, std::vector<float> & ws, int
         case Kern::narrow_pf: launch<D, G, two_pass::kRowsInFlight, true>(a, ws, n); break;
         case Kern::warp: launch_warp<D, G, warp_split::kRoundRowsWide>(a, ws); break;
         case Kern::warp_narrow: launch_warp<D, G, warp_split::kRoundRowsNarrow>(a, ws); break;
-        case Kern::warp1: launch_warp<D, G, warp_split::kRoundRowsWide, warp_split::kWarpsSmallGrid>(a, ws); break;
+        case Kern::warp1: launch_warp<D, G, warp_split::kRoundRowsWide, warp_split::kWarpsOne>(a, ws); break;
         default: launch<D, G, two_pass::kRowsInFlight, false>(a, ws, n); break;
     }
 }

@@ -127,7 +127,7 @@ PagedLoads loads_for_grid(int64_t ctas) {
 int warps_per_cta() {
     static const int forced = [] {
         const char * v = std::getenv("CACHEFLOW_PA_WARP_CTA");
-        return v != nullptr && std::atoi(v) == warp_split::kWarpsSmallGrid ? warp_split::kWarpsSmallGrid : 0;
+        return v != nullptr && std::atoi(v) == warp_split::kWarpsOne ? warp_split::kWarpsOne : 0;
     }();
     return forced != 0 ? forced : warp_split::kWarps;
 }
@@ -140,11 +140,11 @@ struct Plan {
     bool pdl;        // pipelined and warp-split kernels by default, the two-pass kernel when pdl == 1
     bool narrow;     // pipelined: the narrow register budget (tile_rows 4)
     int n_splits;    // splits of the grid
-    int warps;       // warp-split: warps (splits) per CTA, kWarps or kWarpsSmallGrid
+    int warps;       // warp-split: warps (splits) per CTA, kWarps or kWarpsOne
     PagedLoads loads;  // two-pass: rows in flight and V prefetch
     // Whether some row may write split states for a combine kernel (the workspace is needed). For the warp-split
     // kernel it is sized for one-warp CTAs whatever cta_warps is (every row of more than one split).
-    bool partials() const { return n_splits > (warp ? warp_split::kWarpsSmallGrid : 1); }
+    bool partials() const { return n_splits > (warp ? warp_split::kWarpsOne : 1); }
 };
 
 Plan plan_for(const PagedAttentionCudaArgs & a) {
@@ -224,8 +224,8 @@ cudaError_t launch(const PagedAttentionCudaArgs & args, const Plan & plan, void 
         const dim3 wgrid((unsigned) ((n_splits + w - 1) / w), (unsigned) a.n_head_kv, (unsigned) a.n_tokens);
         using namespace warp_split;
         const bool wide = plan.loads == kPagedLoadsWide;
-        auto kernel = w == kWarpsSmallGrid ? (wide ? split_kernel<D, G, kRoundRowsWide, kWarpsSmallGrid>
-                                                   : split_kernel<D, G, kRoundRowsNarrow, kWarpsSmallGrid>)
+        auto kernel = w == kWarpsOne ? (wide ? split_kernel<D, G, kRoundRowsWide, kWarpsOne>
+                                                   : split_kernel<D, G, kRoundRowsNarrow, kWarpsOne>)
                                            : (wide ? split_kernel<D, G, kRoundRowsWide, kWarps>
                                                    : split_kernel<D, G, kRoundRowsNarrow, kWarps>);
         cudaError_t err =
@@ -241,7 +241,7 @@ cudaError_t launch(const PagedAttentionCudaArgs & args, const Plan & plan, void 
         auto kernel = plan.narrow ? pipelined::split_kernel<D, G, pipelined::kTileRowsNarrow>
                                   : pipelined::split_kernel<D, G, pipelined::kTileRowsWide>;
         cudaError_t err = launch_ex(kernel, grid, dim3(pipelined::kThreads), plan.pdl, stream, a, part_o, part_ml,
-                                    n_splits, plan.split_keys, bs_shift);
+                                    n_splits, plan.split_keys, bs_shift, plan.pdl);
         if (err == cudaSuccess && n_splits > 1) {
             err = launch_ex(pipelined::combine_kernel<D>, cgrid, dim3(pipelined::kCombineThreads), plan.pdl, stream, a,
                             (const float *) part_o, (const float *) part_ml, n_splits, plan.split_keys);
@@ -299,7 +299,7 @@ const char * paged_attention_cuda_unsupported(const PagedAttentionCudaArgs & a) 
     if (a.kernel < kPagedKernelDefault || a.kernel > kPagedKernelWarp || a.split_keys < 0 || a.pdl < -1 ||
         a.pdl > 1 || (a.tile_rows != 0 && a.tile_rows != 4 && a.tile_rows != 8) || a.loads < kPagedLoadsDefault ||
         a.loads > kPagedLoadsByGrid ||
-        (a.cta_warps != 0 && a.cta_warps != warp_split::kWarpsSmallGrid && a.cta_warps != warp_split::kWarps)) {
+        (a.cta_warps != 0 && a.cta_warps != warp_split::kWarpsOne && a.cta_warps != warp_split::kWarps)) {
         return "kernel must be a PagedKernel, split_keys >= 0, pdl -1, 0 or 1, tile_rows 0, 4 or 8, loads a PagedLoads, "
                "cta_warps 0, 1 or 4";
     }

@@ -163,11 +163,14 @@ __host__ __device__ constexpr int min_ctas_per_sm() {
 //                 warp 0   warp 1   warp 2   warp 3   warp 0
 //   in a tile   key u * KPW + g is load u of lane group g (g = lane / TG)
 //
-// bs_shift: log2(block_size) when it is a power of two, else -1 (division).
+// bs_shift: log2(block_size) when it is a power of two, else -1 (division). pdl: launched with programmatic
+// dependent launch; only then is the next grid let in early (without it nothing is triggered, as in the two-pass
+// kernel: a next grid launched with PDL would take SM slots this grid's later waves need).
 template <int D, int G, int kTileRows>
 __global__ void __launch_bounds__(kThreads, min_ctas_per_sm<G, kTileRows>())
 split_kernel(const PagedAttentionCudaArgs a, float * part_o /* [n_tokens][n_head][n_splits][D] */,
-             float * part_ml /* [n_tokens][n_head][n_splits][2] */, int n_splits, int fixed_split_keys, int bs_shift) {
+             float * part_ml /* [n_tokens][n_head][n_splits][2] */, int n_splits, int fixed_split_keys, int bs_shift,
+             bool pdl) {
     constexpr int TG = D / 8;
     constexpr int KPW = 32 / TG;
     constexpr int U = rows_per_lane<G, kTileRows>();
@@ -179,7 +182,9 @@ split_kernel(const PagedAttentionCudaArgs a, float * part_o /* [n_tokens][n_head
     __shared__ float l_s[kWarps][G];
 
     grid_dependency_wait();  // q, K/V and the tables may come from the previous kernels
-    grid_launch_dependents();
+    if (pdl) {
+        grid_launch_dependents();
+    }
 
     const int split = blockIdx.x;
     const int kvh = blockIdx.y;

@@ -14,7 +14,7 @@
 //   - CTA x takes splits Wx .. Wx+W-1 (warp w: split Wx + w), all of one row and KV head, in parallel: a row of at
 //     most W splits is ONE CTA that merges its warps' states and writes the output (no combine launch); longer rows
 //     write each split's (m, l, o) and a combine kernel merges all of them. W (warps per CTA, template argument) is
-//     4 (kWarps), or 1 (kWarpsSmallGrid) as an A/B knob (cta_warps / CACHEFLOW_PA_WARP_CTA=1: a lone 256-key row is
+//     4 (kWarps), or 1 (kWarpsOne) as an A/B knob (cta_warps / CACHEFLOW_PA_WARP_CTA=1: a lone 256-key row is
 //     32 CTAs on 32 SMs, not 8 on 8; measured slower, results/h200_gpu/stop38); the merge is the same formula in the
 //     CTA and in the combine kernel, so W, like the load shape, changes no output bit;
 //   - within a warp: one lane group of TG = D / 8 lanes per key (16 bytes of the K/V row each, all G query heads of
@@ -51,7 +51,7 @@ using two_pass::accumulate_pv;
 using two_pass::store_scores;
 
 constexpr int kWarps = 4;           // warps (splits) per CTA on large grids
-constexpr int kWarpsSmallGrid = 1;  // one-warp CTAs: an A/B knob (warps_per_cta in paged_attention.cu)
+constexpr int kWarpsOne = 1;  // one-warp CTAs: an A/B knob (warps_per_cta in paged_attention.cu)
 constexpr int kCombineThreads = 128;
 // The split rule's knobs (build-time, for scripts/cuda_kernel_variants.sh): rows up to kMinSplitKeys x
 // kTargetSplits keys use kMinSplitKeys-key splits; longer rows the power of two giving about kTargetSplits splits,
@@ -132,7 +132,7 @@ __device__ __forceinline__ float warp_sum(float v) {
 }
 
 // One CTA: splits W blockIdx.x + w (warp w) of token blockIdx.z's row, KV head blockIdx.y. D: head size; G: query
-// heads per KV head; W: warps (splits) per CTA, kWarps or kWarpsSmallGrid (same bits). part_o / part_ml: the split
+// heads per KV head; W: warps (splits) per CTA, kWarps or kWarpsOne (same bits). part_o / part_ml: the split
 // states of rows of more than W splits (the combine kernel's input), [n_tokens][n_head][n_splits][D] and [..][2] f32.
 // Programmatic dependent launch (pdl: the launcher used it, sm_90): nothing global is touched before the wait (q,
 // K/V and the tables come from earlier grids, and the partial states may alias what they read); the next grid is let
