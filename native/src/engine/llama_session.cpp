@@ -9,6 +9,7 @@
 #include "llama.h"
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cassert>
 #include <cmath>
@@ -323,6 +324,19 @@ void LlamaSession::load_model() {
     mp.split_mode = config_.split_mode == CF_SPLIT_MODE_NONE ? LLAMA_SPLIT_MODE_NONE : LLAMA_SPLIT_MODE_LAYER;
     mp.main_gpu = 0;
     mp.tensor_split = placement.tensor_split.empty() ? nullptr : placement.tensor_split.data();
+    // CACHEFLOW_EMBD_ON_DEVICE=1 (A/B runs, off by default): the token embedding matrix on the one offload device,
+    // so each step's get_rows runs there and the step uploads token ids ([n_tokens] I32) instead of running a CPU
+    // split and uploading its [n_embd, n_tokens] F32 rows. llama.cpp keeps the input layer on the CPU
+    // (llama-model.cpp, dev_input); an override of the tensor's buffer type is its own mechanism (-ot). Meant for a
+    // model wholly on one device: with layers left on the CPU it would only move the copy to after layer 0.
+    const std::array<llama_model_tensor_buft_override, 2> embd_override = {{
+        {"^token_embd\\.weight$", offload_devices_.size() == 1 ? ggml_backend_dev_buffer_type(offload_devices_[0]) : nullptr},
+        {nullptr, nullptr},
+    }};
+    if (const char * env = std::getenv("CACHEFLOW_EMBD_ON_DEVICE");
+        env != nullptr && std::strcmp(env, "1") == 0 && config_.n_gpu_layers != 0 && embd_override[0].buft != nullptr) {
+        mp.tensor_buft_overrides = embd_override.data();
+    }
     ErrorCapture capture;
     model_ = llama_model_load_from_file(path.c_str(), mp);
     if (model_ == nullptr) {
