@@ -324,17 +324,22 @@ void LlamaSession::load_model() {
     mp.split_mode = config_.split_mode == CF_SPLIT_MODE_NONE ? LLAMA_SPLIT_MODE_NONE : LLAMA_SPLIT_MODE_LAYER;
     mp.main_gpu = 0;
     mp.tensor_split = placement.tensor_split.empty() ? nullptr : placement.tensor_split.data();
-    // CACHEFLOW_EMBD_ON_DEVICE=1 (A/B runs, off by default): the token embedding matrix on the one offload device,
-    // so each step's get_rows runs there and the step uploads token ids ([n_tokens] I32) instead of running a CPU
-    // split and uploading its [n_embd, n_tokens] F32 rows. llama.cpp keeps the input layer on the CPU
-    // (llama-model.cpp, dev_input); an override of the tensor's buffer type is its own mechanism (-ot). Meant for a
-    // model wholly on one device: with layers left on the CPU it would only move the copy to after layer 0.
+    // CACHEFLOW_EMBD_ON_DEVICE=1 (A/B runs, off by default): the token embedding matrix on the one CUDA device, so
+    // each step's get_rows runs there and the step uploads token ids ([n_tokens] I32) instead of running a CPU split
+    // and uploading its [n_embd, n_tokens] F32 rows. llama.cpp keeps the input layer on the CPU (llama-model.cpp,
+    // dev_input); an override of the tensor's buffer type is its own mechanism (-ot). Only for a model wholly on that
+    // device (checked after the load): with layers left on the CPU the rows would travel back, and a tied output
+    // head, a duplicate of the same name, would move too. CUDA only: it runs get_rows for every weight type.
+    const bool embd_on_device = [&] {
+        const char * env = std::getenv("CACHEFLOW_EMBD_ON_DEVICE");
+        return env != nullptr && std::strcmp(env, "1") == 0 && config_.n_gpu_layers != 0 && offload_devices_.size() == 1 &&
+               std::strncmp(ggml_backend_dev_name(offload_devices_[0]), "CUDA", 4) == 0;
+    }();
     const std::array<llama_model_tensor_buft_override, 2> embd_override = {{
-        {"^token_embd\\.weight$", offload_devices_.size() == 1 ? ggml_backend_dev_buffer_type(offload_devices_[0]) : nullptr},
+        {"^token_embd\\.weight$", embd_on_device ? ggml_backend_dev_buffer_type(offload_devices_[0]) : nullptr},
         {nullptr, nullptr},
     }};
-    if (const char * env = std::getenv("CACHEFLOW_EMBD_ON_DEVICE");
-        env != nullptr && std::strcmp(env, "1") == 0 && config_.n_gpu_layers != 0 && embd_override[0].buft != nullptr) {
+    if (embd_on_device) {
         mp.tensor_buft_overrides = embd_override.data();
     }
     ErrorCapture capture;
@@ -347,6 +352,12 @@ void LlamaSession::load_model() {
     if (!llama_model_has_decoder(model_) || llama_model_has_encoder(model_)) {
         throw Error(CF_STATUS_UNSUPPORTED, "model " + path + " is not a decoder-only model; CacheFlow serves "
                                                            "decoder-only (causal LM) models");
+    }
+    if (embd_on_device && config_.n_gpu_layers >= 0 && config_.n_gpu_layers <= llama_model_n_layer(model_)) {
+        throw Error(CF_STATUS_INVALID_ARGUMENT,
+                    "CACHEFLOW_EMBD_ON_DEVICE=1 needs the whole model on the device: n_gpu_layers=" +
+                        std::to_string(config_.n_gpu_layers) + " leaves layers or the output head of this " +
+                        std::to_string(llama_model_n_layer(model_)) + "-layer model on the CPU (use -1 or more)");
     }
     vocab_ = llama_model_get_vocab(model_);
     n_vocab_ = llama_vocab_n_tokens(vocab_);
