@@ -84,7 +84,7 @@ fi
 if want tests; then
   log "GPU tests (pytest -m gpu)"
   CACHEFLOW_TOKENIZER_GGUF=$PWD/_carry/tokenizer.gguf CACHEFLOW_GPU_RESULTS=$OUT/gpu_agreement.json \
-      python -m pytest -q -s -m gpu -p no:cacheprovider ${GPU_TESTS_K:+-k "$GPU_TESTS_K"} tests/kernels 2>&1 | tee "$OUT/gpu_tests.log" \
+      python -m pytest -q -s -m gpu -p no:cacheprovider --durations=0 ${GPU_TESTS_K:+-k "$GPU_TESTS_K"} tests/kernels 2>&1 | tee "$OUT/gpu_tests.log" \
       | grep -E "measured|swap on CUDA|beside compute|greedy sequences|passed|failed|FAIL|Error" | tail -20 | tee -a "$OUT/run.log" \
       || log "GPU tests failed"
 fi
