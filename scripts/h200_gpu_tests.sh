@@ -111,7 +111,7 @@ if want decode; then
     for mode in ${DECODE_MODES:-paged stock}; do
       for pak in $pa_kernels; do
         [ "$mode" != paged ] && [ "$pak" != "${pa_kernels%% *}" ] && continue  # stock: once
-        tag="decode_${mode}_b${npl}_p${NPP:-128}"; [ "$pak" != default ] && [ "$mode" = paged ] && tag="${tag}_$pak"
+        tag="decode_${mode}_b${npl}_p${NPP:-128}"; [ "$pak" != default ] && [ "$mode" = paged ] && tag="${tag}_$(echo "$pak" | tr '=,/' '___')"
         log "decode: cacheflow ($mode KV${pak:+, kernel $pak}) vs llama-batched-bench, npl $npl"
         mkdir -p "$OUT/$tag"
         ( case $pak in default) ;; loads_*) export CACHEFLOW_PA_LOADS=${pak#loads_} ;; *=*) if [ "$mode" = paged ]; then export "$pak"; fi ;;
