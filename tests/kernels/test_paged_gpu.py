@@ -439,21 +439,26 @@ def test_tensor_core_prefill_end_to_end(gpu_model: Path, tmp_path: Path) -> None
 
 
 def test_token_embedding_on_the_device(gpu_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """CACHEFLOW_EMBD_ON_DEVICE=1 (llama_session.cpp, an A/B setting): with the token embedding matrix on the GPU
-    the 64 greedy requests give the same tokens as with it on the CPU (get_rows turns F16 rows into F32 exactly on
-    both, and the rest of the graph is the same), and a model whose output head stays on the CPU is refused with
-    a message naming the setting."""
+    """The token embedding matrix on the GPU (llama_session.cpp: the default for a model wholly on one CUDA device,
+    CACHEFLOW_EMBD_ON_DEVICE=0 keeps it on the CPU, =1 insists): the 64 greedy requests give the same tokens as with
+    it on the CPU (get_rows turns F16 rows into F32 exactly on both, and the rest of the graph is the same), and with
+    =1 a model whose output head stays on the CPU is refused with a message naming the setting."""
     from pycacheflow import LLM
     from pycacheflow.errors import InvalidArgumentError
 
+    monkeypatch.setenv("CACHEFLOW_EMBD_ON_DEVICE", "0")
     meta, on_cpu = _run(gpu_model, kv_mode="paged")
+    monkeypatch.delenv("CACHEFLOW_EMBD_ON_DEVICE")
+    _, by_default = _run(gpu_model, meta["prompts"], kv_mode="paged")
     monkeypatch.setenv("CACHEFLOW_EMBD_ON_DEVICE", "1")
     _, on_device = _run(gpu_model, meta["prompts"], kv_mode="paged")
     assert all(len(t) == N_OUT for t in on_device)
-    figures = {"embd_on_device_vs_on_cpu": _agreement(on_device, on_cpu)}
+    figures = {"embd_on_device_vs_on_cpu": _agreement(on_device, on_cpu),
+               "embd_default_vs_on_cpu": _agreement(by_default, on_cpu)}
     print("token embedding on the device, greedy sequences equal:", figures)
     _record(figures)
     assert figures["embd_on_device_vs_on_cpu"] == 1.0
+    assert figures["embd_default_vs_on_cpu"] == 1.0
     # 4 layers: n_gpu_layers=4 offloads them all but keeps the output head on the CPU (llama.cpp's rule)
     with pytest.raises(InvalidArgumentError, match="CACHEFLOW_EMBD_ON_DEVICE=1 needs the whole model on the device"):
         LLM(model=str(gpu_model), n_gpu_layers=4, kv_mode="stock", n_ctx=512)
