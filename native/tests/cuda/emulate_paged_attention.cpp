@@ -1,11 +1,12 @@
 // emulate_paged_attention.cpp - the CUDA paged attention kernels run on the CPU: the two-pass kernels of
-// paged_attention_two_pass.cuh in every load shape (PagedLoads: narrow, narrow with the V prefetch, wide), the
+// paged_attention_two_pass.cuh in every load shape (PagedLoads: narrow, narrow with the V prefetch, wide) and with one
+// query head per CTA (PagedHeads), the
 // warp-split kernels of paged_attention_warp_split.cuh in both load shapes and with one-warp CTAs, and the pipelined
 // kernels of paged_attention_pipelined.cuh in both register budgets, with their split rule or fixed splits. The headers are
 // compiled by g++ with __device__/__global__ erased,
 // 128 host threads per CTA (one CTA at a time, __shared__ = static), __shfl_xor_sync, __syncwarp and __syncthreads
 // as barriers, the two-pass combine kernel's D threads one after another (it has no barrier). Checks, where no GPU
-// is at hand: each kernel against a float64 reference; the three two-pass shapes bit-identical to each other (what
+// is at hand: each kernel against a float64 reference; the two-pass shapes and head placements bit-identical to each other (what
 // lets the launcher pick a shape by the grid); each row alone, with a wider table and relocated blocks bit-identical
 // to its batched output (batch invariance); the grids' split counts against brute-force maxima. (The pipelined
 // kernel's tile size is part of its arithmetic, so its two budgets are not bit-identical to each other.)
@@ -59,10 +60,11 @@ using namespace cf::cuda;
 
 // The kernels under test: the two-pass kernel in a load shape, the warp-split kernel in a load shape, or the
 // pipelined kernel in a register budget (tile rows 8 or 4).
-// warp1: the warp-split kernel's one-warp CTAs (small grids), wide rounds.
-enum class Kern { narrow, narrow_pf, wide, warp, warp_narrow, warp1, pipelined, pipelined_narrow };
-const std::vector<Kern> kAll = {Kern::narrow,      Kern::narrow_pf, Kern::wide,
-                                Kern::warp,        Kern::warp_narrow, Kern::warp1,
+// warp1: the warp-split kernel's one-warp CTAs (small grids), wide rounds. one / one_wide: the two-pass kernel with
+// one query head per CTA (PagedHeads), narrow or wide loads.
+enum class Kern { narrow, narrow_pf, wide, one, one_wide, warp, warp_narrow, warp1, pipelined, pipelined_narrow };
+const std::vector<Kern> kAll = {Kern::narrow,      Kern::narrow_pf, Kern::wide,        Kern::one,
+                                Kern::one_wide,    Kern::warp,      Kern::warp_narrow, Kern::warp1,
                                 Kern::pipelined,   Kern::pipelined_narrow};
 
 static_assert(two_pass::threads_for(64) == 128 && two_pass::threads_for(256) == 128, "the pool runs 128 lanes");
@@ -116,11 +118,11 @@ void run_grid(int nx, int ny, int nz, const std::function<void()> & fn, int thre
             for (int x = 0; x < nx; ++x) g_pool->run(make_uint3(x, y, z), fn, threads);
 }
 
-template <int D, int G, int R, bool kPf>
+template <int D, int G, int R, bool kPf, int HG = G>
 void launch(const PagedAttentionCudaArgs & a, std::vector<float> & ws, int n_splits) {
     const auto [po, pml] = partials<D>(ws, a, n_splits);
-    run_grid(n_splits, a.n_head_kv, a.n_tokens,
-             [&] { two_pass::paged_attention_split_kernel<D, G, R, kPf>(a, po, pml, n_splits, false); });
+    run_grid(n_splits, a.n_head_kv * (G / HG), a.n_tokens,
+             [&] { two_pass::paged_attention_split_kernel<D, G, R, kPf, HG>(a, po, pml, n_splits, false); });
     if (n_splits > 1)
         for (int t = 0; t < a.n_tokens; ++t)
             for (int h = 0; h < a.n_head; ++h) {
@@ -163,6 +165,8 @@ void launch_loads(const PagedAttentionCudaArgs & a, std::vector<float> & ws, int
         case Kern::pipelined_narrow: launch_pipelined<D, G, pipelined::kTileRowsNarrow>(a, ws, fixed); break;
         case Kern::wide: launch<D, G, two_pass::kRowsInFlightWide, true>(a, ws, n); break;
         case Kern::narrow_pf: launch<D, G, two_pass::kRowsInFlight, true>(a, ws, n); break;
+        case Kern::one: launch<D, G, two_pass::kRowsInFlight, false, 1>(a, ws, n); break;
+        case Kern::one_wide: launch<D, G, two_pass::kRowsInFlightWide, true, 1>(a, ws, n); break;
         case Kern::warp: launch_warp<D, G, warp_split::kRoundRowsWide>(a, ws); break;
         case Kern::warp_narrow: launch_warp<D, G, warp_split::kRoundRowsNarrow>(a, ws); break;
         case Kern::warp1: launch_warp<D, G, warp_split::kRoundRowsWide, warp_split::kWarpsOne>(a, ws); break;
@@ -241,7 +245,8 @@ std::vector<float> run_case(const Case & c, Kern loads, const std::vector<int> &
 }
 
 const char * name_of(Kern k) {
-    return k == Kern::wide ? "wide" : k == Kern::narrow_pf ? "narrow_pf" : k == Kern::warp ? "warp"
+    return k == Kern::wide ? "wide" : k == Kern::narrow_pf ? "narrow_pf" : k == Kern::one ? "one" : k == Kern::one_wide ? "one_wide"
+           : k == Kern::warp ? "warp"
            : k == Kern::warp_narrow ? "warp_nrw" : k == Kern::warp1 ? "warp1" : k == Kern::pipelined ? "pipe" : k == Kern::pipelined_narrow ? "pipe_nrw"
            : "narrow";
 }
@@ -303,6 +308,7 @@ void test(const Case & c, const std::vector<int> & lens, unsigned seed, const st
                                : loads == Kern::warp_narrow ? Kern::warp1
                                : loads == Kern::warp1       ? Kern::warp_narrow
                                : loads == Kern::wide        ? Kern::narrow
+                               : loads == Kern::one_wide    ? Kern::narrow
                                                             : Kern::wide;
             auto alone = run_case(c, other, lens, {qs[i]}, q1, K, V, seed + 77, 300);
             inv &= std::memcmp(alone.data(), got.data() + i * c.nh * c.D, alone.size() * 4) == 0;

@@ -1,7 +1,7 @@
 // test_paged_attention_cuda.cu - the CUDA paged attention kernels (two-pass, pipelined, warp; PagedKernel) against
 // a float64 reference, their batch invariance (a row's output is bit-identical alone, in any batch, with any table
 // width and wherever its blocks sit), and their speed on decode shapes (CUDA events, medians; printed, not
-// asserted). The two-pass kernel's load shapes (PagedLoads) must give bit-identical outputs. `--bench` times both
+// asserted). The two-pass kernel's load shapes (PagedLoads) and query heads per CTA (PagedHeads) must give bit-identical outputs. `--bench` times both
 // kernels (the two-pass one in each load shape) on every shape and, at contexts >= 8K, the pipelined kernel with
 // fixed split lengths and without PDL, then prints issue 11's summary (the least share of the copy bandwidth at
 // >= 8K). Each kernel's bench line gives its us per layer and its largest difference from the two-pass kernel's,
@@ -154,6 +154,7 @@ struct Variant {
     int32_t tile_rows;   // 0 = default (8), 4 = narrow
     int32_t loads;       // a PagedLoads, 0 = the launcher's default (two_pass: narrow; warp: by the grid)
     int32_t cta_warps = 0;  // warp: warps per CTA, 0 = the launcher's default (CACHEFLOW_PA_WARP_CTA, else 4)
+    int32_t heads = 0;      // two_pass: a PagedHeads, 0 = the launcher's default (CACHEFLOW_PA_HEADS, else by_grid)
 };
 
 constexpr Variant kTwoPass{"two_pass", cf::cuda::kPagedKernelTwoPass, 0, 0, 0, 0};
@@ -162,6 +163,15 @@ constexpr Variant kTwoPassNarrowPf{"two_pass", cf::cuda::kPagedKernelTwoPass, 0,
 constexpr Variant kTwoPassWide{"two_pass", cf::cuda::kPagedKernelTwoPass, 0, 0, 0, cf::cuda::kPagedLoadsWide};
 // By the grid: a row alone (the invariance check below) runs wide, the batch narrow, and their bits must agree.
 constexpr Variant kTwoPassByGrid{"two_pass", cf::cuda::kPagedKernelTwoPass, 0, 0, 0, cf::cuda::kPagedLoadsByGrid};
+// Query heads per CTA (PagedHeads): the whole GQA group or one head, in both load shapes; same bits as the others.
+constexpr Variant kTwoPassGroup{"two_pass", cf::cuda::kPagedKernelTwoPass, 0, 0, 0, cf::cuda::kPagedLoadsNarrow, 0,
+                                cf::cuda::kPagedHeadsGroup};
+constexpr Variant kTwoPassOne{"two_pass", cf::cuda::kPagedKernelTwoPass, 0, 0, 0, cf::cuda::kPagedLoadsNarrow, 0,
+                              cf::cuda::kPagedHeadsOne};
+constexpr Variant kTwoPassOneWide{"two_pass", cf::cuda::kPagedKernelTwoPass, 0, 0, 0, cf::cuda::kPagedLoadsWide, 0,
+                                  cf::cuda::kPagedHeadsOne};
+constexpr Variant kTwoPassOnePdl{"two_pass", cf::cuda::kPagedKernelTwoPass, 0, 1, 0, cf::cuda::kPagedLoadsNarrow, 0,
+                                 cf::cuda::kPagedHeadsOne};
 constexpr Variant kPipelined{"pipelined", cf::cuda::kPagedKernelPipelined, 0, 0, 0, 0};
 constexpr Variant kWarp{"warp", cf::cuda::kPagedKernelWarp, 0, 0, 0, 0};  // load shape by the grid
 constexpr Variant kWarpNarrow{"warp", cf::cuda::kPagedKernelWarp, 0, 0, 0, cf::cuda::kPagedLoadsNarrow};
@@ -186,6 +196,9 @@ std::string label_of(const Variant & v) {
     if (v.tile_rows == 4) label += " rows4";
     if (v.split_keys) label += " S=" + std::to_string(v.split_keys);
     if (v.cta_warps) label += " w" + std::to_string(v.cta_warps);
+    if (v.heads == cf::cuda::kPagedHeadsGroup) label += " group";
+    if (v.heads == cf::cuda::kPagedHeadsOne) label += " one";
+    if (v.heads == cf::cuda::kPagedHeadsByGrid) label += " heads_by_grid";
     if (v.pdl < 0) label += " no PDL";
     if (v.pdl > 0) label += " PDL";
     return label;
@@ -198,6 +211,7 @@ void apply(const Variant & v, PagedAttentionCudaArgs & a) {
     a.tile_rows = v.tile_rows;
     a.loads = v.loads;
     a.cta_warps = v.cta_warps;
+    a.heads = v.heads;
 }
 
 // Runs the kernel over `queries` (q values from q_of(query index)); returns [n][n_head][head_dim].
@@ -710,9 +724,15 @@ void bench_decode(int batch, int ctx, int D, int n_head, int n_head_kv, const st
 
 // Both kernels on every shape; at contexts >= 8K also the pipelined kernel with fixed split lengths and without PDL.
 void bench_shape(int batch, int ctx, int D) {
-    std::vector<Variant> vs = {kTwoPass,  kTwoPassNarrow, kTwoPassNarrowPf, kTwoPassWide, kTwoPassByGrid, kTwoPassPdl,
-                               kTwoPassNarrowPdl, kWarp,     kWarpNarrow,      kWarpWide,    kWarp1,         kWarp4,
-                               kWarpNoPdl, kPipelined,      kPipelinedNarrow};
+    std::vector<Variant> vs = {kTwoPass,       kTwoPassNarrow, kTwoPassNarrowPf, kTwoPassWide,   kTwoPassByGrid,
+                               kTwoPassPdl,    kTwoPassNarrowPdl, kTwoPassGroup, kTwoPassOne,    kTwoPassOneWide,
+                               kTwoPassOnePdl, kWarp,          kWarpNarrow,      kWarpWide,      kWarp1,
+                               kWarp4,         kWarpNoPdl,     kPipelined,       kPipelinedNarrow};
+    if (std::getenv("CF_BENCH_TWO_PASS_ONLY") != nullptr) {  // the two-pass kernel's variants alone (shorter runs)
+        vs.erase(std::remove_if(vs.begin(), vs.end(),
+                                [](const Variant & v) { return v.kernel != cf::cuda::kPagedKernelTwoPass; }),
+                 vs.end());
+    }
     if (ctx >= 8192) {
         vs.push_back(kPipelinedNoPdl);
         for (int keys : {128, 256, 512, 1024, 2048}) {
@@ -734,6 +754,7 @@ int main(int argc, char ** argv) {
     // `--bench short`: the short-context decode shapes alone, at more batch sizes (where a grid rule switches)
     const bool short_only = bench && argc > 2 && std::strcmp(argv[2], "short") == 0;
     const std::vector<Variant> all = {kTwoPass,    kTwoPassNarrowPf, kTwoPassWide,     kTwoPassByGrid,
+                                      kTwoPassGroup, kTwoPassOne,    kTwoPassOneWide,  kTwoPassOnePdl,
                                       kWarp,       kWarpNarrow,      kWarpWide,        kWarp1,
                                       kWarp4,      kWarpNoPdl,       kTwoPassPdl,      kPipelined,
                                       kPipelinedNarrow, kPipelinedNoPdl, pipelined_split(64)};

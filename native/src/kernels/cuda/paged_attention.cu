@@ -24,7 +24,8 @@ using namespace two_pass;
 // The process's defaults for the A/B knobs of PagedAttentionCudaArgs (read once): CACHEFLOW_PA_KERNEL=two_pass|
 // pipelined|warp, CACHEFLOW_PA_SPLIT_KEYS=N (pipelined: N keys per split), CACHEFLOW_PA_PDL=0|1,
 // CACHEFLOW_PA_TILE_ROWS=4|8 (pipelined: the narrow or wide register budget), CACHEFLOW_PA_LOADS=narrow|narrow_pf|
-// wide|by_grid (the two-pass and warp kernels' load shapes; the warp kernel takes by_grid when unset).
+// wide|by_grid (the two-pass and warp kernels' load shapes; the warp kernel takes by_grid when unset),
+// CACHEFLOW_PA_HEADS=group|one|by_grid (the two-pass kernel's query heads per CTA, PagedHeads).
 // The pipelined kernel stays opt-in until it has passed the standalone test on a GPU (it was written and compiled
 // for sm_90 without one); then kPagedKernelPipelined becomes the default here.
 struct EnvDefaults {
@@ -33,6 +34,7 @@ struct EnvDefaults {
     int32_t pdl = 0;
     int32_t tile_rows = 0;
     int32_t loads = kPagedLoadsDefault;
+    int32_t heads = kPagedHeadsByGrid;
 };
 
 const EnvDefaults & env_defaults() {
@@ -71,6 +73,17 @@ const EnvDefaults & env_defaults() {
             } else {
                 std::fprintf(stderr, "cacheflow: CACHEFLOW_PA_LOADS=%s is not narrow, narrow_pf, wide or by_grid; ignored\n",
                              v);
+            }
+        }
+        if (const char * v = std::getenv("CACHEFLOW_PA_HEADS")) {
+            if (std::strcmp(v, "group") == 0) {
+                e.heads = kPagedHeadsGroup;
+            } else if (std::strcmp(v, "one") == 0) {
+                e.heads = kPagedHeadsOne;
+            } else if (std::strcmp(v, "by_grid") == 0) {
+                e.heads = kPagedHeadsByGrid;
+            } else {
+                std::fprintf(stderr, "cacheflow: CACHEFLOW_PA_HEADS=%s is not group, one or by_grid; ignored\n", v);
             }
         }
         return e;
@@ -120,6 +133,17 @@ PagedLoads loads_for_grid(int64_t ctas) {
     return sms > 0 && ctas <= 2 * (int64_t) sms ? kPagedLoadsWide : kPagedLoadsNarrow;
 }
 
+// kPagedHeadsByGrid: one query head per CTA when the grid of whole GQA groups (`group_ctas` CTAs) times the group size
+// G still fits in two CTAs per SM, else the whole group. At B=1 (8 KV heads, a 200-key row: 8 working CTAs on an
+// H100's 132 SMs) a CTA of four heads was 12.5 us of one SM's time under ncu, against 4.6 us for stock flash
+// attention's vec kernel spread over 128 CTAs of one head (results/h200_gpu/stop40): the CTA's time is a chain of
+// dependent instructions at one warp per scheduler, most of it the per-head arithmetic, which G CTAs divide. For large
+// grids the group's shared K/V loads win. Both compute the same bits (PagedHeads), so the choice may follow the grid.
+bool one_head_for_grid(int64_t group_ctas, int G) {
+    const int sms = device_sm_count();
+    return G > 1 && sms > 0 && group_ctas * G <= 2 * (int64_t) sms;
+}
+
 // The warp-split kernel's warps (splits) per CTA: kWarps, or CACHEFLOW_PA_WARP_CTA=1 for one-warp CTAs (same bits,
 // paged_attention_warp_split.cuh). One-warp CTAs were meant for small grids (a lone 256-key row: 32 CTAs on 32 SMs
 // instead of 8 on 8) and measured slower on an H100 at every batch (results/h200_gpu/stop38: B=1 at 200 keys 17.7
@@ -142,6 +166,7 @@ struct Plan {
     int n_splits;    // splits of the grid
     int warps;       // warp-split: warps (splits) per CTA, kWarps or kWarpsOne
     PagedLoads loads;  // two-pass: rows in flight and V prefetch
+    bool one_head;     // two-pass: one query head per CTA (else the whole GQA group)
     // Whether some row may write split states for a combine kernel (the workspace is needed). For the warp-split
     // kernel it is sized for one-warp CTAs whatever cta_warps is (every row of more than one split).
     bool partials() const { return n_splits > (warp ? warp_split::kWarpsOne : 1); }
@@ -177,6 +202,11 @@ Plan plan_for(const PagedAttentionCudaArgs & a) {
         p.loads = loads == kPagedLoadsDefault ? kPagedLoadsNarrow
                   : loads == kPagedLoadsByGrid ? loads_for_grid((int64_t) p.n_splits * a.n_head_kv * a.n_tokens)
                                                : (PagedLoads) loads;
+        const int32_t heads = a.heads != kPagedHeadsDefault ? a.heads : env.heads;
+        const int G = a.n_head_kv > 0 ? a.n_head / a.n_head_kv : 1;
+        p.one_head = heads == kPagedHeadsOne ||
+                     (heads == kPagedHeadsByGrid &&
+                      one_head_for_grid((int64_t) p.n_splits * a.n_head_kv * a.n_tokens, G));
         return p;
     }
     p.split_keys = a.split_keys != 0 ? a.split_keys : env.split_keys;
@@ -248,11 +278,17 @@ cudaError_t launch(const PagedAttentionCudaArgs & args, const Plan & plan, void 
         }
         return err != cudaSuccess ? err : cudaGetLastError();
     }
-    auto kernel = plan.loads == kPagedLoadsWide     ? paged_attention_split_kernel<D, G, kRowsInFlightWide, true>
+    // one query head per CTA (PagedHeads): G CTAs per KV head, in the narrow or wide load shape (narrow_pf runs narrow:
+    // the same bits)
+    auto kernel = plan.one_head && G > 1
+                      ? (plan.loads == kPagedLoadsWide ? paged_attention_split_kernel<D, G, kRowsInFlightWide, true, 1>
+                                                       : paged_attention_split_kernel<D, G, kRowsInFlight, false, 1>)
+                  : plan.loads == kPagedLoadsWide     ? paged_attention_split_kernel<D, G, kRowsInFlightWide, true>
                   : plan.loads == kPagedLoadsNarrowPf ? paged_attention_split_kernel<D, G, kRowsInFlight, true>
                                                       : paged_attention_split_kernel<D, G, kRowsInFlight, false>;
+    const dim3 hgrid((unsigned) n_splits, (unsigned) (a.n_head_kv * (plan.one_head ? G : 1)), (unsigned) a.n_tokens);
     cudaError_t err =
-        launch_ex(kernel, grid, dim3(threads_for(D)), plan.pdl, stream, a, part_o, part_ml, n_splits, plan.pdl);
+        launch_ex(kernel, hgrid, dim3(threads_for(D)), plan.pdl, stream, a, part_o, part_ml, n_splits, plan.pdl);
     if (err == cudaSuccess && n_splits > 1) {
         err = launch_ex(paged_attention_combine_kernel<D>, cgrid, dim3(D), plan.pdl, stream, a, (const float *) part_o,
                         (const float *) part_ml, n_splits, plan.pdl);
@@ -299,9 +335,10 @@ const char * paged_attention_cuda_unsupported(const PagedAttentionCudaArgs & a) 
     if (a.kernel < kPagedKernelDefault || a.kernel > kPagedKernelWarp || a.split_keys < 0 || a.pdl < -1 ||
         a.pdl > 1 || (a.tile_rows != 0 && a.tile_rows != 4 && a.tile_rows != 8) || a.loads < kPagedLoadsDefault ||
         a.loads > kPagedLoadsByGrid ||
-        (a.cta_warps != 0 && a.cta_warps != warp_split::kWarpsOne && a.cta_warps != warp_split::kWarps)) {
+        (a.cta_warps != 0 && a.cta_warps != warp_split::kWarpsOne && a.cta_warps != warp_split::kWarps) ||
+        a.heads < kPagedHeadsDefault || a.heads > kPagedHeadsByGrid) {
         return "kernel must be a PagedKernel, split_keys >= 0, pdl -1, 0 or 1, tile_rows 0, 4 or 8, loads a PagedLoads, "
-               "cta_warps 0, 1 or 4";
+               "cta_warps 0, 1 or 4, heads a PagedHeads";
     }
     return nullptr;
 }

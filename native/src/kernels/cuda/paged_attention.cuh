@@ -98,12 +98,24 @@ struct PagedAttentionCudaArgs {
     //     else narrow (by_grid for the warp-split kernel). Outputs are bit-identical for every value.
     //   cta_warps (warp-split only): warps (splits) per CTA, 1 or 4; 0 = CACHEFLOW_PA_WARP_CTA=1 if set, else 4
     //     (paged_attention.cu, warps_per_cta). Outputs are bit-identical for every value.
+    //   heads (two_pass only): a PagedHeads, the query heads of one CTA; 0 = CACHEFLOW_PA_HEADS (group | one |
+    //     by_grid) if set, else by_grid. Outputs are bit-identical for every value.
     int32_t kernel;
     int32_t split_keys;
     int32_t pdl;
     int32_t tile_rows;
     int32_t loads;
     int32_t cta_warps;
+    int32_t heads;
+};
+
+// How many query heads one CTA of the two-pass kernel computes (paged_attention_two_pass.cuh, template argument HG).
+// Work placement only: every head's sums run in the same order either way, so no choice changes an output bit.
+enum PagedHeads : int32_t {
+    kPagedHeadsDefault = 0,  // CACHEFLOW_PA_HEADS, else by_grid
+    kPagedHeadsGroup = 1,    // the whole GQA group: each K/V row loaded once per CTA (every grid before stop 40)
+    kPagedHeadsOne = 2,      // one query head per CTA: G times the CTAs, each with 1/G of the arithmetic
+    kPagedHeadsByGrid = 3,   // one where the group's grid leaves most SMs idle (a B=1 step), else group
 };
 
 // How the two-pass kernel moves K/V (paged_attention.cu, kRowsInFlightWide): rows in flight per lane group and

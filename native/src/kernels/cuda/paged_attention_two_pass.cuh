@@ -117,17 +117,18 @@ __device__ void block_reduce(float (&v)[G], float (*scratch)[G] /* [kWarps][G] *
 
 using pipelined::kv_row;  // K/V row pointer, pool or staging slot (streaming)
 
-// A CTA's inputs in shared memory: the query heads of its GQA group (q_s[G][D]) and the pool rows of its
-// split's keys (row_s[i] = slot of position k0 + i, i < nkeys); ends with a __syncthreads.
+// A CTA's inputs in shared memory: its G query heads head0 .. head0 + G - 1 (q_s[G][D]; all or part of one GQA
+// group) and the pool rows of its split's keys (row_s[i] = slot of position k0 + i, i < nkeys); ends with a
+// __syncthreads.
 template <int D, int G, int kThreads>
-__device__ __forceinline__ void load_split_inputs(const PagedAttentionCudaArgs & a, int t, int kvh, int k0, int nkeys,
+__device__ __forceinline__ void load_split_inputs(const PagedAttentionCudaArgs & a, int t, int head0, int k0, int nkeys,
                                                   float (*q_s)[D], int32_t * row_s) {
     const int tid = threadIdx.x;
     const int32_t * table = a.block_tables + (int64_t) a.token_seq_idx[t] * a.block_table_stride;
     for (int i = tid; i < G * D; i += kThreads) {
         const int h = i / D;
         const int d = i % D;
-        q_s[h][d] = a.q[(int64_t) t * a.q_stride_token + (int64_t) (kvh * G + h) * a.q_stride_head + d];
+        q_s[h][d] = a.q[(int64_t) t * a.q_stride_token + (int64_t) (head0 + h) * a.q_stride_head + d];
     }
     for (int i = tid; i < nkeys; i += kThreads) {
         const int p = k0 + i;
@@ -230,7 +231,7 @@ __device__ __forceinline__ void softmax_split(float (*p_s)[kPagedSplitKeys], int
 // split's output (one split: out = o / l) or its partial result (o, m, l) for the combine kernel.
 template <int D, int G, int kThreads>
 __device__ __forceinline__ void finish_split(float (&acc)[G][8], float * big_s, const float * m_s, const float * l_s,
-                                             const PagedAttentionCudaArgs & a, int t, int kvh, int split,
+                                             const PagedAttentionCudaArgs & a, int t, int head0, int split,
                                              bool one_split, float * part_o, float * part_ml, int n_splits) {
     constexpr int kWarps = kThreads / 32;
     constexpr int TG = D / 8;
@@ -266,7 +267,7 @@ __device__ __forceinline__ void finish_split(float (&acc)[G][8], float * big_s, 
         for (int w = 1; w < kWarps; ++w) {
             o += big_s[(w * G + h) * D + d];
         }
-        const int head = kvh * G + h;
+        const int head = head0 + h;
         if (one_split) {
             a.out[((int64_t) t * a.n_head + head) * D + d] = o / l_s[h];
         } else {
@@ -280,29 +281,34 @@ __device__ __forceinline__ void finish_split(float (&acc)[G][8], float * big_s, 
     }
 }
 
-// One CTA: KV head blockIdx.y, token blockIdx.z, keys [split * S, (split + 1) * S) with S =
-// split_keys_for(the row's context length) <= kPagedSplitKeys.
+// One CTA: query heads [head0, head0 + HG) of KV head kvh (blockIdx.y = kvh * (G / HG) + the head group), token
+// blockIdx.z, keys [split * S, (split + 1) * S) with S = split_keys_for(the row's context length) <= kPagedSplitKeys.
 // D: head size; G: query heads per KV head; R: K/V rows in flight per lane group (kRowsInFlight or
-// kRowsInFlightWide); kPrefetchV: the first round of V rows is loaded before the softmax. R and kPrefetchV move
-// loads only: outputs are bit-identical for every choice (see kRowsInFlightWide).
-template <int D, int G, int R, bool kPrefetchV>
+// kRowsInFlightWide); kPrefetchV: the first round of V rows is loaded before the softmax; HG: query heads per CTA, a
+// divisor of G (G: the whole GQA group, each K/V row loaded once per CTA; fewer: G / HG CTAs share each row through
+// L2, each with 1/(G/HG) of the arithmetic, for grids that leave SMs idle). R, kPrefetchV and HG move loads and
+// work only: every sum of a head runs over the same lanes, keys and warps in the same order whatever they are (no
+// reduction crosses heads), so outputs are bit-identical for every choice (see kRowsInFlightWide).
+template <int D, int G, int R, bool kPrefetchV, int HG = G>
 __global__ void __launch_bounds__(threads_for(D))
 paged_attention_split_kernel(const PagedAttentionCudaArgs a, float * part_o /* [n_tokens][n_head][n_splits][D] */,
                              float * part_ml /* [n_tokens][n_head][n_splits][2] */, int n_splits, bool pdl) {
+    static_assert(HG >= 1 && G % HG == 0, "HG must divide G");
+    constexpr int kGroups = G / HG;  // CTAs per KV head
     constexpr int kThreads = threads_for(D);
     constexpr int kWarps = kThreads / 32;
     constexpr int TG = D / 8;            // threads per key in Q.K (16 bytes of the K row each)
     constexpr int NG = kThreads / TG;    // keys in flight in Q.K
     // P.V uses the same split of a row: group g of TG threads per key, lane li holds dims [8 li, 8 li + 8).
-    constexpr int kScoreFloats = G * kPagedSplitKeys;
-    constexpr int kReduceFloats = kWarps * G * D;
+    constexpr int kScoreFloats = HG * kPagedSplitKeys;
+    constexpr int kReduceFloats = kWarps * HG * D;
 
-    __shared__ float q_s[G][D];
-    // Scores, then probabilities [G][kPagedSplitKeys]; after P.V the per-warp partial outputs
-    // [kWarps][G][D] reuse the space.
+    __shared__ float q_s[HG][D];
+    // Scores, then probabilities [HG][kPagedSplitKeys]; after P.V the per-warp partial outputs
+    // [kWarps][HG][D] reuse the space.
     __shared__ float big_s[kScoreFloats > kReduceFloats ? kScoreFloats : kReduceFloats];
     __shared__ int32_t row_s[kPagedSplitKeys];
-    __shared__ float scratch[kWarps][G];
+    __shared__ float scratch[kWarps][HG];
     float (*p_s)[kPagedSplitKeys] = reinterpret_cast<float (*)[kPagedSplitKeys]>(big_s);
 
     // Programmatic dependent launch, when the launcher asks for it (opt-in, pdl = 1): nothing global is touched
@@ -314,7 +320,8 @@ paged_attention_split_kernel(const PagedAttentionCudaArgs a, float * part_o /* [
         pipelined::grid_launch_dependents();
     }
     const int split = blockIdx.x;
-    const int kvh = blockIdx.y;
+    const int kvh = (int) blockIdx.y / kGroups;
+    const int head0 = kvh * G + ((int) blockIdx.y % kGroups) * HG;
     const int t = blockIdx.z;
     const int tid = threadIdx.x;
     const int ctx = a.token_ctx_len[t];
@@ -328,15 +335,15 @@ paged_attention_split_kernel(const PagedAttentionCudaArgs a, float * part_o /* [
     }
     const int nkeys = min(split_keys, ctx - k0);
     const int32_t stage_base = (int32_t) a.stage_base_row;  // INT32_MAX without streaming (launch)
-    load_split_inputs<D, G, kThreads>(a, t, kvh, k0, nkeys, q_s, row_s);
+    load_split_inputs<D, HG, kThreads>(a, t, head0, k0, nkeys, q_s, row_s);
 
     // Q.K: group g of TG threads takes keys g, g + NG, ...; lane li holds dims [8 li, 8 li + 8).
     {
         const int g = tid / TG;
         const int li = tid % TG;
-        float qr[G][8];
+        float qr[HG][8];
 #pragma unroll
-        for (int h = 0; h < G; ++h) {
+        for (int h = 0; h < HG; ++h) {
 #pragma unroll
             for (int j = 0; j < 8; ++j) {
                 qr[h][j] = q_s[h][li * 8 + j];
@@ -354,7 +361,7 @@ paged_attention_split_kernel(const PagedAttentionCudaArgs a, float * part_o /* [
             }
 #pragma unroll
             for (int u = 0; u < R; ++u) {
-                store_scores<G, TG>(qr, raw[u], base + u * NG + g, nkeys, li, a, p_s);
+                store_scores<HG, TG>(qr, raw[u], base + u * NG + g, nkeys, li, a, p_s);
             }
         }
     }
@@ -378,9 +385,9 @@ paged_attention_split_kernel(const PagedAttentionCudaArgs a, float * part_o /* [
     }
 
     // Softmax over the split, all heads at once: max, exp, sum (fixed orders, see block_reduce).
-    __shared__ float m_s[G];
-    __shared__ float l_s[G];
-    softmax_split<G, kThreads>(p_s, nkeys, scratch, m_s, l_s);
+    __shared__ float m_s[HG];
+    __shared__ float l_s[HG];
+    softmax_split<HG, kThreads>(p_s, nkeys, scratch, m_s, l_s);
     // (block_reduce ended with __syncthreads: every p_s write is visible; m_s/l_s are read after the
     // __syncthreads that follows P.V)
 
@@ -388,9 +395,9 @@ paged_attention_split_kernel(const PagedAttentionCudaArgs a, float * part_o /* [
     // Partial sums meet across the groups of a warp (lane butterfly), then across warps in order.
     {
         const int g = g_pv;
-        float acc[G][8];
+        float acc[HG][8];
 #pragma unroll
-        for (int h = 0; h < G; ++h) {
+        for (int h = 0; h < HG; ++h) {
 #pragma unroll
             for (int j = 0; j < 8; ++j) {
                 acc[h][j] = 0.0f;
@@ -412,10 +419,10 @@ paged_attention_split_kernel(const PagedAttentionCudaArgs a, float * part_o /* [
                 if (i >= nkeys) {
                     break;
                 }
-                accumulate_pv<G>(acc, raw[u], i, p_s);
+                accumulate_pv<HG>(acc, raw[u], i, p_s);
             }
         }
-        finish_split<D, G, kThreads>(acc, big_s, m_s, l_s, a, t, kvh, split, ctx <= split_keys, part_o, part_ml,
+        finish_split<D, HG, kThreads>(acc, big_s, m_s, l_s, a, t, head0, split, ctx <= split_keys, part_o, part_ml,
                                      n_splits);
     }
 }
