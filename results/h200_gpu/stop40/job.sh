@@ -16,7 +16,7 @@ mkdir -p /tmp/res
 kernel_job=$!
 OUT=/tmp/res/b STAGES="build" bash scripts/h200_gpu_tests.sh
 wait "$kernel_job"
-OUT=/tmp/res STAGES="tests decode" GPU_TESTS_K="${GPU_TESTS_K:-embedding or runs_on_the_gpu}" \
+OUT=/tmp/res STAGES="${STAGES2:-tests decode}" GPU_TESTS_K="${GPU_TESTS_K:-embedding or runs_on_the_gpu}" \
     NPL="${NPL:-1 8 64 256}" DECODE_MODES=paged \
     DECODE_PA_KERNELS="${DECODE_PA_KERNELS:-default CACHEFLOW_PA_HEADS=group}" \
     bash scripts/h200_gpu_tests.sh
