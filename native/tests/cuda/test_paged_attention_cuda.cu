@@ -733,6 +733,9 @@ void bench_shape(int batch, int ctx, int D) {
                                 [](const Variant & v) { return v.kernel != cf::cuda::kPagedKernelTwoPass; }),
                  vs.end());
     }
+    if (std::getenv("CF_BENCH_HEADS_ONLY") != nullptr) {  // the default and the head placements (PagedHeads) alone
+        vs = {kTwoPass, kTwoPassGroup, kTwoPassOne, kTwoPassOneWide, kTwoPassOnePdl};
+    }
     if (ctx >= 8192) {
         vs.push_back(kPipelinedNoPdl);
         for (int keys : {128, 256, 512, 1024, 2048}) {

@@ -14,5 +14,5 @@ nvcc -std=c++17 -arch=sm_90 -O3 --use_fast_math -I native/src/kernels/cuda nativ
     > /tmp/res/kernel_nvcc.log 2>&1 || exit 1
 log "test (correctness)"
 /tmp/tpa > /tmp/res/kernel_test.txt 2>&1; log "test exit $?"
-log "bench short, two-pass variants"
-CF_BENCH_TWO_PASS_ONLY=1 /tmp/tpa --bench short > /tmp/res/kernel_bench_short.txt 2>&1
+log "bench short, head placements"
+CF_BENCH_HEADS_ONLY=1 /tmp/tpa --bench short > /tmp/res/kernel_bench_short.txt 2>&1
