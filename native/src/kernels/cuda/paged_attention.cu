@@ -133,15 +133,18 @@ PagedLoads loads_for_grid(int64_t ctas) {
     return sms > 0 && ctas <= 2 * (int64_t) sms ? kPagedLoadsWide : kPagedLoadsNarrow;
 }
 
-// kPagedHeadsByGrid: one query head per CTA when the grid of whole GQA groups (`group_ctas` CTAs) times the group size
-// G still fits in two CTAs per SM, else the whole group. At B=1 (8 KV heads, a 200-key row: 8 working CTAs on an
-// H100's 132 SMs) a CTA of four heads was 12.5 us of one SM's time under ncu, against 4.6 us for stock flash
-// attention's vec kernel spread over 128 CTAs of one head (results/h200_gpu/stop40): the CTA's time is a chain of
-// dependent instructions at one warp per scheduler, most of it the per-head arithmetic, which G CTAs divide. For large
-// grids the group's shared K/V loads win. Both compute the same bits (PagedHeads), so the choice may follow the grid.
+// kPagedHeadsByGrid: one query head per CTA while the grid of whole GQA groups (`group_ctas` CTAs) fits in two CTAs
+// per SM, else the whole group. At B=1 (8 KV heads, a 200-key row: 8 working CTAs on an H100's 132 SMs) a CTA of four
+// heads was 12.5 us of one SM's time under ncu in the engine, against 4.6 us for stock flash attention's vec kernel
+// spread over 128 CTAs of one head: the CTA's time is a chain of dependent instructions at one warp per scheduler, most
+// of it per-head arithmetic, which G CTAs divide. The standalone bench on an H100 (results/h200_gpu/stop40, us per
+// layer back to back / in a graph over cold K/V, D 64, 32/8 heads, 200 keys): B=1 13.6 / 14.8 -> 8.4 / 9.5, B=16
+// 13.9 -> 9.6, B=32 14.7 -> 12.7 (256 group CTAs), but B=64 17.0 -> 22.0 (512) and B=16 at 2,048 keys 37.4 -> 54.7
+// (1,024), where the group's shared K/V loads win. Both compute the same bits (PagedHeads), so the choice may follow
+// the grid.
 bool one_head_for_grid(int64_t group_ctas, int G) {
     const int sms = device_sm_count();
-    return G > 1 && sms > 0 && group_ctas * G <= 2 * (int64_t) sms;
+    return G > 1 && sms > 0 && group_ctas <= 2 * (int64_t) sms;
 }
 
 // The warp-split kernel's warps (splits) per CTA: kWarps, or CACHEFLOW_PA_WARP_CTA=1 for one-warp CTAs (same bits,
@@ -196,17 +199,18 @@ Plan plan_for(const PagedAttentionCudaArgs & a) {
         p.n_splits = two_pass_num_splits(a);
         // PDL only where asked for (pdl = 1 or CACHEFLOW_PA_PDL=1): stop 37 measured no end-to-end gain from it
         p.pdl = (a.pdl != 0 ? a.pdl : env.pdl) == 1 && device_has_pdl();
-        const int32_t loads = a.loads != kPagedLoadsDefault ? a.loads : env.loads;
-        // Default narrow: in place (the engine's replayed graph, B=1) narrow ran 15.0 us per layer against wide's
-        // 17.3, though wide is faster alone (12.3 vs 13.3; results/h200_gpu/stop38), so by_grid is opt-in since.
-        p.loads = loads == kPagedLoadsDefault ? kPagedLoadsNarrow
-                  : loads == kPagedLoadsByGrid ? loads_for_grid((int64_t) p.n_splits * a.n_head_kv * a.n_tokens)
-                                               : (PagedLoads) loads;
         const int32_t heads = a.heads != kPagedHeadsDefault ? a.heads : env.heads;
         const int G = a.n_head_kv > 0 ? a.n_head / a.n_head_kv : 1;
-        p.one_head = heads == kPagedHeadsOne ||
-                     (heads == kPagedHeadsByGrid &&
-                      one_head_for_grid((int64_t) p.n_splits * a.n_head_kv * a.n_tokens, G));
+        const int64_t group_ctas = (int64_t) p.n_splits * a.n_head_kv * a.n_tokens;
+        p.one_head = heads == kPagedHeadsOne || (heads == kPagedHeadsByGrid && one_head_for_grid(group_ctas, G));
+        const int32_t loads = a.loads != kPagedLoadsDefault ? a.loads : env.loads;
+        // Default narrow: in place (the engine's replayed graph, B=1) narrow ran 15.0 us per layer against wide's
+        // 17.3, though wide is faster alone (12.3 vs 13.3; results/h200_gpu/stop38), so by_grid is opt-in since. It
+        // counts the CTAs launched: with one head per CTA, wide won the bench up to B=8 (B=1 8.4 / 9.5 -> 7.6 / 6.7 us)
+        // and lost from B=16 on (9.6 -> 13.9; results/h200_gpu/stop40); not yet measured in place.
+        p.loads = loads == kPagedLoadsDefault ? kPagedLoadsNarrow
+                  : loads == kPagedLoadsByGrid ? loads_for_grid(group_ctas * (p.one_head ? G : 1))
+                                               : (PagedLoads) loads;
         return p;
     }
     p.split_keys = a.split_keys != 0 ? a.split_keys : env.split_keys;

@@ -115,7 +115,7 @@ enum PagedHeads : int32_t {
     kPagedHeadsDefault = 0,  // CACHEFLOW_PA_HEADS, else by_grid
     kPagedHeadsGroup = 1,    // the whole GQA group: each K/V row loaded once per CTA (every grid before stop 40)
     kPagedHeadsOne = 2,      // one query head per CTA: G times the CTAs, each with 1/G of the arithmetic
-    kPagedHeadsByGrid = 3,   // one where the group's grid leaves most SMs idle (a B=1 step), else group
+    kPagedHeadsByGrid = 3,   // one while the group's grid fits in two CTAs per SM (small batches), else group
 };
 
 // How the two-pass kernel moves K/V (paged_attention.cu, kRowsInFlightWide): rows in flight per lane group and
