@@ -30,6 +30,7 @@ from cli.common import (
     kv_stream_config,
     swap_space_bytes,
 )
+from pycacheflow import _native
 from pycacheflow.config import KV_MODES
 from pycacheflow.errors import CacheFlowError
 
@@ -408,11 +409,12 @@ class _Context:
             )
         budget = int(opts.get("kv_cache_memory") or 0)
         if budget > 0 and info.kv_bytes_per_token > 0:
-            # the engine's rule (a paged pool of whole 256-row multiples, at least 256 rows and one per sequence),
-            # checked before the bandwidth probe rather than after it
+            # the engine's rule for the paged pool (cf_kv_cache_rows_for_budget), checked before the bandwidth probe
+            # rather than after it
+            n_ctx, need = _native.kv_cache_rows_for_budget(budget, info.kv_bytes_per_token, "paged",
+                                                           max(1, int(opts.get("concurrency") or 1)))
             rows = budget // info.kv_bytes_per_token
-            need = max(256, int(opts.get("concurrency") or 1))
-            if rows // 256 * 256 < need:
+            if n_ctx == 0:
                 self.close()
                 raise click.BadParameter(
                     f"{budget} bytes ({budget / 2**20:.4g} MiB) hold {rows} KV rows of this model "

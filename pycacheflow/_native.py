@@ -181,6 +181,33 @@ def json_schema_to_grammar(schema_json: str) -> str:
         return ffi.unpack(buf, out[0]).decode("utf-8")
 
 
+def kv_cache_rows_for_budget(kv_cache_bytes: int, kv_bytes_per_token: int, kv_mode: str,
+                             max_num_seqs: int) -> tuple[int, int]:
+    """KV rows a cache of ``kv_cache_bytes`` gets, by the engine's rule (cf_kv_cache_rows_for_budget).
+
+    Args:
+        kv_cache_bytes: the budget in bytes, >= 0.
+        kv_bytes_per_token: ``ModelInfo.kv_bytes_per_token`` of the model, >= 1.
+        kv_mode: a name of ``config.KV_MODES``: "stock" (split mode) rounds per sequence.
+        max_num_seqs: sequences the cache serves at once, >= 1.
+
+    Returns:
+        ``(n_ctx, min_rows)``: the rows the engine would allocate (0 when the budget holds fewer
+        than ``min_rows``) and the fewest rows that would do.
+
+    Raises:
+        InvalidArgumentError: an argument out of range.
+    """
+    n_ctx = ffi.new("int64_t *")
+    min_rows = ffi.new("int64_t *")
+    rc = lib.cf_kv_cache_rows_for_budget(kv_cache_bytes, kv_bytes_per_token, _KV_MODE_VALUES[kv_mode], max_num_seqs,
+                                         n_ctx, min_rows)
+    if rc == lib.CF_STATUS_INVALID_ARGUMENT and min_rows[0] > 0:
+        return 0, int(min_rows[0])  # the arguments were valid: the budget is too small
+    _check(rc)
+    return int(n_ctx[0]), int(min_rows[0])
+
+
 _INFO_TEXT = ("description", "arch", "kv_devices")  # char[] fields of cf_model_info
 
 

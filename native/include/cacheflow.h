@@ -819,6 +819,21 @@ CF_API cf_status cf_engine_apply_chat_template(cf_engine_t engine, const char * 
 CF_API cf_status cf_json_schema_to_grammar(const char * schema, int32_t schema_len, char * buf,
                                            int32_t capacity, int32_t * out_len);
 
+/* ---------------------------------------------------------------- KV cache sizing */
+
+/* The KV rows (llama.cpp's n_ctx) a cache of kv_cache_bytes gets, as cf_engine_init sizes it from
+ * cf_engine_config.kv_cache_bytes, for a model whose KV row (K and V of every layer, one token) takes
+ * kv_bytes_per_token bytes (cf_model_info.kv_bytes_per_token). llama.cpp pads to multiples of 256
+ * rows, so the budget is rounded down to whole multiples; kv_mode CF_KV_MODE_STOCK (split mode)
+ * rounds each of max_num_seqs slices and needs 256 rows per sequence; any other kv_mode (the paged
+ * pool, the unified stream) needs at least 256 rows and one per sequence. *out_n_ctx = the rows, and
+ * *out_min_rows = the fewest rows that would do (either may be NULL). Returns
+ * CF_STATUS_INVALID_ARGUMENT for kv_cache_bytes < 0, kv_bytes_per_token < 1 or max_num_seqs < 1, and
+ * when the budget holds fewer rows than that (then *out_n_ctx = 0; the message gives rows and need).
+ * Needs no engine; thread-safe. */
+CF_API cf_status cf_kv_cache_rows_for_budget(int64_t kv_cache_bytes, int64_t kv_bytes_per_token, int32_t kv_mode,
+                                             int32_t max_num_seqs, int64_t * out_n_ctx, int64_t * out_min_rows);
+
 /* ---------------------------------------------------------------- profiler */
 
 /* With cf_engine_config.profile_capacity > 0 the engine records timestamped events into a ring

@@ -6,6 +6,7 @@
 #include "engine/config.h"
 #include "engine/devices.h"
 #include "engine/engine.h"
+#include "engine/kv_budget.h"
 #include "engine/llama_session.h"
 #include "engine/text.h"
 #include "llama.h"
@@ -68,6 +69,34 @@ cf_status cf_sampling_params_check(const cf_sampling_params * params) {
     return guarded("cf_sampling_params_check", [&] {
         require(params != nullptr, "params is NULL");
         (void) cf::SamplingParams::from_c(*params, 0);  // 0: token ids are checked against a vocabulary on add
+    });
+}
+
+cf_status cf_kv_cache_rows_for_budget(int64_t kv_cache_bytes, int64_t kv_bytes_per_token, int32_t kv_mode,
+                                      int32_t max_num_seqs, int64_t * out_n_ctx, int64_t * out_min_rows) {
+    if (out_n_ctx != nullptr) {
+        *out_n_ctx = 0;
+    }
+    if (out_min_rows != nullptr) {
+        *out_min_rows = 0;
+    }
+    return guarded("cf_kv_cache_rows_for_budget", [&] {
+        require(kv_cache_bytes >= 0, "kv_cache_bytes must be >= 0");
+        require(kv_bytes_per_token >= 1, "kv_bytes_per_token must be >= 1");
+        require(max_num_seqs >= 1, "max_num_seqs must be >= 1");
+        const cf::KvBudget b = cf::kv_budget(kv_cache_bytes, kv_bytes_per_token, kv_mode, max_num_seqs);
+        if (out_min_rows != nullptr) {
+            *out_min_rows = b.min_rows;
+        }
+        if (b.n_ctx == 0) {
+            throw cf::Error(CF_STATUS_INVALID_ARGUMENT,
+                            std::to_string(kv_cache_bytes) + " bytes hold " + std::to_string(b.rows) + " KV rows of " +
+                                std::to_string(kv_bytes_per_token) + " bytes; " + std::to_string(max_num_seqs) +
+                                " sequences need at least " + std::to_string(b.min_rows));
+        }
+        if (out_n_ctx != nullptr) {
+            *out_n_ctx = b.n_ctx;
+        }
     });
 }
 

@@ -3,6 +3,7 @@
 
 #include "core/error.h"
 #include "engine/devices.h"
+#include "engine/kv_budget.h"
 #include "engine/paged_attn_support.h"
 #include "engine/sampling.h"
 #include "ggml-backend.h"
@@ -451,25 +452,19 @@ Error LlamaSession::context_error(uint32_t n_ctx, uint32_t n_seq_max, bool out_o
                                             (config_.paged() ? "; kv_mode=stock may work" : ""));
 }
 
-// KV rows that fit in config_.kv_cache_bytes, rounded down to what llama.cpp allocates without
-// padding up: multiples of 256 rows, per sequence in stock split mode (llama-context.cpp pads
-// n_ctx and the per-sequence slice up to 256).
+// KV rows that fit in config_.kv_cache_bytes (the rule of kv_budget.h).
 int32_t LlamaSession::n_ctx_from_budget() const {
-    constexpr int64_t kPad = 256;
-    const int64_t rows = config_.kv_cache_bytes / kv_bytes_per_token_;
-    const bool split = config_.kv_mode == CF_KV_MODE_STOCK;
-    const int64_t per_stream = split ? rows / config_.max_num_seqs : rows;
-    const int64_t n_ctx = per_stream / kPad * kPad * (split ? config_.max_num_seqs : 1);
-    if (n_ctx < std::max<int64_t>(kPad, config_.max_num_seqs)) {
+    const KvBudget b = kv_budget(config_.kv_cache_bytes, kv_bytes_per_token_, config_.kv_mode, config_.max_num_seqs);
+    if (b.n_ctx == 0) {
+        const bool split = config_.kv_mode == CF_KV_MODE_STOCK;
         throw Error(CF_STATUS_INVALID_ARGUMENT,
-                    "kv_cache_bytes=" + std::to_string(config_.kv_cache_bytes) + " holds " + std::to_string(rows) +
+                    "kv_cache_bytes=" + std::to_string(config_.kv_cache_bytes) + " holds " + std::to_string(b.rows) +
                         " KV rows of " + std::to_string(kv_bytes_per_token_) + " bytes; " +
-                        (split ? "stock split mode needs 256 rows per sequence (" +
-                                     std::to_string(kPad * config_.max_num_seqs) + " for max_num_seqs=" +
-                                     std::to_string(config_.max_num_seqs) + ")"
-                               : std::string("the cache needs at least 256")));
+                        (split ? "stock split mode needs 256 rows per sequence (" + std::to_string(b.min_rows) +
+                                     " for max_num_seqs=" + std::to_string(config_.max_num_seqs) + ")"
+                               : "the cache needs at least " + std::to_string(b.min_rows)));
     }
-    return (int32_t) std::min<int64_t>(n_ctx, INT32_MAX / 2);
+    return (int32_t) std::min<int64_t>(b.n_ctx, INT32_MAX / 2);
 }
 
 void LlamaSession::create_context() {
