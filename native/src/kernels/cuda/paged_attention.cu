@@ -37,21 +37,36 @@ struct EnvDefaults {
     int32_t heads = kPagedHeadsByGrid;
 };
 
+// A named choice of an environment variable: `out` = the value of the name `var` is set to; unset leaves `out`, and a
+// name not in `choices` is reported on stderr (with the names it may take) and ignored.
+struct EnvChoice {
+    const char * name;
+    int32_t value;
+};
+template <size_t N> void env_choice(const char * var, const EnvChoice (&choices)[N], int32_t & out) {
+    const char * v = std::getenv(var);
+    if (v == nullptr) {
+        return;
+    }
+    for (const EnvChoice & c : choices) {
+        if (std::strcmp(v, c.name) == 0) {
+            out = c.value;
+            return;
+        }
+    }
+    std::fprintf(stderr, "cacheflow: %s=%s is not one of", var, v);
+    for (const EnvChoice & c : choices) {
+        std::fprintf(stderr, " %s", c.name);
+    }
+    std::fprintf(stderr, "; ignored\n");
+}
+
 const EnvDefaults & env_defaults() {
     static const EnvDefaults d = [] {
         EnvDefaults e;
-        if (const char * v = std::getenv("CACHEFLOW_PA_KERNEL")) {
-            if (std::strcmp(v, "two_pass") == 0) {
-                e.kernel = kPagedKernelTwoPass;
-            } else if (std::strcmp(v, "pipelined") == 0) {
-                e.kernel = kPagedKernelPipelined;
-            } else if (std::strcmp(v, "warp") == 0) {
-                e.kernel = kPagedKernelWarp;
-            } else {
-                std::fprintf(stderr, "cacheflow: CACHEFLOW_PA_KERNEL=%s is not two_pass, pipelined or warp; ignored\n",
-                             v);
-            }
-        }
+        env_choice("CACHEFLOW_PA_KERNEL",
+                   {{"two_pass", kPagedKernelTwoPass}, {"pipelined", kPagedKernelPipelined}, {"warp", kPagedKernelWarp}},
+                   e.kernel);
         if (const char * v = std::getenv("CACHEFLOW_PA_SPLIT_KEYS")) {
             e.split_keys = std::atoi(v) > 0 ? std::atoi(v) : 0;
         }
@@ -61,31 +76,12 @@ const EnvDefaults & env_defaults() {
         if (const char * v = std::getenv("CACHEFLOW_PA_TILE_ROWS")) {
             e.tile_rows = std::atoi(v) == pipelined::kTileRowsNarrow ? pipelined::kTileRowsNarrow : 0;
         }
-        if (const char * v = std::getenv("CACHEFLOW_PA_LOADS")) {
-            if (std::strcmp(v, "narrow") == 0) {
-                e.loads = kPagedLoadsNarrow;
-            } else if (std::strcmp(v, "narrow_pf") == 0) {
-                e.loads = kPagedLoadsNarrowPf;
-            } else if (std::strcmp(v, "wide") == 0) {
-                e.loads = kPagedLoadsWide;
-            } else if (std::strcmp(v, "by_grid") == 0) {
-                e.loads = kPagedLoadsByGrid;
-            } else {
-                std::fprintf(stderr, "cacheflow: CACHEFLOW_PA_LOADS=%s is not narrow, narrow_pf, wide or by_grid; ignored\n",
-                             v);
-            }
-        }
-        if (const char * v = std::getenv("CACHEFLOW_PA_HEADS")) {
-            if (std::strcmp(v, "group") == 0) {
-                e.heads = kPagedHeadsGroup;
-            } else if (std::strcmp(v, "one") == 0) {
-                e.heads = kPagedHeadsOne;
-            } else if (std::strcmp(v, "by_grid") == 0) {
-                e.heads = kPagedHeadsByGrid;
-            } else {
-                std::fprintf(stderr, "cacheflow: CACHEFLOW_PA_HEADS=%s is not group, one or by_grid; ignored\n", v);
-            }
-        }
+        env_choice("CACHEFLOW_PA_LOADS",
+                   {{"narrow", kPagedLoadsNarrow}, {"narrow_pf", kPagedLoadsNarrowPf}, {"wide", kPagedLoadsWide},
+                    {"by_grid", kPagedLoadsByGrid}},
+                   e.loads);
+        env_choice("CACHEFLOW_PA_HEADS",
+                   {{"group", kPagedHeadsGroup}, {"one", kPagedHeadsOne}, {"by_grid", kPagedHeadsByGrid}}, e.heads);
         return e;
     }();
     return d;
