@@ -395,7 +395,10 @@ class _Context:
             except baselines.BaselineError as exc:
                 raise click.ClickException(str(exc)) from None
         self.model = str(opts.get("model") or _default_model())
-        self._tokenizer = LLM(self.model, max_num_seqs=1, n_ctx=256, n_threads=1)
+        try:  # a file that is not a model: one line, as generate and serve say it, not a traceback
+            self._tokenizer = LLM(self.model, max_num_seqs=1, n_ctx=256, n_threads=1)
+        except CacheFlowError as exc:
+            raise click.ClickException(f"{type(exc).__name__}: {exc}") from None
         info = self._tokenizer.info
         self.info = info
         prompt_len = int(opts.get("prompt_len") or 0)

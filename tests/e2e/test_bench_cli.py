@@ -240,3 +240,14 @@ def test_a_prompt_longer_than_the_model_holds_is_refused_up_front(tiny_model_pat
     assert "Invalid value for -p/--prompt-len" in result.output
     assert f"holds at most {n_ctx_train}" in result.output
     assert "measuring memory copy bandwidth" not in result.output
+
+
+def test_a_file_that_is_not_a_model_is_one_line_not_a_traceback(tmp_path):
+    bad = tmp_path / "not_a_model.gguf"
+    bad.write_text("hello\n")
+    result = CliRunner().invoke(
+        cacheflow, ["bench", "throughput", "-m", str(bad), "-n", "2", "-p", "8", "-o", "4", "-i", "1",
+                    "--out", str(tmp_path / "out")])
+    assert result.exit_code == 1, result.output
+    assert "Error: ModelLoadError: failed to load model from" in result.output
+    assert "Traceback" not in result.output and result.exception is None or isinstance(result.exception, SystemExit)
