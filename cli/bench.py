@@ -30,6 +30,7 @@ from cli.common import (
     kv_stream_config,
     swap_space_bytes,
 )
+from cli.serve_context import read_model_shape
 from pycacheflow import _native
 from pycacheflow.config import KV_MODES
 from pycacheflow.errors import CacheFlowError
@@ -356,7 +357,8 @@ def _offline(
 
 
 def _make_out_dir(path: object) -> Path:
-    """The --out folder, created now (before anything is measured); one that cannot be created is a usage error."""
+    """The --out folder, created now: after the arguments were checked (a usage error leaves no
+    folder behind), before anything is measured; one that cannot be created is a usage error."""
     out = Path(str(path))
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -365,66 +367,77 @@ def _make_out_dir(path: object) -> Path:
     return out
 
 
+BASELINE_NAMES = ("stock", "paged-ggml", "no-prefix-cache", "llama-batched-bench")
+
+
+def _check_baseline_names(names: Sequence[str]) -> None:
+    """Each --baseline is a name of BASELINE_NAMES or an http(s) URL (reached later)."""
+    for b in names:
+        if b not in BASELINE_NAMES and not b.startswith(("http://", "https://")):
+            raise click.BadParameter(f"unknown baseline {b!r}", param_hint="--baseline")
+
+
+def _check_lengths(opts: dict[str, object], n_ctx_train: int) -> None:
+    """-p and -o against the tokens one sequence of the model holds, prompt + output: its trained
+    context (0 = unknown: nothing to check). The engine stops a sequence there (the paged KV mode,
+    the default, caps it so, as llama-server caps a slot: n_ctx_slot = min(-c / -np, n_ctx_train)),
+    so a longer request would end short of -o, and a huge -o would size a KV cache no sequence can
+    fill. With --dataset sharegpt the prompts are the dataset's, not -p.
+
+    Raises:
+        click.BadParameter: the option(s) and the limit named (exit 2).
+    """
+    if n_ctx_train <= 0:
+        return
+    p, o = int(opts.get("prompt_len") or 0), int(opts.get("output_len") or 0)
+    holds = f"a sequence of this model holds at most {n_ctx_train} tokens (prompt + output)"
+    if o >= n_ctx_train:
+        raise click.BadParameter(
+            f"{o} output tokens: {holds}, so -o must be below {n_ctx_train}",
+            param_hint="-o/--output-len",
+        )
+    if opts.get("dataset", "random") == "sharegpt":
+        return
+    if p >= n_ctx_train:  # the engine would refuse every request
+        raise click.BadParameter(
+            f"{p} prompt tokens: a sequence of this model holds at most {n_ctx_train} "
+            "(prompt + output), so prompts must be shorter",
+            param_hint="-p/--prompt-len",
+        )
+    if p + o > n_ctx_train:  # every request would stop at n_ctx_train - p output tokens
+        raise click.BadParameter(
+            f"{p} + {o} = {p + o} tokens: {holds}, so every request would stop after "
+            f"{n_ctx_train - p} output tokens; lower -p or -o",
+            param_hint="-p/--prompt-len + -o/--output-len",
+        )
+
+
 class _Context:
     """Model, tokenizer, hardware model and baselines of one bench command."""
 
     def __init__(self, opts: dict[str, object]) -> None:
         from pycacheflow.bench import environment, offline
-        from pycacheflow.llm import LLM
 
         self.opts = opts
-        self.out_dir = _make_out_dir(opts["out_dir"])  # before anything is loaded or measured
         self.baselines = list(opts.get("baselines") or ())
-        for b in self.baselines:
-            named = ("stock", "paged-ggml", "no-prefix-cache", "llama-batched-bench")
-            if b not in named and not b.startswith(("http://", "https://")):
-                raise click.BadParameter(f"unknown baseline {b!r}", param_hint="--baseline")
-            if b.startswith(("http://", "https://")):
-                from pycacheflow.bench import online
-
-                try:  # before any engine loads: a dead URL is a usage error, not a 0 tok/s row
-                    online.check_reachable(b)
-                except (ConnectionError, RuntimeError) as exc:
-                    raise click.ClickException(str(exc)) from None
-        self._batched_bench_exe: Path | None = None
-        if "llama-batched-bench" in self.baselines and opts.get("dataset", "random") == "random":
-            from pycacheflow.bench import baselines
-
-            try:  # before CacheFlow's runs: a baseline that cannot be built stops the command at once
-                self._batched_bench_exe = baselines.build_tool(baselines.find_build_dir(), "llama-batched-bench")
-            except baselines.BaselineError as exc:
-                raise click.ClickException(str(exc)) from None
+        _check_baseline_names(self.baselines)
+        self._check_urls()
         self.model = str(opts.get("model") or _default_model())
-        try:  # a file that is not a model: one line, as generate and serve say it, not a traceback
-            self._tokenizer = LLM(self.model, max_num_seqs=1, n_ctx=256, n_threads=1)
-        except CacheFlowError as exc:
-            raise click.ClickException(f"{type(exc).__name__}: {exc}") from None
+        shape = read_model_shape(Path(self.model))  # the trained context, without loading the model
+        if shape is not None:
+            _check_lengths(opts, shape.n_ctx_train)
+        self._batched_bench_exe = self._build_batched_bench()
+        self._tokenizer = self._load_tokenizer()
         info = self._tokenizer.info
         self.info = info
-        prompt_len = int(opts.get("prompt_len") or 0)
-        if opts.get("dataset", "random") != "sharegpt" and info.n_ctx_train > 0 and prompt_len >= info.n_ctx_train:
-            # the engine would refuse every request, after the bandwidth probe and the engines' loading
+        try:  # again with the loaded model's figures: its metadata may not have said
+            _check_lengths(opts, info.n_ctx_train)
+            self._check_budget()
+            # only now, when the arguments have passed: a usage error leaves no folder behind
+            self.out_dir = _make_out_dir(opts["out_dir"])
+        except click.ClickException:
             self.close()
-            raise click.BadParameter(
-                f"{prompt_len} prompt tokens: a sequence of this model holds at most {info.n_ctx_train} "
-                "(prompt + output), so prompts must be shorter",
-                param_hint="-p/--prompt-len",
-            )
-        budget = int(opts.get("kv_cache_memory") or 0)
-        if budget > 0 and info.kv_bytes_per_token > 0:
-            # the engine's rule for the paged pool (cf_kv_cache_rows_for_budget), checked before the bandwidth probe
-            # rather than after it
-            n_ctx, need = _native.kv_cache_rows_for_budget(budget, info.kv_bytes_per_token, "paged",
-                                                           max(1, int(opts.get("concurrency") or 1)))
-            rows = budget // info.kv_bytes_per_token
-            if n_ctx == 0:
-                self.close()
-                raise click.BadParameter(
-                    f"{budget} bytes ({budget / 2**20:.4g} MiB) hold {rows} KV rows of this model "
-                    f"({info.kv_bytes_per_token} bytes each); the cache needs at least {need} "
-                    f"({need * info.kv_bytes_per_token / 2**20:.4g} MiB)",
-                    param_hint="--kv-cache-memory",
-                )
+            raise
         self.threads = int(opts.get("threads") or 0) or os.cpu_count() or 1
         click.echo("measuring memory copy bandwidth...", err=True)
         bandwidth = max(environment.measure_copy_bandwidth(threads=t) for t in {1, self.threads})
@@ -435,6 +448,59 @@ class _Context:
         )
         self.params = {k: (str(v) if isinstance(v, Path) else v) for k, v in opts.items()}
         self._cache: dict[tuple[int, bool], list] = {}
+
+    def _check_urls(self) -> None:
+        """A dead URL baseline is a usage error before any engine loads, not a 0 tok/s row."""
+        from pycacheflow.bench import online
+
+        for b in self.baselines:
+            if b.startswith(("http://", "https://")):
+                try:
+                    online.check_reachable(b)
+                except (ConnectionError, RuntimeError) as exc:
+                    raise click.ClickException(str(exc)) from None
+
+    def _build_batched_bench(self) -> Path | None:
+        """llama-batched-bench, built before CacheFlow's runs (a baseline that cannot be built
+        stops the command at once); None where it does not run (not asked for, or a dataset
+        other than random)."""
+        dataset = self.opts.get("dataset", "random")
+        if "llama-batched-bench" not in self.baselines or dataset != "random":
+            return None
+        from pycacheflow.bench import baselines
+
+        try:
+            return baselines.build_tool(baselines.find_build_dir(), "llama-batched-bench")
+        except baselines.BaselineError as exc:
+            raise click.ClickException(str(exc)) from None
+
+    def _load_tokenizer(self):  # -> LLM
+        """A small engine of the model, for its tokenizer and figures; a file that is not a model
+        is one line, as generate and serve say it, not a traceback."""
+        from pycacheflow.llm import LLM
+
+        try:
+            return LLM(self.model, max_num_seqs=1, n_ctx=256, n_threads=1)
+        except CacheFlowError as exc:
+            raise click.ClickException(f"{type(exc).__name__}: {exc}") from None
+
+    def _check_budget(self) -> None:
+        """--kv-cache-memory against the engine's rule for the paged pool
+        (cf_kv_cache_rows_for_budget), checked before the bandwidth probe rather than after it."""
+        budget, info = int(self.opts.get("kv_cache_memory") or 0), self.info
+        if budget <= 0 or info.kv_bytes_per_token <= 0:
+            return
+        num_seqs = max(1, int(self.opts.get("concurrency") or 1))
+        n_ctx, need = _native.kv_cache_rows_for_budget(budget, info.kv_bytes_per_token, "paged",
+                                                       num_seqs)  # fmt: skip
+        if n_ctx == 0:
+            rows = budget // info.kv_bytes_per_token
+            raise click.BadParameter(
+                f"{budget} bytes ({budget / 2**20:.4g} MiB) hold {rows} KV rows of this model "
+                f"({info.kv_bytes_per_token} bytes each); the cache needs at least {need} "
+                f"({need * info.kv_bytes_per_token / 2**20:.4g} MiB)",
+                param_hint="--kv-cache-memory",
+            )
 
     def close(self) -> None:
         """Free the tokenizer's engine (``summary`` does it too). Idempotent."""
@@ -579,7 +645,10 @@ def _progress(total: int, desc: str):  # -> tqdm
 def _default_model() -> str:
     from pycacheflow.model_hub import ensure_default_model
 
-    return str(ensure_default_model(progress=True))
+    try:
+        return str(ensure_default_model(progress=True))
+    except CacheFlowError as exc:  # e.g. a cache directory that cannot be created
+        raise click.ClickException(str(exc)) from None
 
 
 TABLE_COLUMNS = (
@@ -763,7 +832,6 @@ def serve(url: str, baselines: tuple[str, ...], client_check: bool, **opts: obje
     from pycacheflow.bench.load_client import API_KEY_ENV
     from pycacheflow.metrics import prompt_cache_hit_rate, run_metrics
 
-    _make_out_dir(opts["out_dir"])  # before any load is sent
     api_key = opts.pop("api_key")
     if api_key:
         os.environ[API_KEY_ENV] = str(api_key)  # read by the client processes
@@ -777,6 +845,7 @@ def serve(url: str, baselines: tuple[str, ...], client_check: bool, **opts: obje
     if opts["cache_prompt"] is None:
         opts["cache_prompt"] = opts["dataset"] in ("shared-prefix", "multi-turn")
     reqs = _serve_workload(model, opts)
+    _make_out_dir(opts["out_dir"])  # once the arguments have passed, before any load is sent
     num_requests = len(reqs) * (int(opts["turns"]) if opts["dataset"] == "multi-turn" else 1)
     targets = ([("no-op server", None)] if client_check else []) + [(url, url)]
     targets += [(b, b) for b in baselines]

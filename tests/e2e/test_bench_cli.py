@@ -252,3 +252,51 @@ def test_a_file_that_is_not_a_model_is_one_line_not_a_traceback(tmp_path):
     assert "Error: ModelLoadError: failed to load model from" in result.output
     assert "Traceback" not in result.output
     assert isinstance(result.exception, SystemExit)  # click's own exit, not the loader's exception
+
+
+
+def test_an_output_len_no_sequence_holds_is_refused_before_anything_loads(tiny_model_path, make_llm,
+                                                                          tmp_path):
+    """-o was not checked: -o 100000000 sized a KV cache for it and ran out of memory (naming
+    n_ctx, not -o)."""
+    n_ctx_train = make_llm(tiny_model_path, max_num_seqs=1).info.n_ctx_train
+    out = tmp_path / "out"
+    result = CliRunner().invoke(cacheflow, ["bench", "throughput", "-m", str(tiny_model_path),
+                                            "-n", "2", "-p", "8", "-o", "100000000",
+                                            "--out", str(out)])  # fmt: skip
+    assert result.exit_code == 2, result.output
+    assert ("Invalid value for -o/--output-len: 100000000 output tokens: a sequence of this model "
+            f"holds at most {n_ctx_train} tokens (prompt + output), so -o must be below "
+            f"{n_ctx_train}") in result.output  # fmt: skip
+    assert "measuring memory copy bandwidth" not in result.output
+    assert not out.exists()  # a usage error leaves no --out folder behind
+
+
+def test_prompt_plus_output_over_the_context_is_a_usage_error(tiny_model_path, make_llm, tmp_path):
+    """Was exit 0 with every request stopped short of -o, without a word."""
+    n_ctx_train = make_llm(tiny_model_path, max_num_seqs=1).info.n_ctx_train
+    p = n_ctx_train - 100
+    result = CliRunner().invoke(cacheflow, ["bench", "latency", "-m", str(tiny_model_path),
+                                            "-n", "1", "-p", str(p), "-o", "101",
+                                            "--out", str(tmp_path / "out")])  # fmt: skip
+    assert result.exit_code == 2, result.output
+    assert (f"Invalid value for -p/--prompt-len + -o/--output-len: {p} + 101 = {n_ctx_train + 1} "
+            f"tokens: a sequence of this model holds at most {n_ctx_train} tokens (prompt + "
+            "output), so every request would stop after 100 output tokens; lower -p or -o"
+            ) in result.output  # fmt: skip
+    assert not (tmp_path / "out").exists()
+
+
+def test_usage_errors_leave_no_out_folder(tiny_model_path, tmp_path):
+    out, model = tmp_path / "out", str(tiny_model_path)
+    for args in (["latency", "-m", model, "--baseline", "vllm"],
+                 ["kv-cache", "-m", model, "--kv-mode", "stock", "--kv-cache-memory", "1MiB"],
+                 ["throughput", "-m", model, "--kv-cache-memory", "1KiB"],
+                 ["scaling", "-m", model, "--concurrency-list", "0"]):  # fmt: skip
+        result = CliRunner().invoke(cacheflow, ["bench", *args, "--out", str(out)])
+        assert result.exit_code == 2, result.output
+        assert not out.exists(), args
+    result = CliRunner().invoke(cacheflow, ["bench", "serve", "http://127.0.0.1:1", "-m", model,
+                                            "--out", str(out)])  # fmt: skip
+    assert result.exit_code == 1 and "cannot reach http://127.0.0.1:1" in result.output
+    assert not out.exists()

@@ -9,6 +9,7 @@ import socket
 import sys
 from pathlib import Path
 
+import click
 import pytest
 from click.testing import CliRunner
 
@@ -512,3 +513,23 @@ def test_a_stale_build_folder_without_ninja_on_path_says_what_to_install(tmp_pat
     message = str(err.value)
     assert "pip's temporary build environment" in message
     assert "`pip install ninja`" in message and "--no-build-isolation" in message
+
+
+def test_bench_lengths_against_the_trained_context():
+    """A sequence holds n_ctx_train tokens, prompt + output: -p + -o may reach it, not pass it."""
+    from cli.bench import _check_lengths
+
+    def check(p: int, o: int, dataset: str = "random") -> None:
+        _check_lengths({"prompt_len": p, "output_len": o, "dataset": dataset}, 8192)
+
+    check(8000, 192)
+    check(1, 8191)
+    check(9000, 100, "sharegpt")  # the dataset's prompts, not -p
+    _check_lengths({"prompt_len": 10**6, "output_len": 10**6}, 0)  # trained context unknown
+    for p, o, dataset, hint in ((8000, 193, "random", "-p/--prompt-len + -o/--output-len"),
+                                (8, 8192, "random", "-o/--output-len"),
+                                (8, 8192, "sharegpt", "-o/--output-len"),
+                                (8192, 1, "shared-prefix", "-p/--prompt-len")):  # fmt: skip
+        with pytest.raises(click.BadParameter, match="holds at most 8192") as info:
+            check(p, o, dataset)
+        assert info.value.param_hint == hint
