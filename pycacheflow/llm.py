@@ -485,7 +485,7 @@ class LLM:
     ) -> list[_Prepared]:
         """Checked prompts; an error names ``prompts[i]``, or ``prompt`` when ``single`` (the
         one prompt of add_request / add_choices)."""
-        prompt_list = _normalize_prompts(prompts)
+        prompt_list = _normalize_prompts(prompts, single)
         params_list = _normalize_params(params, len(prompt_list))
         return [
             self._prepare(prompt, p, use_chat_template, "prompt" if single else f"prompts[{index}]")
@@ -616,7 +616,15 @@ def _all_ints(values: Iterable[object]) -> bool:
     return is_exact_int_list(values) or all(isinstance(v, int) for v in values)
 
 
-def _normalize_prompts(prompts: PromptInput | Sequence[PromptInput]) -> list[PromptInput]:
+def _normalize_prompts(
+    prompts: PromptInput | Sequence[PromptInput], single: bool = False
+) -> list[PromptInput]:
+    """The prompts as a list, each a str, a PreparedPrompt or a sequence of ints; an error names
+    ``prompts[i]``, or ``prompt`` when ``single``.
+
+    Raises:
+        TypeError: anything else, with the accepted types.
+    """
     if isinstance(prompts, (str, PreparedPrompt)):
         return [prompts]
     if isinstance(prompts, (bytes, bytearray)) or not isinstance(prompts, Iterable):
@@ -626,12 +634,16 @@ def _normalize_prompts(prompts: PromptInput | Sequence[PromptInput]) -> list[Pro
         )
     prompts = list(prompts)
     for i, p in enumerate(prompts):
+        label = "prompt" if single else f"prompts[{i}]"
         if isinstance(p, int):
             raise TypeError(
-                f"prompts[{i}] is an int; pass token-id prompts as a list of lists, e.g. [[1, 2, 3]]"
+                f"{label} is an int; pass token-id prompts as a list of lists, e.g. [[1, 2, 3]]"
             )
-        if not isinstance(p, (str, PreparedPrompt)) and not _all_ints(p):
-            raise TypeError(f"prompts[{i}] must be a str or a list of int token ids, got {p!r:.80}")
+        if isinstance(p, (str, PreparedPrompt)):
+            continue
+        # not iterable (None, a float): a TypeError naming the prompt, not the bare one of iter()
+        if not isinstance(p, Iterable) or not _all_ints(p):
+            raise TypeError(f"{label} must be a str or a list of int token ids, got {p!r:.80}")
     return prompts
 
 

@@ -134,6 +134,22 @@ def test_bad_prompt_raises_before_anything_is_submitted(llm):
     assert llm.generate("a", SamplingParams(max_tokens=1))[0].request_id == first + 1
 
 
+def test_a_prompt_of_no_accepted_type_is_named_with_the_accepted_types(llm):
+    """generate([None]) raised iter()'s bare "'NoneType' object is not iterable"."""
+    first = llm.generate("a", SamplingParams(max_tokens=1))[0].request_id
+    with pytest.raises(TypeError) as info:
+        llm.generate([None])
+    assert str(info.value) == "prompts[0] must be a str or a list of int token ids, got None"
+    with pytest.raises(TypeError, match=r"^prompts\[1\] must be a str or a list of int token ids, "
+                       r"got 1\.5$"):  # fmt: skip
+        llm.generate(["ok", 1.5])
+    with pytest.raises(TypeError, match="^prompt must be a str or a list of int token ids, "
+                       "got None$"):  # fmt: skip
+        llm.add_request(None)
+    # nothing was submitted
+    assert llm.generate("a", SamplingParams(max_tokens=1))[0].request_id == first + 1
+
+
 def test_abort(llm):
     request_id = llm.add_request("hello", SamplingParams(max_tokens=10_000))
     outputs = llm.iter_outputs(request_id)
