@@ -6,6 +6,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from pycacheflow.errors import InvalidArgumentError
 from pycacheflow.text import encode_utf8
 
 # Limits of the C ABI's types (cf_sampling_params): counts and token ids are int32_t, seeds
@@ -13,6 +14,10 @@ from pycacheflow.text import encode_utf8
 INT32_MAX = 2**31 - 1
 MAX_SEED = 2**63 - 1
 FLOAT32_MAX = 3.4028234663852886e38
+# The most alternatives ``logprobs`` may ask for per position: OpenAI's limit of top_logprobs and
+# vLLM's default max_logprobs. Without one, a request could have the whole vocabulary (49,152
+# entries for SmolLM2) rendered for every token; llama.cpp's server suite asks for 10.
+MAX_LOGPROBS = 20
 
 
 _FLOAT_FIELDS = ("temperature", "top_p", "min_p", "repeat_penalty", "presence_penalty",
@@ -114,10 +119,10 @@ class SamplingParams:
             cache. Changes speed only, never the output. ``RequestMetrics.num_cached_tokens``
             says how many prompt tokens were found.
         logprobs: report token probabilities (vLLM's ``logprobs``, llama-server's ``n_probs``):
-            None = none (the default); n >= 0 = the log-probability of each sampled token and
-            of the n most likely tokens at its position (``RequestOutput.logprobs``; n is
-            capped at the vocabulary). The request is then sampled on the CPU from its logits;
-            its tokens are the same as without.
+            None = none (the default); n in [0, MAX_LOGPROBS] (20) = the log-probability of each
+            sampled token and of the n most likely tokens at its position
+            (``RequestOutput.logprobs``; fewer where the vocabulary is smaller). The request is
+            then sampled on the CPU from its logits; its tokens are the same as without.
         post_sampling_probs: with ``logprobs``: the probabilities after the sampler chain (the
             distribution the token was drawn from; tokens it excluded are not listed; greedy:
             the sampled token with probability 1) instead of the softmax of the raw logits.
@@ -223,6 +228,11 @@ class SamplingParams:
         from pycacheflow._native import check_sampling_params
 
         check_sampling_params(self)  # the ranges: the native engine's rules and messages
+        if self.logprobs is not None and self.logprobs > MAX_LOGPROBS:  # the API's cap
+            raise InvalidArgumentError(
+                f"logprobs must be at most {MAX_LOGPROBS} (token probabilities per position, as "
+                f"OpenAI's top_logprobs and vLLM's max_logprobs), got {self.logprobs}"
+            )
 
     def _check_c_types(self) -> None:
         """What Python owns: types, and that each value has a C form (cf_sampling_params)."""

@@ -18,6 +18,8 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
+from pycacheflow.sampling_params import MAX_LOGPROBS
+
 if TYPE_CHECKING:
     from pycacheflow.llm import LLM
     from pycacheflow.outputs import TokenLogprobs
@@ -31,21 +33,27 @@ def read_completion_logprobs(body: Mapping[str, object]) -> tuple[int | None, bo
     (llama-server's alias); None = no probabilities.
 
     As llama-server (tools/server/server-schema.cpp, "If greater than 0"): a count <= 0 asks
-    for none, a boolean counts as 0 or 1 (its JSON library converts them; clients send
-    ``"logprobs": false`` to /v1/completions), and there is no upper limit: the engine lists
-    at most the vocabulary (post-sampling: the candidates left). A number with a fraction is a
-    400 here (llama-server truncates it): "2.5 tokens" is a client bug worth naming.
+    for none, and a boolean counts as 0 or 1 (its JSON library converts them; clients send
+    ``"logprobs": false`` to /v1/completions). Unlike llama-server, which lists up to the whole
+    vocabulary, a count above ``MAX_LOGPROBS`` (20, OpenAI's and vLLM's limit; llama.cpp's own
+    server tests ask for 10) is a 400: tens of thousands of entries per token held a core
+    rendering them. A number with a fraction is a 400 here too (llama-server truncates it):
+    "2.5 tokens" is a client bug worth naming.
 
     Raises:
-        ProtocolError: not a number, a fractional one, or a non-boolean post_sampling_probs.
+        ProtocolError: not a number, a fractional one, one above MAX_LOGPROBS, or a non-boolean
+            post_sampling_probs.
     """
-    from pycacheflow.server.protocol import INT32_MAX, read_bool, read_int
+    from pycacheflow.server.protocol import INT32_MAX, ProtocolError, read_bool, read_int
 
     names = tuple(name for name in ("n_probs", "logprobs") if body.get(name) is not None)
     if names and isinstance(body[names[0]], bool):
         n_probs = int(body[names[0]])
     else:
         n_probs = read_int(body, names, 0, high=INT32_MAX)
+    if n_probs > MAX_LOGPROBS:
+        raise ProtocolError(f"Field '{names[0]}': value must be at most {MAX_LOGPROBS} (token "
+                            f"probabilities per position), got {n_probs}")  # fmt: skip
     post_sampling = read_bool(body, "post_sampling_probs", False)
     return (n_probs if n_probs > 0 else None), post_sampling
 
@@ -58,15 +66,15 @@ def read_chat_logprobs(body: Mapping[str, object]) -> int | None:
     top_logprobs 0 gives each sampled token's logprob with no alternatives (llama-server
     returns no logprobs at all), a negative top_logprobs is a 400 (llama-server returns none),
     and a top_logprobs or logprobs of the wrong type is a 400 (llama-server uses its default,
-    20, or reads a numeric logprobs as n_probs). As llama-server, and unlike OpenAI (at most
-    20), top_logprobs has no upper limit: the engine lists at most the vocabulary.
+    20, or reads a numeric logprobs as n_probs). As OpenAI, and unlike llama-server (no upper
+    limit), top_logprobs is at most ``MAX_LOGPROBS`` (20).
 
     Raises:
-        ProtocolError: a non-boolean logprobs, top_logprobs negative, not an integer or
+        ProtocolError: a non-boolean logprobs, top_logprobs outside [0, 20], not an integer or
             without logprobs, or logprobs with tools in a stream (llama-server's rules and
             messages).
     """
-    from pycacheflow.server.protocol import INT32_MAX, ProtocolError, _present, read_bool, read_int
+    from pycacheflow.server.protocol import ProtocolError, _present, read_bool, read_int
 
     if not read_bool(body, "logprobs", False):
         if _present(body, "top_logprobs"):
@@ -74,7 +82,7 @@ def read_chat_logprobs(body: Mapping[str, object]) -> int | None:
         return None
     if body.get("tools") and read_bool(body, "stream", False):
         raise ProtocolError("logprobs is not supported with tools + stream")
-    return read_int(body, ("top_logprobs",), DEFAULT_TOP_LOGPROBS, low=0, high=INT32_MAX)
+    return read_int(body, ("top_logprobs",), DEFAULT_TOP_LOGPROBS, low=0, high=MAX_LOGPROBS)
 
 
 def _valid_utf8_prefix(data: bytes) -> bytes:

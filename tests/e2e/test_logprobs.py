@@ -146,13 +146,15 @@ def test_oai_endpoints_report_logprobs(client):
     assert streamed == content
 
 
-def test_probability_counts_follow_llama_server(client):
-    """No upper limit but the vocabulary (post-sampling: the candidates left); a count <= 0
-    or false asks for none; OpenAI's chat top_logprobs may exceed OpenAI's 20."""
+def test_probability_counts_are_capped_at_20(client):
+    """At most MAX_LOGPROBS (20, OpenAI's top_logprobs and vLLM's max_logprobs) per position:
+    more is a 400 naming the field (n_probs 10**6 returned the whole vocabulary per token); up
+    to it the counts follow llama-server (post-sampling: the candidates left; a count <= 0 or
+    false asks for none)."""
     body = {"prompt": PROMPTS[2], "n_predict": 1, "temperature": 0}
-    many = client.post("/completion", json={**body, "n_probs": 1000}).json()
-    assert len(many["completion_probabilities"][0]["top_logprobs"]) == 1000
-    sampled = {**body, "n_probs": 1000, "post_sampling_probs": True, "temperature": 0.8,
+    most = client.post("/completion", json={**body, "n_probs": 20}).json()
+    assert len(most["completion_probabilities"][0]["top_logprobs"]) == 20
+    sampled = {**body, "n_probs": 20, "post_sampling_probs": True, "temperature": 0.8,
                "top_k": 5, "top_p": 1.0, "min_p": 0.0, "seed": 3}  # fmt: skip
     top = client.post("/completion", json=sampled).json()["completion_probabilities"][0]
     assert len(top["top_probs"]) == 5  # the candidates top_k left
@@ -165,9 +167,23 @@ def test_probability_counts_follow_llama_server(client):
     choice = client.post("/v1/completions", json={**oai, "logprobs": True}).json()["choices"][0]
     assert len(choice["logprobs"]["content"][0]["top_logprobs"]) == 1  # true = 1, as llama-server
     chat = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 1, "temperature": 0,
-            "logprobs": True, "top_logprobs": 50}  # fmt: skip
+            "logprobs": True, "top_logprobs": 20}  # fmt: skip
     content = client.post("/v1/chat/completions", json=chat).json()["choices"][0]["logprobs"]
-    assert len(content["content"][0]["top_logprobs"]) == 50
+    assert len(content["content"][0]["top_logprobs"]) == 20
+    for path, over, message in (
+        ("/completion", {**body, "n_probs": 10**6},
+         "Field 'n_probs': value must be at most 20 (token probabilities per position), "
+         "got 1000000"),
+        ("/v1/completions", {**oai, "logprobs": 21},
+         "Field 'logprobs': value must be at most 20 (token probabilities per position), got 21"),
+        ("/v1/chat/completions", {**chat, "top_logprobs": 21},
+         "Field 'top_logprobs': value must be between 0 and 20, got 21"),
+    ):  # fmt: skip
+        response = client.post(path, json=over)
+        assert response.status_code == 400
+        assert response.json()["error"] == {"code": 400, "message": message,
+                                            "type": "invalid_request_error"}  # fmt: skip
+    assert client.post("/completion", json={**body, "n_probs": 3}).status_code == 200  # still serving
 
 
 @pytest.mark.parametrize(

@@ -8,6 +8,7 @@ import math
 import pytest
 
 from pycacheflow import SamplingParams
+from pycacheflow.sampling_params import MAX_LOGPROBS
 
 
 def test_defaults_are_greedy_and_deterministic():
@@ -50,6 +51,10 @@ def test_lists_become_tuples_and_single_stop_string_is_wrapped():
         ({"stop": [""]}, "stop_strings[0] must be a non-empty string"),
         ({"stop": ["a\ud800"]}, "stop string is not valid UTF-8 text: lone surrogate U+D800"),
         ({"stop_token_ids": [-1]}, "stop_token_ids[0] = -1 must be >= 0"),
+        # OpenAI's and vLLM's cap (was accepted: the whole vocabulary for every token)
+        ({"logprobs": 21}, "logprobs must be at most 20 (token probabilities per position, as "
+                           "OpenAI's top_logprobs and vLLM's max_logprobs), got 21"),
+        ({"logprobs": 10**6}, "logprobs must be at most 20"),
         # Beyond the C ABI's int32_t / int64_t / float (these overflowed in cffi)
         ({"max_tokens": 2**40}, "max_tokens must fit a C int32_t ([-2**31, 2**31)), got 1099511627776"),
         ({"top_k": 2**31}, "top_k must fit a C int32_t ([-2**31, 2**31)), got 2147483648"),
@@ -97,6 +102,7 @@ def test_boundaries_accepted():
     assert not p.greedy and p.seed == 2**63 - 1
     assert SamplingParams(seed=0, min_p=0.0, top_p=1e-6).seed == 0
     assert SamplingParams(max_tokens=2**31 - 1, top_k=2**31 - 1, temperature=3.4e38).top_k > 0
+    assert SamplingParams(logprobs=MAX_LOGPROBS).logprobs == MAX_LOGPROBS == 20
 
 
 def test_penalties_and_logit_bias():

@@ -31,15 +31,21 @@ def test_completion_n_probs_and_its_openai_alias():
     assert completion(n_probs=2, logprobs=7).logprobs == 2  # n_probs wins
     p = completion(n_probs=4, post_sampling_probs=True)
     assert p.logprobs == 4 and p.post_sampling_probs
-    # as llama-server: <= 0 asks for none, booleans count 0 / 1, no upper limit but int32
+    # as llama-server: <= 0 asks for none, booleans count 0 / 1
     assert completion(n_probs=-3).logprobs is None and completion(logprobs=False).logprobs is None
     assert completion(logprobs=True).logprobs == 1 and completion(n_probs=True).logprobs == 1
     assert completion(n_probs=None, logprobs=6).logprobs == 6  # null = not set
-    assert completion(n_probs=100_000).logprobs == 100_000  # the engine caps at the vocabulary
+    assert completion(n_probs=20).logprobs == 20  # MAX_LOGPROBS, OpenAI's and vLLM's cap
     for bad, fragment in ((2.5, "expected an integer, got 2.5"), ("3", "expected an integer"),
-                          (2**31, "value must be between")):  # fmt: skip
+                          (2**31, "value must be between"),
+                          (21, "value must be at most 20 \\(token probabilities per position\\), "
+                               "got 21"),
+                          (100_000, "value must be at most 20")):  # fmt: skip
         with pytest.raises(ProtocolError, match=f"Field 'n_probs': {fragment}"):
             completion(n_probs=bad)
+    with pytest.raises(ProtocolError, match="Field 'logprobs': value must be at most 20") as info:
+        completion(logprobs=10**6)  # the review's request: it got the whole vocabulary per token
+    assert info.value.status == 400
 
 
 def test_chat_logprobs_and_top_logprobs():
@@ -48,15 +54,17 @@ def test_chat_logprobs_and_top_logprobs():
     assert chat(logprobs=True).logprobs == 20  # llama-server's default top_logprobs
     assert chat(logprobs=True, top_logprobs=3).logprobs == 3
     assert chat(logprobs=True, top_logprobs=0).logprobs == 0  # the sampled token's only
-    assert chat(logprobs=True, top_logprobs=50).logprobs == 50  # no 20 cap, as llama-server
+    assert chat(logprobs=True, top_logprobs=20).logprobs == 20  # OpenAI's cap, MAX_LOGPROBS
 
 
 @pytest.mark.parametrize(
     "body,fragment",
     [
         ({"logprobs": 3}, "Field 'logprobs': expected a boolean, got number"),
+        ({"logprobs": True, "top_logprobs": 21},
+         "Field 'top_logprobs': value must be between 0 and 20, got 21"),  # as OpenAI
         ({"logprobs": True, "top_logprobs": 2**31},
-         "Field 'top_logprobs': value must be between 0 and 2147483647"),
+         "Field 'top_logprobs': value must be between 0 and 20"),
         ({"logprobs": True, "top_logprobs": -1}, "Field 'top_logprobs'"),
         ({"logprobs": True, "top_logprobs": "5"}, "Field 'top_logprobs': expected an integer"),
         ({"top_logprobs": 5}, "top_logprobs requires logprobs to be set to true"),
