@@ -54,6 +54,7 @@ from cli.serve_flags import (
 )
 from pycacheflow.config import KV_MODES, POLICIES
 from pycacheflow.errors import CacheFlowError
+from pycacheflow.server.config import DEFAULT_MAX_BODY_BYTES
 from pycacheflow.server.router_policy import DEFAULT_SLACK, POLICY_NAMES
 
 if TYPE_CHECKING:
@@ -222,6 +223,14 @@ def _env(name: str) -> str:
     show_default=True,
     envvar=_env("TIMEOUT"),
     help="Seconds an idle keep-alive connection stays open.",
+)
+@click.option(
+    "--max-body-size",
+    type=ByteSize(),
+    default=DEFAULT_MAX_BODY_BYTES,
+    show_default="16MiB",
+    help="The largest HTTP request body (e.g. 16MiB, 1GiB; bytes without a unit): a larger one "
+    "is answered 413 without being read into memory; 0 = no limit.",
 )
 @click.option(
     "--cache-prompt/--no-cache-prompt",
@@ -644,6 +653,7 @@ def _server_fields(llm: LLM, options: dict[str, object], chat_template: str | No
         cors_methods=_split(options["cors_methods"]),
         cors_headers=_split(options["cors_headers"]),
         cors_credentials=bool(options["cors_credentials"]),
+        max_body_bytes=int(options["max_body_size"]),
     )
 
 

@@ -250,7 +250,8 @@ def _run_router(
     api_keys = tuple(k.strip() for k in str(options["api_key"] or "").split(",") if k.strip())
     config = RouterConfig(policy=str(options["router_policy"]),
                           slack=int(options["router_slack"]),
-                          enable_metrics=bool(options["enable_metrics"]), api_keys=api_keys)
+                          enable_metrics=bool(options["enable_metrics"]), api_keys=api_keys,
+                          max_body_bytes=int(options["max_body_size"]))
     router = Router(
         [Replica(r.replica_id, url, r.proc.pid, r.proc.poll) for r, url in zip(replicas, urls)],
         config,

@@ -12,7 +12,8 @@
 
 Errors are ``{"error": {"code", "message", "type"}}`` with the HTTP status in ``code``. Every
 route answers CORS preflights (OPTIONS) and sets Access-Control-Allow-Origin as llama-server's
---cors-* flags say (server/cors.py; by default any Origin is echoed, credentials on).
+--cors-* flags say (server/cors.py; by default any Origin is echoed, credentials on). A request
+body over ``ServerConfig.max_body_bytes`` is a 413 (server/body_limit.py).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from starlette.routing import Route
 
 from pycacheflow import errors
 from pycacheflow.server import generation, protocol, responses, unsupported_routes
+from pycacheflow.server.body_limit import BodyLimitMiddleware
 from pycacheflow.server.cors import CorsMiddleware
 from pycacheflow.server.generation import Api, ClientDisconnected
 from pycacheflow.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
@@ -83,8 +85,10 @@ def create_app(llm: LLM, config: ServerConfig) -> Starlette:
     if config.api_keys:
         public = PUBLIC_PATHS | ({"/"} if config.enable_ui else set())
         app.add_middleware(ApiKeyMiddleware, api_keys=config.api_keys, public_paths=public)
+    # Before any route reads a body: a 413 in the same error format, the body never held.
+    app.add_middleware(BodyLimitMiddleware, max_body_bytes=config.max_body_bytes)
     # Added last, so outermost: preflights are answered before the API-key check (browsers send
-    # no key with them) and every answer, 401 included, carries the CORS headers.
+    # no key with them) and every answer, 401 and 413 included, carries the CORS headers.
     app.add_middleware(CorsMiddleware, config=config)
     return app
 

@@ -14,6 +14,10 @@ _INT32_MAX = 2**31 - 1
 N_PREDICT_UNLIMITED = -1  # llama-server's "-n -1": generate until EOS or the context is full
 CORS_ANY = "*"
 CORS_LOCALHOST = "localhost"  # llama-server's special value: localhost origins only
+# The largest request body (server/body_limit.py): 16 MiB is some four million tokens of text or
+# two million token ids, beyond any model's context, and well below the 100 MB at which
+# llama-server's HTTP library refuses a body
+DEFAULT_MAX_BODY_BYTES = 16 * 2**20
 
 
 @dataclass(frozen=True)
@@ -169,6 +173,8 @@ class ServerConfig:
             engine's context per sequence.
         enable_ui: serve the chat page at GET / (public, as llama-server's web UI).
         verbose: add ``__verbose`` (the rendered prompt) to chat answers, as llama-server -v.
+        max_body_bytes: the largest request body, bytes: a larger one is answered 413 without
+            being read into memory (server/body_limit.py); 0 = no limit.
 
     Raises:
         ValueError: a value out of range; the message names it.
@@ -197,6 +203,7 @@ class ServerConfig:
     n_ctx_slot: int = 0
     enable_ui: bool = True
     verbose: bool = False
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
 
     def __post_init__(self) -> None:
         if not self.model_name:
@@ -209,6 +216,9 @@ class ServerConfig:
             raise ValueError(f"sse_ping_s must be > 0 or None, got {self.sse_ping_s}")
         if self.n_ctx_slot < 0:
             raise ValueError(f"n_ctx_slot must be >= 0 (0 = the engine's), got {self.n_ctx_slot}")
+        if self.max_body_bytes < 0:
+            raise ValueError(f"max_body_bytes must be >= 0 (0 = no limit), got "
+                             f"{self.max_body_bytes}")  # fmt: skip
         if any(not key for key in self.api_keys):
             raise ValueError("api_keys must not contain an empty key")
         for name in ("cors_origins", "cors_methods", "cors_headers"):

@@ -40,6 +40,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from pycacheflow.server import responses
+from pycacheflow.server.config import DEFAULT_MAX_BODY_BYTES
 from pycacheflow.server.router_policy import DEFAULT_SLACK, make_policy, routing_keys
 
 logger = logging.getLogger("cacheflow.router")
@@ -97,12 +98,15 @@ class RouterConfig:
         slack: in-flight requests of the prefix policy's slack (router_policy module docstring).
         enable_metrics: serve /metrics (as --metrics does for one server).
         api_keys: keys the router checks too (the replicas check them again).
+        max_body_bytes: the largest request body the router reads (413 above it, as a server's
+            ``ServerConfig.max_body_bytes``); 0 = no limit.
     """
 
     policy: str = "prefix"
     slack: int = DEFAULT_SLACK
     enable_metrics: bool = False
     api_keys: tuple[str, ...] = ()
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
 
 
 class _Head:

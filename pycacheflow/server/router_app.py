@@ -14,6 +14,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from pycacheflow.server.body_limit import BodyLimitMiddleware
 from pycacheflow.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from pycacheflow.server.router import PUBLIC_PATHS, Router, error_response
 
@@ -39,6 +40,8 @@ def create_router_app(router: Router) -> Starlette:
     if router.config.api_keys:
         app.add_middleware(ApiKeyMiddleware, api_keys=router.config.api_keys,
                            public_paths=PUBLIC_PATHS)  # fmt: skip
+    # the router reads a body whole before it picks a replica: the same limit as a server's
+    app.add_middleware(BodyLimitMiddleware, max_body_bytes=router.config.max_body_bytes)
     return app
 
 

@@ -9,8 +9,11 @@ HTTP mechanics are covered in more detail, without a model, by test_server_fake.
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
+import socket
 import time
+from collections.abc import Iterator
 
 import httpx
 import pytest
@@ -251,6 +254,63 @@ def test_openai_client(server, real_llm):
     chunks = list(stream)
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == chat_expected and chunks[-1].usage.completion_tokens == 8
+
+
+MAX_BODY_BYTES = 16 * 2**20  # --max-body-size's default
+
+
+def _padded_body(num_bytes: int) -> bytes:
+    """A valid one-token /completion body of exactly ``num_bytes`` (JSON whitespace pads it)."""
+    body = b'{"prompt": "x", "n_predict": 1}'
+    return body[:-1] + b" " * (num_bytes - len(body)) + b"}"
+
+
+def test_a_body_over_the_limit_is_a_413_while_a_stream_continues(client, server):
+    """A 200 MB prompt was read whole (minutes of a core, 16 GB RSS). Over --max-body-size
+    (16 MiB by default) a body is a 413 in the server's error format, declared (Content-Length)
+    or chunked; one of exactly the limit is served; the stream beside them is untouched."""
+    body = greedy_body(PROMPTS[5], 24)
+    expected = client.post("/completion", json=body).json()["content"]
+
+    def chunks(num_bytes: int) -> Iterator[bytes]:  # no length: sent chunked
+        data = _padded_body(num_bytes)
+        for start in range(0, len(data), 1 << 20):
+            yield data[start : start + (1 << 20)]
+
+    with client.stream("POST", "/completion", json={**body, "stream": True}) as response:
+        lines = response.iter_lines()
+        first = next(sse_data(lines))
+        with httpx.Client(base_url=server.base_url, timeout=60) as other:
+            declared = other.post("/completion", content=_padded_body(MAX_BODY_BYTES + 1))
+            chunked = other.post("/v1/completions", content=chunks(MAX_BODY_BYTES + 1))
+            at_limit = other.post("/completion", content=_padded_body(MAX_BODY_BYTES))
+            after = other.post("/completion", json=greedy_body(PROMPTS[0], 2))  # same connection
+        rest = list(sse_data(lines))
+    assert declared.status_code == 413 and chunked.status_code == 413
+    assert declared.json()["error"] == {
+        "code": 413, "type": "invalid_request_error",
+        "message": f"Request body of {MAX_BODY_BYTES + 1} bytes is larger than the server's "
+                   f"limit of {MAX_BODY_BYTES} bytes (--max-body-size)"}  # fmt: skip
+    assert chunked.json()["error"]["message"] == (
+        f"Request body is larger than the server's limit of {MAX_BODY_BYTES} bytes "
+        "(--max-body-size)")  # fmt: skip
+    assert "connection" not in declared.headers  # the body was read and dropped: kept alive
+    assert at_limit.status_code == 200 and after.status_code == 200, (at_limit.text, after.text)
+    assert first["content"] + "".join(e["content"] for e in rest) == expected
+
+
+def test_a_huge_declared_body_is_refused_before_it_is_sent(server):
+    """A Content-Length too large to read and drop: the 413 comes straight after the headers and
+    closes the connection (the body is never sent here)."""
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
+        sock.sendall(b"POST /completion HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 200000000000\r\n\r\n{")  # fmt: skip
+        answer = b""
+        while chunk := sock.recv(65536):  # until the server closes
+            answer += chunk
+    head, _, payload = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 413 ") and b"Connection: close" in head, head
+    assert json.loads(payload)["error"]["code"] == 413
 
 
 def test_ctx_size_0_gives_every_slot_the_trained_context(real_model_path):

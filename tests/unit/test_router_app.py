@@ -1,5 +1,5 @@
 """Pieces of the data-parallel router that need no replica: merging the replicas' Prometheus
-texts, and the arguments the replicas get."""
+texts, the arguments the replicas get, and the limit on request bodies."""
 
 from __future__ import annotations
 
@@ -36,3 +36,33 @@ def test_replicas_get_every_argument_but_the_router_s():
              "--router-policy", "round-robin", "--router-slack=3", "--data-parallel", "2",
              "--metrics"]  # fmt: skip
     assert replica_args(given) == ["-m", "x.gguf", "-np", "4", "--metrics"]
+
+
+def test_the_router_refuses_a_body_over_the_limit_before_reading_it():
+    """It reads a body whole to pick a replica: the servers' --max-body-size applies to it too."""
+    import asyncio
+
+    import httpx
+
+    from pycacheflow.server.router import Router, RouterConfig
+    from pycacheflow.server.router_app import create_router_app
+
+    async def post(size: int, chunked: bool = False) -> httpx.Response:
+        async def chunks():  # no length: sent chunked
+            for _ in range(size // 10):
+                yield b" " * 10
+
+        app = create_router_app(Router([], RouterConfig(max_body_bytes=100)))
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://router") as client:
+            return await client.post("/completion", content=chunks() if chunked else b" " * size)
+
+    answer = asyncio.run(post(101))
+    assert answer.status_code == 413 and answer.json()["error"]["message"] == (
+        "Request body of 101 bytes is larger than the server's limit of 100 bytes "
+        "(--max-body-size)")  # fmt: skip
+    answer = asyncio.run(post(110, chunked=True))
+    assert answer.status_code == 413 and answer.json()["error"]["message"] == (
+        "Request body is larger than the server's limit of 100 bytes (--max-body-size)")
+    assert asyncio.run(post(100)).status_code == asyncio.run(post(100, chunked=True)).status_code
+    assert asyncio.run(post(100)).status_code == 503  # on to the router: no replica left

@@ -462,3 +462,15 @@ def test_bad_reasoning_flags(server_configs, args, message):
     result = invoke(*args)
     assert result.exit_code == 2, result.output
     assert message in result.output
+
+
+def test_max_body_size(server_configs):
+    """--max-body-size (ServerConfig.max_body_bytes): 16 MiB by default, a size with a unit, 0 =
+    no limit; a bad size is a usage error."""
+    for args, expected in (((), 16 * 2**20), (("--max-body-size", "1KiB"), 1024),
+                           (("--max-body-size", "0"), 0)):  # fmt: skip
+        result = invoke(*args)
+        assert isinstance(result.exception, Loaded), result.output
+        assert server_configs[-1].max_body_bytes == expected
+    result = invoke("--max-body-size", "lots")
+    assert result.exit_code == 2 and "Invalid value for '--max-body-size'" in result.output
