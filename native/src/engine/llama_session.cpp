@@ -493,6 +493,11 @@ void LlamaSession::create_context() {
     cp.no_perf = true;
     cp.greedy_argmax = backend_sampling_;  // chains are attached per slot later (set_seq_sampling)
     cp.top_k_candidates = backend_sampling_ ? kTopKCandidates : 0;  // built only while a slot samples from them
+    // A decode's host inputs (token ids, positions, block tables, KV rows, context lengths) reach the device with
+    // one wait in all, not a wait and a synchronous copy each (patch 0016); CACHEFLOW_BATCHED_INPUT_COPIES=0 keeps
+    // stock's copies, for A/B runs. The CPU backend copies nothing either way.
+    const char * copies_env = std::getenv("CACHEFLOW_BATCHED_INPUT_COPIES");
+    cp.batched_input_copies = copies_env == nullptr || std::strcmp(copies_env, "0") != 0;
     if (config_.paged()) {
         // Step padding takes the pool's last block as its scratch block (below). A context asked for in
         // tokens keeps every one of them: where llama.cpp's rounding to 256 rows leaves no spare block,
