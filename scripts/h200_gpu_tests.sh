@@ -33,7 +33,7 @@
 # scripts/cupti_step_gaps.py), engine in TRACE_KV_MODES and llama-batched-bench, at TRACE_NPL batches (TRACE_LINES
 # of each summary go to run.log; stage ncu_stalls: where the attention kernel's warps wait in place, ncu's warp-state
 # and source-counter sections, NCU_STALL_NPL / NCU_STALL_ENVS, the stock engine's flash attention beside it; TRACE_ENVS: NAME=VALUE settings, each a further paged run; TRACE_BB=0 skips
-# llama-batched-bench). A DECODE_PA_KERNELS entry NAME=VALUE runs the paged decode with that variable set. KERNEL_BENCH_ARGS: the kernel stage's arguments to the test binary (default --bench;
+# llama-batched-bench). A DECODE_PA_KERNELS entry NAME=VALUE[,NAME=VALUE...] runs the paged decode with those variables set. KERNEL_BENCH_ARGS: the kernel stage's arguments to the test binary (default --bench;
 # "--bench short": the short-context decode shapes alone, at B = 1 to 256).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -114,7 +114,7 @@ if want decode; then
         tag="decode_${mode}_b${npl}_p${NPP:-128}"; [ "$pak" != default ] && [ "$mode" = paged ] && tag="${tag}_$(echo "$pak" | tr '=,/' '___')"
         log "decode: cacheflow ($mode KV${pak:+, kernel $pak}) vs llama-batched-bench, npl $npl"
         mkdir -p "$OUT/$tag"
-        ( case $pak in default) ;; loads_*) export CACHEFLOW_PA_LOADS=${pak#loads_} ;; *=*) if [ "$mode" = paged ]; then export "$pak"; fi ;;
+        ( case $pak in default) ;; loads_*) export CACHEFLOW_PA_LOADS=${pak#loads_} ;; *=*) if [ "$mode" = paged ]; then for kv in ${pak//,/ }; do export "$kv"; done; fi ;;
             *) export CACHEFLOW_PA_KERNEL=$pak ;; esac
           timeout 300 python scripts/bench_decode.py -m "$MODEL" --npp "${NPP:-128}" --ntg 128 --npl "$npl" -i ${ITER:-2} \
               -t 8 -ngl 99 --kv-mode "$mode" --out "$OUT/$tag" 2>&1 | tail -6 \
