@@ -370,8 +370,11 @@ void LlamaSession::load_model() {
         if (embd_env != nullptr && *embd_env != '\0') {
             return false;  // "0" (or anything but "1"): llama.cpp's placement
         }
-        const int64_t n_layer = config_.n_gpu_layers < 0 ? 0 : gguf_block_count(path);
-        return config_.n_gpu_layers < 0 || (n_layer >= 0 && config_.n_gpu_layers > n_layer);
+        if (config_.n_gpu_layers < 0) {
+            return true;  // every layer
+        }
+        const int64_t n_layer = gguf_block_count(path);  // -1 when the header does not say
+        return n_layer >= 0 && config_.n_gpu_layers > n_layer;
     }();
     const std::array<llama_model_tensor_buft_override, 2> embd_override = {{
         {"^token_embd\\.weight$", embd_on_device ? ggml_backend_dev_buffer_type(offload_devices_[0]) : nullptr},
