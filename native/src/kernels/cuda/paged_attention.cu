@@ -124,9 +124,13 @@ int device_sm_count() {
 // from stop 35 to stop 38 (back to back on an H100 never more than 1% slower than narrow and 6-14% faster on small
 // grids, results/h200_gpu/stop35); in the engine's graph at B=1 wide was the slower one (stop38), so the two-pass
 // default is narrow since. Still the warp-split kernel's default.
-PagedLoads loads_for_grid(int64_t ctas) {
+bool small_grid(int64_t ctas) {
     const int sms = device_sm_count();
-    return sms > 0 && ctas <= 2 * (int64_t) sms ? kPagedLoadsWide : kPagedLoadsNarrow;
+    return sms > 0 && ctas <= 2 * (int64_t) sms;
+}
+
+PagedLoads loads_for_grid(int64_t ctas) {
+    return small_grid(ctas) ? kPagedLoadsWide : kPagedLoadsNarrow;
 }
 
 // kPagedHeadsByGrid: one query head per CTA while the grid of whole GQA groups (`group_ctas` CTAs) fits in two CTAs
@@ -193,20 +197,24 @@ Plan plan_for(const PagedAttentionCudaArgs & a) {
     }
     if (!p.pipelined) {
         p.n_splits = two_pass_num_splits(a);
-        // PDL only where asked for (pdl = 1 or CACHEFLOW_PA_PDL=1): stop 37 measured no end-to-end gain from it
-        p.pdl = (a.pdl != 0 ? a.pdl : env.pdl) == 1 && device_has_pdl();
         const int32_t heads = a.heads != kPagedHeadsDefault ? a.heads : env.heads;
         const int G = a.n_head_kv > 0 ? a.n_head / a.n_head_kv : 1;
         const int64_t group_ctas = (int64_t) p.n_splits * a.n_head_kv * a.n_tokens;
         p.one_head = heads == kPagedHeadsOne || (heads == kPagedHeadsByGrid && one_head_for_grid(group_ctas, G));
+        const int64_t launched = group_ctas * (p.one_head ? G : 1);
+        // Small grids (at most two CTAs per SM, counting the CTAs launched) take wide loads and PDL by default, larger
+        // ones narrow loads and no PDL. Neither changes an output bit. On an H100 (results/h200_gpu/stop41), one head
+        // per CTA at B=1, 200 keys, us per layer back to back / in a graph over cold K/V: narrow 8.4 / 9.5, wide 7.7 /
+        // 6.8, wide + PDL 6.6 / 6.4, and up to B=8 the same order; from B=16 (512 CTAs) wide loses (9.6 -> 14.0) and
+        // at B=32 PDL does (13.0 -> 13.8 in a graph). In place, B=1 128/128 decode: 728 tok/s narrow without PDL, 735
+        // wide, 739 with PDL, each alone (within the run's noise of a few percent); together not yet measured in
+        // place. Before stop 41 the two-pass default was narrow without PDL: with whole-group CTAs, wide ran slower
+        // in place (stop 38) and PDL showed no gain (stop 37).
+        const int32_t pdl = a.pdl != 0 ? a.pdl : env.pdl;
+        p.pdl = device_has_pdl() && (pdl == 1 || (pdl == 0 && small_grid(launched)));
         const int32_t loads = a.loads != kPagedLoadsDefault ? a.loads : env.loads;
-        // Default narrow: in place (the engine's replayed graph, B=1) narrow ran 15.0 us per layer against wide's
-        // 17.3, though wide is faster alone (12.3 vs 13.3; results/h200_gpu/stop38), so by_grid is opt-in since. It
-        // counts the CTAs launched: with one head per CTA, wide won the bench up to B=8 (B=1 8.4 / 9.5 -> 7.6 / 6.7 us)
-        // and lost from B=16 on (9.6 -> 13.9; results/h200_gpu/stop40); not yet measured in place.
-        p.loads = loads == kPagedLoadsDefault ? kPagedLoadsNarrow
-                  : loads == kPagedLoadsByGrid ? loads_for_grid(group_ctas * (p.one_head ? G : 1))
-                                               : (PagedLoads) loads;
+        p.loads = loads == kPagedLoadsDefault || loads == kPagedLoadsByGrid ? loads_for_grid(launched)
+                                                                           : (PagedLoads) loads;
         return p;
     }
     p.split_keys = a.split_keys != 0 ? a.split_keys : env.split_keys;

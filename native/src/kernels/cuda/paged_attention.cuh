@@ -91,11 +91,12 @@ struct PagedAttentionCudaArgs {
     //   split_keys (pipelined only): > 0 = every split that many keys (at least ctx / 1024); 0 =
     //     CACHEFLOW_PA_SPLIT_KEYS if set, else the rule (paged_attention_pipelined.cuh, split_keys_for).
     //   pdl: 1 = programmatic dependent launch, -1 = none, 0 = CACHEFLOW_PA_PDL (0 | 1) if set, else on where the
-    //     device has it (sm_90+) for the pipelined and warp-split kernels, off for the two-pass kernel.
+    //     device has it (sm_90+) for the pipelined and warp-split kernels, and for the two-pass kernel on grids of
+    //     at most two CTAs per SM (paged_attention.cu, small_grid).
     //   tile_rows (pipelined only): K/V rows per lane per tile, 8 (wide) or 4 (narrow register budget, more CTAs
     //     per SM); 0 = CACHEFLOW_PA_TILE_ROWS if set, else 8.
     //   loads (two_pass only): a PagedLoads; 0 = CACHEFLOW_PA_LOADS (narrow | narrow_pf | wide | by_grid) if set,
-    //     else narrow (by_grid for the warp-split kernel). Outputs are bit-identical for every value.
+    //     else by_grid. Outputs are bit-identical for every value.
     //   cta_warps (warp-split only): warps (splits) per CTA, 1 or 4; 0 = CACHEFLOW_PA_WARP_CTA=1 if set, else 4
     //     (paged_attention.cu, warps_per_cta). Outputs are bit-identical for every value.
     //   heads (two_pass only): a PagedHeads, the query heads of one CTA; 0 = CACHEFLOW_PA_HEADS (group | one |
@@ -121,7 +122,7 @@ enum PagedHeads : int32_t {
 // How the two-pass kernel moves K/V (paged_attention.cu, kRowsInFlightWide): rows in flight per lane group and
 // whether the first round of V is loaded before the softmax. Loads only: no choice changes an output bit.
 enum PagedLoads : int32_t {
-    kPagedLoadsDefault = 0,   // CACHEFLOW_PA_LOADS, else narrow for the two-pass kernel, by_grid for the warp-split one
+    kPagedLoadsDefault = 0,   // CACHEFLOW_PA_LOADS, else by_grid
     kPagedLoadsNarrow = 1,    // 4 rows per round (every grid before stop 34)
     kPagedLoadsNarrowPf = 2,  // 4 rows per round, first V round before the softmax
     kPagedLoadsWide = 3,      // 16 rows per round, first V round before the softmax
