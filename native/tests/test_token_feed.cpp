@@ -9,8 +9,11 @@
 // decode's argmax through the feed, the host passing a placeholder. The batches change between steps as a
 // continuous batcher's do (the row order reversed on odd steps, one sequence leaving at step 10, every even
 // sequence fed by the host on steps divisible by 3), and sequence 3 samples without EOG tokens (entry M + j).
-// The tokens must be equal, step by step. Then the errors: a context without a feed, an entry past the feed,
-// sources that do not match the batch (the decode fails, the next one without sources works).
+// The tokens must be equal, step by step. A third run decodes one step ahead, as async scheduling does: every
+// token from the feed, and step N's tokens read (llama_get_argmax_row, back = 1) only after step N+1 was launched,
+// from the pinned slot that a feed gives each decode. Then the errors: a context without a feed, an entry past the
+// feed, sources that do not match the batch (the decode fails, the next one without sources works), rows out of
+// range.
 #undef NDEBUG  // the checks must run in Release builds too
 #include "llama.h"
 
@@ -116,9 +119,80 @@ std::vector<std::vector<llama_token>> run(llama_model * model, bool feed) {
         for (size_t i = 0; i < order.size(); ++i) {
             next[order[i]] = argmax_of(ctx, order[i], (int32_t) i);
             row[order[i]] = (int32_t) i;
+            if (feed) {  // the slot's row accessor reads the same rows (all rows are outputs: row i = token i)
+                assert(llama_get_argmax_row(ctx, 0, (int32_t) i, order[i] == kNoEogSeq) == next[order[i]]);
+            }
         }
         tokens.push_back(next);
     }
+    llama_batch_free(batch);
+    llama_free(ctx);
+    return tokens;
+}
+
+// The same steps one decode ahead: step N+1 is launched with every token from the feed before step N's tokens are
+// read, and those are read from the decode before the last (back = 1); the last step's from the last (back = 0).
+std::vector<std::vector<llama_token>> run_one_step_ahead(llama_model * model) {
+    const int32_t n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(model));
+    llama_context * ctx = make_context(model, kFeedRows);
+    llama_batch batch = llama_batch_init(256, 0, 1);
+    std::vector<std::vector<llama_token>> tokens;
+    std::vector<int32_t> row(kNumSeqs, -1);
+    std::vector<int32_t> last_order;  // the sequences of the last decode, in batch order
+
+    batch.n_tokens = 0;
+    for (int32_t s = 0; s < kNumSeqs; ++s) {
+        for (int32_t p = 0; p < kPromptLen; ++p) {
+            const int32_t i = batch.n_tokens++;
+            batch.token[i] = (llama_token) ((17 + 131 * s + 7 * p) % n_vocab);
+            batch.pos[i] = p;
+            batch.n_seq_id[i] = 1;
+            batch.seq_id[i][0] = s;
+            batch.logits[i] = p == kPromptLen - 1;
+        }
+        row[s] = s;
+        last_order.push_back(s);
+    }
+    assert(llama_decode(ctx, batch) == 0);
+
+    auto read_previous = [&](int32_t back) {  // the tokens of the decode `back` decodes ago, into tokens
+        std::vector<llama_token> got = tokens.empty() ? std::vector<llama_token>(kNumSeqs, -1) : tokens.back();
+        for (int32_t s : last_order) {
+            got[s] = llama_get_argmax_row(ctx, back, row[s], s == kNoEogSeq);
+            assert(got[s] != LLAMA_TOKEN_NULL);
+        }
+        tokens.push_back(got);
+    };
+    for (int32_t step = 1; step <= kNumSteps; ++step) {
+        std::vector<int32_t> order;
+        for (int32_t k = 0; k < kNumSeqs; ++k) {
+            const int32_t s = step % 2 == 1 ? kNumSeqs - 1 - k : k;
+            if (!(s == kLeavingSeq && step >= kLeaveStep)) {
+                order.push_back(s);
+            }
+        }
+        batch.n_tokens = (int32_t) order.size();
+        std::vector<int32_t> src(order.size());
+        for (size_t i = 0; i < order.size(); ++i) {
+            const int32_t s = order[i];
+            batch.token[i] = 0;
+            batch.pos[i] = kPromptLen + step - 1;
+            batch.n_seq_id[i] = 1;
+            batch.seq_id[i][0] = s;
+            batch.logits[i] = 1;
+            src[i] = (s == kNoEogSeq ? kFeedRows : 0) + row[s];
+        }
+        assert(llama_set_token_feed_src(ctx, src.data(), (int32_t) src.size()));
+        assert(llama_decode(ctx, batch) == 0);
+        read_previous(1);  // step N - 1's tokens, after step N was launched
+        for (size_t i = 0; i < order.size(); ++i) {
+            row[order[i]] = (int32_t) i;
+        }
+        last_order = order;
+    }
+    read_previous(0);
+    assert(llama_get_argmax_row(ctx, 0, (int32_t) last_order.size(), false) == LLAMA_TOKEN_NULL);  // past the rows
+    assert(llama_get_argmax_row(ctx, 2, 0, false) == LLAMA_TOKEN_NULL);                            // two slots only
     llama_batch_free(batch);
     llama_free(ctx);
     return tokens;
@@ -128,6 +202,7 @@ void check_errors(llama_model * model) {
     llama_context * plain = make_context(model, 0);
     const int32_t zero = 0;
     assert(!llama_set_token_feed_src(plain, &zero, 1));  // no feed in this context
+    assert(llama_get_argmax_row(plain, 0, 0, false) == LLAMA_TOKEN_NULL);
     llama_free(plain);
 
     llama_context * ctx = make_context(model, kFeedRows);
@@ -182,6 +257,18 @@ int main() {
     }
     std::printf("token feed: %d greedy tokens equal to host-fed decoding (%d steps, %d sequences)\n", n_compared,
                 kNumSteps, kNumSeqs);
+    const auto ahead = run_one_step_ahead(model);
+    assert(ahead.size() == host.size());
+    for (size_t step = 0; step < host.size(); ++step) {
+        for (int32_t s = 0; s < kNumSeqs; ++s) {
+            if (host[step][s] != ahead[step][s]) {
+                std::printf("one step ahead, step %zu seq %d: host-fed token %d, feed %d\n", step, s, host[step][s],
+                            ahead[step][s]);
+                return 1;
+            }
+        }
+    }
+    std::printf("token feed: one step ahead, the same %d tokens\n", n_compared);
     check_errors(model);
     std::printf("token feed: errors ok\n");
     llama_model_free(model);
