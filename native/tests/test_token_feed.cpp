@@ -62,16 +62,9 @@ llama_token argmax_of(llama_context * ctx, int32_t seq, int32_t i) {
     return seq == kNoEogSeq ? llama_get_argmax_no_eog_ith(ctx, i) : llama_get_argmax_ith(ctx, i);
 }
 
-// tokens[step][seq]: the greedy tokens of every sequence, step 0 being the prompt's. feed: take the token ids from
-// the device feed (host placeholders) except where the host is meant to give them.
-std::vector<std::vector<llama_token>> run(llama_model * model, bool feed) {
-    const int32_t n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(model));
-    llama_context * ctx = make_context(model, feed ? kFeedRows : 0);
-    llama_batch batch = llama_batch_init(256, 0, 1);
-    std::vector<std::vector<llama_token>> tokens;
-    std::vector<int32_t> row(kNumSeqs, -1);  // each sequence's output row in the last decode
-
-    batch.n_tokens = 0;  // the prompts, one output row per sequence (its last token), in sequence order
+// The prompts in one decode: one output row per sequence (its last token), in sequence order.
+void decode_prompts(llama_context * ctx, llama_batch & batch, int32_t n_vocab) {
+    batch.n_tokens = 0;
     for (int32_t s = 0; s < kNumSeqs; ++s) {
         for (int32_t p = 0; p < kPromptLen; ++p) {
             const int32_t i = batch.n_tokens++;
@@ -83,6 +76,30 @@ std::vector<std::vector<llama_token>> run(llama_model * model, bool feed) {
         }
     }
     assert(llama_decode(ctx, batch) == 0);
+}
+
+// The sequences of a decode step in batch order: reversed on odd steps, one leaving at kLeaveStep.
+std::vector<int32_t> step_order(int32_t step) {
+    std::vector<int32_t> order;
+    for (int32_t k = 0; k < kNumSeqs; ++k) {
+        const int32_t s = step % 2 == 1 ? kNumSeqs - 1 - k : k;
+        if (!(s == kLeavingSeq && step >= kLeaveStep)) {
+            order.push_back(s);
+        }
+    }
+    return order;
+}
+
+// tokens[step][seq]: the greedy tokens of every sequence, step 0 being the prompt's. feed: take the token ids from
+// the device feed (host placeholders) except where the host is meant to give them.
+std::vector<std::vector<llama_token>> run(llama_model * model, bool feed) {
+    const int32_t n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(model));
+    llama_context * ctx = make_context(model, feed ? kFeedRows : 0);
+    llama_batch batch = llama_batch_init(256, 0, 1);
+    std::vector<std::vector<llama_token>> tokens;
+    std::vector<int32_t> row(kNumSeqs, -1);  // each sequence's output row in the last decode
+
+    decode_prompts(ctx, batch, n_vocab);
     tokens.emplace_back(kNumSeqs, -1);
     for (int32_t s = 0; s < kNumSeqs; ++s) {
         tokens.back()[s] = argmax_of(ctx, s, s * kPromptLen + kPromptLen - 1);
@@ -90,13 +107,7 @@ std::vector<std::vector<llama_token>> run(llama_model * model, bool feed) {
     }
 
     for (int32_t step = 1; step <= kNumSteps; ++step) {
-        std::vector<int32_t> order;
-        for (int32_t k = 0; k < kNumSeqs; ++k) {
-            const int32_t s = step % 2 == 1 ? kNumSeqs - 1 - k : k;
-            if (!(s == kLeavingSeq && step >= kLeaveStep)) {
-                order.push_back(s);
-            }
-        }
+        const std::vector<int32_t> order = step_order(step);
         batch.n_tokens = (int32_t) order.size();
         std::vector<int32_t> src(order.size(), -1);
         for (size_t i = 0; i < order.size(); ++i) {
@@ -140,20 +151,11 @@ std::vector<std::vector<llama_token>> run_one_step_ahead(llama_model * model) {
     std::vector<int32_t> row(kNumSeqs, -1);
     std::vector<int32_t> last_order;  // the sequences of the last decode, in batch order
 
-    batch.n_tokens = 0;
+    decode_prompts(ctx, batch, n_vocab);
     for (int32_t s = 0; s < kNumSeqs; ++s) {
-        for (int32_t p = 0; p < kPromptLen; ++p) {
-            const int32_t i = batch.n_tokens++;
-            batch.token[i] = (llama_token) ((17 + 131 * s + 7 * p) % n_vocab);
-            batch.pos[i] = p;
-            batch.n_seq_id[i] = 1;
-            batch.seq_id[i][0] = s;
-            batch.logits[i] = p == kPromptLen - 1;
-        }
         row[s] = s;
         last_order.push_back(s);
     }
-    assert(llama_decode(ctx, batch) == 0);
 
     auto read_previous = [&](int32_t back) {  // the tokens of the decode `back` decodes ago, into tokens
         std::vector<llama_token> got = tokens.empty() ? std::vector<llama_token>(kNumSeqs, -1) : tokens.back();
@@ -164,13 +166,7 @@ std::vector<std::vector<llama_token>> run_one_step_ahead(llama_model * model) {
         tokens.push_back(got);
     };
     for (int32_t step = 1; step <= kNumSteps; ++step) {
-        std::vector<int32_t> order;
-        for (int32_t k = 0; k < kNumSeqs; ++k) {
-            const int32_t s = step % 2 == 1 ? kNumSeqs - 1 - k : k;
-            if (!(s == kLeavingSeq && step >= kLeaveStep)) {
-                order.push_back(s);
-            }
-        }
+        const std::vector<int32_t> order = step_order(step);
         batch.n_tokens = (int32_t) order.size();
         std::vector<int32_t> src(order.size());
         for (size_t i = 0; i < order.size(); ++i) {
