@@ -627,7 +627,8 @@ def _normalize_prompts(
     """
     if isinstance(prompts, (str, PreparedPrompt)):
         return [prompts]
-    if isinstance(prompts, (bytes, bytearray)) or not isinstance(prompts, Iterable):
+    # a sequence only: a dict's keys or a set's arbitrary order must not become the prompts
+    if isinstance(prompts, (bytes, bytearray)) or not isinstance(prompts, Sequence):
         raise TypeError(
             "prompts must be a str, a list of str or a list of token-id lists, "
             f"got {type(prompts).__name__}"

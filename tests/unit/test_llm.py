@@ -150,6 +150,21 @@ def test_a_prompt_of_no_accepted_type_is_named_with_the_accepted_types(llm):
     assert llm.generate("a", SamplingParams(max_tokens=1))[0].request_id == first + 1
 
 
+def test_prompts_of_no_order_are_a_type_error(llm):
+    """generate({"prompt": "Hello"}) ran the dict's keys as prompts, generate({"a", "b"}) a set's
+    arbitrary order; any non-sequence iterable is refused like None, before any submission."""
+    first = llm.generate("a", SamplingParams(max_tokens=1))[0].request_id
+    cases = [({"prompt": "Hello"}, "dict"), ({"a", "b"}, "set"), (iter(["a"]), "list_iterator")]
+    for prompts, name in cases:
+        with pytest.raises(TypeError) as info:
+            llm.generate(prompts, SamplingParams(max_tokens=1))
+        assert str(info.value) == (
+            f"prompts must be a str, a list of str or a list of token-id lists, got {name}"
+        )
+    assert llm.generate(("a", "b"), SamplingParams(max_tokens=1))[1].text == "b"  # tuples stay
+    assert llm.generate("a", SamplingParams(max_tokens=1))[0].request_id == first + 3
+
+
 def test_abort(llm):
     request_id = llm.add_request("hello", SamplingParams(max_tokens=10_000))
     outputs = llm.iter_outputs(request_id)
