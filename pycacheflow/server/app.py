@@ -222,6 +222,10 @@ async def _answer(work: Callable[[], Awaitable[ASGIApp]]) -> ASGIApp:
         return error_response(str(exc), exc.status, exc.error_type, exc.extra)
     except ClientDisconnected:
         return Response(status_code=_CLIENT_CLOSED_REQUEST)
+    except ClientDisconnect:
+        # the client went away while sending its body: nothing to answer, and not a server error
+        logger.debug("client disconnected before its request body was complete")
+        return Response(status_code=_CLIENT_CLOSED_REQUEST)
     except errors.CacheFlowError as exc:
         return _engine_error(exc)
 

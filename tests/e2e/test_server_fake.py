@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import shutil
 import signal
+import socket
 import subprocess
 import threading
+import time
 from pathlib import Path
 
 import httpx
@@ -332,6 +334,30 @@ def test_disconnect_aborts_the_request(client, server):
     assert after[key] == before[key] + 1
     assert after["llamacpp:requests_processing"] == 0
     assert not any(s["is_processing"] for s in client.get("/slots").json())
+
+
+TRUNCATED_BODIES = [
+    ("/completion", b"Content-Length: 100\r\n", b'{"prompt":'),
+    ("/v1/chat/completions", b"Transfer-Encoding: chunked\r\n",
+     b'20\r\n{"messages": [{"role": "user", '),  # fmt: skip
+    ("/tokenize", b"Content-Length: 100\r\n", b'{"content":'),  # a Starlette-routed endpoint
+]
+
+
+def test_a_client_gone_while_sending_its_body_logs_no_traceback(client, server):
+    """A body cut off by the client logged starlette's ClientDisconnect as a ~30-line
+    "Exception in ASGI application" traceback; now it is quiet and the server stays healthy."""
+    host, port = server.base_url.removeprefix("http://").split(":")
+    for path, framing, partial in TRUNCATED_BODIES:
+        with socket.create_connection((host, int(port)), timeout=5) as sock:
+            head = f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+            sock.sendall(head.encode() + framing + b"\r\n" + partial)
+            time.sleep(0.1)  # the server has read the partial body before the close
+    time.sleep(0.3)  # the disconnects reach the handlers
+    assert client.get("/health").status_code == 200
+    assert client.post("/completion", json={"prompt": "ab", "n_predict": 2}).json()["content"]
+    log = server.log()
+    assert "Traceback" not in log and "Exception in ASGI application" not in log, log
 
 
 def test_requests_beyond_the_slots_get_slot_ids_in_range(server):
