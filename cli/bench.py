@@ -377,6 +377,22 @@ def _check_baseline_names(names: Sequence[str]) -> None:
             raise click.BadParameter(f"unknown baseline {b!r}", param_hint="--baseline")
 
 
+def _check_dataset(opts: dict[str, object]) -> None:
+    """--dataset sharegpt needs its optional package: said before any engine loads and before
+    the --out folder is created, not after a model load and a measurement.
+
+    Raises:
+        click.ClickException: the package is missing, with how to install it (exit 1).
+    """
+    if opts.get("dataset") == "sharegpt":
+        from pycacheflow.bench import datasets
+
+        try:
+            datasets.sharegpt_path()
+        except RuntimeError as exc:
+            raise click.ClickException(str(exc)) from None
+
+
 def _check_lengths(opts: dict[str, object], n_ctx_train: int) -> None:
     """-p and -o against the tokens one sequence of the model holds, prompt + output: its trained
     context (0 = unknown: nothing to check). The engine stops a sequence there (the paged KV mode,
@@ -421,6 +437,7 @@ class _Context:
         self.opts = opts
         self.baselines = list(opts.get("baselines") or ())
         _check_baseline_names(self.baselines)
+        _check_dataset(opts)
         self._check_urls()
         self.model = str(opts.get("model") or _default_model())
         shape = read_model_shape(Path(self.model))  # the trained context, without loading the model
@@ -836,6 +853,7 @@ def serve(url: str, baselines: tuple[str, ...], client_check: bool, **opts: obje
     if api_key:
         os.environ[API_KEY_ENV] = str(api_key)  # read by the client processes
 
+    _check_dataset(opts)
     for target in (url, *baselines):  # before the workload is built: a dead URL fails at once
         try:
             online.check_reachable(target)

