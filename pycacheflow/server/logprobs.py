@@ -32,17 +32,19 @@ def read_completion_logprobs(body: Mapping[str, object]) -> tuple[int | None, bo
     /v1/completions body: ``n_probs``, or OpenAI's integer ``logprobs`` when n_probs is absent
     (llama-server's alias); None = no probabilities.
 
-    As llama-server (tools/server/server-schema.cpp, "If greater than 0"): a count <= 0 asks
+    As llama-server (tools/server/server-schema.cpp, "If greater than 0"): a count of 0 asks
     for none, and a boolean counts as 0 or 1 (its JSON library converts them; clients send
-    ``"logprobs": false`` to /v1/completions). Unlike llama-server, which lists up to the whole
+    ``"logprobs": false`` to /v1/completions). Unlike llama-server, a negative count is a 400,
+    as chat's negative top_logprobs is (llama-server reads it as none: a client bug hidden).
+    Unlike llama-server, which lists up to the whole
     vocabulary, a count above ``MAX_LOGPROBS`` (20, OpenAI's and vLLM's limit; llama.cpp's own
     server tests ask for 10) is a 400: tens of thousands of entries per token held a core
     rendering them. A number with a fraction is a 400 here too (llama-server truncates it):
     "2.5 tokens" is a client bug worth naming.
 
     Raises:
-        ProtocolError: not a number, a fractional one, one above MAX_LOGPROBS, or a non-boolean
-            post_sampling_probs.
+        ProtocolError: not a number, a fractional one, a negative one, one above MAX_LOGPROBS,
+            or a non-boolean post_sampling_probs.
     """
     from pycacheflow.server.protocol import INT32_MAX, ProtocolError, read_bool, read_int
 
@@ -51,6 +53,9 @@ def read_completion_logprobs(body: Mapping[str, object]) -> tuple[int | None, bo
         n_probs = int(body[names[0]])
     else:
         n_probs = read_int(body, names, 0, high=INT32_MAX)
+    if n_probs < 0:
+        raise ProtocolError(f"Field '{names[0]}': value must be at least 0 (token probabilities "
+                            f"per position; 0 = none), got {n_probs}")  # fmt: skip
     if n_probs > MAX_LOGPROBS:
         raise ProtocolError(f"Field '{names[0]}': value must be at most {MAX_LOGPROBS} (token "
                             f"probabilities per position), got {n_probs}")  # fmt: skip

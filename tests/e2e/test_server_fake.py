@@ -271,6 +271,13 @@ BAD_REQUESTS = [
     # token ids beyond int32 (were a 500 from the C ABI conversion)
     ("/detokenize", b'{"tokens": [99999999999999999999999]}', "Field 'tokens[0]': token id"),
     ("/tokenize", b'{"content": [99999999999999999999999]}', "Field 'content[0]': token id"),
+    # negative probability counts (the first two were a 200 without probabilities)
+    ("/completion", b'{"prompt": "a", "n_probs": -1}', "Field 'n_probs': value must be at least 0"),
+    ("/v1/completions", b'{"prompt": "a", "logprobs": -1}',
+     "Field 'logprobs': value must be at least 0"),
+    ("/v1/chat/completions",
+     b'{"messages": [{"role": "user", "content": "a"}], "logprobs": true, "top_logprobs": -1}',
+     "Field 'top_logprobs'"),
 ]
 
 

@@ -31,8 +31,8 @@ def test_completion_n_probs_and_its_openai_alias():
     assert completion(n_probs=2, logprobs=7).logprobs == 2  # n_probs wins
     p = completion(n_probs=4, post_sampling_probs=True)
     assert p.logprobs == 4 and p.post_sampling_probs
-    # as llama-server: <= 0 asks for none, booleans count 0 / 1
-    assert completion(n_probs=-3).logprobs is None and completion(logprobs=False).logprobs is None
+    # as llama-server: 0 asks for none, booleans count 0 / 1
+    assert completion(logprobs=False).logprobs is None
     assert completion(logprobs=True).logprobs == 1 and completion(n_probs=True).logprobs == 1
     assert completion(n_probs=None, logprobs=6).logprobs == 6  # null = not set
     assert completion(n_probs=20).logprobs == 20  # MAX_LOGPROBS, OpenAI's and vLLM's cap
@@ -43,6 +43,12 @@ def test_completion_n_probs_and_its_openai_alias():
                           (100_000, "value must be at most 20")):  # fmt: skip
         with pytest.raises(ProtocolError, match=f"Field 'n_probs': {fragment}"):
             completion(n_probs=bad)
+    for name in ("n_probs", "logprobs"):  # were 200 with no probabilities, as llama-server
+        with pytest.raises(ProtocolError) as info:
+            completion(**{name: -1})
+        assert str(info.value) == (f"Field '{name}': value must be at least 0 (token "
+                                   "probabilities per position; 0 = none), got -1")  # fmt: skip
+        assert info.value.status == 400
     with pytest.raises(ProtocolError, match="Field 'logprobs': value must be at most 20") as info:
         completion(logprobs=10**6)  # the review's request: it got the whole vocabulary per token
     assert info.value.status == 400
