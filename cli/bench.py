@@ -407,24 +407,25 @@ def _check_lengths(opts: dict[str, object], n_ctx_train: int) -> None:
         return
     p, o = int(opts.get("prompt_len") or 0), int(opts.get("output_len") or 0)
     holds = f"a sequence of this model holds at most {n_ctx_train} tokens (prompt + output)"
-    if o >= n_ctx_train:
-        raise click.BadParameter(
-            f"{o} output tokens: {holds}, so -o must be below {n_ctx_train}",
-            param_hint="-o/--output-len",
-        )
     if opts.get("dataset", "random") == "sharegpt":
-        return
+        p = 0  # the dataset's prompts: only -o is the user's
     if p >= n_ctx_train:  # the engine would refuse every request
         raise click.BadParameter(
             f"{p} prompt tokens: a sequence of this model holds at most {n_ctx_train} "
             "(prompt + output), so prompts must be shorter",
             param_hint="-p/--prompt-len",
         )
-    if p + o > n_ctx_train:  # every request would stop at n_ctx_train - p output tokens
+    # with -p the limit is on -p + -o: "-o must be below N" would name a bound -o cannot reach
+    if p > 0 and p + o > n_ctx_train:  # every request would stop at n_ctx_train - p outputs
         raise click.BadParameter(
             f"{p} + {o} = {p + o} tokens: {holds}, so every request would stop after "
-            f"{n_ctx_train - p} output tokens; lower -p or -o",
+            f"{n_ctx_train - p} output tokens; lower -p or -o (-p + -o <= {n_ctx_train})",
             param_hint="-p/--prompt-len + -o/--output-len",
+        )
+    if o >= n_ctx_train:
+        raise click.BadParameter(
+            f"{o} output tokens: {holds}, so -o must be below {n_ctx_train}",
+            param_hint="-o/--output-len",
         )
 
 

@@ -265,9 +265,10 @@ def test_an_output_len_no_sequence_holds_is_refused_before_anything_loads(tiny_m
                                             "-n", "2", "-p", "8", "-o", "100000000",
                                             "--out", str(out)])  # fmt: skip
     assert result.exit_code == 2, result.output
-    assert ("Invalid value for -o/--output-len: 100000000 output tokens: a sequence of this model "
-            f"holds at most {n_ctx_train} tokens (prompt + output), so -o must be below "
-            f"{n_ctx_train}") in result.output  # fmt: skip
+    assert (f"Invalid value for -p/--prompt-len + -o/--output-len: 8 + 100000000 = 100000008 "
+            f"tokens: a sequence of this model holds at most {n_ctx_train} tokens (prompt + "
+            f"output), so every request would stop after {n_ctx_train - 8} output tokens; lower "
+            f"-p or -o (-p + -o <= {n_ctx_train})") in result.output  # fmt: skip
     assert "measuring memory copy bandwidth" not in result.output
     assert not out.exists()  # a usage error leaves no --out folder behind
 

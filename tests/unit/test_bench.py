@@ -549,9 +549,16 @@ def test_bench_lengths_against_the_trained_context():
     check(9000, 100, "sharegpt")  # the dataset's prompts, not -p
     _check_lengths({"prompt_len": 10**6, "output_len": 10**6}, 0)  # trained context unknown
     for p, o, dataset, hint in ((8000, 193, "random", "-p/--prompt-len + -o/--output-len"),
-                                (8, 8192, "random", "-o/--output-len"),
+                                (8, 8192, "random", "-p/--prompt-len + -o/--output-len"),
                                 (8, 8192, "sharegpt", "-o/--output-len"),
                                 (8192, 1, "shared-prefix", "-p/--prompt-len")):  # fmt: skip
         with pytest.raises(click.BadParameter, match="holds at most 8192") as info:
             check(p, o, dataset)
         assert info.value.param_hint == hint
+    with pytest.raises(click.BadParameter) as info:  # "-o must be below 8192" named no -p
+        check(8, 100_000_000)
+    assert info.value.message == (
+        "8 + 100000000 = 100000008 tokens: a sequence of this model holds at most 8192 tokens "
+        "(prompt + output), so every request would stop after 8184 output tokens; lower -p or -o "
+        "(-p + -o <= 8192)"
+    )
