@@ -169,7 +169,9 @@ class SamplingParams:
 
     Each value is validated once, by the layer that owns it: here only what Python owns (types,
     that a value has a C form: int32_t, int64_t seed, float, UTF-8 text); the ranges by the
-    native engine (cf_sampling_params_check, on construction), whose message is raised as is.
+    native engine (cf_sampling_params_check, on construction), whose message is raised as is;
+    except a negative logprobs and an empty stop string, checked here first so that the message
+    names this class's argument, not the C field (top_logprobs, stop_strings[i]).
 
     Raises:
         ValueError: on construction, for a value out of range (InvalidArgumentError with the
@@ -244,9 +246,12 @@ class SamplingParams:
             _require_int("seed", self.seed)
             if not 0 <= self.seed <= MAX_SEED:
                 raise ValueError(f"seed must be in [0, 2**63) or None, got {self.seed}")
-        for s in self.stop:
+        for i, s in enumerate(self.stop):
             if not isinstance(s, str):
                 raise TypeError(f"stop strings must be str, got {s!r}")
+            # here, not natively: the C check names cf_sampling_params' stop_strings[i]
+            if not s:
+                raise InvalidArgumentError(f"stop[{i}] must be a non-empty string")
             encode_utf8(s, "stop string")  # ValueError (InvalidArgumentError) if it cannot be
         for token_id in self.stop_token_ids:
             _require_c_int("stop_token_ids entry", token_id)
@@ -256,6 +261,10 @@ class SamplingParams:
             encode_utf8(s, "dry sequence breaker")
         if self.logprobs is not None:
             _require_c_int("logprobs", self.logprobs)
+            if self.logprobs < 0:  # the C check names cf_sampling_params' top_logprobs
+                raise InvalidArgumentError(
+                    f"logprobs must be >= 0 (or None for no probabilities), got {self.logprobs}"
+                )
         for name in ("ignore_eos", "cache_prompt", "post_sampling_probs", "return_progress"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")

@@ -51,7 +51,7 @@ def test_model_path(runner, tmp_path, monkeypatch):
         (["generate", "--kv-mode", "fast", "hi"], "--kv-mode"),
         (["generate", "--stream", "--json", "hi"], "cannot be combined"),
         (["generate", "--stop", "", "hi"],
-         "Invalid value for --stop: stop_strings[0] must be a non-empty string"),
+         "Invalid value for --stop: stop[0] must be a non-empty string"),
         (["generate", "--kv-cache-memory", "lots", "hi"], "is not a size"),
         (["generate", "--kv-cache-memory", "-1MiB", "hi"], "is not a size"),
         (["generate", "--kv-cache-memory", "nan", "hi"], "is not a size"),

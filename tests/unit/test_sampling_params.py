@@ -48,7 +48,9 @@ def test_lists_become_tuples_and_single_stop_string_is_wrapped():
         ({"min_p": 2}, "min_p must be in [0, 1], got 2"),
         ({"seed": -1}, "seed must be in [0, 2**63) or None, got -1"),
         ({"seed": 2**63}, "seed must be in [0, 2**63)"),
-        ({"stop": [""]}, "stop_strings[0] must be a non-empty string"),
+        # the Python argument's name, not cf_sampling_params' (stop_strings, top_logprobs)
+        ({"stop": ["a", ""]}, "stop[1] must be a non-empty string"),
+        ({"logprobs": -1}, "logprobs must be >= 0 (or None for no probabilities), got -1"),
         ({"stop": ["a\ud800"]}, "stop string is not valid UTF-8 text: lone surrogate U+D800"),
         ({"stop_token_ids": [-1]}, "stop_token_ids[0] = -1 must be >= 0"),
         # OpenAI's and vLLM's cap (was accepted: the whole vocabulary for every token)
@@ -67,6 +69,7 @@ def test_out_of_range_values_name_the_value(kwargs, message):
     with pytest.raises(ValueError) as info:
         SamplingParams(**kwargs)
     assert message in str(info.value)
+    assert "stop_strings" not in str(info.value) and "top_logprobs must" not in str(info.value)
 
 
 @pytest.mark.parametrize(
