@@ -320,6 +320,8 @@ class EngineStats(NamedTuple):
     kv_staging_decodes: int
     kv_stream_cuda_wait_layers: int
     kv_stream_cuda_copy_ns: int
+    num_lookahead_decodes: int
+    num_lookahead_adopted: int
     ttft_by_priority: tuple[PriorityTTFT, ...] = ()
 
     @property

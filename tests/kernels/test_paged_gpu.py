@@ -462,3 +462,27 @@ def test_token_embedding_on_the_device(gpu_model: Path, monkeypatch: pytest.Monk
     # 4 layers: n_gpu_layers=4 offloads them all but keeps the output head on the CPU (llama.cpp's rule)
     with pytest.raises(InvalidArgumentError, match="CACHEFLOW_EMBD_ON_DEVICE=1 needs the whole model on the device"):
         LLM(model=str(gpu_model), n_gpu_layers=4, kv_mode="stock", n_ctx=512)
+
+
+def test_async_decode_on_the_gpu(gpu_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Async decode (CACHEFLOW_ASYNC_DECODE=1: each step's next decode launched before its tokens are read, token ids
+    from the device token feed, argmax rows in pinned slots; patches 0017, 0018, engine_step.cpp "Lookahead"): the
+    64 greedy requests give the same tokens as without; how many steps were launched ahead and adopted is reported.
+    Few are expected at 64 sequences until the next row of a sequence in a new block is provided for: a step is
+    launched ahead only if every sequence's next row is in its current block. The CPU suite checks the same
+    bookkeeping synchronously (tests/e2e/test_async_decode.py); here the launches really overlap."""
+    from pycacheflow import LLM, SamplingParams
+
+    meta, plain = _run(gpu_model, kv_mode="paged")
+    monkeypatch.setenv("CACHEFLOW_ASYNC_DECODE", "1")
+    with LLM(model=str(gpu_model), n_gpu_layers=99, max_num_seqs=N_PROMPTS, n_ctx=N_PROMPTS * 512,
+             kv_mode="paged") as llm:  # fmt: skip
+        outs = llm.generate(meta["prompts"], SamplingParams(max_tokens=N_OUT, ignore_eos=True))
+        stats = llm.stats()
+    ahead = [list(o.token_ids) for o in outs]
+    figures = {"async_decode_vs_plain": _agreement(ahead, plain),
+               "async_decode_steps": stats.num_steps, "async_decode_launched_ahead": stats.num_lookahead_decodes,
+               "async_decode_adopted": stats.num_lookahead_adopted}  # fmt: skip
+    print("async decode:", figures)
+    _record(figures)
+    assert figures["async_decode_vs_plain"] == 1.0

@@ -141,4 +141,13 @@ const llama_batch & BatchBuilder::build(const StepPlan & plan, size_t begin, siz
     return batch_;
 }
 
+const llama_batch & BatchBuilder::advance_one_position(int32_t n_real) {
+    assert(n_real + num_padding_ == batch_.n_tokens);
+    for (int32_t i = 0; i < n_real; ++i) {
+        batch_.token[i] = 0;
+        batch_.pos[i] += 1;
+    }
+    return batch_;
+}
+
 }  // namespace cf

@@ -73,6 +73,12 @@ class BatchBuilder {
     // tokens. Throws INTERNAL if they exceed n_batch tokens or the slots. Call only with one group.
     const llama_batch & build(const StepPlan & plan, size_t begin, size_t end);
 
+    // Async decode: turn the last build(), a decode of n_real tokens that are each a sequence's one new token (then
+    // its padding), into the next step's decode of the same sequences: each real token one position on, its id a
+    // placeholder (0) that the device token feed replaces (LlamaSession::decode_fed); slots, sample indices and
+    // padding unchanged.
+    const llama_batch & advance_one_position(int32_t n_real);
+
     // Slot of plan.seqs[i] in the last build(); batch index whose logits sample it, or
     // CF_BATCH_INDEX_NONE.
     int32_t slot(size_t i) const { return slots_[i]; }

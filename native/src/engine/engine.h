@@ -102,6 +102,9 @@ class Engine {
     void update_preemption_costs(const StepPlan & plan, int64_t decode_ns);
     void measure_swap_rate();
     int32_t decode_groups(const StepPlan & plan);
+    bool lookahead_eligible(const StepPlan & plan) const;
+    void launch_lookahead(const StepPlan & plan);
+    void settle_lookahead(const StepPlan & plan);
     void release_slot(Sequence & seq);
     void take_slot_id(Sequence & seq);
     void fail_step(const StepPlan & out);
@@ -142,6 +145,15 @@ class Engine {
     // sampled_ entry of a row whose samplers refused (sample_host): the request ends with an error
     static constexpr int32_t kSampleFailed = -2;
     bool step_waited_for_device_ = false;  // decode_groups synchronized this step (a group sampled)
+    // Async decode (LlamaSession::async_decode; engine_step.cpp, "Lookahead"): the next step's decode, launched from
+    // this step's plan before this step's tokens are read. lookahead_plan_: the plan it ran (the step's plan with
+    // every sequence one position on); lookahead_active_: it is in flight and not yet adopted or dropped;
+    // lookahead_adopted_: this step is that decode (decode_groups launches nothing); read_previous_decode_:
+    // sample_group reads the decode before the last (a lookahead went out after this step's decode).
+    StepPlan lookahead_plan_;
+    bool lookahead_active_ = false;
+    bool lookahead_adopted_ = false;
+    bool read_previous_decode_ = false;
     cf_engine_stats totals_{};  // cumulative counters (num_steps, num_finished, token counts)
     std::vector<cf_priority_ttft> ttft_by_priority_;  // ascending priority, <= CF_TTFT_PRIORITIES_MAX
     std::mutex step_mu_;

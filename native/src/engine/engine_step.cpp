@@ -93,6 +93,7 @@ StepResult Engine::step_locked() {
     step_start_ns_ = clock_ns();
     consume_inbox();
     const StepPlan & out = scheduler_.schedule(step_start_ns_);
+    settle_lookahead(out);  // adopt the decode launched ahead for this step, or wait for it and drop it
     handle_block_shortage(out);
     record_kv_stream_events(out);
     StepResult result;
@@ -221,7 +222,8 @@ void Engine::sample_group(const StepPlan & plan, size_t begin, size_t end) {
         Sequence & seq = *plan.seqs[i].seq;
         const int32_t batch_index = batch_.sample_index(i);
         const int32_t slot = batch_.slot(i);
-        const int32_t token_id = session_->sampled_token(batch_index, slot);  // in-graph: batched argmax or a chain
+        const int32_t token_id = read_previous_decode_ ? session_->previous_sampled_token(batch_index, slot)
+                                                       : session_->sampled_token(batch_index, slot);  // in-graph
         if (token_id != CF_TOKEN_NONE) {
             if (seq.params.logprobs) {  // needs_host_samplers() keeps such rows out of the graph
                 throw Error(CF_STATUS_INTERNAL, "request " + std::to_string(seq.request_id) +
@@ -342,38 +344,54 @@ void Engine::record_kv_stream_events(const StepPlan & out) {
 int32_t Engine::decode_groups(const StepPlan & plan) {
     sampled_.assign(plan.seqs.size(), CF_TOKEN_NONE);
     step_waited_for_device_ = false;
+    read_previous_decode_ = false;
     int32_t first_token = 0;
     for (int32_t g = 0; g < batch_.num_groups(plan); ++g) {
         const size_t begin = batch_.group_begin(plan, g);
         const size_t end = batch_.group_begin(plan, g + 1);
-        const llama_batch & batch = batch_.build(plan, begin, end);
-        for (size_t i = begin; i < end; ++i) {
-            session_->set_seq_sampling(batch_.slot(i), &plan.seqs[i].seq->params);
-        }
-        const int32_t num_padding = batch_.num_padding_tokens();
-        if (num_padding > 0) {  // plain argmax rows, never read (batch_builder.h)
-            static const SamplingParams padding_params;
-            session_->set_seq_sampling(batch_.padding_slot(), &padding_params);
-            totals_.num_padding_tokens += num_padding;
-        }
-        session_->set_kv_plan(plan, begin, end, first_token, num_padding);
         const int64_t decode_start_ns = clock_ns();
-        if (g == 0) {
+        int32_t num_padding = batch_.num_padding_tokens();
+        if (lookahead_adopted_) {  // one group (lookahead_eligible): its decode is in flight already
+            lookahead_adopted_ = false;
             totals_.prepare_ns += decode_start_ns - step_start_ns_;
+            totals_.num_padding_tokens += num_padding;
+        } else {
+            const llama_batch & batch = batch_.build(plan, begin, end);
+            for (size_t i = begin; i < end; ++i) {
+                session_->set_seq_sampling(batch_.slot(i), &plan.seqs[i].seq->params);
+            }
+            num_padding = batch_.num_padding_tokens();
+            if (num_padding > 0) {  // plain argmax rows, never read (batch_builder.h)
+                static const SamplingParams padding_params;
+                session_->set_seq_sampling(batch_.padding_slot(), &padding_params);
+                totals_.num_padding_tokens += num_padding;
+            }
+            session_->set_kv_plan(plan, begin, end, first_token, num_padding);
+            const int64_t launch_start_ns = clock_ns();
+            if (g == 0) {
+                totals_.prepare_ns += launch_start_ns - step_start_ns_;
+            }
+            const int32_t rc = session_->decode(batch);
+            totals_.launch_ns += clock_ns() - launch_start_ns;
+            if (rc != 0) {
+                return rc;
+            }
         }
-        const int32_t rc = session_->decode(batch);
-        totals_.launch_ns += clock_ns() - decode_start_ns;
-        if (rc != 0) {
-            return rc;
+        for (size_t i = begin; i < end; ++i) {  // this group's tokens
+            first_token += plan.seqs[i].num_new_tokens;
         }
-        first_token += batch.n_tokens - num_padding;
         const bool samples = std::any_of(plan.seqs.begin() + (std::ptrdiff_t) begin,
                                          plan.seqs.begin() + (std::ptrdiff_t) end,
                                          [](const ScheduledSeq & s) { return s.needs_sample; });
         if (!samples) {
             continue;  // a prompt chunk only: its device work overlaps the next step's host work
         }
-        session_->synchronize();  // the first read would wait here anyway; this splits the step's time
+        if (lookahead_eligible(plan)) {
+            launch_lookahead(plan);  // the next step's decode, before this one's tokens are read
+        }
+        if (!read_previous_decode_) {
+            session_->synchronize();  // the first read would wait here anyway; this splits the step's time
+        }
         step_waited_for_device_ = true;
         const int64_t sample_start_ns = clock_ns();
         totals_.decode_ns += sample_start_ns - decode_start_ns;
@@ -381,6 +399,98 @@ int32_t Engine::decode_groups(const StepPlan & plan) {
         totals_.sample_ns += clock_ns() - sample_start_ns;
     }
     return 0;
+}
+
+// Lookahead (async decode, LlamaSession::async_decode). After launching step N's decode and before reading its
+// tokens, the engine launches the decode it expects step N+1 to be: the same sequences in the same rows, each one
+// position on, token ids taken on the device from step N's argmax (patch 0017), KV rows one slot on in the same
+// block. At step N+1 the scheduler plans as always; settle_lookahead compares its plan with the one launched:
+// equal (the steady state of a decode batch) adopts the decode in flight, anything else waits for it and drops it.
+// The idea is vLLM's async scheduling and SGLang's overlap scheduler; here the scheduler is left as it is and the
+// guess is checked, not assumed.
+//
+// Why a dropped lookahead is harmless: it wrote one KV row per sequence, at the position after step N's, in the block
+// that already holds step N's row (lookahead_eligible), which that sequence owns alone. A sequence that goes on
+// computes the same row again with the same token; one that stopped frees that block, partly filled, so no prefix
+// cache entry covers the row. Every later device operation (block copies and swaps included) is issued after the
+// wait. Outputs are the scheduler's, so greedy outputs equal those without lookahead (tests/e2e).
+//
+// Limit, to lift next: a step is launched ahead only if every sequence's next row is in its current block. With
+// block size 16 a sequence crosses into a new block every 16th step, so a batch of 64 sequences at spread-out
+// positions almost always has one that does (all 64 stay inside their blocks with probability (15/16)^64, about
+// 2%). Giving such a sequence its next block at the launch (the block manager's table one block ahead of its
+// tokens, which append_slots then fills) would lift it.
+bool Engine::lookahead_eligible(const StepPlan & plan) const {
+    if (!session_->async_decode() || session_->kv_streaming() || plan.seqs.empty() || batch_.num_groups(plan) != 1 ||
+        plan.num_prefill_tokens != 0 || !plan.blocks_to_copy.empty() || !plan.blocks_to_swap_in.empty() ||
+        !plan.blocks_to_swap_out.empty() || scheduler_.num_waiting() != 0) {
+        return false;
+    }
+    const BlockManager * blocks = scheduler_.kv().block_manager();
+    const int32_t block_size = session_->config().block_size;
+    if (blocks == nullptr || (int32_t) plan.slot_mapping.size() != (int32_t) plan.seqs.size()) {
+        return false;
+    }
+    for (size_t i = 0; i < plan.seqs.size(); ++i) {
+        const ScheduledSeq & s = plan.seqs[i];
+        const Sequence & seq = *s.seq;
+        if (s.num_new_tokens != 1 || !s.needs_sample || !session_->slot_samples_argmax(batch_.slot(i)) ||
+            seq.params.logprobs || seq.num_output_tokens() + 1 >= seq.params.max_tokens) {
+            return false;  // not one argmax-sampled token, or this step's token is its last
+        }
+        const int32_t slot = plan.slot_mapping[i];
+        if (slot % block_size == block_size - 1 || blocks->pool().ref_count(slot / block_size) != 1) {
+            return false;  // the next row is in another block, or this block is shared
+        }
+    }
+    return true;
+}
+
+void Engine::launch_lookahead(const StepPlan & plan) {
+    lookahead_plan_ = plan;  // vectors keep their capacity from earlier steps
+    for (size_t i = 0; i < lookahead_plan_.seqs.size(); ++i) {
+        lookahead_plan_.slot_mapping[i] += 1;
+        lookahead_plan_.context_lens[i] += 1;
+    }
+    const int32_t n_real = (int32_t) plan.seqs.size();
+    const int32_t num_padding = batch_.num_padding_tokens();
+    const llama_batch & batch = batch_.advance_one_position(n_real);
+    session_->set_kv_plan(lookahead_plan_, 0, plan.seqs.size(), 0, num_padding);
+    const int64_t launch_start_ns = clock_ns();
+    const int32_t rc = session_->decode_fed(batch, n_real);
+    totals_.launch_ns += clock_ns() - launch_start_ns;
+    if (rc != 0) {  // which decode's rows the accessors would read is then unknown: an internal error
+        throw Error(CF_STATUS_INTERNAL, "the decode launched ahead failed: llama_decode returned " +
+                                            std::to_string(rc) + " for " + std::to_string(batch.n_tokens) + " tokens");
+    }
+    lookahead_active_ = true;
+    read_previous_decode_ = true;
+    totals_.num_lookahead_decodes += 1;
+}
+
+void Engine::settle_lookahead(const StepPlan & plan) {
+    lookahead_adopted_ = false;
+    if (!lookahead_active_) {
+        return;
+    }
+    lookahead_active_ = false;
+    const StepPlan & ahead = lookahead_plan_;
+    const bool same = plan.seqs.size() == ahead.seqs.size() && plan.num_prefill_tokens == 0 &&
+                      plan.blocks_to_copy.empty() && plan.blocks_to_swap_in.empty() &&
+                      plan.blocks_to_swap_out.empty() && plan.max_blocks == ahead.max_blocks &&
+                      plan.slot_mapping == ahead.slot_mapping && plan.context_lens == ahead.context_lens &&
+                      plan.token_seq_idx == ahead.token_seq_idx && plan.block_tables == ahead.block_tables &&
+                      std::equal(plan.seqs.begin(), plan.seqs.end(), ahead.seqs.begin(),
+                                 [](const ScheduledSeq & a, const ScheduledSeq & b) {
+                                     return a.seq == b.seq && a.num_new_tokens == b.num_new_tokens &&
+                                            a.needs_sample == b.needs_sample;
+                                 });
+    if (same) {
+        lookahead_adopted_ = true;
+        totals_.num_lookahead_adopted += 1;
+        return;
+    }
+    session_->synchronize();  // before this step's block operations and decode
 }
 
 // The request left the running set: clear llama.cpp's record of its stable slot, if it held one,

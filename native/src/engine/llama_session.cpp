@@ -501,6 +501,13 @@ void LlamaSession::create_context() {
     // stock's copies, for A/B runs. The CPU backend copies nothing either way.
     const char * copies_env = std::getenv("CACHEFLOW_BATCHED_INPUT_COPIES");
     cp.batched_input_copies = copies_env == nullptr || std::strcmp(copies_env, "0") != 0;
+    // Async decode, opt-in while it is measured: a device token feed with a row per output of a decode (every
+    // sequence, plus step padding's at most 15 rows).
+    const char * async_env = std::getenv("CACHEFLOW_ASYNC_DECODE");
+    if (config_.paged() && backend_sampling_ && async_env != nullptr && std::strcmp(async_env, "1") == 0) {
+        token_feed_rows_ = n_seq_max_ + 16;
+        cp.token_feed = token_feed_rows_;
+    }
     if (config_.paged()) {
         // Step padding takes the pool's last block as its scratch block (below). A context asked for in
         // tokens keeps every one of them: where llama.cpp's rounding to 256 rows leaves no spare block,
@@ -877,6 +884,32 @@ int32_t LlamaSession::sampled_token(int32_t batch_index, int32_t seq_id) {
         return llama_get_sampled_token_ith(ctx_, batch_index);
     }
     return CF_TOKEN_NONE;
+}
+
+bool LlamaSession::slot_samples_argmax(int32_t seq_id) const {
+    return backend_sampling_ && seq_id >= 0 && (size_t) seq_id < slot_chains_.size() &&
+           slot_chains_[(size_t) seq_id].argmax;
+}
+
+int32_t LlamaSession::decode_fed(const llama_batch & batch, int32_t n_fed) {
+    feed_src_.assign((size_t) batch.n_tokens, -1);
+    for (int32_t i = 0; i < n_fed; ++i) {
+        const int32_t seq_id = batch.seq_id[i][0];
+        const bool no_eog = seq_id >= 0 && (size_t) seq_id < slot_chains_.size() && slot_chains_[(size_t) seq_id].no_eog;
+        feed_src_[(size_t) i] = (no_eog ? token_feed_rows_ : 0) + i;
+    }
+    if (!llama_set_token_feed_src(ctx_, feed_src_.data(), batch.n_tokens)) {
+        throw Error(CF_STATUS_INTERNAL, "llama_set_token_feed_src refused the sources of a decode of " +
+                                            std::to_string(batch.n_tokens) + " tokens");
+    }
+    return decode(batch);
+}
+
+int32_t LlamaSession::previous_sampled_token(int32_t row, int32_t seq_id) {
+    if (!async_decode() || !slot_samples_argmax(seq_id)) {
+        return CF_TOKEN_NONE;
+    }
+    return llama_get_argmax_row(ctx_, 1, row, slot_chains_[(size_t) seq_id].no_eog);
 }
 
 int32_t LlamaSession::top_k_candidates(int32_t batch_index, int32_t seq_id, const int32_t ** ids,

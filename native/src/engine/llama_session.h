@@ -89,6 +89,18 @@ class LlamaSession {
     // sampling is off). Greedy ties between
     // equal maxima are broken by the backend's argmax kernel.
     int32_t sampled_token(int32_t batch_index, int32_t seq_id);
+
+    // Async decode (CACHEFLOW_ASYNC_DECODE=1; paged mode with in-graph sampling): the context has a device token feed
+    // (patches 0017, 0018) and the engine may launch a step's decode before it reads the last step's tokens.
+    bool async_decode() const { return token_feed_rows_ > 0; }
+    // Whether slot seq_id's rows are sampled by the batched argmax (plain or without EOG tokens).
+    bool slot_samples_argmax(int32_t seq_id) const;
+    // llama_decode of `batch` whose first n_fed tokens take their ids on the device from the last decode's output row
+    // of the same index (the argmax its slot reads: without EOG tokens for such slots); the rest from the batch.
+    // Needs async_decode(); every one of those rows must have been an output row of the last decode.
+    int32_t decode_fed(const llama_batch & batch, int32_t n_fed);
+    // As sampled_token, for output row `row` of the decode before the last (an argmax slot only; async_decode()).
+    int32_t previous_sampled_token(int32_t row, int32_t seq_id);
     // The top-k candidates of batch token `batch_index` of slot seq_id when that slot samples from
     // them (see the file comment): *ids [n] token ids and *logits [n] their logits, in no particular
     // order, valid until the next decode; returns n (kTopKCandidates), or 0 when the row was not
@@ -245,6 +257,8 @@ class LlamaSession {
     std::vector<int32_t> eog_token_ids_;            // sorted; filled at open()
 
     bool backend_sampling_ = false;                 // in-graph sampling is on
+    int32_t token_feed_rows_ = 0;                   // rows M of the device token feed (async_decode), 0 = none
+    std::vector<int32_t> feed_src_;                 // decode_fed's sources, reused
     std::vector<SlotChain> slot_chains_;            // [n_seq_max]
     std::vector<llama_sampler *> retired_chains_;   // detached; freed after the next decode
     int64_t num_decodes_ = 0;

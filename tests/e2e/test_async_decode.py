@@ -1,0 +1,82 @@
+"""Async decode (CACHEFLOW_ASYNC_DECODE=1, engine_step.cpp "Lookahead") changes no greedy output.
+
+With it the engine launches the decode it expects the next step to be (every sequence one position
+on, token ids taken on the device from this step's argmax: patches 0017 and 0018) before it reads
+this step's tokens, and adopts it when the scheduler's next plan is that one, or waits for it and
+drops it when not. On the CPU the decodes run synchronously, so this checks the bookkeeping: the
+same greedy tokens with and without, while requests end at different steps (max_tokens, EOS),
+arrive during decoding (prompt chunks in between), stop on a stop string or ignore EOS (the feed's
+argmax without EOG tokens), and the stats show decodes both adopted and dropped; rows sampled on
+the host (logprobs) are never launched ahead.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from pycacheflow import SamplingParams
+
+pytestmark = [pytest.mark.e2e]
+
+PROMPTS = [("async %d decode " % i) * (2 + 5 * i) for i in range(8)]
+
+
+def params_for(i: int) -> SamplingParams:
+    if i % 4 == 1:
+        return SamplingParams(max_tokens=24, ignore_eos=True)
+    if i % 4 == 2:  # ends at its first token holding an "e": a step the engine has launched ahead for it
+        return SamplingParams(max_tokens=30, stop=["e"])
+    return SamplingParams(max_tokens=10 + 3 * i)
+
+
+def run(make_llm, model, monkeypatch, async_decode: str):
+    monkeypatch.setenv("CACHEFLOW_ASYNC_DECODE", async_decode)
+    llm = make_llm(model, kv_mode="paged", max_num_seqs=8, n_ctx=4096, max_num_batched_tokens=64)
+    first = [llm.add_request(p, params_for(i)) for i, p in enumerate(PROMPTS[:4])]
+    streams = [llm.iter_outputs(i, timeout=120) for i in first]
+    outputs = [list(next(streams[0]).token_ids)]  # the first request decodes: the rest arrive now
+    later = [llm.add_request(p, params_for(4 + i)) for i, p in enumerate(PROMPTS[4:])]
+    outputs[0] += [t for delta in streams[0] for t in delta.token_ids]
+    for stream in streams[1:]:
+        outputs.append([t for delta in stream for t in delta.token_ids])
+    for i in later:
+        outputs.append([t for delta in llm.iter_outputs(i, timeout=120) for t in delta.token_ids])
+    return outputs, llm.stats()
+
+
+def test_async_decode_gives_the_same_greedy_tokens(real_model_path, make_llm, monkeypatch):
+    want, plain = run(make_llm, real_model_path, monkeypatch, "0")
+    got, ahead = run(make_llm, real_model_path, monkeypatch, "1")
+    for i, (g, w) in enumerate(zip(got, want)):
+        assert g == w, f"prompt {i}"
+    assert plain.num_lookahead_decodes == 0
+    assert ahead.num_lookahead_adopted > 0, ahead
+
+
+def test_async_decode_alone_matches_generate(real_model_path, make_llm, monkeypatch):
+    """One request decoding alone until its context is full (256 tokens): every step after the
+    prompt's is launched ahead but for the block boundaries (the next row in a new block); the last
+    one, launched for a step that never comes (the stop checker ends the request at the context's
+    end, which the launch does not foresee), is waited for and dropped."""
+    params = SamplingParams(max_tokens=400, ignore_eos=True)
+    monkeypatch.setenv("CACHEFLOW_ASYNC_DECODE", "1")
+    llm = make_llm(real_model_path, kv_mode="paged", max_num_seqs=1, n_ctx=256)
+    (out,) = llm.generate(["The capital of France is"], params)
+    stats = llm.stats()
+    monkeypatch.setenv("CACHEFLOW_ASYNC_DECODE", "0")
+    (want,) = make_llm(real_model_path, kv_mode="paged", max_num_seqs=1, n_ctx=256).generate(
+        ["The capital of France is"], params)  # fmt: skip
+    assert list(out.token_ids) == list(want.token_ids) and out.finish_reason == want.finish_reason == "length"
+    assert stats.num_lookahead_decodes == stats.num_lookahead_adopted + 1, stats
+    assert stats.num_lookahead_adopted >= 200, stats
+
+
+def test_rows_sampled_on_the_host_are_never_launched_ahead(real_model_path, make_llm, monkeypatch):
+    monkeypatch.setenv("CACHEFLOW_ASYNC_DECODE", "1")
+    llm = make_llm(real_model_path, kv_mode="paged", max_num_seqs=2, n_ctx=1024)
+    params = SamplingParams(max_tokens=12, logprobs=2)
+    got = llm.generate(PROMPTS[:2], params)
+    assert llm.stats().num_lookahead_decodes == 0
+    monkeypatch.setenv("CACHEFLOW_ASYNC_DECODE", "0")
+    want = make_llm(real_model_path, kv_mode="paged", max_num_seqs=2, n_ctx=1024).generate(PROMPTS[:2], params)
+    assert [list(o.token_ids) for o in got] == [list(o.token_ids) for o in want]
