@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import pytest
 
+from engine_helpers import staggered_tokens
+
 from pycacheflow import SamplingParams
 
 pytestmark = [pytest.mark.e2e]
@@ -32,16 +34,7 @@ def params_for(i: int) -> SamplingParams:
 def run(make_llm, model, monkeypatch, async_decode: str):
     monkeypatch.setenv("CACHEFLOW_ASYNC_DECODE", async_decode)
     llm = make_llm(model, kv_mode="paged", max_num_seqs=8, n_ctx=4096, max_num_batched_tokens=64)
-    first = [llm.add_request(p, params_for(i)) for i, p in enumerate(PROMPTS[:4])]
-    streams = [llm.iter_outputs(i, timeout=120) for i in first]
-    outputs = [list(next(streams[0]).token_ids)]  # the first request decodes: the rest arrive now
-    later = [llm.add_request(p, params_for(4 + i)) for i, p in enumerate(PROMPTS[4:])]
-    outputs[0] += [t for delta in streams[0] for t in delta.token_ids]
-    for stream in streams[1:]:
-        outputs.append([t for delta in stream for t in delta.token_ids])
-    for i in later:
-        outputs.append([t for delta in llm.iter_outputs(i, timeout=120) for t in delta.token_ids])
-    return outputs, llm.stats()
+    return staggered_tokens(llm, PROMPTS, params_for, num_first=4), llm.stats()
 
 
 def test_async_decode_gives_the_same_greedy_tokens(real_model_path, make_llm, monkeypatch):

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import pytest
 
+from engine_helpers import staggered_tokens
+
 from pycacheflow import SamplingParams
 
 pytestmark = [pytest.mark.e2e]
@@ -23,15 +25,7 @@ def run(make_llm, model, monkeypatch, padding: str):
     monkeypatch.setenv("CACHEFLOW_STEP_PADDING", padding)
     llm = make_llm(model, kv_mode="paged", max_num_seqs=16, n_ctx=8192, max_num_batched_tokens=96)
     params = SamplingParams(max_tokens=20, ignore_eos=True)
-    first = [llm.add_request(p, params) for p in PROMPTS[:5]]
-    streams = [llm.iter_outputs(i, timeout=120) for i in first]
-    tokens = [list(next(streams[0]).token_ids)]  # the first request decodes: the rest arrive now
-    later = [llm.add_request(p, params) for p in PROMPTS[5:]]
-    tokens[0] += [t for delta in streams[0] for t in delta.token_ids]
-    for stream in streams[1:]:
-        tokens.append([t for delta in stream for t in delta.token_ids])
-    for i in later:
-        tokens.append([t for delta in llm.iter_outputs(i, timeout=120) for t in delta.token_ids])
+    tokens = staggered_tokens(llm, PROMPTS, lambda i: params, num_first=5)
     return tokens, llm.stats()
 
 
