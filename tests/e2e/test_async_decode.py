@@ -6,8 +6,9 @@ this step's tokens, and adopts it when the scheduler's next plan is that one, or
 drops it when not. On the CPU the decodes run synchronously, so this checks the bookkeeping: the
 same greedy tokens with and without, while requests end at different steps (max_tokens, EOS),
 arrive during decoding (prompt chunks in between), stop on a stop string or ignore EOS (the feed's
-argmax without EOG tokens), and the stats show decodes both adopted and dropped; rows sampled on
-the host (logprobs) are never launched ahead.
+argmax without EOG tokens), with decodes adopted; a decode launched ahead and dropped (the request
+ended at its context's end) is checked alone; rows sampled on the host (logprobs) are never
+launched ahead.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ PROMPTS = [("async %d decode " % i) * (2 + 5 * i) for i in range(8)]
 def params_for(i: int) -> SamplingParams:
     if i % 4 == 1:
         return SamplingParams(max_tokens=24, ignore_eos=True)
-    if i % 4 == 2:  # ends at its first token holding an "e": a step the engine has launched ahead for it
+    if i % 4 == 2:  # ends at its first token holding an "e" (possibly the prompt step's)
         return SamplingParams(max_tokens=30, stop=["e"])
     return SamplingParams(max_tokens=10 + 3 * i)
 
