@@ -10,7 +10,10 @@ is the baseline (build and run helpers: pycacheflow/bench/baselines.py).
 CacheFlow's decode throughput is measured the same way batched-bench measures S_TG: from the
 moment every request has its first token (prefill done) until the last token, counting the
 tokens produced in that window. Iterations alternate between the two tools; medians and the
-ratio are printed and written to OUT/decode_results.csv and OUT/decode_summary.json.
+ratio are printed and written to OUT/decode_results.csv and OUT/decode_summary.json. Per CacheFlow
+iteration the summary also has its engine steps, its decodes launched ahead and adopted (async
+decode, CACHEFLOW_ASYNC_DECODE=1) and a digest of its greedy tokens: iteration i's prompts depend on
+i only, so two runs with different settings must show the same digests.
 
 Usage: python scripts/bench_decode.py [-m MODEL] [--npp 128 --ntg 64 --npl 16] [-i 3] [-t N]
 """
@@ -18,7 +21,9 @@ Usage: python scripts/bench_decode.py [-m MODEL] [--npp 128 --ntg 64 --npl 16] [
 from __future__ import annotations
 
 import argparse
+import array
 import csv
+import hashlib
 import json
 import os
 import platform
@@ -50,9 +55,15 @@ def run_cacheflow(llm, args: argparse.Namespace, seed: int) -> dict:
     n_vocab = llm.info.n_vocab
     prompts = [[rng.randrange(100, n_vocab) for _ in range(args.npp)] for _ in range(args.npl)]
     params = SamplingParams(max_tokens=args.ntg, ignore_eos=True)
+    before = llm.stats()
     start = time.monotonic()
     outs = llm.generate(prompts, params)
     wall = time.monotonic() - start
+    after = llm.stats()
+    # The greedy tokens, for comparing runs of one seed across settings (async decode must not change them).
+    digest = hashlib.sha256()
+    for o in outs:
+        digest.update(array.array("i", o.token_ids).tobytes())
     tg_start = max(o.metrics.first_token_time_s for o in outs)
     tg_end = max(o.metrics.finish_time_s for o in outs)
     arrival = min(o.metrics.arrival_time_s for o in outs)
@@ -68,6 +79,10 @@ def run_cacheflow(llm, args: argparse.Namespace, seed: int) -> dict:
         "t_pp": tg_start - arrival,
         "speed": args.npl * (args.npp + args.ntg) / (tg_end - arrival),
         "wall_s": wall,
+        "steps": after.num_steps - before.num_steps,
+        "lookahead_decodes": after.num_lookahead_decodes - before.num_lookahead_decodes,
+        "lookahead_adopted": after.num_lookahead_adopted - before.num_lookahead_adopted,
+        "tokens_sha256": digest.hexdigest()[:16],
     }
 
 
@@ -105,6 +120,7 @@ def main() -> None:
     # llama.cpp contexts hold at most 256 sequences (LLAMA_MAX_SEQ): past that, CacheFlow runs alone.
     with_baseline = args.npl <= 256
     rows = []
+    checks = []  # per iteration: steps, decodes launched ahead and adopted, digest of the greedy tokens
     for it in range(args.iterations):
         if with_baseline:
             b = baselines.run_batched_bench(exe, args.model, args.npp, args.ntg, args.npl,
@@ -117,8 +133,11 @@ def main() -> None:
         ours = run_cacheflow(llm, args, seed=it)
         rows.append({"iteration": it, "engine": f"cacheflow-{args.kv_mode}", **{
             k: ours[k] for k in ("speed_tg", "t_tg", "t_pp", "speed")}})
+        checks.append({k: ours[k] for k in ("steps", "lookahead_decodes", "lookahead_adopted", "tokens_sha256")})
         print(f"iter {it}: batched-bench S_TG {base['speed_tg']:.1f} t/s, "
-              f"cacheflow {ours['speed_tg']:.1f} t/s", file=sys.stderr)
+              f"cacheflow {ours['speed_tg']:.1f} t/s; {ours['steps']} steps, "
+              f"{ours['lookahead_adopted']}/{ours['lookahead_decodes']} launched ahead adopted, "
+              f"tokens {ours['tokens_sha256']}", file=sys.stderr)
     llm.close()
 
     def med(engine: str, key: str) -> float:
@@ -135,6 +154,7 @@ def main() -> None:
         "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count()},
         "baseline_speed_tg_median": med("llama-batched-bench", "speed_tg") if with_baseline else None,
         "cacheflow_speed_tg_median": med(ours_name, "speed_tg"),
+        "cacheflow_iterations": checks,
     }
     summary["ratio_tg"] = (summary["cacheflow_speed_tg_median"] / summary["baseline_speed_tg_median"]
                            if with_baseline else None)

@@ -235,6 +235,42 @@ void test_dump_lists_tables_and_copies() {
     assert(text.find("copy 1 -> 2") != std::string::npos);
 }
 
+// Async decode's block reserved ahead (reserve_next_block): taken from the pool at once, counted as the
+// table's, used as the next entry by the append that grows the table, given back by free() and
+// free_deferred() unused; a fork leaves it with the parent; the pool running dry reserves nothing.
+void test_reserve_next_block() {
+    BlockManager m(6, 4);
+    append(m, 1, 8);  // blocks 0 1, full
+    assert(m.reserve_next_block(1) == 2 && m.reserve_next_block(1) == 2);  // the held one again
+    check(m);
+    assert(m.find(1)->num_blocks() == 2 && m.find(1)->next_block == 2 && m.num_free_blocks() == 3);
+    assert(m.num_blocks_needed(1, 1) == 0 && m.num_blocks_needed(1, 5) == 1 && m.num_rows_filled() == 8);
+    assert(m.dump().find("seq 1: num_tokens=8 blocks=[0 1] next=2") != std::string::npos);
+    m.fork(1, 2);
+    check(m);
+    assert(m.find(2)->next_block == CF_BLOCK_ID_NONE && m.num_blocks_needed(2, 1) == 1);
+    m.free(2);
+    assert(append(m, 1, 5) == (Slots{ 8, 9, 10, 11, 12 }));  // the reserved block first, then block 3
+    assert((blocks_of(m, 1) == std::vector<int32_t>{ 0, 1, 2, 3 }) && m.find(1)->next_block == CF_BLOCK_ID_NONE);
+    assert(m.num_free_blocks() == 2);
+
+    append(m, 3, 4);  // block 4, full
+    assert(m.reserve_next_block(3) == 5 && m.num_free_blocks() == 0);
+    append(m, 4, 0);  // an empty table: its next block is its first
+    assert(m.reserve_next_block(4) == CF_BLOCK_ID_NONE);  // the pool is dry: nothing reserved, nothing changed
+    check(m);
+    m.free(3);  // the unused reserved block goes back before the table's last block
+    check(m);
+    assert(m.num_free_blocks() == 2);
+    assert(m.reserve_next_block(4) == 5);  // the front of the free list: the unused reserved block
+    m.free_deferred(4);  // a decode launched ahead may still write it: held until the release
+    check(m);
+    assert(m.num_free_blocks() == 1 && m.num_deferred_blocks() == 1);
+    m.release_deferred();
+    check(m);
+    assert(m.num_free_blocks() == 2);
+}
+
 // ---- seeded random op streams against a simulated KV memory --------------------------------
 
 struct Sim {
@@ -246,6 +282,7 @@ struct Sim {
     int64_t next_seq_id = 0;
     int32_t num_out_of_blocks = 0;  // coverage counters: the stream must hit every path
     int32_t num_copies = 0;
+    int32_t num_reserved = 0;
 
     Sim(int32_t num_blocks, int32_t bs) : m(num_blocks, bs), block_size(bs), kv((size_t) num_blocks * bs, 0) {}
 
@@ -316,13 +353,24 @@ struct Sim {
     }
 
     void step(std::mt19937 & rng) {
-        const uint32_t kind = rng() % 10;
+        const uint32_t kind = rng() % 11;
         if (seqs.empty() || kind < 2) {
             const int64_t seq_id = next_seq_id++;
             run_append(seq_id, (int32_t) (rng() % (3 * block_size + 1)));
         } else if (kind < 6) {
             run_append(pick_live(rng), rng() % 4 == 0 ? (int32_t) (rng() % (2 * block_size + 1)) : 1);
         } else if (kind < 7) {
+            // Async decode's reservation at a full last block, and the row a decode launched ahead writes
+            // there (a stray value: the append that uses the block writes the row again, a free drops it).
+            const int64_t seq_id = pick_live(rng);
+            if (m.find(seq_id)->num_tokens % block_size == 0) {
+                const int32_t block_id = m.reserve_next_block(seq_id);
+                num_reserved += block_id != CF_BLOCK_ID_NONE ? 1 : 0;
+                if (block_id != CF_BLOCK_ID_NONE) {
+                    kv[(size_t) (block_id * block_size)] = -1;
+                }
+            }
+        } else if (kind < 8) {
             const int64_t parent = pick_live(rng);
             const int64_t child = next_seq_id++;
             m.fork(parent, child);
@@ -340,6 +388,7 @@ void test_random_streams() {
     const int32_t configs[][2] = { { 8, 4 }, { 16, 1 }, { 5, 3 }, { 32, 16 }, { 1, 2 } };
     int64_t total_out_of_blocks = 0;
     int64_t total_copies = 0;
+    int64_t total_reserved = 0;
     for (uint32_t seed = 0; seed < 4; ++seed) {
         for (const auto & c : configs) {
             Sim sim(c[0], c[1]);
@@ -354,13 +403,15 @@ void test_random_streams() {
             assert(sim.m.num_free_blocks() == c[0]);
             total_out_of_blocks += sim.num_out_of_blocks;
             total_copies += sim.num_copies;
+            total_reserved += sim.num_reserved;
             assert(sim.num_out_of_blocks > 0);
             // Block size 1 has no partial blocks; a single block leaves none to copy into.
             assert(sim.num_copies > 0 || c[1] == 1 || c[0] == 1);
         }
     }
-    std::printf("random streams: 60000 ops, %lld out-of-blocks, %lld copies-on-write\n",
-                (long long) total_out_of_blocks, (long long) total_copies);
+    assert(total_reserved > 0);
+    std::printf("random streams: 60000 ops, %lld out-of-blocks, %lld copies-on-write, %lld blocks reserved ahead\n",
+                (long long) total_out_of_blocks, (long long) total_copies, (long long) total_reserved);
 }
 
 // ---- C shims ------------------------------------------------------------------------------
@@ -445,6 +496,7 @@ int main() {
     test_rows_filled_leaves_out_host_entries();
     test_write_block_table_pads();
     test_dump_lists_tables_and_copies();
+    test_reserve_next_block();
     test_random_streams();
     test_c_abi();
     std::printf("test_block_manager: ok\n");

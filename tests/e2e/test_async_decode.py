@@ -49,7 +49,7 @@ def test_async_decode_gives_the_same_greedy_tokens(real_model_path, make_llm, mo
 
 def test_async_decode_alone_matches_generate(real_model_path, make_llm, monkeypatch):
     """One request decoding alone until its context is full (256 tokens): every step after the
-    prompt's is launched ahead but for the block boundaries (the next row in a new block); the last
+    prompt's is launched ahead, block boundaries included (the next row in a reserved block); the last
     one, launched for a step that never comes (the stop checker ends the request at the context's
     end, which the launch does not foresee), is waited for and dropped."""
     params = SamplingParams(max_tokens=400, ignore_eos=True)
@@ -62,7 +62,30 @@ def test_async_decode_alone_matches_generate(real_model_path, make_llm, monkeypa
         ["The capital of France is"], params)  # fmt: skip
     assert list(out.token_ids) == list(want.token_ids) and out.finish_reason == want.finish_reason == "length"
     assert stats.num_lookahead_decodes == stats.num_lookahead_adopted + 1, stats
-    assert stats.num_lookahead_adopted >= 200, stats
+    # every step but the prompt's and the first decode (nothing is launched ahead during a prompt's step)
+    assert stats.num_lookahead_adopted == stats.num_steps - 2 == len(out.token_ids) - 2, stats
+
+
+def test_async_decode_crosses_block_boundaries(real_model_path, make_llm, monkeypatch):
+    """Eight requests decoding together from prompts of different lengths: some sequence's next row
+    starts a new block at most steps (16-token blocks), and the decode launched ahead takes that
+    block early (BlockManager::reserve_next_block). Nearly every decode step is adopted: all but the
+    first (its prompts' step launches nothing ahead) and the last (the requests end at max_tokens,
+    which the launch foresees, so nothing is launched for a step that never comes)."""
+    prompts = [("boundary %d " % i) * (3 + 2 * i) for i in range(8)]
+    params = SamplingParams(max_tokens=48, ignore_eos=True)
+
+    def run(async_decode: str):
+        monkeypatch.setenv("CACHEFLOW_ASYNC_DECODE", async_decode)
+        llm = make_llm(real_model_path, kv_mode="paged", max_num_seqs=8, n_ctx=2048, block_size=16)
+        return [list(o.token_ids) for o in llm.generate(prompts, params)], llm.stats()
+
+    want, _ = run("0")
+    got, stats = run("1")
+    assert got == want
+    assert all(len(t) == 48 for t in got)
+    # 47 decode steps after the prompts' step; every one but the last has a successor to launch ahead
+    assert stats.num_lookahead_decodes == stats.num_lookahead_adopted == 46, stats
 
 
 def test_rows_sampled_on_the_host_are_never_launched_ahead(real_model_path, make_llm, monkeypatch):

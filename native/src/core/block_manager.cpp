@@ -70,6 +70,9 @@ int64_t BlockManager::num_blocks_needed(int64_t seq_id, int32_t num_new_tokens) 
     }
     const int64_t num_tokens_after = (int64_t) table->num_tokens + num_new_tokens;
     int64_t needed = ceil_div(num_tokens_after, block_size()) - table->num_blocks();
+    if (needed > 0 && table->next_block != CF_BLOCK_ID_NONE) {
+        needed -= 1;  // the first new block is the one reserved (reserve_next_block)
+    }
     if (num_new_tokens > 0 && needs_copy_on_write(*table)) {
         needed += 1;
     }
@@ -97,10 +100,14 @@ bool BlockManager::append_slots(int64_t seq_id, int32_t num_new_tokens, std::vec
         pool_.decref(src_block_id);  // other holders remain: its ref count was > 1
         needed -= 1;
     }
-    take_blocks((int32_t) needed, &table.block_ids);
-
     const int32_t bs = block_size();
     const int32_t end = table.num_tokens + num_new_tokens;
+    if (table.next_block != CF_BLOCK_ID_NONE && ceil_div(end, bs) > table.num_blocks()) {
+        table.block_ids.push_back(table.next_block);  // reserved ahead: the first block of the growth
+        table.next_block = CF_BLOCK_ID_NONE;
+    }
+    take_blocks((int32_t) needed, &table.block_ids);
+
     if (slot_mapping != nullptr) {
         slot_mapping->reserve(slot_mapping->size() + (size_t) num_new_tokens);
         for (int32_t pos = table.num_tokens; pos < end; ++pos) {
@@ -111,11 +118,23 @@ bool BlockManager::append_slots(int64_t seq_id, int32_t num_new_tokens, std::vec
     return true;
 }
 
+int32_t BlockManager::reserve_next_block(int64_t seq_id) {
+    BlockTable * table = find_mut(seq_id);
+    assert(table != nullptr && table->num_tokens % block_size() == 0);
+    if (table->next_block == CF_BLOCK_ID_NONE && pool_.can_allocate(1)) {
+        std::vector<int32_t> fresh;
+        take_blocks(1, &fresh);
+        table->next_block = fresh[0];
+    }
+    return table->next_block;
+}
+
 void BlockManager::fork(int64_t parent_seq_id, int64_t child_seq_id) {
     // Call only when the parent exists and the child id is free.
     assert(child_seq_id >= 0 && child_seq_id != parent_seq_id);
     assert(find(parent_seq_id) != nullptr && find(child_seq_id) == nullptr);
     BlockTable child = *find(parent_seq_id);  // copied before emplace can rehash the map
+    child.next_block = CF_BLOCK_ID_NONE;      // the reserved block stays the parent's
     for (int32_t block_id : child.block_ids) {
         assert(!is_host_entry(block_id));  // a host slot has one holder: sequences that fork are never streamed
         pool_.incref(block_id);
@@ -135,6 +154,10 @@ void BlockManager::free(int64_t seq_id) {
     // Call only when the sequence exists.
     auto it = tables_.find(seq_id);
     assert(it != tables_.end());
+    const int32_t next_block = it->second.next_block;
+    if (next_block != CF_BLOCK_ID_NONE) {  // reserved ahead, unused: it goes first, before the last block
+        pool_.decref(next_block, free_pos(next_block));
+    }
     const std::vector<int32_t> & block_ids = it->second.block_ids;
     for (auto rit = block_ids.rbegin(); rit != block_ids.rend(); ++rit) {
         if (is_host_entry(*rit)) {
@@ -150,6 +173,9 @@ void BlockManager::free_deferred(int64_t seq_id) {
     // Call only when the sequence exists.
     auto it = tables_.find(seq_id);
     assert(it != tables_.end());
+    if (it->second.next_block != CF_BLOCK_ID_NONE) {
+        deferred_.push_back(it->second.next_block);  // a decode launched ahead may still write it
+    }
     const std::vector<int32_t> & block_ids = it->second.block_ids;
     for (auto rit = block_ids.rbegin(); rit != block_ids.rend(); ++rit) {
         if (is_host_entry(*rit)) {
@@ -314,6 +340,17 @@ std::string BlockManager::check_invariants() const {
             }
             fill[(size_t) block_id] = rows;
         }
+        if (table.next_block != CF_BLOCK_ID_NONE) {
+            const std::string block = seq + ": next block " + std::to_string(table.next_block);
+            if (!pool_.is_valid(table.next_block) || table.num_tokens % block_size() != 0) {
+                return block + " is not a valid block id, or the last block is not full";
+            }
+            if (stamp[(size_t) table.next_block] == table_index) {
+                return block + " is also in the table";
+            }
+            stamp[(size_t) table.next_block] = table_index;
+            holders[(size_t) table.next_block] += 1;
+        }
     }
     if (num_host_entries != num_host_entries_) {
         return std::to_string(num_host_entries) + " host entries in the tables, " + std::to_string(num_host_entries_) +
@@ -370,7 +407,11 @@ std::string BlockManager::dump() const {
                 os << entry;
             }
         }
-        os << "]\n";
+        os << "]";
+        if (table.next_block != CF_BLOCK_ID_NONE) {
+            os << " next=" << table.next_block;
+        }
+        os << "\n";
     }
     for (const BlockCopy & copy : copies_) {
         os << "  copy " << copy.src_block_id << " -> " << copy.dst_block_id << "\n";

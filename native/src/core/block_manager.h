@@ -57,6 +57,10 @@ struct BlockTable {
     // it), and the chain key of the last of them (kPrefixRootHash when none).
     int32_t num_hashed_blocks = 0;
     uint64_t last_hash = kPrefixRootHash;
+    // Async decode: the block the table's next token goes into, taken ahead of that token
+    // (BlockManager::reserve_next_block), or CF_BLOCK_ID_NONE. Held beside block_ids, not in it, so
+    // num_blocks() == ceil(num_tokens / block_size) holds; set only while num_tokens % block_size == 0.
+    int32_t next_block = CF_BLOCK_ID_NONE;
 
     int32_t num_blocks() const { return (int32_t) block_ids.size(); }
 };
@@ -144,6 +148,16 @@ class BlockManager {
     // when the pool is short of blocks, changing nothing (all-or-nothing).
     // Call only with seq_id >= 0 and num_new_tokens >= 0 (0 only registers the sequence).
     bool append_slots(int64_t seq_id, int32_t num_new_tokens, std::vector<int32_t> * slot_mapping);
+
+    // Async decode (engine_step.cpp, "Lookahead"): give seq_id the block its next token goes into
+    // before append_slots() does, so that a decode launched one step ahead can write that token's
+    // row. The table holds it in next_block (ref count 1, no cache entry) until the next
+    // append_slots() that grows the table makes it the table's next entry, in place of a block
+    // from the pool (num_blocks_needed() counts it); free() and free_deferred() give it back
+    // unused, fork() leaves it with the parent. Returns its id (the one held already, if any), or
+    // CF_BLOCK_ID_NONE when the pool has no free block. Call only when seq_id exists and its last
+    // block is full (num_tokens % block_size == 0).
+    int32_t reserve_next_block(int64_t seq_id);
 
     // The child shares every block of the parent (ref counts + 1) and its token count. Never
     // allocates. Call only when parent_seq_id exists and child_seq_id (>= 0, != parent) does not.
@@ -235,8 +249,9 @@ class BlockManager {
     void take_copies(std::vector<BlockCopy> * out);
 
     // "" if consistent, else a description of the first violation: pool invariants, each
-    // table's block count == ceil(num_tokens / block_size), each block's ref count == the
-    // number of tables holding it, no block twice in one table, and all holders of a block
+    // table's block count == ceil(num_tokens / block_size), a next_block only on a table whose
+    // last block is full, each block's ref count == the number of tables holding it (in
+    // block_ids or as next_block), no block twice in one table, and all holders of a block
     // agree on how many of its rows are filled (proof that shared blocks are never written).
     // With the prefix cache also: ref count == table holders + pins, holders of a cached block
     // see at least its indexed rows, no uncached block behind a cached one in the free list, and

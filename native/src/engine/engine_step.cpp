@@ -403,23 +403,20 @@ int32_t Engine::decode_groups(const StepPlan & plan) {
 
 // Lookahead (async decode, LlamaSession::async_decode). After launching step N's decode and before reading its
 // tokens, the engine launches the decode it expects step N+1 to be: the same sequences in the same rows, each one
-// position on, token ids taken on the device from step N's argmax (patch 0017), KV rows one slot on in the same
-// block. At step N+1 the scheduler plans as always; settle_lookahead compares its plan with the one launched:
-// equal (the steady state of a decode batch) adopts the decode in flight, anything else waits for it and drops it.
-// The idea is vLLM's async scheduling and SGLang's overlap scheduler; here the scheduler is left as it is and the
-// guess is checked, not assumed.
+// position on, token ids taken on the device from step N's argmax (patch 0017), KV rows one slot on. A sequence
+// whose next row starts a new block gets that block now (BlockManager::reserve_next_block: the table holds it
+// beside its entries, and the allocate() of step N+1 makes it the next entry), so the guess holds at block
+// boundaries too. At step N+1 the scheduler plans as always; settle_lookahead compares its plan with the one
+// launched: equal (the steady state of a decode batch) adopts the decode in flight, anything else waits for it and
+// drops it. The idea is vLLM's async scheduling and SGLang's overlap scheduler; here the scheduler is left as it is
+// and the guess is checked, not assumed.
 //
-// Why a dropped lookahead is harmless: it wrote one KV row per sequence, at the position after step N's, in the block
-// that already holds step N's row (lookahead_eligible), which that sequence owns alone. A sequence that goes on
-// computes the same row again with the same token; one that stopped frees that block, partly filled, so no prefix
-// cache entry covers the row. Every later device operation (block copies and swaps included) is issued after the
-// wait. Outputs are the scheduler's, so greedy outputs equal those without lookahead (tests/e2e).
-//
-// Limit, to lift next: a step is launched ahead only if every sequence's next row is in its current block. With
-// block size 16 a sequence crosses into a new block every 16th step, so a batch of 64 sequences at spread-out
-// positions almost always has one that does (all 64 stay inside their blocks with probability (15/16)^64, about
-// 2%). Giving such a sequence its next block at the launch (the block manager's table one block ahead of its
-// tokens, which append_slots then fills) would lift it.
+// Why a dropped lookahead is harmless: it wrote one KV row per sequence, at the position after step N's, either in
+// the block that holds step N's row, which that sequence owns alone (lookahead_eligible), or in row 0 of the block
+// reserved for it. A sequence that goes on computes the same row again with the same token; one that stopped frees
+// both blocks, the partly filled one and the reserved one, and no prefix cache entry covers either row. Every later
+// device operation (block copies and swaps included) is issued after the wait. Outputs are the scheduler's, so
+// greedy outputs equal those without lookahead (tests/e2e).
 bool Engine::lookahead_eligible(const StepPlan & plan) const {
     if (!session_->async_decode() || session_->kv_streaming() || plan.seqs.empty() || batch_.num_groups(plan) != 1 ||
         plan.num_prefill_tokens != 0 || !plan.blocks_to_copy.empty() || !plan.blocks_to_swap_in.empty() ||
@@ -431,6 +428,7 @@ bool Engine::lookahead_eligible(const StepPlan & plan) const {
     if (blocks == nullptr || (int32_t) plan.slot_mapping.size() != (int32_t) plan.seqs.size()) {
         return false;
     }
+    int32_t num_blocks_to_reserve = 0;
     for (size_t i = 0; i < plan.seqs.size(); ++i) {
         const ScheduledSeq & s = plan.seqs[i];
         const Sequence & seq = *s.seq;
@@ -439,23 +437,53 @@ bool Engine::lookahead_eligible(const StepPlan & plan) const {
             return false;  // not one argmax-sampled token, or this step's token is its last
         }
         const int32_t slot = plan.slot_mapping[i];
-        if (slot % block_size == block_size - 1 || blocks->pool().ref_count(slot / block_size) != 1) {
-            return false;  // the next row is in another block, or this block is shared
+        if (slot % block_size == block_size - 1) {
+            const BlockTable * table = blocks->find(seq.request_id);
+            num_blocks_to_reserve += table != nullptr && table->next_block != CF_BLOCK_ID_NONE ? 0 : 1;
+        } else if (blocks->pool().ref_count(slot / block_size) != 1) {
+            return false;  // the next row is in a shared block
         }
     }
-    return true;
+    return num_blocks_to_reserve <= blocks->num_free_blocks();
 }
 
 void Engine::launch_lookahead(const StepPlan & plan) {
-    lookahead_plan_ = plan;  // vectors keep their capacity from earlier steps
-    for (size_t i = 0; i < lookahead_plan_.seqs.size(); ++i) {
-        lookahead_plan_.slot_mapping[i] += 1;
-        lookahead_plan_.context_lens[i] += 1;
+    const int32_t block_size = session_->config().block_size;
+    StepPlan & ahead = lookahead_plan_;
+    ahead = plan;  // vectors keep their capacity from earlier steps
+    // A sequence whose next row starts a block gets one more table entry: block index context_lens[i] / block_size
+    // (context_lens[i] % block_size == 0 there). The table widens by one when that is the widest sequence.
+    int32_t width = plan.max_blocks;
+    for (size_t i = 0; i < plan.seqs.size(); ++i) {
+        if (plan.slot_mapping[i] % block_size == block_size - 1) {
+            width = std::max(width, plan.context_lens[i] / block_size + 1);
+        }
+    }
+    if (width != plan.max_blocks) {
+        ahead.max_blocks = width;
+        ahead.block_tables.assign(plan.seqs.size() * (size_t) width, CF_BLOCK_ID_NONE);
+        for (size_t i = 0; i < plan.seqs.size(); ++i) {
+            std::copy_n(plan.block_tables.data() + i * (size_t) plan.max_blocks, plan.max_blocks,
+                        ahead.block_tables.data() + i * (size_t) width);
+        }
+    }
+    for (size_t i = 0; i < plan.seqs.size(); ++i) {
+        ahead.context_lens[i] += 1;
+        if (plan.slot_mapping[i] % block_size != block_size - 1) {
+            ahead.slot_mapping[i] += 1;
+            continue;
+        }
+        const int32_t block_id = scheduler_.kv().reserve_next_block(*plan.seqs[i].seq);
+        if (block_id == CF_BLOCK_ID_NONE) {  // lookahead_eligible counted the free blocks
+            throw Error(CF_STATUS_INTERNAL, "no block to reserve for the decode launched ahead");
+        }
+        ahead.slot_mapping[i] = block_id * block_size;
+        ahead.block_tables[i * (size_t) width + (size_t) (plan.context_lens[i] / block_size)] = block_id;
     }
     const int32_t n_real = (int32_t) plan.seqs.size();
     const int32_t num_padding = batch_.num_padding_tokens();
     const llama_batch & batch = batch_.advance_one_position(n_real);
-    session_->set_kv_plan(lookahead_plan_, 0, plan.seqs.size(), 0, num_padding);
+    session_->set_kv_plan(ahead, 0, plan.seqs.size(), 0, num_padding);
     const int64_t launch_start_ns = clock_ns();
     const int32_t rc = session_->decode_fed(batch, n_real);
     totals_.launch_ns += clock_ns() - launch_start_ns;

@@ -281,6 +281,14 @@ class KvCacheManager {
     // The block manager of the paged implementation, else nullptr (tests and the C ABI read it).
     virtual const BlockManager * block_manager() const { return nullptr; }
 
+    // Async decode (paged): the block seq's next token goes into, taken now, ahead of the allocate()
+    // that will use it (BlockManager::reserve_next_block), or CF_BLOCK_ID_NONE when no block is free or
+    // the mode has no blocks. Call only for a running sequence holding a table whose last block is full.
+    virtual int32_t reserve_next_block(const Sequence & seq) {
+        (void) seq;
+        return CF_BLOCK_ID_NONE;
+    }
+
     // "" if the manager agrees with the scheduler's running set, else the first violation.
     virtual std::string check_invariants(const std::vector<std::unique_ptr<Sequence>> & running) const = 0;
 

@@ -82,6 +82,7 @@ class PagedKv final : public KvCacheManager {
     int32_t num_blocks_used() const override { return blocks_.pool().num_used(); }
     PrefixCacheStats prefix_cache_stats() const override { return blocks_.prefix_cache_stats(); }
     const BlockManager * block_manager() const override { return &blocks_; }
+    int32_t reserve_next_block(const Sequence & seq) override { return blocks_.reserve_next_block(seq.request_id); }
     std::string check_invariants(const std::vector<std::unique_ptr<Sequence>> & running) const override;
     std::string dump() const override;
 
