@@ -117,7 +117,7 @@ if want decode; then
         ( case $pak in default) ;; loads_*) export CACHEFLOW_PA_LOADS=${pak#loads_} ;; *=*) if [ "$mode" = paged ]; then for kv in ${pak//,/ }; do export "$kv"; done; fi ;;
             *) export CACHEFLOW_PA_KERNEL=$pak ;; esac
           timeout 300 python scripts/bench_decode.py -m "$MODEL" --npp "${NPP:-128}" --ntg 128 --npl "$npl" -i ${ITER:-2} \
-              -t 8 -ngl 99 --kv-mode "$mode" --out "$OUT/$tag" 2>&1 | tail -6 \
+              -t 8 -ngl 99 --kv-mode "$mode" --out "$OUT/$tag" 2>&1 | grep -E "^iter |_median|ratio_tg|rror" \
               | tee -a "$OUT/run.log" ) || log "decode bench ($mode, $npl, $pak) failed"
       done
     done
