@@ -181,6 +181,7 @@ class ModelInfo(NamedTuple):
     kv_bytes_per_token: int
     vocab_type: int
     kv_devices: tuple[str, ...]  # paged mode: device of each layer's K/V pools; () in stock modes
+    num_fused_projections: int  # Q/K/V and gate/up matrices fused at load (patches/0019)
     kv_mode_name: str = ""
 
 

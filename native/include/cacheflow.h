@@ -304,6 +304,9 @@ typedef struct cf_model_info {
                                  "RPC0,RPC0,RPC1,RPC1"; "CPU" for host memory), truncated to
                                  255 bytes; "" in the stock modes. The one block table of the
                                  engine indexes every layer's pools alike.                 */
+    int32_t num_fused_projections; /* weight matrices fused at load (patches/0019): one per
+                                 layer whose Q/K/V, one per layer whose FFN gate/up weights
+                                 lie back to back; 0 with CACHEFLOW_FUSE_PROJECTIONS=0     */
 } cf_model_info;
 
 CF_API cf_status cf_engine_get_info(cf_engine_t engine, cf_model_info * out_info);

@@ -394,6 +394,12 @@ void LlamaSession::load_model() {
         throw Error(CF_STATUS_UNSUPPORTED, "model " + path + " is not a decoder-only model; CacheFlow serves "
                                                            "decoder-only (causal LM) models");
     }
+    // Q/K/V and gate/up weights lying back to back become one matrix each (patches/0019, views: no copy), so a step
+    // runs two matmuls per layer fewer. The engine applies no LoRA adapters, which the fused matrices would skip.
+    // CACHEFLOW_FUSE_PROJECTIONS=0 keeps llama.cpp's graph, for A/B runs.
+    const char * fuse_env = std::getenv("CACHEFLOW_FUSE_PROJECTIONS");
+    num_fused_projections_ =
+        fuse_env != nullptr && std::strcmp(fuse_env, "0") == 0 ? 0 : llama_model_fuse_projections(model_);
     if (embd_forced && embd_on_device && config_.n_gpu_layers >= 0 &&
         config_.n_gpu_layers <= llama_model_n_layer(model_)) {
         throw Error(CF_STATUS_INVALID_ARGUMENT,
@@ -1167,6 +1173,7 @@ void LlamaSession::fill_info(cf_model_info * info) const {
         kv_devices += (kv_devices.empty() ? "" : ",") + std::string(dev != nullptr ? ggml_backend_dev_name(dev) : "CPU");
     }
     copy_cstr(info->kv_devices, sizeof(info->kv_devices), kv_devices.c_str());
+    info->num_fused_projections = num_fused_projections_;
 }
 
 }  // namespace cf

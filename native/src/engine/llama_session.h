@@ -221,6 +221,7 @@ class LlamaSession {
     llama_context * ctx_ = nullptr;
     const llama_vocab * vocab_ = nullptr;
     int32_t n_vocab_ = 0;
+    int32_t num_fused_projections_ = 0;  // llama_model_fuse_projections at load (patches/0019)
     int32_t n_ctx_ = 0;
     int32_t n_ctx_per_seq_ = 0;
     int32_t n_batch_ = 0;
