@@ -63,7 +63,8 @@ if want build; then
   fi
   log "build (CUDA) in $BUILD_DIR"
   export CACHEFLOW_LLAMA_CPP_DIR=$PWD/_carry/llama.cpp CACHEFLOW_CUDA=ON CMAKE_BUILD_PARALLEL_LEVEL=16
-  rm -rf vendor/llama.cpp
+  # vendor/llama.cpp stays: its stamp re-prepares it when a patch changed, and files whose bytes did not change keep
+  # their times (fetch_llama_cpp.py), so a warm machine's second build recompiles only what the change touched
   python -m pip install -q --no-build-isolation --no-deps -C build-dir="$BUILD_DIR" . > "$OUT/build.log" 2>&1 \
       || { tail -40 "$OUT/build.log"; exit 1; }
   cmake --build "$BUILD_DIR" --target llama-batched-bench ${BUILD_SERVER:+llama-server} -j 16 > "$OUT/build_tools.log" 2>&1 \

@@ -11,7 +11,8 @@ Sources, in order of preference:
   3. The download cache (<cache>/cacheflow/downloads), else `pip download` into it.
 
 The destination holds a stamp naming the source and the sha256 of every patch; when the stamp
-matches, nothing is done, otherwise the tree is unpacked and patched afresh.
+matches, nothing is done, otherwise the tree is unpacked and patched afresh, and its files whose
+bytes did not change keep their old times (a patch change rebuilds only what it touched).
 
 Exit status: 0 on success; 1 with a one-line "error: ..." message on stderr otherwise.
 """
@@ -19,6 +20,7 @@ Exit status: 0 on success; 1 with a one-line "error: ..." message on stderr othe
 from __future__ import annotations
 
 import argparse
+import filecmp
 import hashlib
 import os
 import shutil
@@ -183,6 +185,22 @@ def stamp_text(source: str, patches: list[Path]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def keep_unchanged_times(new: Path, old: Path) -> None:
+    """Give every file of the tree `new` whose bytes equal its namesake in `old` that file's access
+    and modification times, so that after a patch change the build (which compares times) recompiles
+    only what the change touched: a patch to src/ then leaves ggml's CUDA kernels built."""
+    for path in new.rglob("*"):
+        if path.is_symlink() or not path.is_file():
+            continue
+        prev = old / path.relative_to(new)
+        try:
+            st = prev.stat()
+        except OSError:
+            continue
+        if st.st_size == path.stat().st_size and filecmp.cmp(path, prev, shallow=False):
+            os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
 def prepare(dest: Path, patch_dir: Path) -> bool:
     """Make dest a patched llama.cpp tree; return True if it was (re)built.
 
@@ -210,6 +228,7 @@ def prepare(dest: Path, patch_dir: Path) -> bool:
         apply_patches(work, patches)
         (work / STAMP_NAME).write_text(stamp)
         if dest.exists():
+            keep_unchanged_times(work, dest)
             shutil.rmtree(dest)
         work.rename(dest)
     finally:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -95,6 +96,23 @@ def test_prepare_from_local_tree_stamps_and_reuses(tmp_path, monkeypatch):
     write_patch(patches / "0002-second.patch", "int a = 10;", "int a = 20;")
     assert fetch.prepare(dest, patches) is True  # new patch: fresh tree, both applied
     assert (dest / "src" / "a.c").read_text().startswith("int a = 20;")
+
+
+def test_prepare_afresh_keeps_the_times_of_unchanged_files(tmp_path, monkeypatch):
+    src = make_tree(tmp_path / "src")
+    patches = tmp_path / "patches"
+    patches.mkdir()
+    write_patch(patches / "0001-first.patch", "int a = 1;", "int a = 10;")
+    monkeypatch.setenv("CACHEFLOW_LLAMA_CPP_DIR", str(src))
+    dest = tmp_path / "vendor" / "llama.cpp"
+    assert fetch.prepare(dest, patches) is True
+    old_ns = 1_000_000_000_000_000_000  # 2001: older than anything the second prepare writes
+    for name in ("include/llama.h", "src/a.c"):
+        os.utime(dest / name, ns=(old_ns, old_ns))
+    write_patch(patches / "0002-second.patch", "int a = 10;", "int a = 20;")
+    assert fetch.prepare(dest, patches) is True
+    assert (dest / "include" / "llama.h").stat().st_mtime_ns == old_ns  # same bytes: not rebuilt
+    assert (dest / "src" / "a.c").stat().st_mtime_ns > old_ns  # patched anew: rebuilt
 
 
 def test_prepare_from_local_tree_skips_unneeded_top_level_folders_only(tmp_path, monkeypatch):
