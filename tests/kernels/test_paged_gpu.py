@@ -467,10 +467,10 @@ def test_token_embedding_on_the_device(gpu_model: Path, monkeypatch: pytest.Monk
 def test_async_decode_on_the_gpu(gpu_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Async decode (CACHEFLOW_ASYNC_DECODE=1: each step's next decode launched before its tokens are read, token ids
     from the device token feed, argmax rows in pinned slots; patches 0017, 0018, engine_step.cpp "Lookahead"): the
-    64 greedy requests give the same tokens as without; how many steps were launched ahead and adopted is reported.
-    Few are expected at 64 sequences until the next row of a sequence in a new block is provided for: a step is
-    launched ahead only if every sequence's next row is in its current block. The CPU suite checks the same
-    bookkeeping synchronously (tests/e2e/test_async_decode.py); here the launches really overlap."""
+    64 greedy requests give the same tokens as without; how many steps were launched ahead and adopted is reported
+    (a sequence whose next row starts a block gets that block at the launch, so block boundaries do not stop it). The
+    CPU suite checks the same bookkeeping synchronously (tests/e2e/test_async_decode.py); here the launches really
+    overlap."""
     from pycacheflow import LLM, SamplingParams
 
     meta, plain = _run(gpu_model, kv_mode="paged")
@@ -486,3 +486,24 @@ def test_async_decode_on_the_gpu(gpu_model: Path, monkeypatch: pytest.MonkeyPatc
     print("async decode:", figures)
     _record(figures)
     assert figures["async_decode_vs_plain"] == 1.0
+
+
+def test_fused_projections_on_the_gpu(gpu_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fused projections (patches/0019): on the GPU every layer's Q/K/V and gate/up weights lie back to back (llama.cpp
+    allocates them in creation order), so both fuse in every layer; the 64 greedy requests are compared with the
+    unfused graph (CACHEFLOW_FUSE_PROJECTIONS=0). cuBLAS may pick another kernel for the taller matrices, so a near
+    tie may break the other way: the agreement is reported, and a broken fusion (wrong rows, wrong halves) would
+    leave almost no sequence equal."""
+    from pycacheflow import LLM
+
+    monkeypatch.setenv("CACHEFLOW_FUSE_PROJECTIONS", "0")
+    meta, plain = _run(gpu_model, kv_mode="paged")
+    monkeypatch.delenv("CACHEFLOW_FUSE_PROJECTIONS")
+    _, fused = _run(gpu_model, meta["prompts"], kv_mode="paged")
+    with LLM(model=str(gpu_model), n_gpu_layers=99, n_ctx=512) as llm:
+        info = llm.info
+    figures = {"fused_vs_unfused": _agreement(fused, plain), "fused_matrices": info.num_fused_projections}
+    print("fused projections:", figures)
+    _record(figures)
+    assert info.num_fused_projections == 2 * info.n_layer
+    assert figures["fused_vs_unfused"] >= 0.9

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Stop 42's second device run (scripts/device_poll.sh, results under /tmp/res): fused projections (patch 0019).
+# CUDA build; GPU tests of the fusion and of async decode; decode at B = 1, 64, 256 with fused projections (the
+# default) against CACHEFLOW_FUSE_PROJECTIONS=0, and fused with async decode, each against its own llama-batched-bench.
+set -u
+cd "$(dirname "$0")/../../.."
+mkdir -p /tmp/res
+OUT=/tmp/res/b STAGES="build" bash scripts/h200_gpu_tests.sh
+# OUT=/tmp/res only for the last stage: its "] exit" line in /tmp/res/run.log ends device_poll.sh's wait
+OUT=/tmp/res/t STAGES="tests" GPU_TESTS_K="${GPU_TESTS_K:-fused or async_decode_on}" bash scripts/h200_gpu_tests.sh
+grep -E "passed|failed|fused|async" /tmp/res/t/run.log | tail -5 >> /tmp/res/run.log
+OUT=/tmp/res STAGES="decode" NPL="${NPL:-1 64 256}" ITER="${ITER:-3}" DECODE_MODES=paged \
+    DECODE_PA_KERNELS="${DECODE_PA_KERNELS:-default CACHEFLOW_FUSE_PROJECTIONS=0 CACHEFLOW_ASYNC_DECODE=1}" \
+    bash scripts/h200_gpu_tests.sh
