@@ -359,6 +359,8 @@ def _offline(
 def _make_out_dir(path: object) -> Path:
     """The --out folder, created now: after the arguments were checked (a usage error leaves no
     folder behind), before anything is measured; one that cannot be created is a usage error."""
+    if str(path) == "":
+        raise click.BadParameter("must name a folder (it was empty)", param_hint="--out")
     out = Path(str(path))
     try:
         out.mkdir(parents=True, exist_ok=True)

@@ -235,7 +235,24 @@ int main() {
     }
     llama_log_set(quiet_log, nullptr);
     llama_backend_init();
-    llama_model * model = llama_model_load_from_file(path, llama_model_default_params());
+    // The feed lives on the token embedding's device and the argmax is written into it inside the graph: on a GPU
+    // build the embedding goes to the first GPU with the layers, as CacheFlow's engine places it (llama_session.cpp;
+    // the engine turns async decode on only there or on the CPU alone).
+    llama_model_params mp = llama_model_default_params();
+    ggml_backend_dev_t gpu = nullptr;
+    for (size_t i = 0; i < ggml_backend_dev_count() && gpu == nullptr; ++i) {
+        if (ggml_backend_dev_type(ggml_backend_dev_get(i)) == GGML_BACKEND_DEVICE_TYPE_GPU) {
+            gpu = ggml_backend_dev_get(i);
+        }
+    }
+    const llama_model_tensor_buft_override embd_on_gpu[] = {
+        { "^token_embd\\.weight$", gpu != nullptr ? ggml_backend_dev_buffer_type(gpu) : nullptr },
+        { nullptr, nullptr },
+    };
+    if (gpu != nullptr) {
+        mp.tensor_buft_overrides = embd_on_gpu;
+    }
+    llama_model * model = llama_model_load_from_file(path, mp);
     assert(model != nullptr);
 
     const auto host = run(model, false);

@@ -61,6 +61,7 @@ def test_model_path(runner, tmp_path, monkeypatch):
         (["generate", "", "hi"], "prompt 1 is empty"),
         (["generate", "hi", ""], "prompt 2 is empty"),
         (["bench", "latency", "--out", "/proc/no/such/dir"], "Invalid value for --out: cannot create /proc/no"),
+        (["bench", "latency", "--out", ""], "Invalid value for --out: must name a folder"),
     ],
 )
 def test_usage_errors_exit_2_without_traceback(runner, args, message):

@@ -383,6 +383,7 @@ void LlamaSession::load_model() {
     if (embd_on_device) {
         mp.tensor_buft_overrides = embd_override.data();
     }
+    embd_with_layers_ = config_.n_gpu_layers == 0 || embd_on_device;
     ErrorCapture capture;
     model_ = llama_model_load_from_file(path.c_str(), mp);
     if (model_ == nullptr) {
@@ -508,9 +509,18 @@ void LlamaSession::create_context() {
     const char * copies_env = std::getenv("CACHEFLOW_BATCHED_INPUT_COPIES");
     cp.batched_input_copies = copies_env == nullptr || std::strcmp(copies_env, "0") != 0;
     // Async decode, opt-in while it is measured: a device token feed with a row per output of a decode (every
-    // sequence, plus step padding's at most 15 rows).
+    // sequence, plus step padding's at most 15 rows). The feed lives on the token embedding's device and each graph
+    // writes its argmax there, so only where the embedding is with the layers (the CPU alone, or a model wholly on
+    // one CUDA device, whose embedding the engine moves there): with the embedding on the CPU and the layers on a GPU,
+    // ggml-cuda refuses to read the argmax back asynchronously (seen on an H100, results/h200_gpu/stop42).
     const char * async_env = std::getenv("CACHEFLOW_ASYNC_DECODE");
-    if (config_.paged() && backend_sampling_ && async_env != nullptr && std::strcmp(async_env, "1") == 0) {
+    if (config_.paged() && backend_sampling_ && async_env != nullptr && std::strcmp(async_env, "1") == 0 &&
+        !embd_with_layers_ && config_.log_level != CF_LOG_LEVEL_NONE) {
+        std::fprintf(stderr, "cacheflow: CACHEFLOW_ASYNC_DECODE=1 ignored: async decode needs the token embedding on "
+                             "the device of the layers (a model wholly on one CUDA device, or the CPU alone)\n");
+    }
+    if (config_.paged() && backend_sampling_ && async_env != nullptr && std::strcmp(async_env, "1") == 0 &&
+        embd_with_layers_) {
         token_feed_rows_ = n_seq_max_ + 16;
         cp.token_feed = token_feed_rows_;
     }

@@ -222,6 +222,7 @@ class LlamaSession {
     const llama_vocab * vocab_ = nullptr;
     int32_t n_vocab_ = 0;
     int32_t num_fused_projections_ = 0;  // llama_model_fuse_projections at load (patches/0019)
+    bool embd_with_layers_ = true;  // the token embedding is on the device of the layers (all on the CPU, or on CUDA)
     int32_t n_ctx_ = 0;
     int32_t n_ctx_per_seq_ = 0;
     int32_t n_batch_ = 0;

@@ -21,7 +21,8 @@ OUT=/tmp/res/t STAGES="tests" GPU_TESTS_K="${GPU_TESTS_K:-async or embedding or 
     bash scripts/h200_gpu_tests.sh
 CACHEFLOW_TEST_MODEL=/tmp/llama-1b-shape-f16.gguf timeout 300 /tmp/cf-cuda-build/test_token_feed \
     > /tmp/res/token_feed_cuda.txt 2>&1
-echo "[$(date +%T)] test_token_feed on CUDA: exit $?" | tee -a /tmp/res/run.log
+rc=$?  # (run1 logged date's status here instead: the test had aborted, see README)
+echo "[$(date +%T)] test_token_feed on CUDA: exit $rc" | tee -a /tmp/res/run.log
 OUT=/tmp/res STAGES="decode" NPL="${NPL:-1 64 256 8}" ITER="${ITER:-3}" DECODE_MODES=paged \
     DECODE_PA_KERNELS="${DECODE_PA_KERNELS:-default CACHEFLOW_PA_LOADS=narrow,CACHEFLOW_PA_PDL=0 CACHEFLOW_ASYNC_DECODE=1}" \
     bash scripts/h200_gpu_tests.sh

@@ -9,6 +9,11 @@ OUT=/tmp/res/b STAGES="build" bash scripts/h200_gpu_tests.sh
 # OUT=/tmp/res only for the last stage: its "] exit" line in /tmp/res/run.log ends device_poll.sh's wait
 OUT=/tmp/res/t STAGES="tests" GPU_TESTS_K="${GPU_TESTS_K:-fused or async_decode_on}" bash scripts/h200_gpu_tests.sh
 grep -E "passed|failed|fused|async" /tmp/res/t/run.log | tail -5 >> /tmp/res/run.log
+# the token feed's native test with the embedding on the GPU (run1 aborted with it on the CPU)
+CACHEFLOW_TEST_MODEL=/tmp/llama-1b-shape-f16.gguf timeout 120 /tmp/cf-cuda-build/test_token_feed \
+    > /tmp/res/token_feed_cuda.txt 2>&1
+rc=$?
+echo "[$(date +%T)] test_token_feed on CUDA: exit $rc" | tee -a /tmp/res/run.log
 OUT=/tmp/res STAGES="decode" NPL="${NPL:-1 64 256}" ITER="${ITER:-3}" DECODE_MODES=paged \
     DECODE_PA_KERNELS="${DECODE_PA_KERNELS:-default CACHEFLOW_FUSE_PROJECTIONS=0 CACHEFLOW_ASYNC_DECODE=1}" \
     bash scripts/h200_gpu_tests.sh
