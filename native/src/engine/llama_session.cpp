@@ -383,7 +383,7 @@ void LlamaSession::load_model() {
     if (embd_on_device) {
         mp.tensor_buft_overrides = embd_override.data();
     }
-    embd_with_layers_ = config_.n_gpu_layers == 0 || embd_on_device;
+    embd_with_layers_ = config_.n_gpu_layers == 0 || offload_devices_.empty() || embd_on_device;
     ErrorCapture capture;
     model_ = llama_model_load_from_file(path.c_str(), mp);
     if (model_ == nullptr) {
