@@ -82,13 +82,18 @@ def test_archive_sha256_mismatch_is_a_clear_error(tmp_path):
         fetch.check_archive(tmp_path / "missing.tar.gz")
 
 
-def test_prepare_from_local_tree_stamps_and_reuses(tmp_path, monkeypatch):
+def local_tree_with_one_patch(tmp_path: Path, monkeypatch) -> tuple[Path, Path, Path]:
+    """(source tree, patch folder holding 0001, destination) with CACHEFLOW_LLAMA_CPP_DIR set to the source."""
     src = make_tree(tmp_path / "src")
     patches = tmp_path / "patches"
     patches.mkdir()
     write_patch(patches / "0001-first.patch", "int a = 1;", "int a = 10;")
     monkeypatch.setenv("CACHEFLOW_LLAMA_CPP_DIR", str(src))
-    dest = tmp_path / "vendor" / "llama.cpp"
+    return src, patches, tmp_path / "vendor" / "llama.cpp"
+
+
+def test_prepare_from_local_tree_stamps_and_reuses(tmp_path, monkeypatch):
+    src, patches, dest = local_tree_with_one_patch(tmp_path, monkeypatch)
     assert fetch.prepare(dest, patches) is True
     assert (dest / "src" / "a.c").read_text().startswith("int a = 10;")
     assert (src / "src" / "a.c").read_text().startswith("int a = 1;")  # source untouched
@@ -99,12 +104,7 @@ def test_prepare_from_local_tree_stamps_and_reuses(tmp_path, monkeypatch):
 
 
 def test_prepare_afresh_keeps_the_times_of_unchanged_files(tmp_path, monkeypatch):
-    src = make_tree(tmp_path / "src")
-    patches = tmp_path / "patches"
-    patches.mkdir()
-    write_patch(patches / "0001-first.patch", "int a = 1;", "int a = 10;")
-    monkeypatch.setenv("CACHEFLOW_LLAMA_CPP_DIR", str(src))
-    dest = tmp_path / "vendor" / "llama.cpp"
+    _, patches, dest = local_tree_with_one_patch(tmp_path, monkeypatch)
     assert fetch.prepare(dest, patches) is True
     old_ns = 1_000_000_000_000_000_000  # 2001: older than anything the second prepare writes
     for name in ("include/llama.h", "src/a.c"):
