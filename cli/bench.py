@@ -48,6 +48,15 @@ OPTION_OF_FIELD = {
 SERVE_DATASETS = (*DATASETS, "multi-turn")  # conversations need a server: `bench serve` only
 
 
+class _OutDir(click.Path):
+    """--out: a folder path; an empty one is refused (click would read it as the current folder)."""
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, str) and value == "":
+            raise click.BadParameter("must name a folder (it was empty)", ctx=ctx, param_hint="--out")
+        return super().convert(value, param, ctx)
+
+
 def _common(fn: Callable) -> Callable:
     """Options shared by the offline commands (workload, engine, baselines, output)."""
     options = [
@@ -133,7 +142,7 @@ def _common(fn: Callable) -> Callable:
         click.option(
             "--out",
             "out_dir",
-            type=click.Path(file_okay=False, path_type=Path),
+            type=_OutDir(file_okay=False, path_type=Path),
             default=Path("results"),
             show_default=True,
             help="Output directory.",
@@ -359,8 +368,6 @@ def _offline(
 def _make_out_dir(path: object) -> Path:
     """The --out folder, created now: after the arguments were checked (a usage error leaves no
     folder behind), before anything is measured; one that cannot be created is a usage error."""
-    if str(path) == "":
-        raise click.BadParameter("must name a folder (it was empty)", param_hint="--out")
     out = Path(str(path))
     try:
         out.mkdir(parents=True, exist_ok=True)
