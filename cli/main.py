@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -50,7 +51,7 @@ from cli.prompts import PromptsFileError, read_prompts_file
 from cli.serve import serve
 from pycacheflow import SamplingParams
 from pycacheflow.config import KV_MODES
-from pycacheflow.errors import CacheFlowError, InvalidArgumentError
+from pycacheflow.errors import CacheFlowError, InvalidArgumentError, PromptTooLongError
 from pycacheflow.text import encode_utf8
 
 if TYPE_CHECKING:
@@ -272,6 +273,9 @@ def generate(
         stats = llm.stats()
         if trace is not None:
             _export_trace(llm, trace)
+    except PromptTooLongError as exc:  # a usage error, numbered as the CLI numbers prompts (from 1)
+        message = re.sub(r"\bprompts\[(\d+)\]", lambda m: f"prompt {int(m.group(1)) + 1}", str(exc))
+        raise click.UsageError(f"{message} (-c/--ctx-size sets the sequence size)") from None
     except CacheFlowError as exc:
         raise to_click_error(exc) from None
     finally:

@@ -222,6 +222,13 @@ class _Collector:
             {"captured": s.cuda_graphs_captured, "replayed": s.cuda_graphs_replayed,
              "direct": s.cuda_graphs_direct},
         )  # fmt: skip
+        for name, doc, value in (
+            ("lookahead_decodes_total", "Decodes launched one step ahead of their step (async decode,"
+             " CACHEFLOW_ASYNC_DECODE=1)", s.num_lookahead_decodes),
+            ("lookahead_adopted_total", "Of those, the decodes whose step planned the same batch and used them",
+             s.num_lookahead_adopted),
+        ):  # fmt: skip
+            yield CounterMetricFamily(f"cacheflow:{name}", doc, value=value)
         yield CounterMetricFamily(
             "cacheflow:padding_tokens",
             "Padding tokens decoded so that steps keep the few shapes whose CUDA graphs replay",

@@ -154,8 +154,12 @@ def test_corrupt_model_file(tmp_path):
 def test_prompt_too_long(tiny_model_path):
     result = run_cli("generate", "-m", str(tiny_model_path), "-c", "1", "--ctx-size", "64",
                      "word " * 600)
-    assert result.exit_code == 1
-    assert "PromptTooLongError" in result.output
+    assert result.exit_code == 2  # a usage error, like an empty prompt
+    assert "Error: prompt 1 has 601 tokens" in result.output and "-c/--ctx-size" in result.output
+    result = run_cli("generate", "-m", str(tiny_model_path), "-c", "1", "--ctx-size", "64",
+                     "hi", "word " * 600)
+    assert result.exit_code == 2
+    assert "Error: prompt 2 has 601 tokens" in result.output  # numbered from 1, as other prompt errors
 
 
 @pytest.mark.parametrize(

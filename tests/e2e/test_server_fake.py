@@ -402,7 +402,8 @@ def test_metrics_text_parses(client):
                  "cacheflow:recomputed_tokens_total", "cacheflow:swapped_sequences",
                  'cacheflow:sampled_rows_total{route="top_k"}',
                  'cacheflow:cuda_graph_evaluations_total{mode="replayed"}',
-                 "cacheflow:padding_tokens_total"):  # fmt: skip
+                 "cacheflow:padding_tokens_total", "cacheflow:lookahead_decodes_total",
+                 "cacheflow:lookahead_adopted_total"):  # fmt: skip
         assert name in samples, name
     assert samples["llamacpp:tokens_predicted_total"] >= 3
 
