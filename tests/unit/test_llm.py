@@ -316,9 +316,9 @@ def test_cli_generate_json_and_stream(native, model_file):
     assert result.exit_code == 0 and result.stdout == "Hel\n" and result.stderr == ""
 
 
-def test_cli_prompt_too_long_exits_1(native, model_file):
+def test_cli_prompt_too_long_is_a_usage_error(native, model_file):
     from cli.main import cacheflow
 
     result = CliRunner().invoke(cacheflow, ["generate", "-m", str(model_file), "x" * 300])
-    assert result.exit_code == 1 and "PromptTooLongError" in result.output
+    assert result.exit_code == 2 and "Error: prompt 1 has" in result.output and "-c/--ctx-size" in result.output
     assert "Traceback" not in result.output
