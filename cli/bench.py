@@ -259,7 +259,9 @@ def scaling(concurrency_list: str, **opts: object) -> None:
         raise click.BadParameter(
             "a comma-separated list of integers", param_hint="--concurrency-list"
         ) from None
-    if not levels or min(levels) < 1:
+    if not levels:
+        raise click.BadParameter("give at least one level (e.g. 1,4,16)", param_hint="--concurrency-list")
+    if min(levels) < 1:
         raise click.BadParameter("levels must be >= 1", param_hint="--concurrency-list")
     _offline("scaling", opts, levels)
 
@@ -369,6 +371,8 @@ def _make_out_dir(path: object) -> Path:
     """The --out folder, created now: after the arguments were checked (a usage error leaves no
     folder behind), before anything is measured; one that cannot be created is a usage error."""
     out = Path(str(path))
+    if out.exists() and not out.is_dir():
+        raise click.BadParameter(f"{out} exists and is not a folder", param_hint="--out")
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:

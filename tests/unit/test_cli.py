@@ -62,6 +62,9 @@ def test_model_path(runner, tmp_path, monkeypatch):
         (["generate", "hi", ""], "prompt 2 is empty"),
         (["bench", "latency", "--out", "/proc/no/such/dir"], "Invalid value for --out: cannot create /proc/no"),
         (["bench", "latency", "--out", ""], "Invalid value for --out: must name a folder"),
+        (["bench", "latency", "--out", "/dev/null"], "Invalid value for --out: /dev/null exists and is not a folder"),
+        (["bench", "scaling", "--concurrency-list", ""], "--concurrency-list: give at least one level"),
+        (["bench", "scaling", "--concurrency-list", "4,0"], "--concurrency-list: levels must be >= 1"),
     ],
 )
 def test_usage_errors_exit_2_without_traceback(runner, args, message):

@@ -121,8 +121,8 @@ def test_penalties_and_logit_bias():
     [({"repeat_penalty": 0.0}, "repeat_penalty must be > 0"),
      ({"presence_penalty": float("nan")}, "presence_penalty must be finite"),
      ({"repeat_last_n": -2}, "repeat_last_n must be >= -1, got -2"),
-     ({"logit_bias": {-1: 1.0}}, r"logit_bias_token_ids\[0\] = -1 must be >= 0"),
-     ({"logit_bias": {1: float("inf")}}, r"logit_bias_values\[0\] must be finite or -INFINITY"),
+     ({"logit_bias": {-1: 1.0}}, r"logit_bias\[0\] token id = -1 must be >= 0"),
+     ({"logit_bias": {1: float("inf")}}, r"logit_bias\[0\] bias must be finite or -INFINITY"),
      ({"logit_bias": [(1, 2, 3)]}, "pairs")],
 )  # fmt: skip
 def test_bad_penalties_and_logit_bias(kwargs, message):

@@ -18,14 +18,19 @@ std::string format_float(float value) {
 }
 
 // n_vocab 0: the vocabulary is not known yet (cf_sampling_params_check), only the sign is checked.
-void check_token_id(const char * array, size_t index, int32_t token, int32_t n_vocab) {
-    const std::string where = std::string(array) + "[" + std::to_string(index) + "] = " + std::to_string(token);
+// "<label> = <token> must be >= 0" or "... is out of range [0, n_vocab)" (not checked against n_vocab when it is 0).
+void check_token(const std::string & label, int32_t token, int32_t n_vocab) {
+    const std::string where = label + " = " + std::to_string(token);
     if (token < 0) {
         fail_invalid(where + " must be >= 0");
     }
     if (n_vocab > 0 && token >= n_vocab) {
         fail_invalid(where + " is out of range [0, " + std::to_string(n_vocab) + ")");
     }
+}
+
+void check_token_id(const char * array, size_t index, int32_t token, int32_t n_vocab) {
+    check_token(std::string(array) + "[" + std::to_string(index) + "]", token, n_vocab);
 }
 
 void validate_numbers(const cf_sampling_params & p) {
@@ -138,9 +143,10 @@ void copy_penalties_and_bias(const cf_sampling_params & p, int32_t n_vocab, Samp
     for (int32_t i = 0; i < p.num_logit_bias; ++i) {
         const int32_t token = p.logit_bias_token_ids[i];
         const float bias = p.logit_bias_values[i];
-        check_token_id("logit_bias_token_ids", (size_t) i, token, n_vocab);
+        // named as the caller's (token id, bias) pairs, which both the C arrays and SamplingParams.logit_bias index
+        check_token("logit_bias[" + std::to_string(i) + "] token id", token, n_vocab);
         if (std::isnan(bias) || bias == INFINITY) {
-            fail_invalid("logit_bias_values[" + std::to_string(i) + "] must be finite or -INFINITY");
+            fail_invalid("logit_bias[" + std::to_string(i) + "] bias must be finite or -INFINITY");
         }
         out.logit_bias.emplace_back(token, bias);
     }
