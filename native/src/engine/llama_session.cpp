@@ -514,15 +514,14 @@ void LlamaSession::create_context() {
     // one CUDA device, whose embedding the engine moves there): with the embedding on the CPU and the layers on a GPU,
     // ggml-cuda refuses to read the argmax back asynchronously (seen on an H100, results/h200_gpu/stop42).
     const char * async_env = std::getenv("CACHEFLOW_ASYNC_DECODE");
-    if (config_.paged() && backend_sampling_ && async_env != nullptr && std::strcmp(async_env, "1") == 0 &&
-        !embd_with_layers_ && config_.log_level != CF_LOG_LEVEL_NONE) {
-        std::fprintf(stderr, "cacheflow: CACHEFLOW_ASYNC_DECODE=1 ignored: async decode needs the token embedding on "
-                             "the device of the layers (a model wholly on one CUDA device, or the CPU alone)\n");
-    }
-    if (config_.paged() && backend_sampling_ && async_env != nullptr && std::strcmp(async_env, "1") == 0 &&
-        embd_with_layers_) {
+    const bool async_asked =
+        config_.paged() && backend_sampling_ && async_env != nullptr && std::strcmp(async_env, "1") == 0;
+    if (async_asked && embd_with_layers_) {
         token_feed_rows_ = n_seq_max_ + 16;
         cp.token_feed = token_feed_rows_;
+    } else if (async_asked && config_.log_level != CF_LOG_LEVEL_NONE) {
+        std::fprintf(stderr, "cacheflow: CACHEFLOW_ASYNC_DECODE=1 ignored: async decode needs the token embedding on "
+                             "the device of the layers (a model wholly on one CUDA device, or the CPU alone)\n");
     }
     if (config_.paged()) {
         // Step padding takes the pool's last block as its scratch block (below). A context asked for in
