@@ -507,3 +507,21 @@ def test_fused_projections_on_the_gpu(gpu_model: Path, monkeypatch: pytest.Monke
     _record(figures)
     assert info.num_fused_projections == 2 * info.n_layer
     assert figures["fused_vs_unfused"] >= 0.9
+
+
+def test_add_rms_norm_on_the_gpu(gpu_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The residual add, RMS norm and norm weight in one kernel (patches/0020, bit 4 of CACHEFLOW_CUDA_GEMM, on by
+    default): the 64 greedy requests against the unfused graph (CACHEFLOW_CUDA_GEMM=3, patch 0008's options alone).
+    The sum of squares is reduced in another order than ggml's norm kernel, so a near tie may break the other way: the
+    agreement is reported, and a wrong sum, weight or F16 copy would leave almost no sequence equal."""
+    monkeypatch.setenv("CACHEFLOW_CUDA_GEMM", "3")
+    meta, plain = _run(gpu_model, kv_mode="paged")
+    monkeypatch.delenv("CACHEFLOW_CUDA_GEMM")
+    _, fused = _run(gpu_model, meta["prompts"], kv_mode="paged")
+    _, fused_stock_kv = _run(gpu_model, meta["prompts"], kv_mode="stock")
+    figures = {"add_rms_norm_vs_unfused": _agreement(fused, plain),
+               "add_rms_norm_paged_vs_stock_kv": _agreement(fused, fused_stock_kv)}
+    print("add + rms norm:", figures)
+    _record(figures)
+    assert all(len(t) == N_OUT for t in fused)
+    assert figures["add_rms_norm_vs_unfused"] >= 0.9

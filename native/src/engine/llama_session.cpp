@@ -140,17 +140,18 @@ cuda_graph_counts_fn cuda_graph_counts_getter() {
     return getter;
 }
 
-// ggml-cuda's F16 GEMM options of patch 0008 (bit 1: F32 output, bit 2: one F16 copy of each src1 per
-// graph evaluation); all on unless CACHEFLOW_CUDA_GEMM (0-3) says otherwise, for A/B runs. A build
-// without the CUDA backend has no such function and nothing is set.
+// ggml-cuda's F16 GEMM options of patches 0008 and 0020 (1: F32 output, 2: one F16 copy of each src1 per graph
+// evaluation, 4: the residual add, the RMS norm and its weight in one kernel that also writes that F16 copy); all on
+// unless CACHEFLOW_CUDA_GEMM (0-7, the sum of the bits wanted) says otherwise, for A/B runs; set when an engine opens.
+// A build without the CUDA backend has no such function and nothing is set.
 void set_cuda_gemm_options() {
     auto set_options = (void (*)(int)) cuda_proc_address("ggml_backend_cuda_cf_set_gemm_options");
     if (set_options == nullptr) {
         return;
     }
-    int options = 3;
+    int options = 7;
     if (const char * env = std::getenv("CACHEFLOW_CUDA_GEMM"); env != nullptr && *env != '\0') {
-        options = std::atoi(env) & 3;
+        options = std::atoi(env) & 7;
     }
     set_options(options);
 }
@@ -171,7 +172,6 @@ void init_backend_once() {
     std::call_once(once, [] {
         llama_log_set(log_callback, nullptr);
         llama_backend_init();
-        set_cuda_gemm_options();
         set_cuda_graph_per_shape();
     });
 }
@@ -302,6 +302,7 @@ void set_log_level(cf_log_level level) {
 std::unique_ptr<LlamaSession> LlamaSession::open(const EngineConfig & config) {
     set_log_level(config.log_level);
     init_backend_once();
+    set_cuda_gemm_options();  // process-wide in ggml-cuda; read again by every engine (A/B runs in one process)
     std::unique_ptr<LlamaSession> session(new LlamaSession(config));
     session->load_model();
     session->resolve_kv_mode();
