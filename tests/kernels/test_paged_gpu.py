@@ -510,13 +510,13 @@ def test_fused_projections_on_the_gpu(gpu_model: Path, monkeypatch: pytest.Monke
 
 
 def test_add_rms_norm_on_the_gpu(gpu_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The residual add, RMS norm and norm weight in one kernel (patches/0020, bit 4 of CACHEFLOW_CUDA_GEMM, on by
-    default): the 64 greedy requests against the unfused graph (CACHEFLOW_CUDA_GEMM=3, patch 0008's options alone).
-    The sum of squares is reduced in another order than ggml's norm kernel, so a near tie may break the other way: the
+    """The residual add, RMS norm and norm weight in one kernel (patches/0020, bit 4 of CACHEFLOW_CUDA_GEMM, opt-in):
+    the 64 greedy requests with CACHEFLOW_CUDA_GEMM=7 against the default graph (3, patch 0008's options alone). The
+    sum of squares is reduced in another order than ggml's norm kernel, so a near tie may break the other way: the
     agreement is reported, and a wrong sum, weight or F16 copy would leave almost no sequence equal."""
-    monkeypatch.setenv("CACHEFLOW_CUDA_GEMM", "3")
+    monkeypatch.delenv("CACHEFLOW_CUDA_GEMM", raising=False)
     meta, plain = _run(gpu_model, kv_mode="paged")
-    monkeypatch.delenv("CACHEFLOW_CUDA_GEMM")
+    monkeypatch.setenv("CACHEFLOW_CUDA_GEMM", "7")
     _, fused = _run(gpu_model, meta["prompts"], kv_mode="paged")
     _, fused_stock_kv = _run(gpu_model, meta["prompts"], kv_mode="stock")
     figures = {"add_rms_norm_vs_unfused": _agreement(fused, plain),

@@ -141,15 +141,16 @@ cuda_graph_counts_fn cuda_graph_counts_getter() {
 }
 
 // ggml-cuda's F16 GEMM options of patches 0008 and 0020 (1: F32 output, 2: one F16 copy of each src1 per graph
-// evaluation, 4: the residual add, the RMS norm and its weight in one kernel that also writes that F16 copy); all on
-// unless CACHEFLOW_CUDA_GEMM (0-7, the sum of the bits wanted) says otherwise, for A/B runs; set when an engine opens.
+// evaluation, 4: the residual add, the RMS norm and its weight in one kernel that also writes that F16 copy); 1 and 2
+// by default, CACHEFLOW_CUDA_GEMM (0-7, the sum of the bits wanted) for others. 4 stays opt-in until it has run end to
+// end on a GPU (its kernel's standalone test: tests/kernels/test_add_rms_norm_cuda.py). Set when an engine opens.
 // A build without the CUDA backend has no such function and nothing is set.
 void set_cuda_gemm_options() {
     auto set_options = (void (*)(int)) cuda_proc_address("ggml_backend_cuda_cf_set_gemm_options");
     if (set_options == nullptr) {
         return;
     }
-    int options = 7;
+    int options = 3;
     if (const char * env = std::getenv("CACHEFLOW_CUDA_GEMM"); env != nullptr && *env != '\0') {
         options = std::atoi(env) & 7;
     }
