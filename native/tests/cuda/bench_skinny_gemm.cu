@@ -124,6 +124,15 @@ __device__ __forceinline__ void mma16816(float (&c)[4], unsigned a0, unsigned a1
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
+template <int FW, int MT> __device__ __forceinline__ void zero_acc(float (&acc)[FW][MT][4]) {
+#pragma unroll
+    for (int i = 0; i < FW; ++i)
+#pragma unroll
+        for (int j = 0; j < MT; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0f;
+}
+
 // grid (N / (16 * FW * kWarps), S), block 32 * kWarps, dynamic smem MT * 8 * (Kc + kPad) halves.
 // w: [N][K] F16 row-major; x: [M][K] F16 row-major (M <= 8 * MT); y: [M][N] F32; part: [S][gridDim.x][kWarps * FW *
 // MT * 128] F32 (S > 1); tickets: [gridDim.x] int, zero, left zero.
@@ -176,12 +185,7 @@ __global__ void __launch_bounds__(32 * kWarps) skinny_gemm(const half * __restri
     __syncthreads();
 
     float acc[FW][MT][4];
-#pragma unroll
-    for (int i = 0; i < FW; ++i)
-#pragma unroll
-        for (int j = 0; j < MT; ++j)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0f;
+    zero_acc(acc);
 
     for (int c0 = 0; c0 < nchunks; c0 += kDepth) {
 #pragma unroll
@@ -230,12 +234,7 @@ __global__ void __launch_bounds__(32 * kWarps) skinny_gemm(const half * __restri
             return;
         }
         __threadfence();
-#pragma unroll
-        for (int i = 0; i < FW; ++i)
-#pragma unroll
-            for (int j = 0; j < MT; ++j)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0f;
+        zero_acc(acc);
         for (int s = 0; s < S; ++s) {
             const float4 * ps =
                 reinterpret_cast<const float4 *>(part + ((size_t) s * gridDim.x + blockIdx.x) * block_floats);
