@@ -97,3 +97,17 @@ def test_rows_sampled_on_the_host_are_never_launched_ahead(real_model_path, make
     monkeypatch.setenv("CACHEFLOW_ASYNC_DECODE", "0")
     want = make_llm(real_model_path, kv_mode="paged", max_num_seqs=2, n_ctx=1024).generate(PROMPTS[:2], params)
     assert [list(o.token_ids) for o in got] == [list(o.token_ids) for o in want]
+
+
+@pytest.mark.parametrize(("value", "config", "says"), [
+    ("true", {"kv_mode": "paged"}, "CACHEFLOW_ASYNC_DECODE=true is not a whole number from 0 to 1; ignored"),
+    ("1", {"kv_mode": "stock"}, "CACHEFLOW_ASYNC_DECODE=1 ignored: async decode needs the paged KV cache"),
+])  # fmt: skip
+def test_a_setting_async_decode_cannot_take_is_named_on_stderr(real_model_path, make_llm, monkeypatch, capfd, value,
+                                                               config, says):
+    """Only the value 1 turns async decode on, and only in paged mode: anything else is said, not silently dropped."""
+    monkeypatch.setenv("CACHEFLOW_ASYNC_DECODE", value)
+    llm = make_llm(real_model_path, max_num_seqs=2, n_ctx=1024, **config)
+    llm.generate(PROMPTS[:1], SamplingParams(max_tokens=4))
+    assert says in capfd.readouterr().err
+    assert llm.stats().num_lookahead_decodes == 0

@@ -367,3 +367,15 @@ def test_generate_chat_renders_the_gguf_template(tiny_model_path, tiny_llm):
     expected = tiny_llm.generate([rendered], SamplingParams(max_tokens=3, ignore_eos=True))[0]
     assert record["token_ids"] == list(expected.token_ids)
     assert record["metrics"]["num_prompt_tokens"] == len(expected.prompt_token_ids)
+
+
+def test_gpu_layers_without_a_gpu_are_named_as_ignored(tiny_model_path, capfd):
+    """As llama-server warns for --gpu-layers without a usable GPU: the layers run on the CPU, and stderr says so."""
+    import shutil
+
+    if shutil.which("nvidia-smi") is not None:
+        pytest.skip("a GPU driver is present: the layers may go to a GPU")
+    result = run_cli("generate", "-m", str(tiny_model_path), "-q", "--gpu-layers", "99", "-n", "1", "hi")
+    assert result.exit_code == 0, result.output
+    assert ("no GPU to offload to (no GPU backend in this build, or no device visible): n_gpu_layers=99 is ignored "
+            "and every layer runs on the CPU") in capfd.readouterr().err  # fmt: skip

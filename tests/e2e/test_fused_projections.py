@@ -41,3 +41,11 @@ def test_fused_projections_keep_greedy_tokens(request, make_llm, monkeypatch, kv
     assert unfused.num_fused_projections == 0
     assert fused.num_fused_projections == fused_per_layer * fused.n_layer
     assert got == want
+
+
+def test_a_value_other_than_0_or_1_is_named_and_fusion_stays_on(real_model_path, make_llm, monkeypatch, capfd):
+    """CACHEFLOW_FUSE_PROJECTIONS=off is not 0: the engine says it ignores it, and fuses as by default."""
+    monkeypatch.setenv("CACHEFLOW_FUSE_PROJECTIONS", "off")
+    info = make_llm(real_model_path, max_num_seqs=1, n_ctx=512).info
+    assert "CACHEFLOW_FUSE_PROJECTIONS=off is not a whole number from 0 to 1; ignored" in capfd.readouterr().err
+    assert info.num_fused_projections == info.n_layer  # SmolLM2: gate/up in every layer (module docstring)

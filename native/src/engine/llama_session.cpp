@@ -14,6 +14,7 @@
 #include <array>
 #include <atomic>
 #include <cassert>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -43,6 +44,32 @@ bool shows(ggml_log_level level) {
         case GGML_LOG_LEVEL_CONT: return g_log_last_shown.load(std::memory_order_relaxed);
         default: return threshold >= CF_LOG_LEVEL_DEBUG;
     }
+}
+
+// A line on stderr about a setting the engine ignores or corrects (shown unless logging is off: at the default error
+// level too, like the engine's other notices).
+void notice(const std::string & text) {
+    if (g_log_level.load(std::memory_order_relaxed) != CF_LOG_LEVEL_NONE) {
+        std::fprintf(stderr, "cacheflow: %s\n", text.c_str());
+    }
+}
+
+// The environment variable `name` as a whole number in [lo, hi]: `fallback` when unset or empty, and also for any
+// other value, which a notice names with the range (a typo must not silently change an A/B run).
+int env_int_in(const char * name, int lo, int hi, int fallback) {
+    const char * v = std::getenv(name);
+    if (v == nullptr || *v == '\0') {
+        return fallback;
+    }
+    char * end = nullptr;
+    errno = 0;
+    const long x = std::strtol(v, &end, 10);
+    if (errno != 0 || end == v || *end != '\0' || x < lo || x > hi) {
+        notice(std::string(name) + "=" + v + " is not a whole number from " + std::to_string(lo) + " to " +
+               std::to_string(hi) + "; ignored (the default, " + std::to_string(fallback) + ", stays)");
+        return fallback;
+    }
+    return (int) x;
 }
 
 // While an ErrorCapture is active (model load, context creation) llama.cpp's error lines become
@@ -150,11 +177,7 @@ void set_cuda_gemm_options() {
     if (set_options == nullptr) {
         return;
     }
-    int options = 3;
-    if (const char * env = std::getenv("CACHEFLOW_CUDA_GEMM"); env != nullptr && *env != '\0') {
-        options = std::atoi(env) & 7;
-    }
-    set_options(options);
+    set_options(env_int_in("CACHEFLOW_CUDA_GEMM", 0, 7, 3));
 }
 
 // ggml-cuda keeps one CUDA graph per step shape (patch 0010), the shapes step padding produces;
@@ -345,6 +368,10 @@ void LlamaSession::load_model() {
     mp.n_gpu_layers = config_.n_gpu_layers;
     const DevicePlacement placement = place_devices(config_);  // outlives the load: mp points into it
     offload_devices_ = placement.offload_devices();
+    if (config_.n_gpu_layers > 0 && offload_devices_.empty()) {  // as llama-server warns for --gpu-layers
+        notice("no GPU to offload to (no GPU backend in this build, or no device visible): n_gpu_layers=" +
+               std::to_string(config_.n_gpu_layers) + " is ignored and every layer runs on the CPU");
+    }
     mp.devices = const_cast<ggml_backend_dev_t *>(placement.devices.data());
     // place_devices already kept only the main device of split mode none: it is the list's first
     mp.split_mode = config_.split_mode == CF_SPLIT_MODE_NONE ? LLAMA_SPLIT_MODE_NONE : LLAMA_SPLIT_MODE_LAYER;
@@ -400,9 +427,8 @@ void LlamaSession::load_model() {
     // Q/K/V and gate/up weights lying back to back become one matrix each (patches/0019, views: no copy), so a step
     // runs two matmuls per layer fewer. The engine applies no LoRA adapters, which the fused matrices would skip.
     // CACHEFLOW_FUSE_PROJECTIONS=0 keeps llama.cpp's graph, for A/B runs.
-    const char * fuse_env = std::getenv("CACHEFLOW_FUSE_PROJECTIONS");
     num_fused_projections_ =
-        fuse_env != nullptr && std::strcmp(fuse_env, "0") == 0 ? 0 : llama_model_fuse_projections(model_);
+        env_int_in("CACHEFLOW_FUSE_PROJECTIONS", 0, 1, 1) == 0 ? 0 : llama_model_fuse_projections(model_);
     if (embd_forced && embd_on_device && config_.n_gpu_layers >= 0 &&
         config_.n_gpu_layers <= llama_model_n_layer(model_)) {
         throw Error(CF_STATUS_INVALID_ARGUMENT,
@@ -515,15 +541,19 @@ void LlamaSession::create_context() {
     // writes its argmax there, so only where the embedding is with the layers (the CPU alone, or a model wholly on
     // one CUDA device, whose embedding the engine moves there): with the embedding on the CPU and the layers on a GPU,
     // ggml-cuda refuses to read the argmax back asynchronously (seen on an H100, results/h200_gpu/stop42).
-    const char * async_env = std::getenv("CACHEFLOW_ASYNC_DECODE");
-    const bool async_asked =
-        config_.paged() && backend_sampling_ && async_env != nullptr && std::strcmp(async_env, "1") == 0;
-    if (async_asked && embd_with_layers_) {
+    const bool async_asked = env_int_in("CACHEFLOW_ASYNC_DECODE", 0, 1, 0) == 1;
+    if (async_asked && !config_.paged()) {
+        notice("CACHEFLOW_ASYNC_DECODE=1 ignored: async decode needs the paged KV cache (kv_mode paged), and this "
+               "engine runs the stock one");
+    } else if (async_asked && !backend_sampling_) {
+        notice("CACHEFLOW_ASYNC_DECODE=1 ignored: async decode needs greedy sampling in the graph, and host sampling "
+               "is on (CACHEFLOW_HOST_SAMPLING)");
+    } else if (async_asked && !embd_with_layers_) {
+        notice("CACHEFLOW_ASYNC_DECODE=1 ignored: async decode needs the token embedding on the device of the layers "
+               "(a model wholly on one CUDA device, or the CPU alone)");
+    } else if (async_asked) {
         token_feed_rows_ = n_seq_max_ + 16;
         cp.token_feed = token_feed_rows_;
-    } else if (async_asked && config_.log_level != CF_LOG_LEVEL_NONE) {
-        std::fprintf(stderr, "cacheflow: CACHEFLOW_ASYNC_DECODE=1 ignored: async decode needs the token embedding on "
-                             "the device of the layers (a model wholly on one CUDA device, or the CPU alone)\n");
     }
     if (config_.paged()) {
         // Step padding takes the pool's last block as its scratch block (below). A context asked for in
