@@ -106,6 +106,7 @@ constexpr int kWarps = 4;
 constexpr int kDepth = 4;
 constexpr int kChunk = 32;
 constexpr int kPad = 32;  // halves of padding per staged X row
+constexpr int kStageBatch = 8;  // X's 16-byte loads in flight per thread while staging
 
 __device__ __forceinline__ uint4 ld_stream(const void * p) {
     uint4 v;
@@ -163,24 +164,38 @@ __global__ void __launch_bounds__(32 * kWarps) skinny_gemm(const half * __restri
             }
         }
     }
-    // stage X's slice (tokens >= M as zeros)
+    // stage X's slice (tokens >= M as zeros), kStageBatch 16-byte loads in flight per thread before any store: a
+    // load-store loop would wait one L2 round trip per 16 bytes (the first version did, stop 43's run 1)
     const int row_u4 = Kc / 8;
-    for (int idx = threadIdx.x; idx < MT * 8 * row_u4; idx += 32 * kWarps) {
-        const int m = idx / row_u4, c = idx % row_u4;
-        uint4 v = make_uint4(0, 0, 0, 0);
-        if (m < M) {
-            if constexpr (sizeof(XT) == 2) {
-                v = *reinterpret_cast<const uint4 *>(x + (size_t) m * K + k_begin + c * 8);
-            } else {  // F32 X, rounded to F16 here (as ggml's conversion kernel would)
-                const float4 * xf = reinterpret_cast<const float4 *>(x + (size_t) m * K + k_begin + c * 8);
-                const float4 a = xf[0], b = xf[1];
-                const __half2 h0 = __floats2half2_rn(a.x, a.y), h1 = __floats2half2_rn(a.z, a.w);
-                const __half2 h2 = __floats2half2_rn(b.x, b.y), h3 = __floats2half2_rn(b.z, b.w);
-                v = make_uint4(*reinterpret_cast<const unsigned *>(&h0), *reinterpret_cast<const unsigned *>(&h1),
-                               *reinterpret_cast<const unsigned *>(&h2), *reinterpret_cast<const unsigned *>(&h3));
+    const int total_u4 = MT * 8 * row_u4;
+    for (int base = threadIdx.x; base < total_u4; base += 32 * kWarps * kStageBatch) {
+        uint4 v[kStageBatch];
+#pragma unroll
+        for (int u = 0; u < kStageBatch; ++u) {
+            const int idx = base + u * 32 * kWarps;
+            const int m = idx / row_u4, c = idx % row_u4;
+            v[u] = make_uint4(0, 0, 0, 0);
+            if (idx < total_u4 && m < M) {
+                if constexpr (sizeof(XT) == 2) {
+                    v[u] = __ldg(reinterpret_cast<const uint4 *>(x + (size_t) m * K + k_begin + c * 8));
+                } else {  // F32 X, rounded to F16 here (as ggml's conversion kernel would)
+                    const float4 * xf = reinterpret_cast<const float4 *>(x + (size_t) m * K + k_begin + c * 8);
+                    const float4 a = __ldg(xf), b = __ldg(xf + 1);
+                    const __half2 h0 = __floats2half2_rn(a.x, a.y), h1 = __floats2half2_rn(a.z, a.w);
+                    const __half2 h2 = __floats2half2_rn(b.x, b.y), h3 = __floats2half2_rn(b.z, b.w);
+                    v[u] = make_uint4(*reinterpret_cast<const unsigned *>(&h0), *reinterpret_cast<const unsigned *>(&h1),
+                                      *reinterpret_cast<const unsigned *>(&h2), *reinterpret_cast<const unsigned *>(&h3));
+                }
             }
         }
-        *reinterpret_cast<uint4 *>(xs + m * xs_stride + c * 8) = v;
+#pragma unroll
+        for (int u = 0; u < kStageBatch; ++u) {
+            const int idx = base + u * 32 * kWarps;
+            if (idx < total_u4) {
+                const int m = idx / row_u4, c = idx % row_u4;
+                *reinterpret_cast<uint4 *>(xs + m * xs_stride + c * 8) = v[u];
+            }
+        }
     }
     __syncthreads();
 
