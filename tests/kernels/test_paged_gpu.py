@@ -513,7 +513,9 @@ def test_add_rms_norm_on_the_gpu(gpu_model: Path, monkeypatch: pytest.MonkeyPatc
     """The residual add, RMS norm and norm weight in one kernel (patches/0020, bit 4 of CACHEFLOW_CUDA_GEMM, opt-in):
     the 64 greedy requests with CACHEFLOW_CUDA_GEMM=7 against the default graph (3, patch 0008's options alone). The
     sum of squares is reduced in another order than ggml's norm kernel, so a near tie may break the other way: the
-    agreement is reported, and a wrong sum, weight or F16 copy would leave almost no sequence equal."""
+    agreement is reported, and a wrong sum, weight or F16 copy would leave almost no sequence equal. This test does not
+    show that the fusion engages (agreement 1.0 would also follow if it never did): the CUPTI timeline of
+    results/h200_gpu/stop43/job2.sh does, by kernel name."""
     monkeypatch.delenv("CACHEFLOW_CUDA_GEMM", raising=False)
     meta, plain = _run(gpu_model, kv_mode="paged")
     monkeypatch.setenv("CACHEFLOW_CUDA_GEMM", "7")

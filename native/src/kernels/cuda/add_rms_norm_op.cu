@@ -28,6 +28,11 @@ bool alias_ok(const ggml_tensor * dst, const ggml_tensor * src) {
     return !overlaps(dst, src) || (dst->data == src->data && dst->nb[1] == src->nb[1]);
 }
 
+// The norm's weight: mul's other source (MUL is commutative), or nullptr when neither source is the norm.
+const ggml_tensor * norm_weight(const ggml_tensor * mul, const ggml_tensor * norm) {
+    return mul->src[0] == norm ? mul->src[1] : mul->src[1] == norm ? mul->src[0] : nullptr;
+}
+
 }  // namespace
 
 // Whether add -> norm -> mul is a residual add, an RMS norm of its sum and a multiplication by one weight row that
@@ -38,7 +43,7 @@ bool ggml_cuda_cf_add_rms_norm_applies(const ggml_tensor * add, const ggml_tenso
     if (add->op != GGML_OP_ADD || norm->op != GGML_OP_RMS_NORM || mul->op != GGML_OP_MUL || norm->src[0] != add) {
         return false;
     }
-    const ggml_tensor * w = mul->src[0] == norm ? mul->src[1] : mul->src[1] == norm ? mul->src[0] : nullptr;
+    const ggml_tensor * w = norm_weight(mul, norm);
     const ggml_tensor * a = add->src[0];
     const ggml_tensor * b = add->src[1];
     if (w == nullptr || a == nullptr || b == nullptr) {
@@ -81,7 +86,7 @@ bool ggml_cuda_cf_add_rms_norm_applies(const ggml_tensor * add, const ggml_tenso
 // buffer for mul's rows in F16, [rows][n] contiguous, or nullptr. Call only where ..._applies said yes.
 void ggml_cuda_cf_add_rms_norm(ggml_backend_cuda_context & ctx, ggml_tensor * add, const ggml_tensor * norm,
                                ggml_tensor * mul, half * out_f16) {
-    const ggml_tensor * w = mul->src[0] == norm ? mul->src[1] : mul->src[0];
+    const ggml_tensor * w = norm_weight(mul, norm);
     const ggml_tensor * a = add->src[0];
     const ggml_tensor * b = add->src[1];
     cf::cuda::AddRmsNormArgs p{};
