@@ -1,6 +1,7 @@
 // test_batch_builder.cpp - llama.cpp slots and batches without a model: stable slots (stock
 // modes: lowest free first, kept until release, reused), per-decode rows (paged mode: decode
-// groups of at most num_slots sequences, nothing kept), batch order and sample indices.
+// groups of at most num_slots sequences, nothing kept), batch order and sample indices, rows selected for a decode
+// launched ahead that fewer sequences adopt.
 #undef NDEBUG  // the checks must run in Release builds too
 #include "engine/batch_builder.h"
 
@@ -78,6 +79,25 @@ void test_per_decode_rows() {
     assert(builder.release(12) == CF_SLOT_NONE);  // nothing is kept between decodes
 }
 
+// Async decode adopted by fewer sequences: after select_rows({1, 3}) plan index 0 is the last build's row 1 and
+// index 1 its row 3 (slots and sample indices); the batch is untouched.
+void test_select_rows() {
+    BatchBuilder builder(64, SlotMode::PER_DECODE, 8);
+    std::vector<std::unique_ptr<Sequence>> owned;
+    std::vector<Sequence *> seqs;
+    for (int64_t id = 20; id < 24; ++id) {
+        owned.push_back(make_seq(id, 1 + (int32_t) (id % 2)));  // 1, 2, 1, 2 tokens
+        seqs.push_back(owned.back().get());
+    }
+    StepPlan plan = plan_of(seqs);
+    const llama_batch & batch = builder.build(plan, 0, 4);
+    assert(batch.n_tokens == 6 && builder.sample_index(1) == 2 && builder.sample_index(3) == 5);
+    builder.select_rows({1, 3});
+    assert(builder.slot(0) == 1 && builder.slot(1) == 3);
+    assert(builder.sample_index(0) == 2 && builder.sample_index(1) == 5);
+    assert(batch.n_tokens == 6 && batch.seq_id[5][0] == 3);
+}
+
 // The buckets: 1, 2, 4, 8, multiples of 8 to 256, of 16 to 512, none past it.
 void test_padded_step_tokens() {
     const int32_t cases[][2] = {{1, 1}, {2, 2}, {3, 4}, {5, 8}, {8, 8}, {9, 16}, {57, 64}, {64, 64},
@@ -134,6 +154,7 @@ void test_padding() {
 int main() {
     test_stable_slots();
     test_per_decode_rows();
+    test_select_rows();
     test_padded_step_tokens();
     test_padding();
     std::printf("test_batch_builder: ok\n");

@@ -7,8 +7,8 @@ drops it when not. On the CPU the decodes run synchronously, so this checks the 
 same greedy tokens with and without, while requests end at different steps (max_tokens, EOS),
 arrive during decoding (prompt chunks in between), stop on a stop string or ignore EOS (the feed's
 argmax without EOG tokens), with decodes adopted; a decode launched ahead and dropped (the request
-ended at its context's end) is checked alone; rows sampled on the host (logprobs) are never
-launched ahead.
+ended at its context's end) is checked alone; one adopted by the requests left when others stopped
+(no drop); rows sampled on the host (logprobs) are never launched ahead.
 """
 
 from __future__ import annotations
@@ -111,3 +111,31 @@ def test_a_setting_async_decode_cannot_take_is_named_on_stderr(real_model_path, 
     llm.generate(PROMPTS[:1], SamplingParams(max_tokens=4))
     assert says in capfd.readouterr().err
     assert llm.stats().num_lookahead_decodes == 0
+
+
+def test_a_decode_launched_ahead_is_adopted_by_the_requests_left_when_one_stops(real_model_path, make_llm,
+                                                                                monkeypatch):
+    """Three requests end on a stop string, which no launch foresees, while five go on: the decode launched ahead
+    before each of those ends is adopted for the requests left (its rows of the ended ones are never read) instead
+    of being waited for and dropped. None is dropped; the step after such an adoption launches nothing ahead (its
+    rows sit where the decode ahead put them), so 46 decode steps after the prompts' step launch 43."""
+    prompts = [("stop %d here " % i) * (2 + i) for i in range(8)]
+    stops = {0: "5 here", 1: "7 here", 2: " base case"}  # the model counts, pairs, then explains recursion
+
+    def params(i: int) -> SamplingParams:
+        if i in stops:
+            return SamplingParams(max_tokens=48, stop=[stops[i]])
+        return SamplingParams(max_tokens=48, ignore_eos=True)
+
+    def run(async_decode: str):
+        monkeypatch.setenv("CACHEFLOW_ASYNC_DECODE", async_decode)
+        llm = make_llm(real_model_path, kv_mode="paged", max_num_seqs=8, n_ctx=2048)
+        outs = llm.generate(prompts, [params(i) for i in range(8)])
+        return [list(o.token_ids) for o in outs], [o.finish_reason for o in outs], llm.stats()
+
+    want, _, _ = run("0")
+    got, reasons, stats = run("1")
+    assert got == want
+    assert reasons == ["stop"] * 3 + ["length"] * 5
+    assert sorted({len(t) for t in got[:3]}) == sorted(len(t) for t in got[:3]), "the stops fall on three steps"
+    assert stats.num_lookahead_decodes == stats.num_lookahead_adopted == 46 - 3, stats

@@ -150,4 +150,15 @@ const llama_batch & BatchBuilder::advance_one_position(int32_t n_real) {
     return batch_;
 }
 
+void BatchBuilder::select_rows(const std::vector<int32_t> & rows) {
+    assert(mode_ == SlotMode::PER_DECODE && rows.size() <= slots_.size());
+    for (size_t i = 0; i < rows.size(); ++i) {  // rows[i] >= i: entry rows[i] is read before anything overwrites it
+        assert(rows[i] >= (int32_t) i && (size_t) rows[i] < slots_.size() && (i == 0 || rows[i] > rows[i - 1]));
+        slots_[i] = slots_[(size_t) rows[i]];
+        sample_index_[i] = sample_index_[(size_t) rows[i]];
+    }
+    slots_.resize(rows.size());
+    sample_index_.resize(rows.size());
+}
+
 }  // namespace cf

@@ -79,6 +79,11 @@ class BatchBuilder {
     // padding unchanged.
     const llama_batch & advance_one_position(int32_t n_real);
 
+    // Async decode, a decode launched ahead adopted by a plan of fewer sequences (the others ended after the step
+    // before): plan index i of that plan is index rows[i] of the last build() (rows ascending, PER_DECODE mode), so
+    // slot(i) and sample_index(i) answer for it afterwards. The batch is unchanged: the rows left out are never read.
+    void select_rows(const std::vector<int32_t> & rows);
+
     // Slot of plan.seqs[i] in the last build(); batch index whose logits sample it, or
     // CF_BATCH_INDEX_NONE.
     int32_t slot(size_t i) const { return slots_[i]; }

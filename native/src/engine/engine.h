@@ -105,6 +105,7 @@ class Engine {
     bool lookahead_eligible(const StepPlan & plan) const;
     void launch_lookahead(const StepPlan & plan);
     void settle_lookahead(const StepPlan & plan);
+    bool match_lookahead_subset(const StepPlan & plan);
     void release_slot(Sequence & seq);
     void take_slot_id(Sequence & seq);
     void fail_step(const StepPlan & out);
@@ -149,10 +150,15 @@ class Engine {
     // this step's plan before this step's tokens are read. lookahead_plan_: the plan it ran (the step's plan with
     // every sequence one position on); lookahead_active_: it is in flight and not yet adopted or dropped;
     // lookahead_adopted_: this step is that decode (decode_groups launches nothing); read_previous_decode_:
-    // sample_group reads the decode before the last (a lookahead went out after this step's decode).
+    // sample_group reads the decode before the last (a lookahead went out after this step's decode);
+    // lookahead_rows_: with lookahead_subset_, the plan adopted it for fewer sequences (the others ended after the
+    // last step), plan index i being its row lookahead_rows_[i] (ascending).
     StepPlan lookahead_plan_;
     bool lookahead_active_ = false;
     bool lookahead_adopted_ = false;
+    bool lookahead_subset_ = false;
+    std::vector<int32_t> lookahead_rows_;
+    std::vector<int64_t> lookahead_ids_;  // [lookahead_plan_.seqs.size()] request ids (its Sequence may be gone)
     bool read_previous_decode_ = false;
     cf_engine_stats totals_{};  // cumulative counters (num_steps, num_finished, token counts)
     std::vector<cf_priority_ttft> ttft_by_priority_;  // ascending priority, <= CF_TTFT_PRIORITIES_MAX

@@ -346,6 +346,7 @@ int32_t Engine::decode_groups(const StepPlan & plan) {
     step_waited_for_device_ = false;
     read_previous_decode_ = false;
     int32_t first_token = 0;
+    bool adopted_subset = false;
     for (int32_t g = 0; g < batch_.num_groups(plan); ++g) {
         const size_t begin = batch_.group_begin(plan, g);
         const size_t end = batch_.group_begin(plan, g + 1);
@@ -353,6 +354,11 @@ int32_t Engine::decode_groups(const StepPlan & plan) {
         int32_t num_padding = batch_.num_padding_tokens();
         if (lookahead_adopted_) {  // one group (lookahead_eligible): its decode is in flight already
             lookahead_adopted_ = false;
+            if (lookahead_subset_) {  // fewer sequences than it ran: their rows where it put them
+                batch_.select_rows(lookahead_rows_);
+                lookahead_subset_ = false;
+                adopted_subset = true;
+            }
             totals_.prepare_ns += decode_start_ns - step_start_ns_;
             totals_.num_padding_tokens += num_padding;
         } else {
@@ -386,8 +392,10 @@ int32_t Engine::decode_groups(const StepPlan & plan) {
         if (!samples) {
             continue;  // a prompt chunk only: its device work overlaps the next step's host work
         }
-        if (lookahead_eligible(plan)) {
-            launch_lookahead(plan);  // the next step's decode, before this one's tokens are read
+        // the next step's decode, before this one's tokens are read; not after a subset was adopted, whose rows a
+        // decode one position on would have to move (the next step builds its batch afresh)
+        if (!adopted_subset && lookahead_eligible(plan)) {
+            launch_lookahead(plan);
         }
         if (!read_previous_decode_) {
             session_->synchronize();  // the first read would wait here anyway; this splits the step's time
@@ -407,16 +415,21 @@ int32_t Engine::decode_groups(const StepPlan & plan) {
 // whose next row starts a new block gets that block now (BlockManager::reserve_next_block: the table holds it
 // beside its entries, and the allocate() of step N+1 makes it the next entry), so the guess holds at block
 // boundaries too. At step N+1 the scheduler plans as always; settle_lookahead compares its plan with the one
-// launched: equal (the steady state of a decode batch) adopts the decode in flight, anything else waits for it and
-// drops it. The idea is vLLM's async scheduling and SGLang's overlap scheduler; here the scheduler is left as it is
-// and the guess is checked, not assumed.
+// launched: equal (the steady state of a decode batch) adopts the decode in flight; so does the same plan less some
+// of its sequences (match_lookahead_subset: they ended after step N on an EOS or a stop string, which the launch
+// cannot foresee, or were aborted), whose rows in it are then never read; anything else waits for it and drops it.
+// The idea is vLLM's async scheduling and SGLang's overlap scheduler; here the scheduler is left as it is and the
+// guess is checked, not assumed.
 //
 // Why a dropped lookahead is harmless: it wrote one KV row per sequence, at the position after step N's, either in
 // the block that holds step N's row, which that sequence owns alone (lookahead_eligible), or in row 0 of the block
 // reserved for it. A sequence that goes on computes the same row again with the same token; one that stopped frees
 // both blocks, the partly filled one and the reserved one, and no prefix cache entry covers either row. Every later
-// device operation (block copies and swaps included) is issued after the wait. Outputs are the scheduler's, so
-// greedy outputs equal those without lookahead (tests/e2e).
+// device operation (block copies and swaps included) is issued after the wait. Adopted for fewer sequences, the
+// decode still writes the rows of those that ended, into blocks they have given back: the plan that adopts it moves
+// no block and gives out none but the reserved ones (match_lookahead_subset), and its tokens are read, so the decode
+// has finished, before any later step's block operations or decode. Outputs are the scheduler's, so greedy outputs
+// equal those without lookahead (tests/e2e).
 bool Engine::lookahead_eligible(const StepPlan & plan) const {
     if (!session_->async_decode() || session_->kv_streaming() || plan.seqs.empty() || batch_.num_groups(plan) != 1 ||
         plan.num_prefill_tokens != 0 || !plan.blocks_to_copy.empty() || !plan.blocks_to_swap_in.empty() ||
@@ -427,6 +440,12 @@ bool Engine::lookahead_eligible(const StepPlan & plan) const {
     const int32_t block_size = session_->config().block_size;
     if (blocks == nullptr || (int32_t) plan.slot_mapping.size() != (int32_t) plan.seqs.size()) {
         return false;
+    }
+    {
+        std::lock_guard<std::mutex> lock(inbox_mu_);
+        if (!pending_adds_.empty()) {
+            return false;  // a request arrived: the next plan holds its prompt
+        }
     }
     int32_t num_blocks_to_reserve = 0;
     for (size_t i = 0; i < plan.seqs.size(); ++i) {
@@ -491,6 +510,10 @@ void Engine::launch_lookahead(const StepPlan & plan) {
         throw Error(CF_STATUS_INTERNAL, "the decode launched ahead failed: llama_decode returned " +
                                             std::to_string(rc) + " for " + std::to_string(batch.n_tokens) + " tokens");
     }
+    lookahead_ids_.clear();
+    for (const ScheduledSeq & s : plan.seqs) {
+        lookahead_ids_.push_back(s.seq->request_id);
+    }
     lookahead_active_ = true;
     read_previous_decode_ = true;
     totals_.num_lookahead_decodes += 1;
@@ -498,6 +521,7 @@ void Engine::launch_lookahead(const StepPlan & plan) {
 
 void Engine::settle_lookahead(const StepPlan & plan) {
     lookahead_adopted_ = false;
+    lookahead_subset_ = false;
     if (!lookahead_active_) {
         return;
     }
@@ -513,12 +537,55 @@ void Engine::settle_lookahead(const StepPlan & plan) {
                                      return a.seq == b.seq && a.num_new_tokens == b.num_new_tokens &&
                                             a.needs_sample == b.needs_sample;
                                  });
-    if (same) {
+    if (same || match_lookahead_subset(plan)) {
         lookahead_adopted_ = true;
+        lookahead_subset_ = !same;
         totals_.num_lookahead_adopted += 1;
         return;
     }
     session_->synchronize();  // before this step's block operations and decode
+}
+
+// Whether plan is the decode launched ahead less some of its sequences: each of plan's sequences ran in it, in the
+// same order (both ascend by request id), with the same KV row, context length and blocks, and the step does nothing
+// else (no prompt tokens, block operations, preemptions or swaps). Sequences are matched by request id: a Sequence
+// that ended is gone. Fills lookahead_rows_ (plan index -> row of the decode ahead).
+bool Engine::match_lookahead_subset(const StepPlan & plan) {
+    const StepPlan & ahead = lookahead_plan_;
+    if (plan.seqs.empty() || plan.seqs.size() >= ahead.seqs.size() || plan.num_prefill_tokens != 0 ||
+        plan.num_scheduled_tokens != (int32_t) plan.seqs.size() || !plan.blocks_to_copy.empty() ||
+        !plan.blocks_to_swap_in.empty() || !plan.blocks_to_swap_out.empty() || !plan.preempted.empty() ||
+        !plan.swapped_in.empty() || !plan.resumed.empty() || !plan.deferred.empty() || !plan.out_of_blocks.empty() ||
+        lookahead_ids_.size() != ahead.seqs.size()) {
+        return false;
+    }
+    const int32_t block_size = session_->config().block_size;
+    lookahead_rows_.clear();
+    size_t r = 0;
+    for (size_t i = 0; i < plan.seqs.size(); ++i, ++r) {
+        const ScheduledSeq & s = plan.seqs[i];
+        while (r < ahead.seqs.size() && lookahead_ids_[r] != s.seq->request_id) {
+            ++r;
+        }
+        if (r == ahead.seqs.size()) {
+            return false;
+        }
+        const ScheduledSeq & a = ahead.seqs[r];
+        if (s.num_new_tokens != 1 || a.num_new_tokens != 1 || s.needs_sample != a.needs_sample ||
+            plan.token_seq_idx[i] != (int32_t) i || plan.slot_mapping[i] != ahead.slot_mapping[r] ||
+            plan.context_lens[i] != ahead.context_lens[r]) {
+            return false;
+        }
+        const int32_t num_blocks = (plan.context_lens[i] + block_size - 1) / block_size;
+        const int32_t * table = plan.block_tables.data() + i * (size_t) plan.max_blocks;
+        const int32_t * ahead_table = ahead.block_tables.data() + r * (size_t) ahead.max_blocks;
+        if (num_blocks > plan.max_blocks || num_blocks > ahead.max_blocks ||
+            !std::equal(table, table + num_blocks, ahead_table)) {
+            return false;
+        }
+        lookahead_rows_.push_back((int32_t) r);
+    }
+    return true;
 }
 
 // The request left the running set: clear llama.cpp's record of its stable slot, if it held one,
