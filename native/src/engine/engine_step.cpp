@@ -91,7 +91,11 @@ StepResult Engine::step_locked() {
     step_logprobs_.clear();
     finished_ids_.clear();
     step_start_ns_ = clock_ns();
-    consume_inbox();
+    // With a decode launched ahead in flight, requests that came in since wait one step: a prompt in this step's plan
+    // would drop that decode ("Lookahead"). Aborts wait with them (one may name a request still in the inbox).
+    if (!lookahead_active_) {
+        consume_inbox();
+    }
     const StepPlan & out = scheduler_.schedule(step_start_ns_);
     settle_lookahead(out);  // adopt the decode launched ahead for this step, or wait for it and drop it
     handle_block_shortage(out);
@@ -417,9 +421,11 @@ int32_t Engine::decode_groups(const StepPlan & plan) {
 // boundaries too. At step N+1 the scheduler plans as always; settle_lookahead compares its plan with the one
 // launched: equal (the steady state of a decode batch) adopts the decode in flight; so does the same plan less some
 // of its sequences (match_lookahead_subset: they ended after step N on an EOS or a stop string, which the launch
-// cannot foresee, or were aborted), whose rows in it are then never read; anything else waits for it and drops it.
-// The idea is vLLM's async scheduling and SGLang's overlap scheduler; here the scheduler is left as it is and the
-// guess is checked, not assumed.
+// cannot foresee), whose rows in it are then never read; anything else waits for it and drops it.
+// Requests that arrive (or are aborted) while a decode ahead is in flight enter the scheduler one step later
+// (step_locked), so that they do not make the plan differ; nothing is launched ahead while one waits. The idea is
+// vLLM's async scheduling and SGLang's overlap scheduler; here the scheduler is left as it is and the guess is
+// checked, not assumed.
 //
 // Why a dropped lookahead is harmless: it wrote one KV row per sequence, at the position after step N's, either in
 // the block that holds step N's row, which that sequence owns alone (lookahead_eligible), or in row 0 of the block
@@ -443,8 +449,8 @@ bool Engine::lookahead_eligible(const StepPlan & plan) const {
     }
     {
         std::lock_guard<std::mutex> lock(inbox_mu_);
-        if (!pending_adds_.empty()) {
-            return false;  // a request arrived: the next plan holds its prompt
+        if (!pending_adds_.empty() || !pending_aborts_.empty()) {
+            return false;  // the inbox waits for a step without a decode ahead in flight (step_locked)
         }
     }
     int32_t num_blocks_to_reserve = 0;
