@@ -488,6 +488,39 @@ def test_async_decode_on_the_gpu(gpu_model: Path, monkeypatch: pytest.MonkeyPatc
     assert figures["async_decode_vs_plain"] == 1.0
 
 
+def test_async_decode_adopted_by_the_requests_left_on_the_gpu(gpu_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Async decode where requests end on a stop token at different steps, which no launch foresees: every even
+    request stops at the token of its plain run's output position 4 + i % 16 (or earlier, where that token comes
+    before), the odd ones run to max_tokens. The decode launched ahead before each such end is adopted by the
+    requests left (its rows of the ended ones never read), so none is dropped. Greedy agreement with the same loads
+    without async decode is reported and must be at least 0.9: at an adopted step the device computed the ended
+    requests' rows too, and cuBLAS may pick another GEMM for the larger batch."""
+    from pycacheflow import LLM, SamplingParams
+
+    meta, plain = _run(gpu_model, kv_mode="paged")
+    params = [SamplingParams(max_tokens=N_OUT, ignore_eos=True,
+                             stop_token_ids=[plain[i][4 + i % 16]] if i % 2 == 0 else [])
+              for i in range(N_PROMPTS)]  # fmt: skip
+
+    def run(async_decode: str):
+        monkeypatch.setenv("CACHEFLOW_ASYNC_DECODE", async_decode)
+        with LLM(model=str(gpu_model), n_gpu_layers=99, max_num_seqs=N_PROMPTS, n_ctx=N_PROMPTS * 512,
+                 kv_mode="paged") as llm:  # fmt: skip
+            outs = llm.generate(meta["prompts"], params)
+            return [list(o.token_ids) for o in outs], llm.stats()
+
+    want, _ = run("0")
+    got, stats = run("1")
+    figures = {"async_decode_stops_vs_plain": _agreement(got, want), "async_decode_stops_steps": stats.num_steps,
+               "async_decode_stops_launched_ahead": stats.num_lookahead_decodes,
+               "async_decode_stops_adopted": stats.num_lookahead_adopted}  # fmt: skip
+    print("async decode with stops:", figures)
+    _record(figures)
+    assert any(len(t) < N_OUT for t in want[::2]), "no request stopped early"
+    assert stats.num_lookahead_decodes == stats.num_lookahead_adopted > 0
+    assert figures["async_decode_stops_vs_plain"] >= 0.9
+
+
 def test_fused_projections_on_the_gpu(gpu_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Fused projections (patches/0019): on the GPU every layer's Q/K/V and gate/up weights lie back to back (llama.cpp
     allocates them in creation order), so both fuse in every layer; the 64 greedy requests are compared with the
