@@ -77,10 +77,7 @@ SchedulerConfig scheduler_config(const LlamaSession & session) {
     c.long_prefill_token_threshold = session.config().long_prefill_token_threshold;
     // shared prefixes in flight (scheduler.h): 4 blocks of 16 tokens (SGLang's in-batch check uses 32 tokens);
     // CACHEFLOW_SHARED_PREFIX_WAIT=N sets it (0: off, for A/B runs)
-    c.min_pending_shared_prefix = 64;
-    if (const char * env = std::getenv("CACHEFLOW_SHARED_PREFIX_WAIT"); env != nullptr && *env != '\0') {
-        c.min_pending_shared_prefix = std::max(0, std::atoi(env));
-    }
+    c.min_pending_shared_prefix = env_int_in("CACHEFLOW_SHARED_PREFIX_WAIT", 0, 1 << 20, 64);
     return c;
 }
 

@@ -54,23 +54,6 @@ void notice(const std::string & text) {
     }
 }
 
-// The environment variable `name` as a whole number in [lo, hi]: `fallback` when unset or empty, and also for any
-// other value, which a notice names with the range (a typo must not silently change an A/B run).
-int env_int_in(const char * name, int lo, int hi, int fallback) {
-    const char * v = std::getenv(name);
-    if (v == nullptr || *v == '\0') {
-        return fallback;
-    }
-    char * end = nullptr;
-    errno = 0;
-    const long x = std::strtol(v, &end, 10);
-    if (errno != 0 || end == v || *end != '\0' || x < lo || x > hi) {
-        notice(std::string(name) + "=" + v + " is not a whole number from " + std::to_string(lo) + " to " +
-               std::to_string(hi) + "; ignored (the default, " + std::to_string(fallback) + ", stays)");
-        return fallback;
-    }
-    return (int) x;
-}
 
 // While an ErrorCapture is active (model load, context creation) llama.cpp's error lines become
 // part of the CacheFlow error that follows; they are printed as well only at info level or above.
@@ -187,8 +170,7 @@ void set_cuda_graph_per_shape() {
     if (set == nullptr) {
         return;
     }
-    const char * env = std::getenv("CACHEFLOW_CUDA_GRAPH_PER_SHAPE");
-    set(env == nullptr || std::strcmp(env, "0") != 0);
+    set(env_int_in("CACHEFLOW_CUDA_GRAPH_PER_SHAPE", 0, 1, 1) == 1);
 }
 
 void init_backend_once() {
@@ -243,8 +225,8 @@ llama_flash_attn_type flash_attn_type(int32_t flash_attn) {
 // Step padding's default (llama_session.h): in paged mode, where some layers run on a CUDA device
 // whose graphs are not turned off; CACHEFLOW_STEP_PADDING=0 / 1 decides instead when set.
 bool step_padding_wanted(int32_t n_gpu_layers, const std::vector<ggml_backend_dev_t> & offload_devices) {
-    if (const char * env = std::getenv("CACHEFLOW_STEP_PADDING"); env != nullptr && *env != '\0') {
-        return std::strcmp(env, "0") != 0;
+    if (const int padding = env_int_in("CACHEFLOW_STEP_PADDING", 0, 1, -1); padding >= 0) {
+        return padding == 1;
     }
     if (n_gpu_layers == 0 || std::getenv("GGML_CUDA_DISABLE_GRAPHS") != nullptr) {
         return false;
@@ -258,8 +240,7 @@ bool step_padding_wanted(int32_t n_gpu_layers, const std::vector<ggml_backend_de
 }
 
 bool host_sampling_forced() {
-    const char * value = std::getenv("CACHEFLOW_HOST_SAMPLING");
-    return value != nullptr && value[0] != '\0' && std::strcmp(value, "0") != 0;
+    return env_int_in("CACHEFLOW_HOST_SAMPLING", 0, 1, 0) == 1;
 }
 
 void copy_cstr(char * dst, size_t capacity, const char * src) {
@@ -317,6 +298,24 @@ std::string paged_unsupported_reason(const llama_model * model, const EngineConf
 }
 
 }  // namespace
+
+int env_int_in(const char * name, int lo, int hi, int fallback) {
+    const char * v = std::getenv(name);
+    if (v == nullptr || *v == '\0') {
+        return fallback;
+    }
+    char * end = nullptr;
+    errno = 0;
+    const long x = std::strtol(v, &end, 10);
+    if (errno != 0 || end == v || *end != '\0' || x < lo || x > hi) {
+        const std::string kept = fallback < lo ? "the engine's own choice stays" :
+                                 "the default, " + std::to_string(fallback) + ", stays";
+        notice(std::string(name) + "=" + v + " is not a whole number from " + std::to_string(lo) + " to " +
+               std::to_string(hi) + "; ignored (" + kept + ")");
+        return fallback;
+    }
+    return (int) x;
+}
 
 void set_log_level(cf_log_level level) {
     g_log_level.store(level, std::memory_order_relaxed);
@@ -386,18 +385,15 @@ void LlamaSession::load_model() {
     // on an H100, 1B shape, 128/128, it took decode from 28.8k to 30.0k tok/s at B=64 and from 62.5k to 70.1k at
     // B=256, with the same greedy tokens (results/h200_gpu/stop40). CACHEFLOW_EMBD_ON_DEVICE=0 keeps llama.cpp's
     // placement; =1 asks for it and refuses a partial offload (checked after the load).
-    const char * embd_env = std::getenv("CACHEFLOW_EMBD_ON_DEVICE");
-    const bool embd_forced = embd_env != nullptr && std::strcmp(embd_env, "1") == 0;
+    const int embd_setting = env_int_in("CACHEFLOW_EMBD_ON_DEVICE", 0, 1, -1);  // -1: the rule above
+    const bool embd_forced = embd_setting == 1;
     const bool embd_on_device = [&] {
         if (config_.n_gpu_layers == 0 || offload_devices_.size() != 1 ||
             std::strncmp(ggml_backend_dev_name(offload_devices_[0]), "CUDA", 4) != 0) {
             return false;
         }
-        if (embd_forced) {
-            return true;
-        }
-        if (embd_env != nullptr && *embd_env != '\0') {
-            return false;  // "0" (or anything but "1"): llama.cpp's placement
+        if (embd_setting >= 0) {
+            return embd_forced;  // 0: llama.cpp's placement
         }
         if (config_.n_gpu_layers < 0) {
             return true;  // every layer
@@ -534,8 +530,7 @@ void LlamaSession::create_context() {
     // A decode's host inputs (token ids, positions, block tables, KV rows, context lengths) reach the device with
     // one wait in all, not a wait and a synchronous copy each (patch 0016); CACHEFLOW_BATCHED_INPUT_COPIES=0 keeps
     // stock's copies, for A/B runs. The CPU backend copies nothing either way.
-    const char * copies_env = std::getenv("CACHEFLOW_BATCHED_INPUT_COPIES");
-    cp.batched_input_copies = copies_env == nullptr || std::strcmp(copies_env, "0") != 0;
+    cp.batched_input_copies = env_int_in("CACHEFLOW_BATCHED_INPUT_COPIES", 0, 1, 1) == 1;
     // Async decode, opt-in while it is measured: a device token feed with a row per output of a decode (every
     // sequence, plus step padding's at most 15 rows). The feed lives on the token embedding's device and each graph
     // writes its argmax there, so only where the embedding is with the layers (the CPU alone, or a model wholly on

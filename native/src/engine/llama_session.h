@@ -60,6 +60,11 @@ struct ggml_tensor;
 
 namespace cf {
 
+// The environment variable `name` as a whole number in [lo, hi]: `fallback` when unset or empty, and also for any
+// other value, which a notice on stderr names with the range (a typo must not silently change an A/B run). A
+// fallback below lo stands for "the engine decides" and is named so.
+int env_int_in(const char * name, int lo, int hi, int fallback);
+
 // Route llama.cpp/ggml logs to stderr, filtered by level (process-wide: the last engine wins).
 void set_log_level(cf_log_level level);
 

@@ -44,7 +44,7 @@ bool aligned16(const void * p, int64_t n) {
 // The copy stream when every pool of the session is on a CUDA device and the entry points exist, else
 // nullptr (CACHEFLOW_SWAP_ASYNC=0 forces nullptr, for A/B runs).
 std::unique_ptr<Swapper::CopyStream> make_copy_stream(LlamaSession & session) {
-    if (const char * env = std::getenv("CACHEFLOW_SWAP_ASYNC"); env != nullptr && std::strcmp(env, "0") == 0) {
+    if (env_int_in("CACHEFLOW_SWAP_ASYNC", 0, 1, 1) == 0) {
         return nullptr;
     }
     auto cs = std::make_unique<Swapper::CopyStream>();
