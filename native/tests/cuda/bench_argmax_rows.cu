@@ -9,6 +9,8 @@
 //             finish (a per-row arrival counter, reset by that CTA, so a captured graph replays it) merges them.
 // Both take the lowest index among equal maxima. Build and run on the GPU machine:
 //   nvcc -std=c++17 -arch=sm_90a -O3 bench_argmax_rows.cu && ./a.out
+#include "device_helpers.cuh"
+
 #include <cuda_runtime.h>
 
 #include <cfloat>
@@ -16,15 +18,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
-
-#define CK(x)                                                                                    \
-    do {                                                                                         \
-        cudaError_t e_ = (x);                                                                    \
-        if (e_ != cudaSuccess) {                                                                 \
-            std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-            std::exit(1);                                                                        \
-        }                                                                                        \
-    } while (0)
 
 namespace {
 
@@ -156,18 +149,18 @@ int main() {
         int *out, *part_i;
         float * part_v;
         unsigned * arrivals;
-        CK(cudaMalloc(&x, bytes * copies));
+        CHECK_CUDA(cudaMalloc(&x, bytes * copies));
         for (int k = 0; k < copies; ++k) {
-            CK(cudaMemcpy(x + h.size() * k, h.data(), bytes, cudaMemcpyHostToDevice));
+            CHECK_CUDA(cudaMemcpy(x + h.size() * k, h.data(), bytes, cudaMemcpyHostToDevice));
         }
-        CK(cudaMalloc(&out, rows * sizeof(int)));
-        CK(cudaMalloc(&part_v, rows * kSplit * sizeof(float)));
-        CK(cudaMalloc(&part_i, rows * kSplit * sizeof(int)));
-        CK(cudaMalloc(&arrivals, rows * sizeof(unsigned)));
-        CK(cudaMemset(arrivals, 0, rows * sizeof(unsigned)));
+        CHECK_CUDA(cudaMalloc(&out, rows * sizeof(int)));
+        CHECK_CUDA(cudaMalloc(&part_v, rows * kSplit * sizeof(float)));
+        CHECK_CUDA(cudaMalloc(&part_i, rows * kSplit * sizeof(int)));
+        CHECK_CUDA(cudaMalloc(&arrivals, rows * sizeof(unsigned)));
+        CHECK_CUDA(cudaMemset(arrivals, 0, rows * sizeof(unsigned)));
         cudaEvent_t e0, e1;
-        CK(cudaEventCreate(&e0));
-        CK(cudaEventCreate(&e1));
+        CHECK_CUDA(cudaEventCreate(&e0));
+        CHECK_CUDA(cudaEventCreate(&e1));
         std::vector<int> got(rows);
         for (int variant = 0; variant < 2; ++variant) {
             auto launch = [&](int k) {
@@ -178,35 +171,35 @@ int main() {
                     split_kernel<<<dim3(kSplit, rows), kThreads>>>(xk, out, n, part_v, part_i, arrivals);
                 }
             };
-            CK(cudaMemset(out, 0xff, rows * sizeof(int)));
+            CHECK_CUDA(cudaMemset(out, 0xff, rows * sizeof(int)));
             for (int k = 0; k < 3; ++k) {
                 launch(k);
             }
-            CK(cudaDeviceSynchronize());
-            CK(cudaMemcpy(got.data(), out, rows * sizeof(int), cudaMemcpyDeviceToHost));
+            CHECK_CUDA(cudaDeviceSynchronize());
+            CHECK_CUDA(cudaMemcpy(got.data(), out, rows * sizeof(int), cudaMemcpyDeviceToHost));
             int bad = 0;
             for (int r = 0; r < rows; ++r) {
                 bad += got[r] != want[r];
             }
             const int iters = 200;
-            CK(cudaEventRecord(e0));
+            CHECK_CUDA(cudaEventRecord(e0));
             for (int k = 0; k < iters; ++k) {
                 launch(k);
             }
-            CK(cudaEventRecord(e1));
-            CK(cudaEventSynchronize(e1));
+            CHECK_CUDA(cudaEventRecord(e1));
+            CHECK_CUDA(cudaEventSynchronize(e1));
             float ms = 0;
-            CK(cudaEventElapsedTime(&ms, e0, e1));
+            CHECK_CUDA(cudaEventElapsedTime(&ms, e0, e1));
             const double us = 1000.0 * ms / iters;
             std::printf("%-8s rows %4d n %6d: %7.2f us, %6.2f TB/s, wrong rows %d\n", variant == 0 ? "one_cta" : "split",
                         rows, n, us, bytes / us / 1e6, bad);
             ok = ok && bad == 0;
         }
-        CK(cudaFree(x));
-        CK(cudaFree(out));
-        CK(cudaFree(part_v));
-        CK(cudaFree(part_i));
-        CK(cudaFree(arrivals));
+        CHECK_CUDA(cudaFree(x));
+        CHECK_CUDA(cudaFree(out));
+        CHECK_CUDA(cudaFree(part_v));
+        CHECK_CUDA(cudaFree(part_i));
+        CHECK_CUDA(cudaFree(arrivals));
     }
     std::printf("%s\n", ok ? "PASS" : "FAIL");
     return ok ? 0 : 1;
