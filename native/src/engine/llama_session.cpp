@@ -54,7 +54,6 @@ void notice(const std::string & text) {
     }
 }
 
-
 // While an ErrorCapture is active (model load, context creation) llama.cpp's error lines become
 // part of the CacheFlow error that follows; they are printed as well only at info level or above.
 void log_callback(ggml_log_level level, const char * text, void * /*user_data*/) {
@@ -550,12 +549,13 @@ void LlamaSession::create_context() {
         token_feed_rows_ = n_seq_max_ + 16;
         cp.token_feed = token_feed_rows_;
     }
+    const bool padding_wanted = config_.paged() && step_padding_wanted(config_.n_gpu_layers, offload_devices_);
     if (config_.paged()) {
         // Step padding takes the pool's last block as its scratch block (below). A context asked for in
         // tokens keeps every one of them: where llama.cpp's rounding to 256 rows leaves no spare block,
         // one more block is asked for (a budget in bytes pays for the scratch block itself).
         const int64_t asked = cp.n_ctx;
-        if (config_.kv_cache_bytes == 0 && step_padding_wanted(config_.n_gpu_layers, offload_devices_) &&
+        if (config_.kv_cache_bytes == 0 && padding_wanted &&
             (asked + 255) / 256 * 256 < asked + config_.block_size) {
             cp.n_ctx = (uint32_t) (asked + config_.block_size);
         }
@@ -601,7 +601,7 @@ void LlamaSession::create_context() {
     if (config_.paged()) {
         // no slices: one sequence may grow over the whole pool, up to the trained context
         num_blocks_ = llama_paged_n_blocks(ctx_);
-        if (num_blocks_ >= 2 && step_padding_wanted(config_.n_gpu_layers, offload_devices_)) {
+        if (num_blocks_ >= 2 && padding_wanted) {
             scratch_block_ = --num_blocks_;  // where padding tokens write their KV rows
             max_padded_tokens_ = std::min(512, n_batch_);
         }
