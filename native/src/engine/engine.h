@@ -105,7 +105,7 @@ class Engine {
     bool lookahead_eligible(const StepPlan & plan) const;
     void launch_lookahead(const StepPlan & plan);
     void settle_lookahead(const StepPlan & plan);
-    bool match_lookahead_subset(const StepPlan & plan);
+    bool match_lookahead(const StepPlan & plan);
     void release_slot(Sequence & seq);
     void take_slot_id(Sequence & seq);
     void fail_step(const StepPlan & out);

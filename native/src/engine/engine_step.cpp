@@ -420,7 +420,7 @@ int32_t Engine::decode_groups(const StepPlan & plan) {
 // beside its entries, and the allocate() of step N+1 makes it the next entry), so the guess holds at block
 // boundaries too. At step N+1 the scheduler plans as always; settle_lookahead compares its plan with the one
 // launched: equal (the steady state of a decode batch) adopts the decode in flight; so does the same plan less some
-// of its sequences (match_lookahead_subset: they ended after step N on an EOS or a stop string, which the launch
+// of its sequences (match_lookahead: they ended after step N on an EOS or a stop string, which the launch
 // cannot foresee), whose rows in it are then never read; anything else waits for it and drops it.
 // Requests that arrive (or are aborted) while a decode ahead is in flight enter the scheduler one step later
 // (step_locked), so that they do not make the plan differ; nothing is launched ahead while one waits. The idea is
@@ -433,7 +433,7 @@ int32_t Engine::decode_groups(const StepPlan & plan) {
 // both blocks, the partly filled one and the reserved one, and no prefix cache entry covers either row. Every later
 // device operation (block copies and swaps included) is issued after the wait. Adopted for fewer sequences, the
 // decode still writes the rows of those that ended, into blocks they have given back: the plan that adopts it moves
-// no block and gives out none but the reserved ones (match_lookahead_subset), and its tokens are read, so the decode
+// no block and gives out none but the reserved ones (match_lookahead), and its tokens are read, so the decode
 // has finished, before any later step's block operations or decode. Outputs are the scheduler's, so greedy outputs
 // equal those without lookahead (tests/e2e).
 bool Engine::lookahead_eligible(const StepPlan & plan) const {
@@ -532,33 +532,27 @@ void Engine::settle_lookahead(const StepPlan & plan) {
         return;
     }
     lookahead_active_ = false;
-    const StepPlan & ahead = lookahead_plan_;
-    const bool same = plan.seqs.size() == ahead.seqs.size() && plan.num_prefill_tokens == 0 &&
-                      plan.blocks_to_copy.empty() && plan.blocks_to_swap_in.empty() &&
-                      plan.blocks_to_swap_out.empty() && plan.max_blocks == ahead.max_blocks &&
-                      plan.slot_mapping == ahead.slot_mapping && plan.context_lens == ahead.context_lens &&
-                      plan.token_seq_idx == ahead.token_seq_idx && plan.block_tables == ahead.block_tables &&
-                      std::equal(plan.seqs.begin(), plan.seqs.end(), ahead.seqs.begin(),
-                                 [](const ScheduledSeq & a, const ScheduledSeq & b) {
-                                     return a.seq == b.seq && a.num_new_tokens == b.num_new_tokens &&
-                                            a.needs_sample == b.needs_sample;
-                                 });
-    if (same || match_lookahead_subset(plan)) {
+    if (match_lookahead(plan)) {
         lookahead_adopted_ = true;
-        lookahead_subset_ = !same;
+        lookahead_subset_ = plan.seqs.size() < lookahead_plan_.seqs.size();
         totals_.num_lookahead_adopted += 1;
         return;
     }
     session_->synchronize();  // before this step's block operations and decode
 }
 
-// Whether plan is the decode launched ahead less some of its sequences: each of plan's sequences ran in it, in the
-// same order (both ascend by request id), with the same KV row, context length and blocks, and the step does nothing
-// else (no prompt tokens, block operations, preemptions or swaps). Sequences are matched by request id: a Sequence
-// that ended is gone. Fills lookahead_rows_ (plan index -> row of the decode ahead).
-bool Engine::match_lookahead_subset(const StepPlan & plan) {
+// Whether plan is the decode launched ahead, or it less some of its sequences: each of plan's sequences ran in it, in
+// the same order (both ascend by request id), with the same KV row and context length, and the step does nothing else
+// (no prompt tokens, block operations, preemptions or swaps). Sequences are matched by request id: a Sequence that
+// ended is gone. Fills lookahead_rows_ (plan index -> row of the decode ahead).
+// Block table entries before the one holding the new row may differ: with the prefix cache, a block that filled at
+// the last step moves to a cached block holding the same tokens after the same prefix (BlockManager::commit_full_block),
+// so the same KV; the decode ahead read the block given back, which nothing writes before that decode has finished
+// (the adopting plan gives out no block but the reserved ones, and its tokens are read before any later step's work).
+// The entry that holds the new row is the one slot_mapping names, compared below.
+bool Engine::match_lookahead(const StepPlan & plan) {
     const StepPlan & ahead = lookahead_plan_;
-    if (plan.seqs.empty() || plan.seqs.size() >= ahead.seqs.size() || plan.num_prefill_tokens != 0 ||
+    if (plan.seqs.empty() || plan.seqs.size() > ahead.seqs.size() || plan.num_prefill_tokens != 0 ||
         plan.num_scheduled_tokens != (int32_t) plan.seqs.size() || !plan.blocks_to_copy.empty() ||
         !plan.blocks_to_swap_in.empty() || !plan.blocks_to_swap_out.empty() || !plan.preempted.empty() ||
         !plan.swapped_in.empty() || !plan.resumed.empty() || !plan.deferred.empty() || !plan.out_of_blocks.empty() ||
@@ -582,11 +576,10 @@ bool Engine::match_lookahead_subset(const StepPlan & plan) {
             plan.context_lens[i] != ahead.context_lens[r]) {
             return false;
         }
-        const int32_t num_blocks = (plan.context_lens[i] + block_size - 1) / block_size;
-        const int32_t * table = plan.block_tables.data() + i * (size_t) plan.max_blocks;
-        const int32_t * ahead_table = ahead.block_tables.data() + r * (size_t) ahead.max_blocks;
-        if (num_blocks > plan.max_blocks || num_blocks > ahead.max_blocks ||
-            !std::equal(table, table + num_blocks, ahead_table)) {
+        const int32_t last = (plan.context_lens[i] - 1) / block_size;  // the entry of the new row
+        if (last >= plan.max_blocks || last >= ahead.max_blocks ||
+            plan.block_tables[i * (size_t) plan.max_blocks + (size_t) last] !=
+                ahead.block_tables[r * (size_t) ahead.max_blocks + (size_t) last]) {
             return false;
         }
         lookahead_rows_.push_back((int32_t) r);
