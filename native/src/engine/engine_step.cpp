@@ -546,9 +546,10 @@ void Engine::settle_lookahead(const StepPlan & plan) {
 // (no prompt tokens, block operations, preemptions or swaps). Sequences are matched by request id: a Sequence that
 // ended is gone. Fills lookahead_rows_ (plan index -> row of the decode ahead).
 // Block table entries before the one holding the new row may differ: with the prefix cache, a block that filled at
-// the last step moves to a cached block holding the same tokens after the same prefix (BlockManager::commit_full_block),
-// so the same KV; the decode ahead read the block given back, which nothing writes before that decode has finished
-// (the adopting plan gives out no block but the reserved ones, and its tokens are read before any later step's work).
+// the last step moves to a cached block holding the same tokens after the same prefix
+// (BlockManager::commit_full_block), so the same KV; the decode ahead read the block given back, which nothing writes
+// before that decode has finished (the adopting plan gives out no block but the reserved ones, and its tokens are
+// read before any later step's work).
 // The entry that holds the new row is the one slot_mapping names, compared below.
 bool Engine::match_lookahead(const StepPlan & plan) {
     const StepPlan & ahead = lookahead_plan_;

@@ -191,8 +191,8 @@ int main() {
             float ms = 0;
             CHECK_CUDA(cudaEventElapsedTime(&ms, e0, e1));
             const double us = 1000.0 * ms / iters;
-            std::printf("%-8s rows %4d n %6d: %7.2f us, %6.2f TB/s, wrong rows %d\n", variant == 0 ? "one_cta" : "split",
-                        rows, n, us, bytes / us / 1e6, bad);
+            std::printf("%-8s rows %4d n %6d: %7.2f us, %6.2f TB/s, wrong rows %d\n",
+                        variant == 0 ? "one_cta" : "split", rows, n, us, bytes / us / 1e6, bad);
             ok = ok && bad == 0;
         }
         CHECK_CUDA(cudaFree(x));
