@@ -11,7 +11,7 @@ cd "$(dirname "$0")/../../.."
 mkdir -p /tmp/res
 say() { echo "[$(date +%H:%M:%S)] $*" >> /tmp/res/run.log; }
 OUT=/tmp/res/b STAGES="build" bash scripts/h200_gpu_tests.sh
-tail -2 /tmp/res/b/run.log >> /tmp/res/run.log
+grep -v "] exit " /tmp/res/b/run.log | tail -2 >> /tmp/res/run.log  # not its exit line: device_poll.sh waits for ours
 OUT=/tmp/res/d STAGES="decode" NPL="${NPL:-64 256}" ITER="${ITER:-3}" DECODE_MODES=paged \
     DECODE_PA_KERNELS="default CACHEFLOW_CUDA_GEMM=7 CACHEFLOW_CUDA_GEMM=7,CACHEFLOW_ASYNC_DECODE=1 CACHEFLOW_ASYNC_DECODE=1" \
     bash scripts/h200_gpu_tests.sh
@@ -21,7 +21,7 @@ grep -E "passed|failed|agreement" /tmp/res/t/run.log | tail -4 >> /tmp/res/run.l
 grep -E "us per call|FAIL|PASS" /tmp/res/t/gpu_tests.log | head -8 >> /tmp/res/run.log
 OUT=/tmp/res/tr STAGES="trace" TRACE_NPL=64 TRACE_KV_MODES=paged TRACE_BB=0 TRACE_LINES=24 \
     TRACE_ENVS="CACHEFLOW_CUDA_GEMM=7" bash scripts/h200_gpu_tests.sh
-say "trace: $(tail -1 /tmp/res/tr/run.log)"
+say "trace: $(grep -v "\] exit " /tmp/res/tr/run.log | tail -1)"
 ( cd /tmp && nvcc -std=c++17 -arch=sm_90a -O3 -o bench_skinny_gemm "$OLDPWD/native/tests/cuda/bench_skinny_gemm.cu" \
     -lcublasLt -lcublas && ./bench_skinny_gemm ) > /tmp/res/gemm_bench.txt 2>&1
 say "exit 0"
