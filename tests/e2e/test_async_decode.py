@@ -166,3 +166,27 @@ def test_a_decode_launched_ahead_survives_prefix_cache_block_moves(real_model_pa
     launched = after.num_lookahead_decodes - before.num_lookahead_decodes
     adopted = after.num_lookahead_adopted - before.num_lookahead_adopted
     assert launched == adopted == 46, after
+
+
+def test_requests_ending_at_max_tokens_on_consecutive_steps(real_model_path, make_llm, monkeypatch):
+    """Eight requests whose max_tokens are 20, 21, ..., 27 end on eight consecutive steps. A step whose token is a
+    request's last still launches the next decode ahead while any request goes on; the requests left adopt it without
+    the ended one's row, and the step after that adoption launches nothing. So of the 26 decode steps after the
+    prompts' step, 22 have a decode launched ahead, all adopted: the 19 before the first end and every other step
+    after it (step 20, 22, 24, 26). Before, a step where any request ended launched nothing: 18 of 26. Greedy tokens
+    equal those without async decode."""
+    prompts = [("last %d token " % i) * (2 + i) for i in range(8)]
+    params = [SamplingParams(max_tokens=20 + i, ignore_eos=True) for i in range(8)]
+
+    def run(async_decode: str):
+        monkeypatch.setenv("CACHEFLOW_ASYNC_DECODE", async_decode)
+        llm = make_llm(real_model_path, kv_mode="paged", max_num_seqs=8, n_ctx=2048)
+        outs = llm.generate(prompts, params)
+        return [list(o.token_ids) for o in outs], llm.stats()
+
+    want, _ = run("0")
+    got, stats = run("1")
+    assert got == want
+    assert [len(t) for t in got] == [20 + i for i in range(8)]
+    assert stats.num_steps == 27, stats
+    assert stats.num_lookahead_decodes == stats.num_lookahead_adopted == 22, stats

@@ -421,7 +421,8 @@ int32_t Engine::decode_groups(const StepPlan & plan) {
 // boundaries too. At step N+1 the scheduler plans as always; settle_lookahead compares its plan with the one
 // launched: equal (the steady state of a decode batch) adopts the decode in flight; so does the same plan less some
 // of its sequences (match_lookahead: they ended after step N on an EOS or a stop string, which the launch
-// cannot foresee), whose rows in it are then never read; anything else waits for it and drops it.
+// cannot foresee, or at max_tokens, which it runs anyway while any sequence goes on), whose rows in it are then never
+// read; anything else waits for it and drops it.
 // Requests that arrive (or are aborted) while a decode ahead is in flight enter the scheduler one step later
 // (step_locked), so that they do not make the plan differ; nothing is launched ahead while one waits. The idea is
 // vLLM's async scheduling and SGLang's overlap scheduler; here the scheduler is left as it is and the guess is
@@ -454,13 +455,19 @@ bool Engine::lookahead_eligible(const StepPlan & plan) const {
         }
     }
     int32_t num_blocks_to_reserve = 0;
+    bool any_goes_on = false;
     for (size_t i = 0; i < plan.seqs.size(); ++i) {
         const ScheduledSeq & s = plan.seqs[i];
         const Sequence & seq = *s.seq;
         if (s.num_new_tokens != 1 || !s.needs_sample || !session_->slot_samples_argmax(batch_.slot(i)) ||
-            seq.params.logprobs || seq.num_output_tokens() + 1 >= seq.params.max_tokens) {
-            return false;  // not one argmax-sampled token, or this step's token is its last
+            seq.params.logprobs) {
+            return false;  // not one argmax-sampled token
         }
+        // A sequence whose token of this step is its last (max_tokens) still gets its row: the requests left adopt
+        // the decode ahead without it (match_lookahead), as after a stop. Requests prefilled at different steps end
+        // at different steps, and refusing whenever one ends launched almost nothing ahead there (2 of 44 steps on
+        // an H100, results/h200_gpu/stop45).
+        any_goes_on = any_goes_on || seq.num_output_tokens() + 1 < seq.params.max_tokens;
         const int32_t slot = plan.slot_mapping[i];
         if (slot % block_size == block_size - 1) {
             const BlockTable * table = blocks->find(seq.request_id);
@@ -469,7 +476,7 @@ bool Engine::lookahead_eligible(const StepPlan & plan) const {
             return false;  // the next row is in a shared block
         }
     }
-    return num_blocks_to_reserve <= blocks->num_free_blocks();
+    return any_goes_on && num_blocks_to_reserve <= blocks->num_free_blocks();  // none going on: no step would adopt it
 }
 
 void Engine::launch_lookahead(const StepPlan & plan) {
