@@ -98,6 +98,50 @@ void test_select_rows() {
     assert(batch.n_tokens == 6 && batch.seq_id[5][0] == 3);
 }
 
+// Async decode after an adoption for fewer sequences: 9 decode rows padded to 16 (padding slot 9), one position on,
+// reduced to rows 0, 2, 3, 5 and 8: those rows move to 0..4 with their slots and positions, all output rows, padded
+// again to 8 in slot 9; the sample indices stay the adopted decode's until reset. Without a padding slot before
+// (8 rows, a bucket, in all 8 slots), the new padding takes the lowest slot no row left holds: that of row 0.
+void test_compact_rows() {
+    BatchBuilder builder(64, SlotMode::PER_DECODE, 16);
+    builder.set_padding(64);
+    std::vector<std::unique_ptr<Sequence>> owned;
+    std::vector<Sequence *> seqs;
+    for (int64_t id = 30; id < 39; ++id) {
+        owned.push_back(make_seq(id, 1));
+        seqs.push_back(owned.back().get());
+    }
+    const StepPlan plan = plan_of(seqs);
+    const llama_batch & batch = builder.build(plan, 0, 9);
+    assert(batch.n_tokens == 16 && builder.num_padding_tokens() == 7 && builder.padding_slot() == 9);
+    builder.advance_one_position(9);
+    const std::vector<int32_t> rows = {0, 2, 3, 5, 8};
+    builder.select_rows(rows);
+    builder.compact_rows(rows);
+    assert(batch.n_tokens == 8 && builder.num_padding_tokens() == 3 && builder.padding_slot() == 9);
+    for (int32_t i = 0; i < 5; ++i) {
+        assert(batch.seq_id[i][0] == rows[(size_t) i] && builder.slot((size_t) i) == rows[(size_t) i]);
+        assert(batch.pos[i] == 1 && batch.logits[i] && batch.n_seq_id[i] == 1);
+        assert(builder.sample_index((size_t) i) == rows[(size_t) i]);  // the adopted decode's rows, still
+    }
+    for (int32_t p = 0; p < 3; ++p) {
+        assert(batch.seq_id[5 + p][0] == 9 && batch.pos[5 + p] == p && batch.logits[5 + p]);
+    }
+    builder.reset_sample_rows();
+    assert(builder.sample_index(0) == 0 && builder.sample_index(4) == 4);
+    builder.advance_one_position(5);
+    assert(batch.pos[0] == 2 && batch.pos[4] == 2 && batch.pos[5] == 0);
+
+    BatchBuilder full(64, SlotMode::PER_DECODE, 8);
+    full.set_padding(64);
+    const StepPlan eight = plan_of(std::vector<Sequence *>(seqs.begin(), seqs.begin() + 8));
+    const llama_batch & b8 = full.build(eight, 0, 8);
+    assert(b8.n_tokens == 8 && full.padding_slot() == CF_SLOT_NONE);
+    full.select_rows({1, 2, 6});
+    full.compact_rows({1, 2, 6});
+    assert(b8.n_tokens == 4 && full.padding_slot() == 0 && b8.seq_id[2][0] == 6 && b8.seq_id[3][0] == 0);
+}
+
 // The buckets: 1, 2, 4, 8, multiples of 8 to 256, of 16 to 512, none past it.
 void test_padded_step_tokens() {
     const int32_t cases[][2] = {{1, 1}, {2, 2}, {3, 4}, {5, 8}, {8, 8}, {9, 16}, {57, 64}, {64, 64},
@@ -155,6 +199,7 @@ int main() {
     test_stable_slots();
     test_per_decode_rows();
     test_select_rows();
+    test_compact_rows();
     test_padded_step_tokens();
     test_padding();
     std::printf("test_batch_builder: ok\n");

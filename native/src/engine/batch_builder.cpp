@@ -121,12 +121,17 @@ const llama_batch & BatchBuilder::build(const StepPlan & plan, size_t begin, siz
             ++n_outputs;
         }
     }
+    pad(n, n_outputs, (int32_t) (end - begin));
+    return batch_;
+}
+
+void BatchBuilder::pad(int32_t n, int32_t n_outputs, int32_t slot) {
     num_padding_ = 0;
     padding_slot_ = CF_SLOT_NONE;
     const int32_t padded = n <= max_padded_tokens_ ? padded_step_tokens(n) : n;
-    if (padded > n && padded <= max_padded_tokens_ && end - begin < (size_t) num_slots_) {
+    if (padded > n && padded <= max_padded_tokens_ && slot < num_slots_) {
         num_padding_ = padded - n;
-        padding_slot_ = (int32_t) (end - begin);
+        padding_slot_ = slot;
         const int32_t padding_outputs = std::min(num_padding_, padded_step_tokens(n_outputs) - n_outputs);
         for (int32_t p = 0; p < num_padding_; ++p) {
             batch_.token[n] = 0;
@@ -138,7 +143,6 @@ const llama_batch & BatchBuilder::build(const StepPlan & plan, size_t begin, siz
         }
     }
     batch_.n_tokens = n;
-    return batch_;
 }
 
 const llama_batch & BatchBuilder::advance_one_position(int32_t n_real) {
@@ -159,6 +163,38 @@ void BatchBuilder::select_rows(const std::vector<int32_t> & rows) {
     }
     slots_.resize(rows.size());
     sample_index_.resize(rows.size());
+}
+
+void BatchBuilder::compact_rows(const std::vector<int32_t> & rows) {
+    assert(mode_ == SlotMode::PER_DECODE && rows.size() == slots_.size());
+    const int32_t n = (int32_t) rows.size();
+    const int32_t n_real = batch_.n_tokens - num_padding_;
+    for (int32_t i = 0; i < n; ++i) {  // rows ascend and rows[i] >= i: a row moves down over rows already moved
+        const int32_t r = rows[(size_t) i];
+        assert(r >= i && r < n_real && batch_.logits[r] && batch_.seq_id[r][0] == slots_[(size_t) i]);
+        batch_.token[i] = 0;
+        batch_.pos[i] = batch_.pos[r];
+        batch_.n_seq_id[i] = 1;
+        batch_.seq_id[i][0] = batch_.seq_id[r][0];
+        batch_.logits[i] = 1;
+    }
+    (void) n_real;
+    // the padding keeps its slot; without one, it takes the lowest slot none of these rows holds (their slots ascend
+    // in PER_DECODE mode), such as an ended request's
+    int32_t slot = padding_slot_;
+    if (slot == CF_SLOT_NONE) {
+        slot = 0;
+        while (slot < n && slots_[(size_t) slot] == slot) {
+            ++slot;
+        }
+    }
+    pad(n, n, slot);
+}
+
+void BatchBuilder::reset_sample_rows() {
+    for (size_t i = 0; i < sample_index_.size(); ++i) {
+        sample_index_[i] = (int32_t) i;
+    }
 }
 
 }  // namespace cf

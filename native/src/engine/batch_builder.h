@@ -84,6 +84,16 @@ class BatchBuilder {
     // slot(i) and sample_index(i) answer for it afterwards. The batch is unchanged: the rows left out are never read.
     void select_rows(const std::vector<int32_t> & rows);
 
+    // Async decode, after select_rows(rows): the batch of that decode reduced to its rows rows[i], moved to rows i with
+    // their slots and positions (each an output row), then padded again for the smaller count as build() pads (the
+    // padding sequence in padding_slot(): the one it had, else the lowest slot none of those rows holds).
+    // advance_one_position() then gives the next
+    // step's decode of just these sequences. sample_index() still answers for the decode adopted, whose tokens are
+    // read after this, until reset_sample_rows().
+    void compact_rows(const std::vector<int32_t> & rows);
+    // After compact_rows() and the adopted decode's reads: sample_index(i) = i, the rows of the compacted batch.
+    void reset_sample_rows();
+
     // Slot of plan.seqs[i] in the last build(); batch index whose logits sample it, or
     // CF_BATCH_INDEX_NONE.
     int32_t slot(size_t i) const { return slots_[i]; }
@@ -101,6 +111,9 @@ class BatchBuilder {
 
   private:
     int32_t acquire(int64_t request_id);
+    // Pad a batch of n tokens (n_outputs of them output rows) with one padding sequence in slot, where set_padding
+    // allows it and slot < num_slots; sets num_padding_, padding_slot_ and batch_.n_tokens.
+    void pad(int32_t n, int32_t n_outputs, int32_t slot);
 
     llama_batch batch_;
     int32_t capacity_;

@@ -103,7 +103,7 @@ class Engine {
     void measure_swap_rate();
     int32_t decode_groups(const StepPlan & plan);
     bool lookahead_eligible(const StepPlan & plan) const;
-    void launch_lookahead(const StepPlan & plan);
+    void launch_lookahead(const StepPlan & plan, const std::vector<int32_t> * fed_rows);
     void settle_lookahead(const StepPlan & plan);
     bool match_lookahead(const StepPlan & plan);
     void release_slot(Sequence & seq);

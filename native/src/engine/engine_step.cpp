@@ -396,10 +396,20 @@ int32_t Engine::decode_groups(const StepPlan & plan) {
         if (!samples) {
             continue;  // a prompt chunk only: its device work overlaps the next step's host work
         }
-        // the next step's decode, before this one's tokens are read; not after a subset was adopted, whose rows a
-        // decode one position on would have to move (the next step builds its batch afresh)
-        if (!adopted_subset && lookahead_eligible(plan)) {
-            launch_lookahead(plan);
+        // the next step's decode, before this one's tokens are read. After an adoption for fewer sequences, from the
+        // batch reduced to their rows (BatchBuilder::compact_rows), each row's token from its row in the decode
+        // adopted; that decode's rows are still read below, so its sample indices are reset only after.
+        bool compacted = false;
+        if (lookahead_eligible(plan)) {
+            if (adopted_subset) {
+                batch_.compact_rows(lookahead_rows_);
+                compacted = true;
+                if (batch_.num_padding_tokens() > 0) {
+                    static const SamplingParams padding_params;
+                    session_->set_seq_sampling(batch_.padding_slot(), &padding_params);
+                }
+            }
+            launch_lookahead(plan, compacted ? &lookahead_rows_ : nullptr);
         }
         if (!read_previous_decode_) {
             session_->synchronize();  // the first read would wait here anyway; this splits the step's time
@@ -408,6 +418,9 @@ int32_t Engine::decode_groups(const StepPlan & plan) {
         const int64_t sample_start_ns = clock_ns();
         totals_.decode_ns += sample_start_ns - decode_start_ns;
         sample_group(plan, begin, end);
+        if (compacted) {
+            batch_.reset_sample_rows();
+        }
         totals_.sample_ns += clock_ns() - sample_start_ns;
     }
     return 0;
@@ -422,7 +435,8 @@ int32_t Engine::decode_groups(const StepPlan & plan) {
 // launched: equal (the steady state of a decode batch) adopts the decode in flight; so does the same plan less some
 // of its sequences (match_lookahead: they ended after step N on an EOS or a stop string, which the launch
 // cannot foresee, or at max_tokens, which it runs anyway while any sequence goes on), whose rows in it are then never
-// read; anything else waits for it and drops it.
+// read, and the decode launched ahead of that step runs just the sequences left (BatchBuilder::compact_rows, the token
+// feed reading each one's row of the decode adopted); anything else waits for it and drops it.
 // Requests that arrive (or are aborted) while a decode ahead is in flight enter the scheduler one step later
 // (step_locked), so that they do not make the plan differ; nothing is launched ahead while one waits. The idea is
 // vLLM's async scheduling and SGLang's overlap scheduler; here the scheduler is left as it is and the guess is
@@ -435,8 +449,10 @@ int32_t Engine::decode_groups(const StepPlan & plan) {
 // device operation (block copies and swaps included) is issued after the wait. Adopted for fewer sequences, the
 // decode still writes the rows of those that ended, into blocks they have given back: the plan that adopts it moves
 // no block and gives out none but the reserved ones (match_lookahead), and its tokens are read, so the decode
-// has finished, before any later step's block operations or decode. Outputs are the scheduler's, so greedy outputs
-// equal those without lookahead (tests/e2e).
+// has finished, before any later step's block operations. The one decode queued before that read is the next one
+// launched ahead for the requests left, on the same stream after it: a block it reserves that an ended request gave
+// back gets the ended row first, then its own row 0, and a sequence writes each later row of a block before it reads
+// it. Outputs are the scheduler's, so greedy outputs equal those without lookahead (tests/e2e).
 bool Engine::lookahead_eligible(const StepPlan & plan) const {
     if (!session_->async_decode() || session_->kv_streaming() || plan.seqs.empty() || batch_.num_groups(plan) != 1 ||
         plan.num_prefill_tokens != 0 || !plan.blocks_to_copy.empty() || !plan.blocks_to_swap_in.empty() ||
@@ -479,7 +495,7 @@ bool Engine::lookahead_eligible(const StepPlan & plan) const {
     return any_goes_on && num_blocks_to_reserve <= blocks->num_free_blocks();  // none going on: no step would adopt it
 }
 
-void Engine::launch_lookahead(const StepPlan & plan) {
+void Engine::launch_lookahead(const StepPlan & plan, const std::vector<int32_t> * fed_rows) {
     const int32_t block_size = session_->config().block_size;
     StepPlan & ahead = lookahead_plan_;
     ahead = plan;  // vectors keep their capacity from earlier steps
@@ -517,7 +533,7 @@ void Engine::launch_lookahead(const StepPlan & plan) {
     const llama_batch & batch = batch_.advance_one_position(n_real);
     session_->set_kv_plan(ahead, 0, plan.seqs.size(), 0, num_padding);
     const int64_t launch_start_ns = clock_ns();
-    const int32_t rc = session_->decode_fed(batch, n_real);
+    const int32_t rc = session_->decode_fed(batch, n_real, fed_rows != nullptr ? fed_rows->data() : nullptr);
     totals_.launch_ns += clock_ns() - launch_start_ns;
     if (rc != 0) {  // which decode's rows the accessors would read is then unknown: an internal error
         throw Error(CF_STATUS_INTERNAL, "the decode launched ahead failed: llama_decode returned " +

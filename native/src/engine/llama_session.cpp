@@ -934,12 +934,12 @@ bool LlamaSession::slot_samples_argmax(int32_t seq_id) const {
            slot_chains_[(size_t) seq_id].argmax;
 }
 
-int32_t LlamaSession::decode_fed(const llama_batch & batch, int32_t n_fed) {
+int32_t LlamaSession::decode_fed(const llama_batch & batch, int32_t n_fed, const int32_t * rows) {
     feed_src_.assign((size_t) batch.n_tokens, -1);
     for (int32_t i = 0; i < n_fed; ++i) {
         const int32_t seq_id = batch.seq_id[i][0];
         const bool no_eog = seq_id >= 0 && (size_t) seq_id < slot_chains_.size() && slot_chains_[(size_t) seq_id].no_eog;
-        feed_src_[(size_t) i] = (no_eog ? token_feed_rows_ : 0) + i;
+        feed_src_[(size_t) i] = (no_eog ? token_feed_rows_ : 0) + (rows != nullptr ? rows[i] : i);
     }
     if (!llama_set_token_feed_src(ctx_, feed_src_.data(), batch.n_tokens)) {
         throw Error(CF_STATUS_INTERNAL, "llama_set_token_feed_src refused the sources of a decode of " +

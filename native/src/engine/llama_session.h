@@ -101,9 +101,10 @@ class LlamaSession {
     // Whether slot seq_id's rows are sampled by the batched argmax (plain or without EOG tokens).
     bool slot_samples_argmax(int32_t seq_id) const;
     // llama_decode of `batch` whose first n_fed tokens take their ids on the device from the last decode's output row
-    // of the same index (the argmax its slot reads: without EOG tokens for such slots); the rest from the batch.
-    // Needs async_decode(); every one of those rows must have been an output row of the last decode.
-    int32_t decode_fed(const llama_batch & batch, int32_t n_fed);
+    // of the same index, or row rows[i] for token i where rows is given ([n_fed]; the argmax its slot reads: without
+    // EOG tokens for such slots); the rest from the batch. Needs async_decode(); every one of those rows must have
+    // been an output row of the last decode.
+    int32_t decode_fed(const llama_batch & batch, int32_t n_fed, const int32_t * rows = nullptr);
     // As sampled_token, for output row `row` of the decode before the last (an argmax slot only; async_decode()).
     int32_t previous_sampled_token(int32_t row, int32_t seq_id);
     // The top-k candidates of batch token `batch_index` of slot seq_id when that slot samples from
