@@ -102,10 +102,16 @@ def test_rows_sampled_on_the_host_are_never_launched_ahead(real_model_path, make
 @pytest.mark.parametrize(("value", "config", "says"), [
     ("true", {"kv_mode": "paged"}, "CACHEFLOW_ASYNC_DECODE=true is not a whole number from 0 to 1; ignored"),
     ("1", {"kv_mode": "stock"}, "CACHEFLOW_ASYNC_DECODE=1 ignored: async decode needs the paged KV cache"),
+    # strtol would take these as 1 (a new-user review saw them turn it on silently)
+    (" 1", {"kv_mode": "paged"}, "CACHEFLOW_ASYNC_DECODE= 1 is not a whole number from 0 to 1; ignored"),
+    ("01", {"kv_mode": "paged"}, "CACHEFLOW_ASYNC_DECODE=01 is not a whole number from 0 to 1; ignored"),
+    ("1", {"kv_mode": "paged", "kv_streaming": "on", "kv_stream_blocks": 64},
+     "CACHEFLOW_ASYNC_DECODE=1 ignored: async decode does not run with KV streaming"),
 ])  # fmt: skip
 def test_a_setting_async_decode_cannot_take_is_named_on_stderr(real_model_path, make_llm, monkeypatch, capfd, value,
                                                                config, says):
-    """Only the value 1 turns async decode on, and only in paged mode: anything else is said, not silently dropped."""
+    """Only the value 1 turns async decode on, and only in paged mode without KV streaming: anything else is said, not
+    silently dropped."""
     monkeypatch.setenv("CACHEFLOW_ASYNC_DECODE", value)
     llm = make_llm(real_model_path, max_num_seqs=2, n_ctx=1024, **config)
     llm.generate(PROMPTS[:1], SamplingParams(max_tokens=4))

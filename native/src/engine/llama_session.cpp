@@ -307,7 +307,8 @@ int env_int_in(const char * name, int lo, int hi, int fallback) {
     char * end = nullptr;
     errno = 0;
     const long x = std::strtol(v, &end, 10);
-    if (errno != 0 || end == v || *end != '\0' || x < lo || x > hi) {
+    // the number as written plainly: strtol also takes leading blanks, a sign and leading zeros (" 1", "+1", "01")
+    if (errno != 0 || end == v || *end != '\0' || x < lo || x > hi || std::to_string(x) != v) {
         const std::string kept = fallback < lo ? "the engine's own choice stays" :
                                  "the default, " + std::to_string(fallback) + ", stays";
         notice(std::string(name) + "=" + v + " is not a whole number from " + std::to_string(lo) + " to " +
@@ -546,6 +547,9 @@ void LlamaSession::create_context() {
     } else if (async_asked && !embd_with_layers_) {
         notice("CACHEFLOW_ASYNC_DECODE=1 ignored: async decode needs the token embedding on the device of the layers "
                "(a model wholly on one CUDA device, or the CPU alone)");
+    } else if (async_asked && kv_streaming()) {
+        notice("CACHEFLOW_ASYNC_DECODE=1 ignored: async decode does not run with KV streaming (kv_streaming on), "
+               "whose steps move blocks between host and device");
     } else if (async_asked) {
         token_feed_rows_ = n_seq_max_ + 16;
         cp.token_feed = token_feed_rows_;
