@@ -548,7 +548,7 @@ def test_add_rms_norm_on_the_gpu(gpu_model: Path, monkeypatch: pytest.MonkeyPatc
     sum of squares is reduced in another order than ggml's norm kernel, so a near tie may break the other way: the
     agreement is reported, and a wrong sum, weight or F16 copy would leave almost no sequence equal. This test does not
     show that the fusion engages (agreement 1.0 would also follow if it never did): the CUPTI timeline does, by kernel
-    name (results/h200_gpu/stop45: 31 add_rms_norm calls per B=64 step in place of 32 adds and 33 norms)."""
+    name (results/h200_gpu/stop45: 31 add_rms_norm calls per B=64 step in place of 31 of 32 adds and of 33 norms)."""
     monkeypatch.setenv("CACHEFLOW_CUDA_GEMM", "3")
     meta, plain = _run(gpu_model, kv_mode="paged")
     monkeypatch.setenv("CACHEFLOW_CUDA_GEMM", "7")

@@ -102,6 +102,7 @@ class Engine {
     void update_preemption_costs(const StepPlan & plan, int64_t decode_ns);
     void measure_swap_rate();
     int32_t decode_groups(const StepPlan & plan);
+    void set_padding_sampling();
     bool lookahead_eligible(const StepPlan & plan) const;
     void launch_lookahead(const StepPlan & plan, const std::vector<int32_t> * fed_rows);
     void settle_lookahead(const StepPlan & plan);
@@ -151,12 +152,11 @@ class Engine {
     // every sequence one position on); lookahead_active_: it is in flight and not yet adopted or dropped;
     // lookahead_adopted_: this step is that decode (decode_groups launches nothing); read_previous_decode_:
     // sample_group reads the decode before the last (a lookahead went out after this step's decode);
-    // lookahead_rows_: with lookahead_subset_, the plan adopted it for fewer sequences (the others ended after the
-    // last step), plan index i being its row lookahead_rows_[i] (ascending).
+    // lookahead_rows_: plan index i of the plan that adopted it is its row lookahead_rows_[i] (ascending; fewer rows
+    // than lookahead_plan_ has sequences where the others ended after the last step).
     StepPlan lookahead_plan_;
     bool lookahead_active_ = false;
     bool lookahead_adopted_ = false;
-    bool lookahead_subset_ = false;
     std::vector<int32_t> lookahead_rows_;
     std::vector<int64_t> lookahead_ids_;  // [lookahead_plan_.seqs.size()] request ids (its Sequence may be gone)
     bool read_previous_decode_ = false;

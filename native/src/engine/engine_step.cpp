@@ -345,6 +345,14 @@ void Engine::record_kv_stream_events(const StepPlan & out) {
 // sequences than llama.cpp has slots, see batch_builder.h): the group's batch and KV plan, decode,
 // then the group's sampled tokens (in-graph, or on the CPU from logits), read before the next
 // decode overwrites them. Returns llama_decode's error code, 0 when every group decoded.
+// The last batch's padding rows, if any, sample a plain argmax, never read (batch_builder.h).
+void Engine::set_padding_sampling() {
+    if (batch_.num_padding_tokens() > 0) {
+        static const SamplingParams padding_params;
+        session_->set_seq_sampling(batch_.padding_slot(), &padding_params);
+    }
+}
+
 int32_t Engine::decode_groups(const StepPlan & plan) {
     sampled_.assign(plan.seqs.size(), CF_TOKEN_NONE);
     step_waited_for_device_ = false;
@@ -358,9 +366,8 @@ int32_t Engine::decode_groups(const StepPlan & plan) {
         int32_t num_padding = batch_.num_padding_tokens();
         if (lookahead_adopted_) {  // one group (lookahead_eligible): its decode is in flight already
             lookahead_adopted_ = false;
-            if (lookahead_subset_) {  // fewer sequences than it ran: their rows where it put them
+            if (plan.seqs.size() < lookahead_plan_.seqs.size()) {  // fewer sequences than it ran, in the rows it gave
                 batch_.select_rows(lookahead_rows_);
-                lookahead_subset_ = false;
                 adopted_subset = true;
             }
             totals_.prepare_ns += decode_start_ns - step_start_ns_;
@@ -371,11 +378,8 @@ int32_t Engine::decode_groups(const StepPlan & plan) {
                 session_->set_seq_sampling(batch_.slot(i), &plan.seqs[i].seq->params);
             }
             num_padding = batch_.num_padding_tokens();
-            if (num_padding > 0) {  // plain argmax rows, never read (batch_builder.h)
-                static const SamplingParams padding_params;
-                session_->set_seq_sampling(batch_.padding_slot(), &padding_params);
-                totals_.num_padding_tokens += num_padding;
-            }
+            set_padding_sampling();
+            totals_.num_padding_tokens += num_padding;
             session_->set_kv_plan(plan, begin, end, first_token, num_padding);
             const int64_t launch_start_ns = clock_ns();
             if (g == 0) {
@@ -404,10 +408,7 @@ int32_t Engine::decode_groups(const StepPlan & plan) {
             if (adopted_subset) {
                 batch_.compact_rows(lookahead_rows_);
                 compacted = true;
-                if (batch_.num_padding_tokens() > 0) {
-                    static const SamplingParams padding_params;
-                    session_->set_seq_sampling(batch_.padding_slot(), &padding_params);
-                }
+                set_padding_sampling();
             }
             launch_lookahead(plan, compacted ? &lookahead_rows_ : nullptr);
         }
@@ -550,14 +551,12 @@ void Engine::launch_lookahead(const StepPlan & plan, const std::vector<int32_t> 
 
 void Engine::settle_lookahead(const StepPlan & plan) {
     lookahead_adopted_ = false;
-    lookahead_subset_ = false;
     if (!lookahead_active_) {
         return;
     }
     lookahead_active_ = false;
     if (match_lookahead(plan)) {
         lookahead_adopted_ = true;
-        lookahead_subset_ = plan.seqs.size() < lookahead_plan_.seqs.size();
         totals_.num_lookahead_adopted += 1;
         return;
     }
