@@ -68,7 +68,8 @@ Environment:
   CACHEFLOW_LIB          a libcacheflow.so to use instead of the bundled one
   CACHEFLOW_ASYNC_DECODE=1       launch the next decode before reading this one's tokens (opt-in)
   CACHEFLOW_FUSE_PROJECTIONS=0   keep Q/K/V and gate/up as separate matmuls (A/B runs)
-  CACHEFLOW_CUDA_GEMM=0..7       CUDA GEMM options (default 7; 3 without the fused add + RMS norm)
+  CACHEFLOW_CUDA_GEMM=0..15      CUDA GEMM options (default 7; 3 without the fused add + RMS norm; 15 adds F16
+                                 outputs of SwiGLU and paged attention)
   (README.md describes these and the other tuning variables; each takes a whole number in its
   range, any other value is named on stderr and the default kept)
 """

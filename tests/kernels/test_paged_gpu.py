@@ -560,3 +560,20 @@ def test_add_rms_norm_on_the_gpu(gpu_model: Path, monkeypatch: pytest.MonkeyPatc
     _record(figures)
     assert all(len(t) == N_OUT for t in fused)
     assert figures["add_rms_norm_vs_unfused"] >= 0.9
+
+
+def test_f16_producers_on_the_gpu(gpu_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SWIGLU and paged attention also writing their result in F16 for the GEMM after them (patches/0021, bit 8 of
+    CACHEFLOW_CUDA_GEMM): the 64 greedy requests with CACHEFLOW_CUDA_GEMM=15 against 7. Both kernels compute their F32
+    result as before, bit for bit, and the F16 copy is that result rounded as ggml's conversion rounds it, so the
+    down and output projections see the same inputs and every token must be equal. That the copies are read instead of
+    converting shows in the CUPTI timeline (F32 -> F16 conversions per step, by kernel name), not here."""
+    monkeypatch.setenv("CACHEFLOW_CUDA_GEMM", "7")
+    meta, plain = _run(gpu_model, kv_mode="paged")
+    monkeypatch.setenv("CACHEFLOW_CUDA_GEMM", "15")
+    _, produced = _run(gpu_model, meta["prompts"], kv_mode="paged")
+    figures = {"f16_producers_vs_7": _agreement(produced, plain)}
+    print("f16 producers:", figures)
+    _record(figures)
+    assert all(len(t) == N_OUT for t in produced)
+    assert produced == plain

@@ -149,18 +149,18 @@ cuda_graph_counts_fn cuda_graph_counts_getter() {
     return getter;
 }
 
-// ggml-cuda's F16 GEMM options of patches 0008 and 0020 (1: F32 output, 2: one F16 copy of each src1 per graph
-// evaluation, 4: the residual add, the RMS norm and its weight in one kernel that also writes that F16 copy); all three
-// by default, CACHEFLOW_CUDA_GEMM (0-7, the sum of the bits wanted) for others (3: without 4). On an H100, B=64, 4 took
-// the traced graph from 1,853 to 1,749 us and decode from 31.9k to 33.8k tok/s (results/h200_gpu/stop45). Set when an
-// engine opens.
+// ggml-cuda's F16 GEMM options of patches 0008, 0020 and 0021 (1: F32 output, 2: one F16 copy of each src1 per graph
+// evaluation, 4: the residual add, the RMS norm and its weight in one kernel that also writes that F16 copy, 8: SWIGLU
+// and paged attention write that F16 copy too); 7 by default, CACHEFLOW_CUDA_GEMM (0-15, the sum of the bits wanted)
+// for others (3: without 4; 15: with 8, not yet measured on a GPU). On an H100, B=64, 4 took the traced graph from
+// 1,853 to 1,749 us and decode from 31.9k to 33.8k tok/s (results/h200_gpu/stop45). Set when an engine opens.
 // A build without the CUDA backend has no such function and nothing is set.
 void set_cuda_gemm_options() {
     auto set_options = (void (*)(int)) cuda_proc_address("ggml_backend_cuda_cf_set_gemm_options");
     if (set_options == nullptr) {
         return;
     }
-    set_options(env_int_in("CACHEFLOW_CUDA_GEMM", 0, 7, 7));
+    set_options(env_int_in("CACHEFLOW_CUDA_GEMM", 0, 15, 7));
 }
 
 // ggml-cuda keeps one CUDA graph per step shape (patch 0010), the shapes step padding produces;

@@ -238,14 +238,36 @@ std::vector<float> run(const Variant & v, const Model & m, const Layout & lay, c
         make_args({m.head_dim, m.n_head, m.n_head_kv, m.block_size}, d_q.ptr, d_k.ptr, d_v.ptr,
                   (int64_t) m.num_blocks * m.block_size, d_tables.ptr, stride, d_seq.ptr, d_ctx.ptr, d_out.ptr, n);
     apply(v, a);
+    // out's F16 copy (patches/0021): asked for every call, written where paged_attention_cuda_writes_f16 says so
+    DeviceBuffer<half> d_out_f16(d_out.n);
+    a.out_f16 = d_out_f16.ptr;
     CHECK_CUDA(cudaMemset(d_out.ptr, 0xff, d_out.n * sizeof(float)));  // NaN: every element must be written
+    CHECK_CUDA(cudaMemset(d_out_f16.ptr, 0xff, d_out_f16.n * sizeof(half)));
     DeviceBuffer<char> ws(cf::cuda::paged_attention_cuda_workspace_bytes(a));
     if (const char * err = cf::cuda::paged_attention_cuda(a, ws.ptr, nullptr)) {
         std::fprintf(stderr, "%s\n", err);
         std::exit(2);
     }
     CHECK_CUDA(cudaDeviceSynchronize());
-    return d_out.download();
+    const std::vector<float> out = d_out.download();
+    const std::vector<half> out_f16 = d_out_f16.download();
+    const bool writes = cf::cuda::paged_attention_cuda_writes_f16(a);
+    if (v.kernel != cf::cuda::kPagedKernelDefault) {
+        expect(writes == (v.kernel == cf::cuda::kPagedKernelTwoPass),
+               label_of(v) + ": paged_attention_cuda_writes_f16 must be true for the two-pass kernel alone");
+    }
+    size_t wrong = 0;  // two-pass: out rounded to nearest even, bit for bit; other kernels: untouched (all bits set)
+    for (size_t i = 0; i < out.size(); ++i) {
+        uint16_t got = 0, want = 0xffff;
+        std::memcpy(&got, &out_f16[i], sizeof(got));
+        if (writes) {
+            const half h = __float2half_rn(out[i]);
+            std::memcpy(&want, &h, sizeof(want));
+        }
+        wrong += got != want;
+    }
+    expect(wrong == 0, label_of(v) + ": " + std::to_string(wrong) + " elements of the F16 copy of out are wrong");
+    return out;
 }
 
 std::vector<float> reference(const Model & m, const std::vector<Query> & queries, const std::vector<float> & q_all) {

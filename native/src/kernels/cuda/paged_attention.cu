@@ -401,7 +401,19 @@ size_t paged_attention_cuda_workspace_bytes(const PagedAttentionCudaArgs & a) {
     return rows_workspace_end(a) + paged_prefill_mma_workspace_bytes(a);
 }
 
-const char * paged_attention_cuda(const PagedAttentionCudaArgs & a, void * workspace, cudaStream_t stream) {
+bool paged_attention_cuda_writes_f16(const PagedAttentionCudaArgs & a) {
+    if (paged_attention_cuda_unsupported(a) != nullptr || paged_prefill_mma_applies(a)) {
+        return false;
+    }
+    const Plan plan = plan_for(a);
+    return !plan.pipelined && !plan.warp;
+}
+
+const char * paged_attention_cuda(const PagedAttentionCudaArgs & args, void * workspace, cudaStream_t stream) {
+    PagedAttentionCudaArgs a = args;
+    if (a.out_f16 != nullptr && !paged_attention_cuda_writes_f16(a)) {
+        a.out_f16 = nullptr;  // not written, as paged_attention_cuda_writes_f16 tells the caller
+    }
     if (paged_attention_cuda_unsupported(a) != nullptr || !paged_prefill_mma_applies(a)) {
         return paged_attention_rows_cuda(a, workspace, stream);
     }

@@ -71,6 +71,11 @@ struct PagedAttentionCudaArgs {
     const int32_t * token_seq_idx;   // [n_tokens] i32 (device): block table row of each token
     const int32_t * token_ctx_len;   // [n_tokens] i32 (device): token t attends to positions [0, ctx_len)
     float * out;                     // [n_tokens][n_head][head_dim] f32 (device), contiguous
+    // Optional F16 copy of out for a GEMM that takes F16 inputs (patches/0021): [n_tokens][n_head][head_dim] f16
+    // (device), contiguous, each element out's value rounded to nearest even (bit for bit ggml's F32
+    // -> F16 conversion of out). Written only where paged_attention_cuda_writes_f16(args) says so (the two-pass kernel
+    // without the tensor-core prefill path); nullptr: not written.
+    half * out_f16;
     int32_t n_tokens;
     int32_t n_head;                  // query heads, a multiple of n_head_kv
     int32_t n_head_kv;
@@ -142,6 +147,10 @@ const char * paged_attention_cuda_unsupported(const PagedAttentionCudaArgs & arg
 // Bytes of device workspace paged_attention_cuda needs (partial results of multi-split rows; 0 when
 // block_table_stride * block_size <= one split, where every row has one split). Depends on the kernel chosen.
 size_t paged_attention_cuda_workspace_bytes(const PagedAttentionCudaArgs & args);
+
+// Whether paged_attention_cuda writes args.out_f16 (when set) for these arguments: the two-pass kernel only (PagedKernel,
+// as the call would choose it), and not where the opt-in tensor-core prefill path overwrites rows of out.
+bool paged_attention_cuda_writes_f16(const PagedAttentionCudaArgs & args);
 
 // Launch on `stream` (asynchronous; capturable in a CUDA graph: the grid depends only on n_tokens,
 // n_head_kv and block_table_stride * block_size). `workspace` must hold

@@ -120,11 +120,15 @@ bool ggml_cuda_paged_attn_supported(int device, const ggml_tensor * op) {
     return cf::cuda::paged_attention_cuda_unsupported(paged_attention_cuda_args(op)) == nullptr;
 }
 
-void ggml_cuda_paged_attn(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
+namespace {
+
+// The op on ctx's stream; out_f16 as in ggml_cuda_cf_paged_attn_f16. Returns whether out_f16 was written.
+bool run_paged_attn(ggml_backend_cuda_context & ctx, ggml_tensor * dst, half * out_f16) {
     if (const char * why = paged_attention_cuda_layout_unsupported(dst)) {
         GGML_ABORT("paged attention (CUDA): %s", why);
     }
     cf::cuda::PagedAttentionCudaArgs args = paged_attention_cuda_args(dst);
+    args.out_f16 = out_f16 != nullptr && cf::cuda::paged_attention_cuda_writes_f16(args) ? out_f16 : nullptr;
     const cf_kv_stream_desc * desc = kv_stream_desc(dst);
     const int layer = op_param_i32(dst, CF_KV_STREAM_PARAM_LAYER);
     if (desc != nullptr) {
@@ -150,4 +154,19 @@ void ggml_cuda_paged_attn(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
             GGML_ABORT("%s", err);
         }
     }
+    return args.out_f16 != nullptr;
+}
+
+}  // namespace
+
+void ggml_cuda_paged_attn(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
+    run_paged_attn(ctx, dst, nullptr);
+}
+
+// patches/0021: the op as above and, where the kernel writes one (paged_attention_cuda_writes_f16: the two-pass
+// kernel), the F16 copy of dst in out_f16 ([n_tokens][n_head][head_dim] f16, device, contiguous; ggml-cuda's shared
+// src1 buffer of patches/0008), so the output projection's GEMM that reads dst next converts nothing. Returns whether
+// out_f16 was written; out_f16 == nullptr: nothing but dst.
+bool ggml_cuda_cf_paged_attn_f16(ggml_backend_cuda_context & ctx, ggml_tensor * dst, half * out_f16) {
+    return run_paged_attn(ctx, dst, out_f16);
 }

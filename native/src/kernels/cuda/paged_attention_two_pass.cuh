@@ -269,7 +269,12 @@ __device__ __forceinline__ void finish_split(float (&acc)[G][8], float * big_s, 
         }
         const int head = head0 + h;
         if (one_split) {
-            a.out[((int64_t) t * a.n_head + head) * D + d] = o / l_s[h];
+            const int64_t at = ((int64_t) t * a.n_head + head) * D + d;
+            const float r = o / l_s[h];
+            a.out[at] = r;
+            if (a.out_f16 != nullptr) {
+                a.out_f16[at] = __float2half(r);
+            }
         } else {
             const int64_t part = ((int64_t) t * a.n_head + head) * n_splits + split;
             part_o[part * D + d] = o;
@@ -454,7 +459,12 @@ __global__ void paged_attention_combine_kernel(const PagedAttentionCudaArgs a, c
         l = fmaf(w, part_ml[2 * (base + s) + 1], l);
         o = fmaf(w, part_o[(base + s) * D + d], o);
     }
-    a.out[((int64_t) t * a.n_head + head) * D + d] = o / l;
+    const int64_t at = ((int64_t) t * a.n_head + head) * D + d;
+    const float r = o / l;
+    a.out[at] = r;
+    if (a.out_f16 != nullptr) {
+        a.out_f16[at] = __float2half(r);
+    }
 }
 
 // Splits of the two-pass kernel's grid: the most split_count(ctx) of any ctx the block table width allows
