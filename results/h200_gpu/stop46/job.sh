@@ -13,6 +13,10 @@ OUT=/tmp/res/b STAGES="build" bash scripts/h200_gpu_tests.sh
 grep -v "] exit " /tmp/res/b/run.log | tail -2 >> /tmp/res/run.log  # not its exit line: device_poll.sh waits for ours
 OUT=/tmp/res/t STAGES="tests" GPU_TESTS_K="swiglu or f16_producers or async" bash scripts/h200_gpu_tests.sh
 grep -E "passed|failed|FAIL|us per call" /tmp/res/t/run.log /tmp/res/t/gpu_tests.log | tail -6 >> /tmp/res/run.log
+mkdir -p /tmp/res/standalone && nvcc -std=c++17 -arch=sm_90a -O3 -I native/tests/cuda native/tests/cuda/bench_argmax_rows.cu \
+    -o /tmp/bench_argmax_rows > /tmp/res/standalone/argmax_build.log 2>&1 && /tmp/bench_argmax_rows \
+    > /tmp/res/standalone/argmax.txt 2>&1
+say "argmax bench: $(tail -3 /tmp/res/standalone/argmax.txt | tr '\n' ' ')"
 G15=CACHEFLOW_CUDA_GEMM=15
 OUT=/tmp/res/d STAGES="decode" NPL="64" ITER="3" DECODE_MODES=paged \
     DECODE_PA_KERNELS="default $G15 $G15,CACHEFLOW_ASYNC_DECODE=1 CACHEFLOW_ASYNC_DECODE=1 default" \
