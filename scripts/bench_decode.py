@@ -12,7 +12,7 @@ moment every request has its first token (prefill done) until the last token, co
 tokens produced in that window. Iterations alternate between the two tools; medians and the
 ratio are printed and written to OUT/decode_results.csv and OUT/decode_summary.json. Per CacheFlow
 iteration the summary also has its engine steps, its decodes launched ahead and adopted (async
-decode, CACHEFLOW_ASYNC_DECODE=1) and a digest of its greedy tokens: iteration i's prompts depend on
+decode, CACHEFLOW_ASYNC_DECODE) and a digest of its greedy tokens: iteration i's prompts depend on
 i only, so two runs with different settings must show the same digests.
 
 Usage: python scripts/bench_decode.py [-m MODEL] [--npp 128 --ntg 64 --npl 16] [-i 3] [-t N]

@@ -426,8 +426,9 @@ typedef struct cf_engine_stats {
                                             copy (ggml-cuda's count; -1 unknown or the CPU)    */
     int64_t kv_stream_cuda_copy_ns;      /* CUDA: device time of the staging copies, ns; -1 on
                                             the CPU                                            */
-    /* Async decode (CACHEFLOW_ASYNC_DECODE=1, paged mode): a step's decode launched before the
-       last step's tokens were read, its token ids taken on the device from that step's argmax  */
+    /* Async decode (paged mode; on by default for a model wholly on one CUDA device,
+       CACHEFLOW_ASYNC_DECODE=0|1): a step's decode launched before the last step's tokens
+       were read, its token ids taken on the device from that step's argmax                     */
     int64_t num_lookahead_decodes;       /* launched ahead                                     */
     int64_t num_lookahead_adopted;       /* of those, the step that followed was the one
                                             launched (the others were waited for and dropped)  */

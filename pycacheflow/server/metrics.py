@@ -224,7 +224,7 @@ class _Collector:
         )  # fmt: skip
         for name, doc, value in (
             ("lookahead_decodes_total", "Decodes launched one step ahead of their step (async decode,"
-             " CACHEFLOW_ASYNC_DECODE=1)", s.num_lookahead_decodes),
+             " CACHEFLOW_ASYNC_DECODE)", s.num_lookahead_decodes),
             ("lookahead_adopted_total", "Of those, the decodes whose step planned the same batch and used them",
              s.num_lookahead_adopted),
         ):  # fmt: skip

@@ -465,16 +465,17 @@ def test_token_embedding_on_the_device(gpu_model: Path, monkeypatch: pytest.Monk
 
 
 def test_async_decode_on_the_gpu(gpu_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Async decode (CACHEFLOW_ASYNC_DECODE=1: each step's next decode launched before its tokens are read, token ids
-    from the device token feed, argmax rows in pinned slots; patches 0017, 0018, engine_step.cpp "Lookahead"): the
-    64 greedy requests give the same tokens as without; how many steps were launched ahead and adopted is reported
-    (a sequence whose next row starts a block gets that block at the launch, so block boundaries do not stop it). The
-    CPU suite checks the same bookkeeping synchronously (tests/e2e/test_async_decode.py); here the launches really
-    overlap."""
+    """Async decode (on by default here, a model wholly on one CUDA device; CACHEFLOW_ASYNC_DECODE=0 off: each
+    step's next decode launched before its tokens are read, token ids from the device token feed, argmax rows in
+    pinned slots; patches 0017, 0018, engine_step.cpp "Lookahead"): the 64 greedy requests give the same tokens as
+    without; how many steps were launched ahead and adopted is reported (a sequence whose next row starts a block
+    gets that block at the launch, so block boundaries do not stop it). The CPU suite checks the same bookkeeping
+    synchronously (tests/e2e/test_async_decode.py); here the launches really overlap."""
     from pycacheflow import LLM, SamplingParams
 
+    monkeypatch.setenv("CACHEFLOW_ASYNC_DECODE", "0")
     meta, plain = _run(gpu_model, kv_mode="paged")
-    monkeypatch.setenv("CACHEFLOW_ASYNC_DECODE", "1")
+    monkeypatch.delenv("CACHEFLOW_ASYNC_DECODE")  # the default
     with LLM(model=str(gpu_model), n_gpu_layers=99, max_num_seqs=N_PROMPTS, n_ctx=N_PROMPTS * 512,
              kv_mode="paged") as llm:  # fmt: skip
         outs = llm.generate(meta["prompts"], SamplingParams(max_tokens=N_OUT, ignore_eos=True))
@@ -486,6 +487,7 @@ def test_async_decode_on_the_gpu(gpu_model: Path, monkeypatch: pytest.MonkeyPatc
     print("async decode:", figures)
     _record(figures)
     assert figures["async_decode_vs_plain"] == 1.0
+    assert stats.num_lookahead_decodes > 0, "async decode is not on by default on one CUDA device"
 
 
 def test_async_decode_adopted_by_the_requests_left_on_the_gpu(gpu_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -497,6 +499,7 @@ def test_async_decode_adopted_by_the_requests_left_on_the_gpu(gpu_model: Path, m
     requests' rows too, and cuBLAS may pick another GEMM for the larger batch."""
     from pycacheflow import LLM, SamplingParams
 
+    monkeypatch.setenv("CACHEFLOW_ASYNC_DECODE", "0")
     meta, plain = _run(gpu_model, kv_mode="paged")
     params = [SamplingParams(max_tokens=N_OUT, ignore_eos=True,
                              stop_token_ids=[plain[i][4 + i % 16]] if i % 2 == 0 else [])

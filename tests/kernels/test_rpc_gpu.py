@@ -1,17 +1,20 @@
-"""Layer split over two devices on one GPU: the local CUDA0 and an rpc-server of this build on the same
-GPU (issue 17; README "Several devices").
+"""Layer split over two devices on one GPU: the local CUDA0 and an rpc-server of this build on the same GPU (issue
+17; README "Several devices").
 
-With one GPU this is the only multi-device exercise of the paged path: half the layers (and their K/V
-pools) go to the rpc-server's CUDA device, half stay on the local one, and each device runs the CUDA
-paged attention op for its own layers, while one block table serves both. The same arithmetic runs on
-the same GPU for both halves, so greedy tokens are expected to equal the single-device run's; the
-measured agreement is printed and written to $CACHEFLOW_GPU_RESULTS (a JSON file, key "rpc_gpu") when
-set, and the test asserts at least 0.95 (cuBLAS may choose other GEMM algorithms in another CUDA
-context). Swaps under pressure: the CUDA copy stream is off when a pool is on an RPC device (llama.cpp's
-per-block copies instead), tokens again compared with the single-device run under the same schedule.
+With one GPU this is the only multi-device exercise of the paged path: half the layers (and their K/V pools) go to
+the rpc-server's CUDA device, half stay on the local one, and each device runs the CUDA paged attention op for its
+own layers, while one block table serves both. The same arithmetic runs on the same GPU for both halves, so greedy
+tokens are expected to equal the single-device run's; the measured agreement is printed and written to
+$CACHEFLOW_GPU_RESULTS (a JSON file, key "rpc_gpu") when set, and the test asserts at least 0.95 (cuBLAS may choose
+other GEMM algorithms in another CUDA context). Both runs keep ggml-cuda's stock GEMM path (CACHEFLOW_CUDA_GEMM=0):
+the engine sets patches 0008, 0020 and 0021 in its own process only, so the rpc-server's layers run the stock graph,
+and with the engine's options on the local half the two halves would not do the same arithmetic (stop 46, H100: 30
+of 32 equal with options 15 on the local half, 31 of 32 in stops 28-32 with options 3). Swaps under
+pressure: the CUDA copy stream is off when a pool is on an RPC device (llama.cpp's per-block copies instead), tokens
+again compared with the single-device run under the same schedule.
 
-Needs an NVIDIA GPU, a CUDA build (CACHEFLOW_CUDA=ON pip install .) and a tokenizer GGUF; never run on
-the CPU-only CI (skipped). Written without access to a GPU: not yet run.
+Needs an NVIDIA GPU, a CUDA build (CACHEFLOW_CUDA=ON pip install .) and a tokenizer GGUF; never run on the CPU-only
+CI (skipped). Run on the GPU machine since stop 28 (figures in results/h200_gpu/stopNN/gpu_agreement.json).
 """
 
 from __future__ import annotations
@@ -74,7 +77,9 @@ def _generate(model: Path, prompts: list[list[int]] | None, **config) -> tuple[o
         return llm.info, llm.stats(), prompts, [list(o.token_ids) for o in outs]
 
 
-def test_layer_split_over_cuda0_and_an_rpc_server_on_the_same_gpu(gpu_model: Path, rpc_cuda_server: str) -> None:
+def test_layer_split_over_cuda0_and_an_rpc_server_on_the_same_gpu(gpu_model: Path, rpc_cuda_server: str,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CACHEFLOW_CUDA_GEMM", "0")  # the rpc-server's arithmetic on both halves (module docstring)
     base = {"max_num_seqs": 32, "n_ctx": 32 * 512}
     info1, s1, prompts, single = _generate(gpu_model, None, **base)
     # device order: RPC0 (the server's CUDA0) first, then the local CUDA0; 4 layers + output over 2

@@ -151,16 +151,17 @@ cuda_graph_counts_fn cuda_graph_counts_getter() {
 
 // ggml-cuda's F16 GEMM options of patches 0008, 0020 and 0021 (1: F32 output, 2: one F16 copy of each src1 per graph
 // evaluation, 4: the residual add, the RMS norm and its weight in one kernel that also writes that F16 copy, 8: SWIGLU
-// and paged attention write that F16 copy too); 7 by default, CACHEFLOW_CUDA_GEMM (0-15, the sum of the bits wanted)
-// for others (3: without 4; 15: with 8, not yet measured on a GPU). On an H100, B=64, 4 took the traced graph from
-// 1,853 to 1,749 us and decode from 31.9k to 33.8k tok/s (results/h200_gpu/stop45). Set when an engine opens.
+// and paged attention write that F16 copy too); all four by default, CACHEFLOW_CUDA_GEMM (0-15, the sum of the bits
+// wanted) for others (7: without 8; 3: without 4 and 8). On an H100 at B=64, 4 took the traced graph from 1,853 to
+// 1,749 us and decode from 31.9k to 33.8k tok/s (results/h200_gpu/stop45); 8 took decode from 33.0k / 33.8k (7, first
+// and last in the call) to 34.8k with the same greedy tokens (results/h200_gpu/stop46). Set when an engine opens.
 // A build without the CUDA backend has no such function and nothing is set.
 void set_cuda_gemm_options() {
     auto set_options = (void (*)(int)) cuda_proc_address("ggml_backend_cuda_cf_set_gemm_options");
     if (set_options == nullptr) {
         return;
     }
-    set_options(env_int_in("CACHEFLOW_CUDA_GEMM", 0, 15, 7));
+    set_options(env_int_in("CACHEFLOW_CUDA_GEMM", 0, 15, 15));
 }
 
 // ggml-cuda keeps one CUDA graph per step shape (patch 0010), the shapes step padding produces;
@@ -410,6 +411,7 @@ void LlamaSession::load_model() {
         mp.tensor_buft_overrides = embd_override.data();
     }
     embd_with_layers_ = config_.n_gpu_layers == 0 || offload_devices_.empty() || embd_on_device;
+    embd_on_cuda_ = embd_on_device;
     ErrorCapture capture;
     model_ = llama_model_load_from_file(path.c_str(), mp);
     if (model_ == nullptr) {
@@ -532,12 +534,19 @@ void LlamaSession::create_context() {
     // one wait in all, not a wait and a synchronous copy each (patch 0016); CACHEFLOW_BATCHED_INPUT_COPIES=0 keeps
     // stock's copies, for A/B runs. The CPU backend copies nothing either way.
     cp.batched_input_copies = env_int_in("CACHEFLOW_BATCHED_INPUT_COPIES", 0, 1, 1) == 1;
-    // Async decode, opt-in while it is measured: a device token feed with a row per output of a decode (every
-    // sequence, plus step padding's at most 15 rows). The feed lives on the token embedding's device and each graph
-    // writes its argmax there, so only where the embedding is with the layers (the CPU alone, or a model wholly on
-    // one CUDA device, whose embedding the engine moves there): with the embedding on the CPU and the layers on a GPU,
-    // ggml-cuda refuses to read the argmax back asynchronously (seen on an H100, results/h200_gpu/stop42).
-    const bool async_asked = env_int_in("CACHEFLOW_ASYNC_DECODE", 0, 1, 0) == 1;
+    // Async decode: a device token feed with a row per output of a decode (every sequence, plus step padding's at most
+    // 15 rows). The feed lives on the token embedding's device and each graph writes its argmax there, so only where
+    // the embedding is with the layers (the CPU alone, or a model wholly on one CUDA device, whose embedding the engine
+    // moves there): with the embedding on the CPU and the layers on a GPU, ggml-cuda refuses to read the argmax back
+    // asynchronously (seen on an H100, results/h200_gpu/stop42). On by default for a paged model wholly on one CUDA
+    // device with in-graph sampling and no KV streaming: on an H100 at B=64 (1B shape, 128/128) it took decode from
+    // 34.8k to 36.7k tok/s, same greedy tokens, and the whole GPU suite passed with it on (results/h200_gpu/stop46).
+    // CACHEFLOW_ASYNC_DECODE=0 turns it off; =1 asks for it elsewhere too (the CPU alone: no overlap to gain there,
+    // the decode runs inside llama_decode), and says on stderr why where it cannot run.
+    const int async_setting = env_int_in("CACHEFLOW_ASYNC_DECODE", 0, 1, -1);  // -1: the default above
+    const bool async_default = async_setting == -1 && embd_on_cuda_ && config_.paged() && backend_sampling_ &&
+                               !kv_streaming();
+    const bool async_asked = async_setting == 1;
     if (async_asked && !config_.paged()) {
         notice("CACHEFLOW_ASYNC_DECODE=1 ignored: async decode needs the paged KV cache (kv_mode paged), and this "
                "engine runs the stock one");
@@ -550,7 +559,7 @@ void LlamaSession::create_context() {
     } else if (async_asked && kv_streaming()) {
         notice("CACHEFLOW_ASYNC_DECODE=1 ignored: async decode does not run with KV streaming (kv_streaming on), "
                "whose steps move blocks between host and device");
-    } else if (async_asked) {
+    } else if (async_asked || async_default) {
         token_feed_rows_ = n_seq_max_ + 16;
         cp.token_feed = token_feed_rows_;
     }

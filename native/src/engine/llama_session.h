@@ -95,7 +95,8 @@ class LlamaSession {
     // equal maxima are broken by the backend's argmax kernel.
     int32_t sampled_token(int32_t batch_index, int32_t seq_id);
 
-    // Async decode (CACHEFLOW_ASYNC_DECODE=1; paged mode with in-graph sampling): the context has a device token feed
+    // Async decode (paged mode with in-graph sampling; the default on one CUDA device, CACHEFLOW_ASYNC_DECODE=0|1): the
+    // context has a device token feed
     // (patches 0017, 0018) and the engine may launch a step's decode before it reads the last step's tokens.
     bool async_decode() const { return token_feed_rows_ > 0; }
     // Whether slot seq_id's rows are sampled by the batched argmax (plain or without EOG tokens).
@@ -229,6 +230,7 @@ class LlamaSession {
     int32_t n_vocab_ = 0;
     int32_t num_fused_projections_ = 0;  // llama_model_fuse_projections at load (patches/0019)
     bool embd_with_layers_ = true;  // the token embedding is on the device of the layers (all on the CPU, or on CUDA)
+    bool embd_on_cuda_ = false;     // ... and that device is the one CUDA device holding the whole model
     int32_t n_ctx_ = 0;
     int32_t n_ctx_per_seq_ = 0;
     int32_t n_batch_ = 0;
