@@ -121,6 +121,25 @@ void test_max_num_seqs_and_reuse() {
     assert(out->seqs.size() == 3 && out->seqs[2].seq->request_id == 4 && out->seqs[2].seq->num_computed_tokens == 4);
 }
 
+// Scheduler::hold_admissions (the engine's decode launched ahead): the next schedule() continues the running
+// sequences only, and the one after admits as before.
+void test_hold_admissions_holds_one_step() {
+    Scheduler sched = stock_scheduler(3, 64);
+    sched.add(make_seq(1, 4, 8));
+    sched.add(make_seq(2, 4, 1));  // finishes after its first token, freeing a slot
+    run_step(sched);
+    assert(sched.num_running() == 1);
+    sched.add(make_seq(3, 4, 8));
+    sched.hold_admissions();
+    const StepPlan * out = nullptr;
+    run_step(sched, &out);  // request 3 waits: only request 1 decodes
+    assert(out->seqs.size() == 1 && out->seqs[0].seq->request_id == 1 && out->num_prefill_tokens == 0);
+    assert(sched.num_running() == 1 && sched.num_waiting() == 1);
+    run_step(sched, &out);  // the hold was for one step
+    assert(out->seqs.size() == 2 && out->seqs[1].seq->request_id == 3 && out->num_prefill_tokens == 4);
+    assert(sched.num_running() == 2 && sched.num_waiting() == 0);
+}
+
 void test_unified_kv_admission() {
     // n_ctx 100: each request reserves prompt 10 + max_tokens 50 = 60 rows, so only one fits.
     Scheduler sched = stock_scheduler(4, 64, 100, /*unified=*/true, /*n_ctx=*/100);
@@ -513,6 +532,7 @@ int main() {
     test_chunked_prefill();
     test_decodes_first_then_prefill_in_request_order();
     test_max_num_seqs_and_reuse();
+    test_hold_admissions_holds_one_step();
     test_unified_kv_admission();
     test_split_mode_admits_by_slots();
     test_policies();

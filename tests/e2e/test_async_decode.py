@@ -202,3 +202,31 @@ def test_requests_ending_at_max_tokens_on_consecutive_steps(real_model_path, mak
     assert stats.num_steps == 27, stats
     assert stats.num_lookahead_decodes == stats.num_lookahead_adopted == 25, stats
     assert (stats.num_padding_tokens > 0) == (padding == "1"), stats
+
+
+def test_async_decode_with_every_slot_taken_and_requests_waiting(real_model_path, make_llm, monkeypatch):
+    """Twelve requests at once on four slots: eight wait in the queue while four decode. A decode is still launched
+    ahead while every slot is taken and no request ends at that step by max_tokens, and the step that adopts it admits
+    nothing (Scheduler::hold_admissions): the waiting requests could not get in there anyway, but for a slot freed by a
+    stop token, whose admission then comes one step later. Before, nothing was launched ahead while one waited. Every
+    third request stops at a token of its output without stops (position 3 + i), which no launch foresees. The greedy
+    tokens and finish reasons equal those without async decode."""
+    prompts = [("waiting %d " % i) * (2 + i) for i in range(12)]
+    lengths = [14 + 5 * (i % 4) for i in range(12)]
+
+    def run(async_decode: str, stops: list[list[int]]):
+        monkeypatch.setenv("CACHEFLOW_ASYNC_DECODE", async_decode)
+        llm = make_llm(real_model_path, kv_mode="paged", max_num_seqs=4, n_ctx=4096)
+        params = [SamplingParams(max_tokens=n, ignore_eos=True, stop_token_ids=s) for n, s in zip(lengths, stops)]
+        outs = llm.generate(prompts, params)
+        return [(list(o.token_ids), o.finish_reason) for o in outs], llm.stats()
+
+    plain, _ = run("0", [[] for _ in prompts])
+    stops = [[plain[i][0][3 + i]] if i % 3 == 0 else [] for i in range(12)]
+    want, _ = run("0", stops)
+    got, stats = run("1", stops)
+    assert got == want
+    assert sum(reason == "stop" for _, reason in got) == 4, [reason for _, reason in got]
+    assert stats.num_lookahead_decodes == stats.num_lookahead_adopted, stats
+    print("launched ahead and adopted:", stats.num_lookahead_adopted, "of", stats.num_steps, "steps")
+    assert stats.num_lookahead_adopted >= stats.num_steps // 2, stats

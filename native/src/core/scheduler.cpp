@@ -79,18 +79,20 @@ const StepPlan & Scheduler::schedule(int64_t now_ns) {
         }
     }
     const bool by_priority = config_.policy == CF_SCHED_POLICY_PRIORITY;
+    const bool hold = hold_admissions_;
+    hold_admissions_ = false;
     if (by_priority) {
         sort_queues();  // aging moved effective priorities since the last step
     }
     fork_choices();
-    if (by_priority) {
+    if (by_priority && !hold) {
         preempt_for_urgent();
     }
     const size_t num_preempted_for_priority = out_.preempted.size();
     int32_t budget = config_.max_num_batched_tokens;
     schedule_running(/*decoding=*/true, &budget);
     schedule_running(/*decoding=*/false, &budget);
-    if (out_.preempted.size() == num_preempted_for_priority) {  // blocks are short: no admission
+    if (!hold && out_.preempted.size() == num_preempted_for_priority) {  // blocks are short: no admission
         if (by_priority) {
             admit_by_priority(&budget);
         } else {

@@ -192,6 +192,12 @@ class Scheduler {
     // refilled in place (no allocation once they have grown to the largest step).
     const StepPlan & schedule(int64_t now_ns = 0);
 
+    // The next schedule() continues the running sequences only: it admits no waiting sequence, swaps none in and
+    // preempts none for priority (each waits one step). The engine calls it when it launched the next step's decode
+    // ahead for exactly the running sequences (engine_step.cpp, "Lookahead"), so that the plan stays that decode. One
+    // call holds one schedule().
+    void hold_admissions() { hold_admissions_ = true; }
+
     // The engine computed every token of `out`: advance num_computed_tokens.
     void commit_step(const StepPlan & out);
 
@@ -278,6 +284,7 @@ class Scheduler {
     int32_t long_entry_ = -1;                          // out_.seqs index of this step's capped long prefill
     std::vector<Sequence *> long_skipped_;             // long prefills passed over in the first pass
     int64_t num_preemptions_ = 0;
+    bool hold_admissions_ = false;                     // hold_admissions() for the next schedule()
     PreemptionStats preemption_stats_;
     StepPlan out_;
 };

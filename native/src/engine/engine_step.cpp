@@ -439,7 +439,12 @@ int32_t Engine::decode_groups(const StepPlan & plan) {
 // read, and the decode launched ahead of that step runs just the sequences left (BatchBuilder::compact_rows, the token
 // feed reading each one's row of the decode adopted); anything else waits for it and drops it.
 // Requests that arrive (or are aborted) while a decode ahead is in flight enter the scheduler one step later
-// (step_locked), so that they do not make the plan differ; nothing is launched ahead while one waits. The idea is
+// (step_locked), so that they do not make the plan differ, and the step that adopts it admits nothing
+// (Scheduler::hold_admissions). With requests waiting (queued, swapped out or in the inbox), a decode is launched
+// ahead only while their admission is not due at the next step anyway: every slot taken (max_num_seqs), no sequence
+// ending there by max_tokens, FCFS or shortest-job-first (PRIORITY may preempt for a waiting request), no abort in
+// the inbox. A sequence that ends on EOS or a stop string in such a step delays the admission that its slot allows
+// by one step. So a server whose slots are all taken keeps deciding ahead. The idea is
 // vLLM's async scheduling and SGLang's overlap scheduler; here the scheduler is left as it is and the guess is
 // checked, not assumed.
 //
@@ -457,7 +462,7 @@ int32_t Engine::decode_groups(const StepPlan & plan) {
 bool Engine::lookahead_eligible(const StepPlan & plan) const {
     if (!session_->async_decode() || session_->kv_streaming() || plan.seqs.empty() || batch_.num_groups(plan) != 1 ||
         plan.num_prefill_tokens != 0 || !plan.blocks_to_copy.empty() || !plan.blocks_to_swap_in.empty() ||
-        !plan.blocks_to_swap_out.empty() || scheduler_.num_waiting() != 0) {
+        !plan.blocks_to_swap_out.empty()) {
         return false;
     }
     const BlockManager * blocks = scheduler_.kv().block_manager();
@@ -465,11 +470,16 @@ bool Engine::lookahead_eligible(const StepPlan & plan) const {
     if (blocks == nullptr || (int32_t) plan.slot_mapping.size() != (int32_t) plan.seqs.size()) {
         return false;
     }
+    bool waiters = scheduler_.num_waiting() != 0 || scheduler_.num_swapped() != 0;
     {
         std::lock_guard<std::mutex> lock(inbox_mu_);
-        if (!pending_adds_.empty() || !pending_aborts_.empty()) {
+        if (!pending_aborts_.empty()) {
             return false;  // the inbox waits for a step without a decode ahead in flight (step_locked)
         }
+        waiters = waiters || !pending_adds_.empty();
+    }
+    if (waiters && (scheduler_.num_free_slots() > 0 || scheduler_.config().policy == CF_SCHED_POLICY_PRIORITY)) {
+        return false;  // an admission may be due at the next step: it goes first
     }
     int32_t num_blocks_to_reserve = 0;
     bool any_goes_on = false;
@@ -484,7 +494,11 @@ bool Engine::lookahead_eligible(const StepPlan & plan) const {
         // the decode ahead without it (match_lookahead), as after a stop. Requests prefilled at different steps end
         // at different steps, and refusing whenever one ends launched almost nothing ahead there (2 of 44 steps on
         // an H100, results/h200_gpu/stop45).
-        any_goes_on = any_goes_on || seq.num_output_tokens() + 1 < seq.params.max_tokens;
+        const bool goes_on = seq.num_output_tokens() + 1 < seq.params.max_tokens;
+        if (waiters && !goes_on) {
+            return false;  // its slot frees at this step: the waiting request's admission is due at the next
+        }
+        any_goes_on = any_goes_on || goes_on;
         const int32_t slot = plan.slot_mapping[i];
         if (slot % block_size == block_size - 1) {
             const BlockTable * table = blocks->find(seq.request_id);
@@ -545,6 +559,7 @@ void Engine::launch_lookahead(const StepPlan & plan, const std::vector<int32_t> 
         lookahead_ids_.push_back(s.seq->request_id);
     }
     lookahead_active_ = true;
+    scheduler_.hold_admissions();  // the next plan is this decode's, or fewer of its sequences
     read_previous_decode_ = true;
     totals_.num_lookahead_decodes += 1;
 }
