@@ -12,6 +12,7 @@
 // Build: nvcc -std=c++17 -O3 -use_fast_math -arch=native -I native/src/kernels/cuda \
 //        native/src/kernels/cuda/swiglu_f16.cu native/tests/cuda/test_swiglu_f16.cu
 //        (tests/kernels/test_swiglu_f16_cuda.py does this)
+#include "device_helpers.cuh"
 #include "swiglu_f16.cuh"
 
 #include <cuda_fp16.h>
@@ -23,15 +24,6 @@
 #include <cstring>
 #include <random>
 #include <vector>
-
-#define CK(x)                                                                                          \
-    do {                                                                                               \
-        cudaError_t e_ = (x);                                                                          \
-        if (e_ != cudaSuccess) {                                                                       \
-            std::printf("FAIL %s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));      \
-            std::exit(1);                                                                              \
-        }                                                                                              \
-    } while (0)
 
 using cf::cuda::SwigluArgs;
 
@@ -83,16 +75,16 @@ std::vector<float> run_case(int rows, int n, Layout layout, bool f16, unsigned s
     }
     float *da, *db = nullptr, *dout, *dref;
     half * dh = nullptr;
-    CK(cudaMalloc(&da, a.size() * sizeof(float)));
-    CK(cudaMemcpy(da, a.data(), a.size() * sizeof(float), cudaMemcpyHostToDevice));
+    CHECK_CUDA(cudaMalloc(&da, a.size() * sizeof(float)));
+    CHECK_CUDA(cudaMemcpy(da, a.data(), a.size() * sizeof(float), cudaMemcpyHostToDevice));
     if (!b.empty()) {
-        CK(cudaMalloc(&db, b.size() * sizeof(float)));
-        CK(cudaMemcpy(db, b.data(), b.size() * sizeof(float), cudaMemcpyHostToDevice));
+        CHECK_CUDA(cudaMalloc(&db, b.size() * sizeof(float)));
+        CHECK_CUDA(cudaMemcpy(db, b.data(), b.size() * sizeof(float), cudaMemcpyHostToDevice));
     }
-    CK(cudaMalloc(&dout, (size_t) rows * n * sizeof(float)));
-    CK(cudaMalloc(&dref, (size_t) rows * n * sizeof(float)));
+    CHECK_CUDA(cudaMalloc(&dout, (size_t) rows * n * sizeof(float)));
+    CHECK_CUDA(cudaMalloc(&dref, (size_t) rows * n * sizeof(float)));
     if (f16) {
-        CK(cudaMalloc(&dh, (size_t) rows * n * sizeof(half)));
+        CHECK_CUDA(cudaMalloc(&dh, (size_t) rows * n * sizeof(half)));
     }
     const float * gate = layout == kSeparatePadded ? da : layout == kHalves ? da : da + n;
     const float * up = layout == kSeparatePadded ? db : layout == kHalves ? da + n : da;
@@ -111,17 +103,17 @@ std::vector<float> run_case(int rows, int n, Layout layout, bool f16, unsigned s
         std::exit(1);
     }
     cf::cuda::swiglu_f16_launch(p, nullptr);
-    CK(cudaGetLastError());
+    CHECK_CUDA(cudaGetLastError());
     const int64_t k = (int64_t) rows * n;
     ggml_style_swiglu<<<(unsigned) ((k + 255) / 256), 256>>>(gate, up, dref, k, n, stride, stride);
-    CK(cudaGetLastError());
-    CK(cudaDeviceSynchronize());
+    CHECK_CUDA(cudaGetLastError());
+    CHECK_CUDA(cudaDeviceSynchronize());
     std::vector<float> out((size_t) k), ref((size_t) k);
     std::vector<half> h(f16 ? (size_t) k : 0);
-    CK(cudaMemcpy(out.data(), dout, k * sizeof(float), cudaMemcpyDeviceToHost));
-    CK(cudaMemcpy(ref.data(), dref, k * sizeof(float), cudaMemcpyDeviceToHost));
+    CHECK_CUDA(cudaMemcpy(out.data(), dout, k * sizeof(float), cudaMemcpyDeviceToHost));
+    CHECK_CUDA(cudaMemcpy(ref.data(), dref, k * sizeof(float), cudaMemcpyDeviceToHost));
     if (f16) {
-        CK(cudaMemcpy(h.data(), dh, k * sizeof(half), cudaMemcpyDeviceToHost));
+        CHECK_CUDA(cudaMemcpy(h.data(), dh, k * sizeof(half), cudaMemcpyDeviceToHost));
     }
     for (int r = 0; r < rows; ++r) {
         for (int c = 0; c < n; ++c) {
@@ -143,7 +135,7 @@ std::vector<float> run_case(int rows, int n, Layout layout, bool f16, unsigned s
         }
     }
     for (void * q : {(void *) da, (void *) db, (void *) dout, (void *) dref, (void *) dh}) {
-        if (q != nullptr) CK(cudaFree(q));
+        if (q != nullptr) CHECK_CUDA(cudaFree(q));
     }
     return out;
 }
@@ -154,20 +146,20 @@ void time_case(int rows, int n, float * ours, float * ggml_two) {
     const int64_t k = (int64_t) rows * n;
     float *da, *dout;
     half * dh;
-    CK(cudaMalloc(&da, 2 * k * sizeof(float)));
-    CK(cudaMalloc(&dout, k * sizeof(float)));
-    CK(cudaMalloc(&dh, k * sizeof(half)));
-    CK(cudaMemset(da, 0, 2 * k * sizeof(float)));
+    CHECK_CUDA(cudaMalloc(&da, 2 * k * sizeof(float)));
+    CHECK_CUDA(cudaMalloc(&dout, k * sizeof(float)));
+    CHECK_CUDA(cudaMalloc(&dh, k * sizeof(half)));
+    CHECK_CUDA(cudaMemset(da, 0, 2 * k * sizeof(float)));
     SwigluArgs p{da, da + n, dout, dh, 2 * (int64_t) n, 2 * (int64_t) n, rows, n};
     const unsigned blocks = (unsigned) ((k + 255) / 256);
     cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
+    CHECK_CUDA(cudaEventCreate(&e0));
+    CHECK_CUDA(cudaEventCreate(&e1));
     const int reps = 200;
     float ms = 0;
     for (int pass = 0; pass < 2; ++pass) {
         for (int i = 0; i < 10 + reps; ++i) {
-            if (i == 10) CK(cudaEventRecord(e0));
+            if (i == 10) CHECK_CUDA(cudaEventRecord(e0));
             if (pass == 0) {
                 cf::cuda::swiglu_f16_launch(p, nullptr);
             } else {
@@ -175,12 +167,12 @@ void time_case(int rows, int n, float * ours, float * ggml_two) {
                 to_f16<<<blocks, 256>>>(dout, dh, k);
             }
         }
-        CK(cudaEventRecord(e1));
-        CK(cudaEventSynchronize(e1));
-        CK(cudaEventElapsedTime(&ms, e0, e1));
+        CHECK_CUDA(cudaEventRecord(e1));
+        CHECK_CUDA(cudaEventSynchronize(e1));
+        CHECK_CUDA(cudaEventElapsedTime(&ms, e0, e1));
         *(pass == 0 ? ours : ggml_two) = ms * 1000.0f / reps;
     }
-    for (void * q : {(void *) da, (void *) dout, (void *) dh}) CK(cudaFree(q));
+    for (void * q : {(void *) da, (void *) dout, (void *) dh}) CHECK_CUDA(cudaFree(q));
 }
 
 }  // namespace
