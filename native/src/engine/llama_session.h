@@ -96,8 +96,8 @@ class LlamaSession {
     int32_t sampled_token(int32_t batch_index, int32_t seq_id);
 
     // Async decode (paged mode with in-graph sampling; the default on one CUDA device, CACHEFLOW_ASYNC_DECODE=0|1): the
-    // context has a device token feed
-    // (patches 0017, 0018) and the engine may launch a step's decode before it reads the last step's tokens.
+    // context has a device token feed (patches 0017, 0018) and the engine may launch a step's decode before it reads
+    // the last step's tokens.
     bool async_decode() const { return token_feed_rows_ > 0; }
     // Whether slot seq_id's rows are sampled by the batched argmax (plain or without EOG tokens).
     bool slot_samples_argmax(int32_t seq_id) const;
