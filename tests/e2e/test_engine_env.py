@@ -1,7 +1,8 @@
 """The engine's tuning variables (A/B switches documented in the README and `cacheflow --help`) take whole numbers in
 their range: any other value is named on stderr, with the range, and the default kept, so that a typo such as `false`
-or `yes` never silently flips a run. Only the variables an engine reads on the CPU are checked here (the CUDA-only
-ones, CACHEFLOW_CUDA_GEMM and CACHEFLOW_CUDA_GRAPH_PER_SHAPE, parse the same way in the same function)."""
+or `yes` never silently flips a run. CACHEFLOW_CUDA_GEMM, which only a CUDA build acts on, is checked on any build (a
+new-user review saw a bad value pass silently on the CPU). CACHEFLOW_CUDA_GRAPH_PER_SHAPE is read once per process, so
+it is not in this in-process list; it parses the same way in the same function."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ pytestmark = [pytest.mark.e2e]
     ("CACHEFLOW_BATCHED_INPUT_COPIES", "from 0 to 1; ignored (the default, 1, stays)"),
     ("CACHEFLOW_SHARED_PREFIX_WAIT", "from 0 to 1048576; ignored (the default, 64, stays)"),
     ("CACHEFLOW_EMBD_ON_DEVICE", "from 0 to 1; ignored (the engine's own choice stays)"),
+    ("CACHEFLOW_CUDA_GEMM", "from 0 to 15; ignored (the default, 15, stays)"),
 ])  # fmt: skip
 def test_a_value_out_of_range_is_named_and_the_default_kept(real_model_path, make_llm, monkeypatch, capfd, name,
                                                             says):

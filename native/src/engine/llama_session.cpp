@@ -155,23 +155,24 @@ cuda_graph_counts_fn cuda_graph_counts_getter() {
 // wanted) for others (7: without 8; 3: without 4 and 8). On an H100 at B=64, 4 took the traced graph from 1,853 to
 // 1,749 us and decode from 31.9k to 33.8k tok/s (results/h200_gpu/stop45); 8 took decode from 33.0k / 33.8k (7, first
 // and last in the call) to 34.8k with the same greedy tokens (results/h200_gpu/stop46). Set when an engine opens.
-// A build without the CUDA backend has no such function and nothing is set.
+// A build without the CUDA backend has no such function and nothing is set; the value is checked either way, so a
+// malformed one is named on stderr there too.
 void set_cuda_gemm_options() {
+    const int options = env_int_in("CACHEFLOW_CUDA_GEMM", 0, 15, 15);
     auto set_options = (void (*)(int)) cuda_proc_address("ggml_backend_cuda_cf_set_gemm_options");
-    if (set_options == nullptr) {
-        return;
+    if (set_options != nullptr) {
+        set_options(options);
     }
-    set_options(env_int_in("CACHEFLOW_CUDA_GEMM", 0, 15, 15));
 }
 
 // ggml-cuda keeps one CUDA graph per step shape (patch 0010), the shapes step padding produces;
 // CACHEFLOW_CUDA_GRAPH_PER_SHAPE=0 keeps stock's one graph per context, for A/B runs.
 void set_cuda_graph_per_shape() {
+    const bool per_shape = env_int_in("CACHEFLOW_CUDA_GRAPH_PER_SHAPE", 0, 1, 1) == 1;  // checked on any build
     auto set = (void (*)(bool)) cuda_proc_address("ggml_backend_cuda_cf_set_graph_per_shape");
-    if (set == nullptr) {
-        return;
+    if (set != nullptr) {
+        set(per_shape);
     }
-    set(env_int_in("CACHEFLOW_CUDA_GRAPH_PER_SHAPE", 0, 1, 1) == 1);
 }
 
 void init_backend_once() {
