@@ -542,8 +542,8 @@ def format_summary(
     outputs: list[RequestOutput], wall_s: float, stats: EngineStats | None = None
 ) -> str:
     """Stats summary: requests, tokens, mean TTFT/TPOT (ms), output tokens/s, wall time; the
-    preemptions if any (``preemption_line``); with KV streaming on its counters (blocks demoted,
-    promoted, staged).
+    preemptions if any (``preemption_line``); the decodes launched ahead if any (``lookahead_line``);
+    with KV streaming on its counters (blocks demoted, promoted, staged).
 
     Args:
         outputs: finished requests.
@@ -562,8 +562,20 @@ def format_summary(
     )
     lines = [summary]
     if stats is not None:
-        lines += [line for line in (preemption_line(stats), kv_stream.summary_line(stats)) if line]
+        lines += [line for line in (preemption_line(stats), lookahead_line(stats), kv_stream.summary_line(stats))
+                  if line]
     return "\n".join(lines)
+
+
+def lookahead_line(stats: EngineStats) -> str | None:
+    """Async decode's count: decodes launched one step ahead, of them adopted, of the engine's steps; None when
+    none was launched (async decode off, or no step of greedy decode rows alone)."""
+    if stats.num_lookahead_decodes == 0:
+        return None
+    return (
+        f"async decode: {stats.num_lookahead_decodes} decodes launched ahead, {stats.num_lookahead_adopted} adopted, "
+        f"in {stats.num_steps} steps"
+    )
 
 
 def preemption_line(stats: EngineStats) -> str | None:

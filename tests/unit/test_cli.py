@@ -146,10 +146,20 @@ def test_format_summary():
 
 def test_format_summary_names_preemptions():
     stats = SimpleNamespace(num_preemptions=5, num_preemptions_swap=3, num_preemptions_recompute=2,
-                            num_recomputed_tokens=140, swap_out_bytes=3 * 2**20, kv_streaming=0)  # fmt: skip
+                            num_recomputed_tokens=140, swap_out_bytes=3 * 2**20, kv_streaming=0,
+                            num_lookahead_decodes=0)  # fmt: skip
     assert format_summary([], 1.0, stats).endswith(
         "\npreemptions: 5 (swap 3, recompute 2); 140 tokens recomputed, 3.0 MiB swapped out")
-    assert "preemptions" not in format_summary([], 1.0, SimpleNamespace(num_preemptions=0, kv_streaming=0))
+    assert "preemptions" not in format_summary([], 1.0, SimpleNamespace(num_preemptions=0, kv_streaming=0,
+                                                                        num_lookahead_decodes=0))  # fmt: skip
+
+
+def test_format_summary_names_decodes_launched_ahead():
+    stats = SimpleNamespace(num_preemptions=0, kv_streaming=0, num_lookahead_decodes=40, num_lookahead_adopted=39,
+                            num_steps=45)  # fmt: skip
+    assert format_summary([], 1.0, stats).endswith("\nasync decode: 40 decodes launched ahead, 39 adopted, in 45 steps")
+    stats.num_lookahead_decodes = 0
+    assert "async decode" not in format_summary([], 1.0, stats)
 
 
 @pytest.mark.parametrize(

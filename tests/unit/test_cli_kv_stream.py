@@ -65,7 +65,7 @@ def test_help_states_the_host_slot_constraint():
 
 def _stats(**fields: int) -> SimpleNamespace:
     base = dict(kv_streaming=0, kv_stream_demotions=0, kv_stream_promotions=0, kv_staged_blocks=0,
-                kv_staged_bytes=0, kv_staging_decodes=0, num_preemptions=0)  # fmt: skip
+                kv_staged_bytes=0, kv_staging_decodes=0, num_preemptions=0, num_lookahead_decodes=0)  # fmt: skip
     return SimpleNamespace(**{**base, **fields})
 
 
