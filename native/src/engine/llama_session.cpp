@@ -541,8 +541,8 @@ void LlamaSession::create_context() {
     // moves there): with the embedding on the CPU and the layers on a GPU, ggml-cuda refuses to read the argmax back
     // asynchronously (seen on an H100, results/h200_gpu/stop42). On by default for a paged model wholly on one CUDA
     // device with in-graph sampling and no KV streaming: on an H100 at B=64 (1B shape, 128/128) it took decode from
-    // 34.8k to 36.7k tok/s, same greedy tokens, and the GPU suite passed with it on but for one agreement threshold that
-    // does not involve it (a layer split over an rpc-server, results/h200_gpu/stop46).
+    // 34.8k to 36.7k tok/s, same greedy tokens, and the GPU suite passed with it on but for one agreement threshold
+    // that does not involve it (a layer split over an rpc-server, results/h200_gpu/stop46).
     // CACHEFLOW_ASYNC_DECODE=0 turns it off; =1 asks for it elsewhere too (the CPU alone: no overlap to gain there,
     // the decode runs inside llama_decode), and says on stderr why where it cannot run.
     const int async_setting = env_int_in("CACHEFLOW_ASYNC_DECODE", 0, 1, -1);  // -1: the default above

@@ -148,8 +148,8 @@ const char * paged_attention_cuda_unsupported(const PagedAttentionCudaArgs & arg
 // block_table_stride * block_size <= one split, where every row has one split). Depends on the kernel chosen.
 size_t paged_attention_cuda_workspace_bytes(const PagedAttentionCudaArgs & args);
 
-// Whether paged_attention_cuda writes args.out_f16 (when set) for these arguments: the two-pass kernel only (PagedKernel,
-// as the call would choose it), and not where the opt-in tensor-core prefill path overwrites rows of out.
+// Whether paged_attention_cuda writes args.out_f16 (when set) for these arguments: the two-pass kernel only
+// (PagedKernel, as the call would choose it), and not where the opt-in tensor-core prefill path overwrites rows of out.
 bool paged_attention_cuda_writes_f16(const PagedAttentionCudaArgs & args);
 
 // Launch on `stream` (asynchronous; capturable in a CUDA graph: the grid depends only on n_tokens,

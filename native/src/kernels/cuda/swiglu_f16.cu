@@ -41,7 +41,8 @@ const char * swiglu_f16_check(const SwigluArgs & p) {
     if (p.gate == nullptr || p.up == nullptr || p.out == nullptr) {
         return "swiglu_f16: gate, up and out must be set";
     }
-    if (!aligned16(p.gate) || !aligned16(p.up) || !aligned16(p.out) || (p.out_f16 != nullptr && !aligned16(p.out_f16))) {
+    if (!aligned16(p.gate) || !aligned16(p.up) || !aligned16(p.out) ||
+        (p.out_f16 != nullptr && !aligned16(p.out_f16))) {
         return "swiglu_f16: every pointer must be 16-byte aligned";
     }
     if (p.gate_stride < p.n || p.up_stride < p.n || p.gate_stride % 4 != 0 || p.up_stride % 4 != 0) {
