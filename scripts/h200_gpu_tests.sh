@@ -406,8 +406,8 @@ if want vs_llama_server; then  # issue 11: cacheflow serve (defaults: paged on C
         -n $((np * ${VS_REQ_PER_STREAM:-2})) -p 128 -o 128 --max-concurrency "$np" --client-check \
         --out "$OUT/vs_llama_server_np$np" 2>&1 | grep -v 'req/s' | tail -8 | tee -a "$OUT/run.log" \
         || log "serve bench (-np $np) failed"
-    # the share of steps that replayed a CUDA graph while serving, and the padding it took
-    curl -s http://127.0.0.1:8082/metrics | grep -E '^cacheflow:(cuda_graph_evaluations|padding_tokens|steps)' \
+    # the share of steps that replayed a CUDA graph while serving, the padding it took, the decodes launched ahead
+    curl -s http://127.0.0.1:8082/metrics | grep -E '^cacheflow:(cuda_graph_evaluations|padding_tokens|steps|lookahead)' \
         | tee -a "$OUT/run.log" || true
     kill $ls_pid $cf_pid 2>/dev/null || true
     wait $ls_pid $cf_pid 2>/dev/null || true
