@@ -341,10 +341,6 @@ void Engine::record_kv_stream_events(const StepPlan & out) {
     }
 }
 
-// Steps 4-5 of the plan, once per decode group (one group unless a paged step holds more
-// sequences than llama.cpp has slots, see batch_builder.h): the group's batch and KV plan, decode,
-// then the group's sampled tokens (in-graph, or on the CPU from logits), read before the next
-// decode overwrites them. Returns llama_decode's error code, 0 when every group decoded.
 // The last batch's padding rows, if any, sample a plain argmax, never read (batch_builder.h).
 void Engine::set_padding_sampling() {
     if (batch_.num_padding_tokens() > 0) {
@@ -353,6 +349,10 @@ void Engine::set_padding_sampling() {
     }
 }
 
+// Steps 4-5 of the plan, once per decode group (one group unless a paged step holds more
+// sequences than llama.cpp has slots, see batch_builder.h): the group's batch and KV plan, decode,
+// then the group's sampled tokens (in-graph, or on the CPU from logits), read before the next
+// decode overwrites them. Returns llama_decode's error code, 0 when every group decoded.
 int32_t Engine::decode_groups(const StepPlan & plan) {
     sampled_.assign(plan.seqs.size(), CF_TOKEN_NONE);
     step_waited_for_device_ = false;
@@ -444,7 +444,7 @@ int32_t Engine::decode_groups(const StepPlan & plan) {
 // ahead only while their admission is not due at the next step anyway: every slot taken (max_num_seqs), no sequence
 // ending there by max_tokens, FCFS or shortest-job-first (PRIORITY may preempt for a waiting request), no abort in
 // the inbox. A sequence that ends on EOS or a stop string in such a step delays the admission that its slot allows
-// by one step. So a server whose slots are all taken keeps deciding ahead. The idea is
+// by one step. So a server whose slots are all taken keeps decoding ahead. The idea is
 // vLLM's async scheduling and SGLang's overlap scheduler; here the scheduler is left as it is and the guess is
 // checked, not assumed.
 //

@@ -10,22 +10,19 @@
 // Compiled into the ggml-cuda target (hook of patches/0004 for CacheFlow's CUDA sources).
 #include "ggml-cuda/common.cuh"
 #include "add_rms_norm.cuh"
+#include "op_util.cuh"
 
 #include <cstdint>
 #include <cstring>
 
 namespace {
 
-// Whether the bytes of x and y overlap.
-bool overlaps(const ggml_tensor * x, const ggml_tensor * y) {
-    const char * xs = static_cast<const char *>(x->data);
-    const char * ys = static_cast<const char *>(y->data);
-    return xs < ys + ggml_nbytes(y) && ys < xs + ggml_nbytes(x);
-}
+using cf::cuda::aligned16;
+using cf::cuda::tensors_overlap;
 
 // A destination may share an addend's memory only row for row (same start, same row stride).
 bool alias_ok(const ggml_tensor * dst, const ggml_tensor * src) {
-    return !overlaps(dst, src) || (dst->data == src->data && dst->nb[1] == src->nb[1]);
+    return !tensors_overlap(dst, src) || (dst->data == src->data && dst->nb[1] == src->nb[1]);
 }
 
 // The norm's weight: mul's other source (MUL is commutative), or nullptr when neither source is the norm.
@@ -67,19 +64,19 @@ bool ggml_cuda_cf_add_rms_norm_applies(const ggml_tensor * add, const ggml_tenso
         return false;
     }
     for (const ggml_tensor * t : {add, mul, a, b}) {  // 2-D rows: one stride, 16-byte aligned starts
-        if (t->ne[2] != 1 || t->ne[3] != 1 || t->nb[1] % 16 != 0 || reinterpret_cast<uintptr_t>(t->data) % 16 != 0) {
+        if (t->ne[2] != 1 || t->ne[3] != 1 || t->nb[1] % 16 != 0 || !aligned16(t->data)) {
             return false;
         }
     }
-    if (reinterpret_cast<uintptr_t>(w->data) % 16 != 0) {
+    if (!aligned16(w->data)) {
         return false;
     }
     for (const ggml_tensor * dst : {add, mul}) {
-        if (!alias_ok(dst, a) || !alias_ok(dst, b) || overlaps(dst, w)) {
+        if (!alias_ok(dst, a) || !alias_ok(dst, b) || tensors_overlap(dst, w)) {
             return false;
         }
     }
-    return !overlaps(add, mul);
+    return !tensors_overlap(add, mul);
 }
 
 // Computes add, norm's result (not written: the norm is elided) and mul, as the file comment says; out_f16: the

@@ -9,22 +9,15 @@
 //
 // Compiled into the ggml-cuda target (hook of patches/0004 for CacheFlow's CUDA sources).
 #include "ggml-cuda/common.cuh"
+#include "op_util.cuh"
 #include "swiglu_f16.cuh"
 
 #include <cstdint>
 
 namespace {
 
-// Whether the bytes of x and y overlap.
-bool overlaps(const ggml_tensor * x, const ggml_tensor * y) {
-    const char * xs = static_cast<const char *>(x->data);
-    const char * ys = static_cast<const char *>(y->data);
-    return xs < ys + ggml_nbytes(y) && ys < xs + ggml_nbytes(x);
-}
-
-bool aligned16(const void * p) {
-    return reinterpret_cast<uintptr_t>(p) % 16 == 0;
-}
+using cf::cuda::aligned16;
+using cf::cuda::tensors_overlap;
 
 // gate and up of dst as ggml's gated op reads them (unary.cu, ggml_cuda_op_unary_gated): two sources, or the halves
 // of one (op_params[1] "swapped": up first); the row strides in floats.
@@ -68,7 +61,7 @@ bool ggml_cuda_cf_swiglu_applies(const ggml_tensor * dst) {
             return false;
         }
     }
-    if (overlaps(dst, src0) || (src1 != nullptr && overlaps(dst, src1))) {
+    if (tensors_overlap(dst, src0) || (src1 != nullptr && tensors_overlap(dst, src1))) {
         return false;
     }
     const int64_t n = dst->ne[0];
