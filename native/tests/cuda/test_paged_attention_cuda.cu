@@ -161,6 +161,8 @@ constexpr Variant kTwoPass{"two_pass", cf::cuda::kPagedKernelTwoPass, 0, 0, 0, 0
 constexpr Variant kTwoPassNarrow{"two_pass", cf::cuda::kPagedKernelTwoPass, 0, 0, 0, cf::cuda::kPagedLoadsNarrow};
 constexpr Variant kTwoPassNarrowPf{"two_pass", cf::cuda::kPagedKernelTwoPass, 0, 0, 0, cf::cuda::kPagedLoadsNarrowPf};
 constexpr Variant kTwoPassWide{"two_pass", cf::cuda::kPagedKernelTwoPass, 0, 0, 0, cf::cuda::kPagedLoadsWide};
+// Narrow rounds with registers bounded for 8 CTAs per SM (kPagedLoadsNarrow8): the same bits as narrow.
+constexpr Variant kTwoPassNarrow8{"two_pass", cf::cuda::kPagedKernelTwoPass, 0, 0, 0, cf::cuda::kPagedLoadsNarrow8};
 // By the grid: a row alone (the invariance check below) runs wide, the batch narrow, and their bits must agree.
 constexpr Variant kTwoPassByGrid{"two_pass", cf::cuda::kPagedKernelTwoPass, 0, 0, 0, cf::cuda::kPagedLoadsByGrid};
 // Query heads per CTA (PagedHeads): the whole GQA group or one head, in both load shapes; same bits as the others.
@@ -193,6 +195,7 @@ std::string label_of(const Variant & v) {
     if (v.loads == cf::cuda::kPagedLoadsNarrowPf) label += " narrow_pf";
     if (v.loads == cf::cuda::kPagedLoadsWide) label += " wide";
     if (v.loads == cf::cuda::kPagedLoadsByGrid) label += " by_grid";
+    if (v.loads == cf::cuda::kPagedLoadsNarrow8) label += " narrow8";
     if (v.tile_rows == 4) label += " rows4";
     if (v.split_keys) label += " S=" + std::to_string(v.split_keys);
     if (v.cta_warps) label += " w" + std::to_string(v.cta_warps);
@@ -746,10 +749,10 @@ void bench_decode(int batch, int ctx, int D, int n_head, int n_head_kv, const st
 
 // Both kernels on every shape; at contexts >= 8K also the pipelined kernel with fixed split lengths and without PDL.
 void bench_shape(int batch, int ctx, int D) {
-    std::vector<Variant> vs = {kTwoPass,       kTwoPassNarrow, kTwoPassNarrowPf, kTwoPassWide,   kTwoPassByGrid,
-                               kTwoPassPdl,    kTwoPassNarrowPdl, kTwoPassGroup, kTwoPassOne,    kTwoPassOneWide,
-                               kTwoPassOnePdl, kWarp,          kWarpNarrow,      kWarpWide,      kWarp1,
-                               kWarp4,         kWarpNoPdl,     kPipelined,       kPipelinedNarrow};
+    std::vector<Variant> vs = {kTwoPass,       kTwoPassNarrow, kTwoPassNarrow8,  kTwoPassNarrowPf, kTwoPassWide,
+                               kTwoPassByGrid, kTwoPassPdl,    kTwoPassNarrowPdl, kTwoPassGroup,   kTwoPassOne,
+                               kTwoPassOneWide, kTwoPassOnePdl, kWarp,           kWarpNarrow,      kWarpWide,
+                               kWarp1,         kWarp4,         kWarpNoPdl,       kPipelined,       kPipelinedNarrow};
     if (std::getenv("CF_BENCH_TWO_PASS_ONLY") != nullptr) {  // the two-pass kernel's variants alone (shorter runs)
         vs.erase(std::remove_if(vs.begin(), vs.end(),
                                 [](const Variant & v) { return v.kernel != cf::cuda::kPagedKernelTwoPass; }),
@@ -758,7 +761,13 @@ void bench_shape(int batch, int ctx, int D) {
     if (std::getenv("CF_BENCH_HEADS_ONLY") != nullptr) {  // the default and the head placements (PagedHeads) alone
         vs = {kTwoPass, kTwoPassGroup, kTwoPassOne, kTwoPassOneWide, kTwoPassOnePdl};
     }
-    if (ctx >= 8192) {
+    if (std::getenv("CF_BENCH_DEFAULT_ONLY") != nullptr) {  // the default alone
+        vs = {kTwoPass};
+    }
+    if (std::getenv("CF_BENCH_NARROW8") != nullptr) {  // the default against narrow and narrow8 (kPagedLoadsNarrow8)
+        vs = {kTwoPass, kTwoPassNarrow, kTwoPassNarrow8};
+    }
+    if (ctx >= 8192 && std::getenv("CF_BENCH_DEFAULT_ONLY") == nullptr) {
         vs.push_back(kPipelinedNoPdl);
         for (int keys : {128, 256, 512, 1024, 2048}) {
             vs.push_back(pipelined_split(keys));
@@ -778,24 +787,28 @@ int main(int argc, char ** argv) {
     const bool long_only = bench && argc > 2 && std::strcmp(argv[2], "long") == 0;  // `--bench long`: >= 8K only
     // `--bench short`: the short-context decode shapes alone, at more batch sizes (where a grid rule switches)
     const bool short_only = bench && argc > 2 && std::strcmp(argv[2], "short") == 0;
-    const std::vector<Variant> all = {kTwoPass,    kTwoPassNarrowPf, kTwoPassWide,     kTwoPassByGrid,
+    const std::vector<Variant> all = {kTwoPass,    kTwoPassNarrowPf, kTwoPassWide,     kTwoPassByGrid,   kTwoPassNarrow8,
                                       kTwoPassGroup, kTwoPassOne,    kTwoPassOneWide,  kTwoPassOnePdl,
                                       kWarp,       kWarpNarrow,      kWarpWide,        kWarp1,
                                       kWarp4,      kWarpNoPdl,       kTwoPassPdl,      kPipelined,
                                       kPipelinedNarrow, kPipelinedNoPdl, pipelined_split(64)};
-    test_shape(64, 9, 3, 16, 1, all);    // SmolLM2-135M
-    test_shape(64, 32, 8, 16, 2, all);   // Llama-3.2-1B
-    test_shape(128, 32, 8, 16, 3, all);  // Llama-3.1-8B
-    test_shape(128, 16, 2, 32, 4, all);
-    test_shape(64, 8, 8, 8, 5, all);
-    test_shape(256, 16, 8, 12, 6, all);  // head size 256, a block size that is not a power of two
-    test_shape(64, 24, 3, 5, 7, all);    // GQA 8
-    test_prefill_shape(64, 32, 8, 16, 4096, 700, 11);     // GQA 4, D 64
-    test_prefill_shape(128, 32, 8, 32, 6000, 2048, 12);   // GQA 4, D 128, blocks of 32
-    test_prefill_shape(128, 8, 8, 16, 3000, 300, 13);     // GQA 1
-    test_prefill_shape(64, 16, 2, 32, 5000, 1200, 14);    // GQA 8
-    test_prefill_shape(128, 24, 8, 16, 2500, 500, 15);    // GQA 3: 21 tokens per query tile
-    test_prefill_shape(128, 8, 1, 16, 32768, 2048, 16);   // GQA 8, a 2048-token chunk at 32K
+    // CF_BENCH_SKIP_TESTS (with --bench): timings alone, for repeated A/B runs of build-time knobs in one device call
+    const bool tests = !(bench && std::getenv("CF_BENCH_SKIP_TESTS") != nullptr);
+    if (tests) {
+        test_shape(64, 9, 3, 16, 1, all);    // SmolLM2-135M
+        test_shape(64, 32, 8, 16, 2, all);   // Llama-3.2-1B
+        test_shape(128, 32, 8, 16, 3, all);  // Llama-3.1-8B
+        test_shape(128, 16, 2, 32, 4, all);
+        test_shape(64, 8, 8, 8, 5, all);
+        test_shape(256, 16, 8, 12, 6, all);  // head size 256, a block size that is not a power of two
+        test_shape(64, 24, 3, 5, 7, all);    // GQA 8
+        test_prefill_shape(64, 32, 8, 16, 4096, 700, 11);     // GQA 4, D 64
+        test_prefill_shape(128, 32, 8, 32, 6000, 2048, 12);   // GQA 4, D 128, blocks of 32
+        test_prefill_shape(128, 8, 8, 16, 3000, 300, 13);     // GQA 1
+        test_prefill_shape(64, 16, 2, 32, 5000, 1200, 14);    // GQA 8
+        test_prefill_shape(128, 24, 8, 16, 2500, 500, 15);    // GQA 3: 21 tokens per query tile
+        test_prefill_shape(128, 8, 1, 16, 32768, 2048, 16);   // GQA 8, a 2048-token chunk at 32K
+    }
     if (bench) {
         g_copy_gbs = copy_bandwidth_gbs();
         std::printf("bench device-to-device copy: %.1f GB/s (read + write)\n", g_copy_gbs);
@@ -818,7 +831,9 @@ int main(int argc, char ** argv) {
         std::printf("issue 11 (contexts >= 8K, target >= 70%% of copy), least share per kernel:");
         for (const auto & e : g_long_min) std::printf(" %s %.0f%%;", e.label.c_str(), e.pct);
         std::printf("\n");
-        for (int c : {2048, 8192, 32768}) bench_prefill(2048, c, 128, 32, 8);  // Llama-3.1-8B prefill
+        if (tests) {
+            for (int c : {2048, 8192, 32768}) bench_prefill(2048, c, 128, 32, 8);  // Llama-3.1-8B prefill
+        }
     }
     if (g_failures) {
         std::printf("%d check(s) failed\n", g_failures);

@@ -24,7 +24,8 @@ using namespace two_pass;
 // The process's defaults for the A/B knobs of PagedAttentionCudaArgs (read once): CACHEFLOW_PA_KERNEL=two_pass|
 // pipelined|warp, CACHEFLOW_PA_SPLIT_KEYS=N (pipelined: N keys per split), CACHEFLOW_PA_PDL=0|1,
 // CACHEFLOW_PA_TILE_ROWS=4|8 (pipelined: the narrow or wide register budget), CACHEFLOW_PA_LOADS=narrow|narrow_pf|
-// wide|by_grid (the two-pass and warp kernels' load shapes; the warp kernel takes by_grid when unset),
+// wide|by_grid|narrow8 (the two-pass and warp kernels' load shapes; the warp kernel takes by_grid when unset, and
+// runs narrow8 as narrow),
 // CACHEFLOW_PA_HEADS=group|one|by_grid (the two-pass kernel's query heads per CTA, PagedHeads).
 // The pipelined kernel stays opt-in until it has passed the standalone test on a GPU (it was written and compiled
 // for sm_90 without one); then kPagedKernelPipelined becomes the default here.
@@ -78,7 +79,7 @@ const EnvDefaults & env_defaults() {
         }
         env_choice("CACHEFLOW_PA_LOADS",
                    {{"narrow", kPagedLoadsNarrow}, {"narrow_pf", kPagedLoadsNarrowPf}, {"wide", kPagedLoadsWide},
-                    {"by_grid", kPagedLoadsByGrid}},
+                    {"by_grid", kPagedLoadsByGrid}, {"narrow8", kPagedLoadsNarrow8}},
                    e.loads);
         env_choice("CACHEFLOW_PA_HEADS",
                    {{"group", kPagedHeadsGroup}, {"one", kPagedHeadsOne}, {"by_grid", kPagedHeadsByGrid}}, e.heads);
@@ -147,6 +148,26 @@ bool one_head_for_grid(int64_t group_ctas, int G) {
     return G > 1 && sms > 0 && group_ctas <= 2 * (int64_t) sms;
 }
 
+// kPagedLoadsByGrid, past loads_for_grid's narrow: whether a grid of `ctas` group CTAs holds more than the SMs hold of
+// the narrow kernel at once (the occupancy API, cached per device for each <D, G>), so that narrow8's extra CTA per SM
+// adds memory round trips in flight (two_pass::bounded_ctas, with the H100 figures). A grid of one resident wave
+// either way gains nothing from it and pays its extra instructions (B=64 at 200 keys: 16.5 -> 17.3 us per layer).
+template <int D, int G> bool bounded_for_grid(int64_t ctas) {
+    static int cached[64] = {};  // narrow CTAs one SM holds; 0 = not asked yet; racing writers store the same value
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) {
+        return false;
+    }
+    if (cached[dev] == 0) {
+        int n = 0;
+        const cudaError_t err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+            &n, paged_attention_split_kernel<D, G, kRowsInFlight, false>, threads_for(D), 0);
+        cached[dev] = err == cudaSuccess && n > 0 ? n : -1;
+    }
+    const int sms = device_sm_count();
+    return cached[dev] > 0 && sms > 0 && ctas > (int64_t) cached[dev] * sms;
+}
+
 // The warp-split kernel's warps (splits) per CTA: kWarps, or CACHEFLOW_PA_WARP_CTA=1 for one-warp CTAs (same bits,
 // paged_attention_warp_split.cuh). One-warp CTAs were meant for small grids (a lone 256-key row: 32 CTAs on 32 SMs
 // instead of 8 on 8) and measured slower on an H100 at every batch (results/h200_gpu/stop38: B=1 at 200 keys 17.7
@@ -169,6 +190,8 @@ struct Plan {
     int n_splits;    // splits of the grid
     int warps;       // warp-split: warps (splits) per CTA, kWarps or kWarpsOne
     PagedLoads loads;  // two-pass: rows in flight and V prefetch
+    bool loads_by_grid;  // two-pass: loads came from by_grid, so a narrow grid larger than one resident wave of the
+                         // narrow kernel runs narrow8 (launch, bounded_for_grid)
     bool one_head;     // two-pass: one query head per CTA (else the whole GQA group)
     // Whether some row may write split states for a combine kernel (the workspace is needed). For the warp-split
     // kernel it is sized for one-warp CTAs whatever cta_warps is (every row of more than one split).
@@ -213,8 +236,8 @@ Plan plan_for(const PagedAttentionCudaArgs & a) {
         const int32_t pdl = a.pdl != 0 ? a.pdl : env.pdl;
         p.pdl = device_has_pdl() && (pdl == 1 || (pdl == 0 && small_grid(launched)));
         const int32_t loads = a.loads != kPagedLoadsDefault ? a.loads : env.loads;
-        p.loads = loads == kPagedLoadsDefault || loads == kPagedLoadsByGrid ? loads_for_grid(launched)
-                                                                           : (PagedLoads) loads;
+        p.loads_by_grid = loads == kPagedLoadsDefault || loads == kPagedLoadsByGrid;
+        p.loads = p.loads_by_grid ? loads_for_grid(launched) : (PagedLoads) loads;
         return p;
     }
     p.split_keys = a.split_keys != 0 ? a.split_keys : env.split_keys;
@@ -286,9 +309,15 @@ cudaError_t launch(const PagedAttentionCudaArgs & args, const Plan & plan, void 
         }
         return err != cudaSuccess ? err : cudaGetLastError();
     }
-    // one query head per CTA (PagedHeads): G CTAs per KV head, in the narrow or wide load shape (narrow_pf runs narrow:
-    // the same bits)
-    auto kernel = plan.one_head && G > 1
+    // one query head per CTA (PagedHeads): G CTAs per KV head, in the narrow or wide load shape (narrow_pf and narrow8
+    // run narrow: the same bits); whole groups in any load shape, narrow8 where bounded_ctas allows a bound
+    const bool one_head = plan.one_head && G > 1;
+    const int64_t group_ctas = (int64_t) n_splits * a.n_head_kv * a.n_tokens;
+    const bool narrow8 = !one_head && (plan.loads == kPagedLoadsNarrow8 ||
+                                       (plan.loads_by_grid && plan.loads == kPagedLoadsNarrow &&
+                                        bounded_for_grid<D, G>(group_ctas)));
+    auto kernel = narrow8 ? paged_attention_split_kernel<D, G, kRowsInFlight, false, G, bounded_ctas(D, G)>
+                  : one_head
                       ? (plan.loads == kPagedLoadsWide ? paged_attention_split_kernel<D, G, kRowsInFlightWide, true, 1>
                                                        : paged_attention_split_kernel<D, G, kRowsInFlight, false, 1>)
                   : plan.loads == kPagedLoadsWide     ? paged_attention_split_kernel<D, G, kRowsInFlightWide, true>
@@ -342,7 +371,7 @@ const char * paged_attention_cuda_unsupported(const PagedAttentionCudaArgs & a) 
     }
     if (a.kernel < kPagedKernelDefault || a.kernel > kPagedKernelWarp || a.split_keys < 0 || a.pdl < -1 ||
         a.pdl > 1 || (a.tile_rows != 0 && a.tile_rows != 4 && a.tile_rows != 8) || a.loads < kPagedLoadsDefault ||
-        a.loads > kPagedLoadsByGrid ||
+        a.loads > kPagedLoadsNarrow8 ||
         (a.cta_warps != 0 && a.cta_warps != warp_split::kWarpsOne && a.cta_warps != warp_split::kWarps) ||
         a.heads < kPagedHeadsDefault || a.heads > kPagedHeadsByGrid) {
         return "kernel must be a PagedKernel, split_keys >= 0, pdl -1, 0 or 1, tile_rows 0, 4 or 8, loads a PagedLoads, "

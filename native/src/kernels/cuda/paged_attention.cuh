@@ -18,9 +18,10 @@
 //     them in an order fixed by the split count;
 //   - two-pass kernel (paged_attention_two_pass.cuh): S = kPagedSplitKeys = 256 for every row (split_keys_for;
 //     shorter splits for short rows behind a build knob), scores of the whole split, a block-wide softmax,
-//     then P.V; two load shapes with bit-identical outputs (PagedLoads): narrow (4 K/V rows in flight per lane
-//     group) and, for grids of at most two CTAs per SM, wide (16 rows, the first V round issued before the
-//     softmax), so a lone row's CTA waits for fewer memory round trips;
+//     then P.V; load shapes with bit-identical outputs (PagedLoads): narrow (4 K/V rows in flight per lane
+//     group), for grids of at most two CTAs per SM wide (16 rows, the first V round issued before the
+//     softmax), so a lone row's CTA waits for fewer memory round trips, and for grids beyond one resident wave
+//     narrow8 (narrow with registers bounded for 8 CTAs per SM instead of 7);
 //   - pipelined kernel (paged_attention_pipelined.cuh, issue 11's long rows): S = max(256, pow2 >= ctx / 32)
 //     (about 32 splits per long row), each warp streams its own tiles with an online softmax, K/V of the next
 //     tile in flight while one is computed; the combine kernel and the split kernel use programmatic
@@ -100,8 +101,8 @@ struct PagedAttentionCudaArgs {
     //     at most two CTAs per SM (paged_attention.cu, small_grid).
     //   tile_rows (pipelined only): K/V rows per lane per tile, 8 (wide) or 4 (narrow register budget, more CTAs
     //     per SM); 0 = CACHEFLOW_PA_TILE_ROWS if set, else 8.
-    //   loads (two_pass only): a PagedLoads; 0 = CACHEFLOW_PA_LOADS (narrow | narrow_pf | wide | by_grid) if set,
-    //     else by_grid. Outputs are bit-identical for every value.
+    //   loads (two_pass only): a PagedLoads; 0 = CACHEFLOW_PA_LOADS (narrow | narrow_pf | wide | by_grid | narrow8) if
+    //     set, else by_grid. Outputs are bit-identical for every value.
     //   cta_warps (warp-split only): warps (splits) per CTA, 1 or 4; 0 = CACHEFLOW_PA_WARP_CTA=1 if set, else 4
     //     (paged_attention.cu, warps_per_cta). Outputs are bit-identical for every value.
     //   heads (two_pass only): a PagedHeads, the query heads of one CTA; 0 = CACHEFLOW_PA_HEADS (group | one |
@@ -131,7 +132,9 @@ enum PagedLoads : int32_t {
     kPagedLoadsNarrow = 1,    // 4 rows per round (every grid before stop 34)
     kPagedLoadsNarrowPf = 2,  // 4 rows per round, first V round before the softmax
     kPagedLoadsWide = 3,      // 16 rows per round, first V round before the softmax
-    kPagedLoadsByGrid = 4,    // wide where the grid leaves most SMs idle, else narrow (loads_for_grid)
+    kPagedLoadsByGrid = 4,    // wide where the grid leaves most SMs idle, narrow8 where it exceeds what SMs hold of the
+                              // narrow kernel at once, else narrow (paged_attention.cu, loads_for_grid, bounded_for_grid)
+    kPagedLoadsNarrow8 = 5,   // narrow, with registers bounded so that an SM holds 8 CTAs (two_pass::kBoundedCtas)
 };
 
 enum PagedKernel : int32_t {

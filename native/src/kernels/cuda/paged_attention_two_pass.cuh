@@ -73,6 +73,16 @@ __host__ __device__ inline int split_count(int ctx) {
 // asserts it: a row alone runs wide, the same row in a batch narrow).
 constexpr int kRowsInFlight = CF_PA_ROWS_IN_FLIGHT;
 constexpr int kRowsInFlightWide = 16;
+// Narrow8 (kPagedLoadsNarrow8): the narrow shape compiled for 8 resident CTAs per SM (__launch_bounds__'s second
+// argument: at most 64 registers at 128 threads; 4 bytes of spill at D 64, G 4, against 70 registers and 7 CTAs). For
+// grids larger than the SMs hold of the narrow kernel at once, where more CTAs in flight hide more memory round trips.
+// On an H100 (results/h200_gpu/stop47, us per layer, two alternating runs each, D 64 unless said): B=256 at 200 keys
+// 61.3 -> 54.4, B=16 at 2K 48.0 -> 37.7, B=8 at 8K 77.1 -> 69.3, B=1 at 32K 57.4 -> 47.4, B=128 at 256 keys D 128
+// 78.4 -> 57.7, B=8 at 8K D 128 132.8 -> 115.7; but B=64 at 200 keys (one resident wave either way) 16.5 -> 17.3,
+// and every wide-load grid 1.5x slower (its 16 rows do not fit 64 registers), so the launcher picks it by the grid.
+// Registers only: the same bits. Applied where the group's registers can fit (D <= 128, at most 4 heads per CTA);
+// elsewhere kBoundedCtas is 1 (no bound) and narrow8 is narrow.
+__host__ __device__ constexpr int bounded_ctas(int D, int HG) { return D <= 128 && HG <= 4 ? 8 : 1; }
 
 
 __device__ __forceinline__ float warp_sum(float v) {
@@ -293,9 +303,10 @@ __device__ __forceinline__ void finish_split(float (&acc)[G][8], float * big_s, 
 // divisor of G (G: the whole GQA group, each K/V row loaded once per CTA; fewer: G / HG CTAs share each row through
 // L2, each with 1/(G/HG) of the arithmetic, for grids that leave SMs idle). R, kPrefetchV and HG move loads and
 // work only: every sum of a head runs over the same lanes, keys and warps in the same order whatever they are (no
-// reduction crosses heads), so outputs are bit-identical for every choice (see kRowsInFlightWide).
-template <int D, int G, int R, bool kPrefetchV, int HG = G>
-__global__ void __launch_bounds__(threads_for(D))
+// reduction crosses heads), so outputs are bit-identical for every choice (see kRowsInFlightWide). kMinCtas: CTAs per
+// SM the register allocation must allow (1, or bounded_ctas for narrow8); registers only, the same bits.
+template <int D, int G, int R, bool kPrefetchV, int HG = G, int kMinCtas = 1>
+__global__ void __launch_bounds__(threads_for(D), kMinCtas)
 paged_attention_split_kernel(const PagedAttentionCudaArgs a, float * part_o /* [n_tokens][n_head][n_splits][D] */,
                              float * part_ml /* [n_tokens][n_head][n_splits][2] */, int n_splits, bool pdl) {
     static_assert(HG >= 1 && G % HG == 0, "HG must divide G");
