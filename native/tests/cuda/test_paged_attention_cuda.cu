@@ -161,8 +161,10 @@ constexpr Variant kTwoPass{"two_pass", cf::cuda::kPagedKernelTwoPass, 0, 0, 0, 0
 constexpr Variant kTwoPassNarrow{"two_pass", cf::cuda::kPagedKernelTwoPass, 0, 0, 0, cf::cuda::kPagedLoadsNarrow};
 constexpr Variant kTwoPassNarrowPf{"two_pass", cf::cuda::kPagedKernelTwoPass, 0, 0, 0, cf::cuda::kPagedLoadsNarrowPf};
 constexpr Variant kTwoPassWide{"two_pass", cf::cuda::kPagedKernelTwoPass, 0, 0, 0, cf::cuda::kPagedLoadsWide};
-// Narrow rounds with registers bounded for 8 CTAs per SM (kPagedLoadsNarrow8): the same bits as narrow.
-constexpr Variant kTwoPassNarrow8{"two_pass", cf::cuda::kPagedKernelTwoPass, 0, 0, 0, cf::cuda::kPagedLoadsNarrow8};
+// Narrow rounds with registers bounded for 8 CTAs per SM (kPagedLoadsNarrow8), whole groups per CTA (the only
+// placement that runs it): the same bits as narrow.
+constexpr Variant kTwoPassNarrow8{"two_pass", cf::cuda::kPagedKernelTwoPass, 0, 0, 0, cf::cuda::kPagedLoadsNarrow8, 0,
+                                  cf::cuda::kPagedHeadsGroup};
 // By the grid: a row alone (the invariance check below) runs wide, the batch narrow, and their bits must agree.
 constexpr Variant kTwoPassByGrid{"two_pass", cf::cuda::kPagedKernelTwoPass, 0, 0, 0, cf::cuda::kPagedLoadsByGrid};
 // Query heads per CTA (PagedHeads): the whole GQA group or one head, in both load shapes; same bits as the others.
@@ -761,13 +763,16 @@ void bench_shape(int batch, int ctx, int D) {
     if (std::getenv("CF_BENCH_HEADS_ONLY") != nullptr) {  // the default and the head placements (PagedHeads) alone
         vs = {kTwoPass, kTwoPassGroup, kTwoPassOne, kTwoPassOneWide, kTwoPassOnePdl};
     }
-    if (std::getenv("CF_BENCH_DEFAULT_ONLY") != nullptr) {  // the default alone
+    // CF_BENCH_DEFAULT_ONLY: the default alone; CF_BENCH_NARROW8 (over the others): the default, narrow and narrow8
+    // (kPagedLoadsNarrow8). Either leaves out the pipelined kernel's extra variants at contexts >= 8K.
+    const bool default_only = std::getenv("CF_BENCH_DEFAULT_ONLY") != nullptr;
+    const bool narrow8_only = std::getenv("CF_BENCH_NARROW8") != nullptr;
+    if (narrow8_only) {
+        vs = {kTwoPass, kTwoPassNarrow, kTwoPassNarrow8};
+    } else if (default_only) {
         vs = {kTwoPass};
     }
-    if (std::getenv("CF_BENCH_NARROW8") != nullptr) {  // the default against narrow and narrow8 (kPagedLoadsNarrow8)
-        vs = {kTwoPass, kTwoPassNarrow, kTwoPassNarrow8};
-    }
-    if (ctx >= 8192 && std::getenv("CF_BENCH_DEFAULT_ONLY") == nullptr) {
+    if (ctx >= 8192 && !default_only && !narrow8_only) {
         vs.push_back(kPipelinedNoPdl);
         for (int keys : {128, 256, 512, 1024, 2048}) {
             vs.push_back(pipelined_split(keys));
@@ -787,12 +792,14 @@ int main(int argc, char ** argv) {
     const bool long_only = bench && argc > 2 && std::strcmp(argv[2], "long") == 0;  // `--bench long`: >= 8K only
     // `--bench short`: the short-context decode shapes alone, at more batch sizes (where a grid rule switches)
     const bool short_only = bench && argc > 2 && std::strcmp(argv[2], "short") == 0;
-    const std::vector<Variant> all = {kTwoPass,    kTwoPassNarrowPf, kTwoPassWide,     kTwoPassByGrid,   kTwoPassNarrow8,
+    const std::vector<Variant> all = {kTwoPass,    kTwoPassNarrowPf, kTwoPassWide,     kTwoPassByGrid,
+                                      kTwoPassNarrow8,
                                       kTwoPassGroup, kTwoPassOne,    kTwoPassOneWide,  kTwoPassOnePdl,
                                       kWarp,       kWarpNarrow,      kWarpWide,        kWarp1,
                                       kWarp4,      kWarpNoPdl,       kTwoPassPdl,      kPipelined,
                                       kPipelinedNarrow, kPipelinedNoPdl, pipelined_split(64)};
-    // CF_BENCH_SKIP_TESTS (with --bench): timings alone, for repeated A/B runs of build-time knobs in one device call
+    // CF_BENCH_SKIP_TESTS (with --bench): the decode timings alone (no correctness checks, no prefill bench), for
+    // repeated A/B runs of build-time knobs in one device call
     const bool tests = !(bench && std::getenv("CF_BENCH_SKIP_TESTS") != nullptr);
     if (tests) {
         test_shape(64, 9, 3, 16, 1, all);    // SmolLM2-135M
@@ -802,6 +809,11 @@ int main(int argc, char ** argv) {
         test_shape(64, 8, 8, 8, 5, all);
         test_shape(256, 16, 8, 12, 6, all);  // head size 256, a block size that is not a power of two
         test_shape(64, 24, 3, 5, 7, all);    // GQA 8
+        // the rest of the GQA 1-4 instantiations at D 64 / 128, for narrow8 against narrow (bounded_ctas applies there)
+        test_shape(64, 16, 8, 16, 8, all);    // GQA 2
+        test_shape(128, 8, 8, 16, 9, all);    // GQA 1
+        test_shape(128, 16, 8, 32, 10, all);  // GQA 2, blocks of 32
+        test_shape(128, 24, 8, 16, 17, all);  // GQA 3
         test_prefill_shape(64, 32, 8, 16, 4096, 700, 11);     // GQA 4, D 64
         test_prefill_shape(128, 32, 8, 32, 6000, 2048, 12);   // GQA 4, D 128, blocks of 32
         test_prefill_shape(128, 8, 8, 16, 3000, 300, 13);     // GQA 1

@@ -5,6 +5,7 @@
 #include "paged_attention_warp_split.cuh"
 #include "paged_prefill_mma.cuh"
 
+#include <atomic>
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
@@ -120,7 +121,7 @@ int device_sm_count() {
 
 // kPagedLoadsByGrid: the two-pass kernel's load shape for a grid of `ctas` CTAs: wide while the grid fills at most
 // two CTAs per SM (a B=1 decode step: 8 CTAs per 256-key split of a row at 8 KV heads), where nothing else hides a
-// CTA's memory round trips, else narrow (70 registers, more CTAs per SM). The grid, not the rows, decides, so the
+// CTA's memory round trips, else narrow (70-72 registers, more CTAs per SM). The grid, not the rows, decides, so the
 // choice may follow the batch: both shapes compute the same bits (kRowsInFlightWide). The two-pass kernel's default
 // from stop 35 to stop 38 (back to back on an H100 never more than 1% slower than narrow and 6-14% faster on small
 // grids, results/h200_gpu/stop35); in the engine's graph at B=1 wide was the slower one (stop38), so the two-pass
@@ -148,24 +149,51 @@ bool one_head_for_grid(int64_t group_ctas, int G) {
     return G > 1 && sms > 0 && group_ctas <= 2 * (int64_t) sms;
 }
 
-// kPagedLoadsByGrid, past loads_for_grid's narrow: whether a grid of `ctas` group CTAs holds more than the SMs hold of
-// the narrow kernel at once (the occupancy API, cached per device for each <D, G>), so that narrow8's extra CTA per SM
-// adds memory round trips in flight (two_pass::bounded_ctas, with the H100 figures). A grid of one resident wave
-// either way gains nothing from it and pays its extra instructions (B=64 at 200 keys: 16.5 -> 17.3 us per layer).
+// CTAs of `kernel` (threads_for(D) threads, static shared memory only) one SM holds at once, 0 if the runtime cannot
+// say; a failed query's error is taken off the runtime's last-error slot, so that the launch that follows does not
+// report it.
+template <typename Kernel> int resident_ctas_per_sm(Kernel kernel, int threads) {
+    int n = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, 0) != cudaSuccess) {
+        (void) cudaGetLastError();
+        return 0;
+    }
+    return n;
+}
+
+// kPagedLoadsByGrid, past loads_for_grid's narrow: whether the group kernel <D, G> should run narrow8. It must hold
+// more CTAs per SM than narrow (the occupancy API, both builds; with nvcc 13.0 only G 4 gains: 72 -> 64 registers, 7
+// -> 8 CTAs, while G 1 to 3 keep their count), and the grid of `ctas` CTAs must exceed what the SMs hold of narrow at
+// once, so that the extra CTA per SM adds memory round trips in flight (two_pass::bounded_ctas, with the H100
+// figures). A grid of one resident wave either way gains nothing and pays narrow8's extra instructions (B=64 at 200
+// keys: 16.5 -> 17.3 us per layer). Counts cached per device for each <D, G>; a failed query is asked again later.
 template <int D, int G> bool bounded_for_grid(int64_t ctas) {
-    static int cached[64] = {};  // narrow CTAs one SM holds; 0 = not asked yet; racing writers store the same value
+    constexpr int kBound = bounded_ctas(D, G);
+    if (kBound == 1) {
+        return false;  // narrow8 is narrow here
+    }
+    // per device: narrow's resident CTAs per SM in the low 16 bits, narrow8's above; 0 = not known yet
+    static std::atomic<int> cached[64] = {};
     int dev = 0;
     if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) {
         return false;
     }
-    if (cached[dev] == 0) {
-        int n = 0;
-        const cudaError_t err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-            &n, paged_attention_split_kernel<D, G, kRowsInFlight, false>, threads_for(D), 0);
-        cached[dev] = err == cudaSuccess && n > 0 ? n : -1;
+    int counts = cached[dev].load(std::memory_order_relaxed);
+    if (counts == 0) {
+        const int threads = threads_for(D);
+        const int narrow = resident_ctas_per_sm(paged_attention_split_kernel<D, G, kRowsInFlight, false>, threads);
+        const int bounded =
+            resident_ctas_per_sm(paged_attention_split_kernel<D, G, kRowsInFlight, false, G, kBound>, threads);
+        if (narrow <= 0 || bounded <= 0) {
+            return false;
+        }
+        counts = narrow | (bounded << 16);
+        cached[dev].store(counts, std::memory_order_relaxed);
     }
+    const int narrow = counts & 0xffff;
+    const int bounded = counts >> 16;
     const int sms = device_sm_count();
-    return cached[dev] > 0 && sms > 0 && ctas > (int64_t) cached[dev] * sms;
+    return bounded > narrow && sms > 0 && ctas > (int64_t) narrow * sms;
 }
 
 // The warp-split kernel's warps (splits) per CTA: kWarps, or CACHEFLOW_PA_WARP_CTA=1 for one-warp CTAs (same bits,

@@ -134,7 +134,7 @@ enum PagedLoads : int32_t {
     kPagedLoadsWide = 3,      // 16 rows per round, first V round before the softmax
     kPagedLoadsByGrid = 4,    // wide where the grid leaves most SMs idle, narrow8 where it exceeds what SMs hold of the
                               // narrow kernel at once, else narrow (paged_attention.cu, loads_for_grid, bounded_for_grid)
-    kPagedLoadsNarrow8 = 5,   // narrow, with registers bounded so that an SM holds 8 CTAs (two_pass::kBoundedCtas)
+    kPagedLoadsNarrow8 = 5,   // narrow, with registers bounded so that an SM holds 8 CTAs (two_pass::bounded_ctas)
 };
 
 enum PagedKernel : int32_t {

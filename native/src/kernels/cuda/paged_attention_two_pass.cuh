@@ -63,7 +63,7 @@ __host__ __device__ inline int split_count(int ctx) {
     return (ctx + keys - 1) / keys;
 }
 // K/V rows each thread group loads before using any of them, in the two load shapes of the two-pass kernel
-// (PagedLoads). Narrow: CF_PA_ROWS_IN_FLIGHT (4) rows per round, 70 registers at D 64, G 4 (ptxas, sm_90), the
+// (PagedLoads). Narrow: CF_PA_ROWS_IN_FLIGHT (4) rows per round, 70-72 registers at D 64, G 4 (ptxas, sm_90), the
 // shape every grid used before. Wide: 16 rows per round, so that a split of 256 keys at head size 64 (16 groups of
 // 8 lanes) is one round of K loads and one of V, with the first round of V issued before the softmax: for grids that
 // leave most SMs idle (B=1: 8 CTAs for a 200-key row), where the kernel is a chain of memory round trips.
@@ -74,15 +74,21 @@ __host__ __device__ inline int split_count(int ctx) {
 constexpr int kRowsInFlight = CF_PA_ROWS_IN_FLIGHT;
 constexpr int kRowsInFlightWide = 16;
 // Narrow8 (kPagedLoadsNarrow8): the narrow shape compiled for 8 resident CTAs per SM (__launch_bounds__'s second
-// argument: at most 64 registers at 128 threads; 4 bytes of spill at D 64, G 4, against 70 registers and 7 CTAs). For
+// argument: at most 64 registers at 128 threads; at D 64 and 128 with G 4 one 4-byte spill outside the loops, against
+// 70-72 registers and 7 CTAs). For
 // grids larger than the SMs hold of the narrow kernel at once, where more CTAs in flight hide more memory round trips.
 // On an H100 (results/h200_gpu/stop47, us per layer, two alternating runs each, D 64 unless said): B=256 at 200 keys
 // 61.3 -> 54.4, B=16 at 2K 48.0 -> 37.7, B=8 at 8K 77.1 -> 69.3, B=1 at 32K 57.4 -> 47.4, B=128 at 256 keys D 128
 // 78.4 -> 57.7, B=8 at 8K D 128 132.8 -> 115.7; but B=64 at 200 keys (one resident wave either way) 16.5 -> 17.3,
 // and every wide-load grid 1.5x slower (its 16 rows do not fit 64 registers), so the launcher picks it by the grid.
-// Registers only: the same bits. Applied where the group's registers can fit (D <= 128, at most 4 heads per CTA);
-// elsewhere kBoundedCtas is 1 (no bound) and narrow8 is narrow.
-__host__ __device__ constexpr int bounded_ctas(int D, int HG) { return D <= 128 && HG <= 4 ? 8 : 1; }
+// Register allocation only: the floating-point operations are the same, in the same order (PTX and SASS compared for
+// D 64 / 128 and G 1-4), so the bits are too; the integer and address code differs. Applied at 128 threads, D <= 128
+// and at most 4 heads per CTA, the shapes measured or close to them (a heuristic: D 256 at G 1-2 would fit too);
+// elsewhere bounded_ctas is 1 (no bound) and narrow8 is narrow. The launcher runs it only where the bound adds a CTA
+// per SM (paged_attention.cu, bounded_for_grid).
+__host__ __device__ constexpr int bounded_ctas(int D, int HG) {
+    return D <= 128 && HG <= 4 && threads_for(D) == 128 ? 8 : 1;
+}
 
 
 __device__ __forceinline__ float warp_sum(float v) {
