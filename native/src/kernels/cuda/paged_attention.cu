@@ -218,8 +218,8 @@ struct Plan {
     int n_splits;    // splits of the grid
     int warps;       // warp-split: warps (splits) per CTA, kWarps or kWarpsOne
     PagedLoads loads;  // two-pass: rows in flight and V prefetch
-    bool loads_by_grid;  // two-pass: loads came from by_grid, so a narrow grid larger than one resident wave of the
-                         // narrow kernel runs narrow8 (launch, bounded_for_grid)
+    bool loads_by_grid;  // two-pass: loads came from by_grid, so a narrow group grid larger than one resident wave of
+                         // the narrow kernel runs narrow8 where that adds a CTA per SM (launch, bounded_for_grid)
     bool one_head;     // two-pass: one query head per CTA (else the whole GQA group)
     // Whether some row may write split states for a combine kernel (the workspace is needed). For the warp-split
     // kernel it is sized for one-warp CTAs whatever cta_warps is (every row of more than one split).

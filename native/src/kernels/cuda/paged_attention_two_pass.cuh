@@ -75,8 +75,8 @@ constexpr int kRowsInFlight = CF_PA_ROWS_IN_FLIGHT;
 constexpr int kRowsInFlightWide = 16;
 // Narrow8 (kPagedLoadsNarrow8): the narrow shape compiled for 8 resident CTAs per SM (__launch_bounds__'s second
 // argument: at most 64 registers at 128 threads; at D 64 and 128 with G 4 one 4-byte spill outside the loops, against
-// 70-72 registers and 7 CTAs). For
-// grids larger than the SMs hold of the narrow kernel at once, where more CTAs in flight hide more memory round trips.
+// 70-72 registers and 7 CTAs). For grids larger than the SMs hold of the narrow kernel at once, where more CTAs in
+// flight hide more memory round trips.
 // On an H100 (results/h200_gpu/stop47, us per layer, two alternating runs each, D 64 unless said): B=256 at 200 keys
 // 61.3 -> 54.4, B=16 at 2K 48.0 -> 37.7, B=8 at 8K 77.1 -> 69.3, B=1 at 32K 57.4 -> 47.4, B=128 at 256 keys D 128
 // 78.4 -> 57.7, B=8 at 8K D 128 132.8 -> 115.7; but B=64 at 200 keys (one resident wave either way) 16.5 -> 17.3,
