@@ -5,7 +5,7 @@
 // kernels of paged_attention_pipelined.cuh in both register budgets, with their split rule or fixed splits. The headers are
 // compiled by g++ with __device__/__global__ erased,
 // 128 host threads per CTA (one CTA at a time, __shared__ = static), __shfl_xor_sync, __syncwarp and __syncthreads
-// as barriers, the two-pass combine kernel's D threads one after another (it has no barrier). Checks, where no GPU
+// as barriers. Checks, where no GPU
 // is at hand: each kernel against a float64 reference; the two-pass shapes and head placements bit-identical to each other (what
 // lets the launcher pick a shape by the grid); each row alone, with a wider table and relocated blocks bit-identical
 // to its batched output (batch invariance); the grids' split counts against brute-force maxima. (The pipelined
@@ -118,20 +118,49 @@ void run_grid(int nx, int ny, int nz, const std::function<void()> & fn, int thre
             for (int x = 0; x < nx; ++x) g_pool->run(make_uint3(x, y, z), fn, threads);
 }
 
+int g_fail = 0;
+
+// The combine kernels (two_pass::combine_splits) against the serial merge they claim to equal bit for bit: for each
+// (token, head) whose row has ns of at least `first_ns` splits (per split_count), out must be the loop
+// w = exp(m_s - max m), l = fmaf(w, l_s, l), o = fmaf(w, o_s[d], o) over s = 0, 1, ... and o / l.
+template <int D>
+void check_serial_merge(const PagedAttentionCudaArgs & a, const float * po, const float * pml, int n_splits,
+                        int (*split_count)(int), int first_ns) {
+    int bad = 0;
+    for (int t = 0; t < a.n_tokens; ++t) {
+        const int ns = split_count(a.token_ctx_len[t]);
+        if (ns < first_ns) continue;
+        for (int h = 0; h < a.n_head; ++h) {
+            const int64_t base = ((int64_t) t * a.n_head + h) * n_splits;
+            float mx = -INFINITY;
+            for (int s = 0; s < ns; ++s) mx = fmaxf(mx, pml[2 * (base + s)]);
+            for (int d = 0; d < D; ++d) {
+                float l = 0.0f, o = 0.0f;
+                for (int s = 0; s < ns; ++s) {
+                    const float w = expf(pml[2 * (base + s)] - mx);
+                    l = fmaf(w, pml[2 * (base + s) + 1], l);
+                    o = fmaf(w, po[(base + s) * D + d], o);
+                }
+                const float r = o / l;
+                bad += std::memcmp(&r, a.out + ((int64_t) t * a.n_head + h) * D + d, 4) != 0;
+            }
+        }
+    }
+    if (bad != 0) {
+        std::printf("combine: %d outputs differ from the serial merge FAIL\n", bad);
+        ++g_fail;
+    }
+}
+
 template <int D, int G, int R, bool kPf, int HG = G>
 void launch(const PagedAttentionCudaArgs & a, std::vector<float> & ws, int n_splits) {
     const auto [po, pml] = partials<D>(ws, a, n_splits);
     run_grid(n_splits, a.n_head_kv * (G / HG), a.n_tokens,
              [&] { two_pass::paged_attention_split_kernel<D, G, R, kPf, HG>(a, po, pml, n_splits, false); });
-    if (n_splits > 1)
-        for (int t = 0; t < a.n_tokens; ++t)
-            for (int h = 0; h < a.n_head; ++h) {
-                blockIdx = make_uint3(h, t, 0);
-                for (int d = 0; d < D; ++d) {  // D threads, no barrier: one after another on this thread
-                    threadIdx = make_uint3(d, 0, 0);
-                    two_pass::paged_attention_combine_kernel<D>(a, po, pml, n_splits, false);
-                }
-            }
+    if (n_splits > 1) {
+        run_grid(a.n_head, a.n_tokens, 1, [&] { two_pass::paged_attention_combine_kernel<D>(a, po, pml, n_splits, false); });
+        check_serial_merge<D>(a, po, pml, n_splits, [](int c) { return two_pass::split_count(c); }, 2);
+    }
 }
 
 template <int D, int G, int kRows, int W = warp_split::kWarps>
@@ -143,6 +172,7 @@ void launch_warp(const PagedAttentionCudaArgs & a, std::vector<float> & ws) {
              32 * W);
     if (n_splits > W) {
         run_grid(a.n_head, a.n_tokens, 1, [&] { warp_split::combine_kernel<D>(a, po, pml, n_splits, W, false); });
+        check_serial_merge<D>(a, po, pml, n_splits, [](int c) { return warp_split::split_count(c); }, W + 1);
     }
 }
 
@@ -183,8 +213,6 @@ void launch_g(const PagedAttentionCudaArgs & a, std::vector<float> & ws, int n, 
         default: std::abort();
     }
 }
-
-int g_fail = 0;
 
 // qs: (seq, ctx) queries; returns out [n][nh][D].
 std::vector<float> run_case(const Case & c, Kern loads, const std::vector<int> & lens,

@@ -355,8 +355,8 @@ cudaError_t launch(const PagedAttentionCudaArgs & args, const Plan & plan, void 
     cudaError_t err =
         launch_ex(kernel, hgrid, dim3(threads_for(D)), plan.pdl, stream, a, part_o, part_ml, n_splits, plan.pdl);
     if (err == cudaSuccess && n_splits > 1) {
-        err = launch_ex(paged_attention_combine_kernel<D>, cgrid, dim3(D), plan.pdl, stream, a, (const float *) part_o,
-                        (const float *) part_ml, n_splits, plan.pdl);
+        err = launch_ex(paged_attention_combine_kernel<D>, cgrid, dim3(kCombineThreads), plan.pdl, stream, a,
+                        (const float *) part_o, (const float *) part_ml, n_splits, plan.pdl);
     }
     return err != cudaSuccess ? err : cudaGetLastError();
 }

@@ -449,39 +449,114 @@ paged_attention_split_kernel(const PagedAttentionCudaArgs a, float * part_o /* [
     }
 }
 
-// Merge the splits of rows longer than one split, in split order: grid (n_head, n_tokens), D threads.
+// The combine kernels' CTA size (two-pass and warp-split), the splits whose weights one pass stages in shared memory
+// (a row of any length goes through them in chunks of this many, in split order) and the part_o loads each thread
+// has in flight in the merge's sums.
+constexpr int kCombineThreads = 128;
+constexpr int kCombineChunk = 1024;
+constexpr int kCombineLoads = 16;
+
+// Merge the ns > 1 split states of query head `head` of token t (part_o [n_splits][D] and part_ml [n_splits][2] of
+// that (token, head), the split kernels' layout) in split order: m = max_s m_s, w_s = exp(m_s - m),
+// l = sum_s w_s l_s and o[d] = sum_s w_s o_s[d] (fmaf, s = 0, 1, ..., ns - 1), out[d] = o[d] / l, and out_f16 where
+// set (launch clears it where the kernel does not write it). Each output element is summed by one thread, one split
+// after another, so the bits are those of that serial loop whatever the CTA size: the one-thread-per-element kernel
+// of stops 19-47 (which loaded one split state at a time) gave the same ones. The loads move ahead of the sums: all
+// (m_s, l_s) of a chunk in one round (then w_s by one thread each), and kCombineLoads part_o values per thread at a
+// time, where the old kernel waited on L2 about twice per split (B=1 at 32K: 128 splits).
+// Every thread of a kCombineThreads-thread CTA calls it (barriers).
 template <int D>
-__global__ void paged_attention_combine_kernel(const PagedAttentionCudaArgs a, const float * part_o,
-                                               const float * part_ml, int n_splits, bool pdl) {
+__device__ void combine_splits(const PagedAttentionCudaArgs & a, int t, int head, const float * part_o,
+                               const float * part_ml, int n_splits, int ns) {
+    constexpr int kPer = (D + kCombineThreads - 1) / kCombineThreads;  // output elements per thread
+    __shared__ float w_s[kCombineChunk];  // weight exp(m_s - m) of each split of the chunk
+    __shared__ float l_s[kCombineChunk];
+    __shared__ float m_red[kCombineThreads / 32];
+    const int tid = threadIdx.x;
+    const int64_t base = ((int64_t) t * a.n_head + head) * n_splits;
+    float mx = -INFINITY;
+    for (int s = tid; s < ns; s += kCombineThreads) {
+        mx = fmaxf(mx, part_ml[2 * (base + s)]);
+    }
+    mx = warp_max(mx);  // a max: exact in any order
+    if (tid % 32 == 0) {
+        m_red[tid / 32] = mx;
+    }
+    __syncthreads();
+    mx = m_red[0];
+    for (int w = 1; w < kCombineThreads / 32; ++w) {
+        mx = fmaxf(mx, m_red[w]);
+    }
+    const float * po = part_o + base * D;
+    float l = 0.0f;
+    float o[kPer];
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) {
+        o[k] = 0.0f;
+    }
+    for (int c0 = 0; c0 < ns; c0 += kCombineChunk) {
+        const int nc = min(kCombineChunk, ns - c0);
+        __syncthreads();  // the previous chunk's weights (and m_red) are no longer read
+        for (int s = tid; s < nc; s += kCombineThreads) {
+            const float2 ml = *reinterpret_cast<const float2 *>(part_ml + 2 * (base + c0 + s));  // 8-byte aligned
+            w_s[s] = expf(ml.x - mx);
+            l_s[s] = ml.y;
+        }
+        __syncthreads();
+        for (int s = 0; s < nc; ++s) {
+            l = fmaf(w_s[s], l_s[s], l);
+        }
+#pragma unroll
+        for (int k = 0; k < kPer; ++k) {
+            const int d = tid + k * kCombineThreads;
+            if (d >= D) {
+                break;
+            }
+            for (int s0 = 0; s0 < nc; s0 += kCombineLoads) {
+                float v[kCombineLoads];
+#pragma unroll
+                for (int j = 0; j < kCombineLoads; ++j) {
+                    v[j] = s0 + j < nc ? po[(int64_t) (c0 + s0 + j) * D + d] : 0.0f;
+                }
+#pragma unroll
+                for (int j = 0; j < kCombineLoads; ++j) {
+                    if (s0 + j < nc) {
+                        o[k] = fmaf(w_s[s0 + j], v[j], o[k]);
+                    }
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) {
+        const int d = tid + k * kCombineThreads;
+        if (d < D) {
+            const int64_t at = ((int64_t) t * a.n_head + head) * D + d;
+            const float r = o[k] / l;
+            a.out[at] = r;
+            if (a.out_f16 != nullptr) {
+                a.out_f16[at] = __float2half(r);
+            }
+        }
+    }
+}
+
+// Merge the splits of rows longer than one split (combine_splits): grid (n_head, n_tokens), kCombineThreads threads.
+template <int D>
+__global__ void __launch_bounds__(kCombineThreads)
+paged_attention_combine_kernel(const PagedAttentionCudaArgs a, const float * part_o, const float * part_ml,
+                               int n_splits, bool pdl) {
     pipelined::grid_dependency_wait();  // the split kernel's partial states (PDL, as there)
     if (pdl) {
         pipelined::grid_launch_dependents();
     }
     const int head = blockIdx.x;
     const int t = blockIdx.y;
-    const int d = threadIdx.x;
     const int ns = split_count(a.token_ctx_len[t]);
     if (ns == 1 || ns > n_splits) {
-        return;  // written by the split kernel (or a broken contract, see there)
+        return;  // written by the split kernel (or a broken contract, see there); the whole CTA returns
     }
-    const int64_t base = ((int64_t) t * a.n_head + head) * n_splits;
-    float mx = -INFINITY;
-    for (int s = 0; s < ns; ++s) {
-        mx = fmaxf(mx, part_ml[2 * (base + s)]);
-    }
-    float l = 0.0f;
-    float o = 0.0f;
-    for (int s = 0; s < ns; ++s) {
-        const float w = expf(part_ml[2 * (base + s)] - mx);
-        l = fmaf(w, part_ml[2 * (base + s) + 1], l);
-        o = fmaf(w, part_o[(base + s) * D + d], o);
-    }
-    const int64_t at = ((int64_t) t * a.n_head + head) * D + d;
-    const float r = o / l;
-    a.out[at] = r;
-    if (a.out_f16 != nullptr) {
-        a.out_f16[at] = __float2half(r);
-    }
+    combine_splits<D>(a, t, head, part_o, part_ml, n_splits, ns);
 }
 
 // Splits of the two-pass kernel's grid: the most split_count(ctx) of any ctx the block table width allows

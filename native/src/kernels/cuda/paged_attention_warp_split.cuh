@@ -52,7 +52,7 @@ using two_pass::store_scores;
 
 constexpr int kWarps = 4;           // warps (splits) per CTA on large grids
 constexpr int kWarpsOne = 1;  // one-warp CTAs: an A/B knob (warps_per_cta in paged_attention.cu)
-constexpr int kCombineThreads = 128;
+using two_pass::kCombineThreads;  // its combine kernel is the two-pass kernel's merge (two_pass::combine_splits)
 // The split rule's knobs (build-time, for scripts/cuda_kernel_variants.sh): rows up to kMinSplitKeys x
 // kTargetSplits keys use kMinSplitKeys-key splits; longer rows the power of two giving about kTargetSplits splits,
 // at most kMaxSplitKeys keys (the warps' score slices: kWarps x G x kMaxSplitKeys floats of shared memory).
@@ -66,9 +66,6 @@ constexpr int kMinSplitKeys = CF_PA_WARP_MIN_SPLIT;
 constexpr int kTargetSplits = CF_PA_WARP_TARGET_SPLITS;
 constexpr int kMaxSplitKeys = 256;
 static_assert(kMaxSplitKeys == kPagedSplitKeys, "the score slices are the two-pass kernel's [G][kPagedSplitKeys]");
-// Splits whose weights the combine kernel stages in shared memory at a time (rows of any length: it goes through
-// them in chunks of this many, in split order).
-constexpr int kCombineChunk = 1024;
 // K/V rows per lane in flight in one round, in the kernel's two load shapes (the template argument kRows): wide
 // (16: one round of K and one of V for a 64-key split at head size 64) for grids that leave SMs idle, narrow (4:
 // fewer registers, more CTAs per SM) otherwise. Like the two-pass kernel's PagedLoads they move loads only: a key's
@@ -352,17 +349,12 @@ split_kernel(const PagedAttentionCudaArgs a, float * part_o, float * part_ml, in
 }
 
 // Merge the splits of rows of more than `merged` splits (the split kernel's W: rows of fewer were merged there), in
-// split order (the formula above): grid (n_head, n_tokens), kCombineThreads threads. The splits' weights
-// exp(m_s - m) are staged kCombineChunk at a time; each output element then sums its splits one after another (fixed
-// order), with the loads of a chunk free to be in flight together. PDL as in the split kernel.
+// split order (the formula above, two_pass::combine_splits): grid (n_head, n_tokens), kCombineThreads threads. PDL as
+// in the split kernel.
 template <int D>
 __global__ void __launch_bounds__(kCombineThreads)
 combine_kernel(const PagedAttentionCudaArgs a, const float * part_o, const float * part_ml, int n_splits, int merged,
                bool pdl) {
-    __shared__ float w_s[kCombineChunk];  // weight exp(m_s - m) of each split of the chunk
-    __shared__ float l_s[kCombineChunk];
-    __shared__ float m_red[kCombineThreads / 32];
-
     pipelined::grid_dependency_wait();  // the split kernel's states (every CTA waits, so completion implies its)
     if (pdl) {
         pipelined::grid_launch_dependents();
@@ -373,56 +365,7 @@ combine_kernel(const PagedAttentionCudaArgs a, const float * part_o, const float
     if (ns <= merged || ns > n_splits) {
         return;  // written by the split kernel (or a broken contract, see there)
     }
-    const int64_t base = ((int64_t) t * a.n_head + head) * n_splits;
-    float mx = -INFINITY;
-    for (int s = threadIdx.x; s < ns; s += kCombineThreads) {
-        mx = fmaxf(mx, part_ml[2 * (base + s)]);
-    }
-    mx = warp_max(mx);  // a max: exact in any order
-    if (threadIdx.x % 32 == 0) {
-        m_red[threadIdx.x / 32] = mx;
-    }
-    __syncthreads();
-    mx = m_red[0];
-    for (int w = 1; w < kCombineThreads / 32; ++w) {
-        mx = fmaxf(mx, m_red[w]);
-    }
-    const float * po = part_o + base * D;
-    float l = 0.0f;
-    float o[(D + kCombineThreads - 1) / kCombineThreads];
-#pragma unroll
-    for (int k = 0; k < (D + kCombineThreads - 1) / kCombineThreads; ++k) {
-        o[k] = 0.0f;
-    }
-    for (int c0 = 0; c0 < ns; c0 += kCombineChunk) {
-        const int nc = min(kCombineChunk, ns - c0);
-        __syncthreads();  // the previous chunk's weights are no longer read
-        for (int s = threadIdx.x; s < nc; s += kCombineThreads) {
-            w_s[s] = expf(part_ml[2 * (base + c0 + s)] - mx);
-            l_s[s] = part_ml[2 * (base + c0 + s) + 1];
-        }
-        __syncthreads();
-        for (int s = 0; s < nc; ++s) {
-            l = fmaf(w_s[s], l_s[s], l);
-        }
-#pragma unroll
-        for (int k = 0; k < (D + kCombineThreads - 1) / kCombineThreads; ++k) {
-            const int d = threadIdx.x + k * kCombineThreads;
-            if (d < D) {
-#pragma unroll 8
-                for (int s = 0; s < nc; ++s) {
-                    o[k] = fmaf(w_s[s], po[(int64_t) (c0 + s) * D + d], o[k]);
-                }
-            }
-        }
-    }
-#pragma unroll
-    for (int k = 0; k < (D + kCombineThreads - 1) / kCombineThreads; ++k) {
-        const int d = threadIdx.x + k * kCombineThreads;
-        if (d < D) {
-            a.out[((int64_t) t * a.n_head + head) * D + d] = o[k] / l;
-        }
-    }
+    two_pass::combine_splits<D>(a, t, head, part_o, part_ml, n_splits, ns);
 }
 
 }  // namespace warp_split
