@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Stop 48's device run (scripts/device_poll.sh; results under /tmp/res, each stage in its own folder; last line of
 # /tmp/res/run.log "[time] exit 0"). Two binaries of the standalone paged attention test: /tmp/tpa from this tree
-# (nvcc here, beside the CUDA build) and _carry/bin/tpa_old from stop 47's commit 696ac35 (the combine kernel that
-# waited on one split state at a time), built on the lead's machine with the device's nvcc version (CUDA 13.0, sm_90)
-# and carried (`carry: ["_carry/llama.cpp", "_carry/tokenizer.gguf", "_carry/wheels", "_carry/bin"]`, under 64 MiB).
+# and /tmp/tpa_old from stop 47's commit 696ac35 (the combine kernel that waited on one split state at a time; its
+# sources carried as _carry/old/src_696ac35.tgz, `git archive 696ac35 native/src/kernels/cuda native/tests/cuda`),
+# both built by nvcc here beside the CUDA build. Carry: ["_carry/llama.cpp", "_carry/tokenizer.gguf",
+# "_carry/wheels", "_carry/old"] (the whole _carry is over the 64 MiB a call takes).
 #  1. beside the CUDA build: tpa with narrow8 as a load shape of its own (bit identity with the others, every test
 #     shape; default / narrow / narrow8 timed in one process, CF_BENCH_NARROW8);
 #  2. after the build: the long decode shapes (>= 8K) with the default load shape, tpa_old and tpa alternating twice
@@ -16,6 +17,10 @@ cd "$(dirname "$0")/../../.."
 mkdir -p /tmp/res/k
 say() { echo "[$(date +%H:%M:%S)] $*" >> /tmp/res/run.log; }
 say "start"
+mkdir -p /tmp/old && tar xzf _carry/old/src_696ac35.tgz -C /tmp/old
+( cd /tmp/old && nvcc -std=c++17 -arch=sm_90 -O3 --use_fast_math -I native/src/kernels/cuda \
+      native/src/kernels/cuda/paged_attention.cu native/src/kernels/cuda/paged_prefill_mma.cu \
+      native/tests/cuda/test_paged_attention_cuda.cu -o /tmp/tpa_old > /tmp/res/k/nvcc_old.log 2>&1 ) &
 ( nvcc -std=c++17 -arch=sm_90 -O3 --use_fast_math -I native/src/kernels/cuda native/src/kernels/cuda/paged_attention.cu \
       native/src/kernels/cuda/paged_prefill_mma.cu native/tests/cuda/test_paged_attention_cuda.cu -o /tmp/tpa \
       > /tmp/res/k/nvcc.log 2>&1 && CF_BENCH_NARROW8=1 /tmp/tpa --bench > /tmp/res/k/kernel_bench_narrow8.txt 2>&1
@@ -26,7 +31,7 @@ wait
 grep -E "bench decode|issue 11|PASS|FAIL|failed|^rc" /tmp/res/k/kernel_bench_narrow8.txt \
     | sed 's/heads 32\/8 //' | cut -c1-170 >> /tmp/res/run.log
 for round in 1 2; do
-  for bin in _carry/bin/tpa_old /tmp/tpa; do
+  for bin in /tmp/tpa_old /tmp/tpa; do
     say "combine A/B round $round: $bin --bench long (default loads)"
     CF_BENCH_SKIP_TESTS=1 CF_BENCH_DEFAULT_ONLY=1 "$bin" --bench long > "/tmp/res/k/long_$(basename "$bin")_$round.txt" 2>&1
     grep -E "bench decode|copy" "/tmp/res/k/long_$(basename "$bin")_$round.txt" | sed 's/heads 32\/8 //; s/ max|diff| 0.0e+00//' \
