@@ -357,7 +357,7 @@ int main(int argc, char ** argv) {
     const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
     Pool pool;
     g_pool = &pool;
-    for (int64_t mc : {16LL, 200LL, 2048LL, 2064LL, 4096LL, 8192LL, 8200LL}) {
+    for (int64_t mc : {16LL, 200LL, 2048LL, 2064LL, 4096LL, 4104LL, 8192LL, 8200LL, 20000LL, 70000LL}) {
         int brute = 0;
         for (int c = 1; c <= mc; ++c) brute = max(brute, two_pass::split_count(c));
         PagedAttentionCudaArgs a{};

@@ -309,10 +309,14 @@ std::vector<float> rows_of(const std::vector<float> & all, const Model & m, size
     return std::vector<float>(all.begin() + (ptrdiff_t) (i * w), all.begin() + (ptrdiff_t) ((i + 1) * w));
 }
 
+// Default lengths: chunks cross 64, 512, 1024. kLongLens: rows around the split rule's thresholds (16 splits of 256
+// keys at 4,096; two_pass::kLongFromKeys) and long rows (20,000 keys: 79 splits of 256, 20 of 1,024).
+const std::vector<int> kShapeLens = {1, 17, 70, 200, 511, 512, 513, 1030, 1300, 2100};
+const std::vector<int> kLongLens = {3, 4096, 4097, 4200, 9000, 20000};
+
 void test_shape(int D, int n_head, int n_head_kv, int block_size, unsigned seed,
-                const std::vector<Variant> & variants) {
+                const std::vector<Variant> & variants, const std::vector<int> & lens = kShapeLens) {
     std::mt19937 rng(seed);
-    const std::vector<int> lens = {1, 17, 70, 200, 511, 512, 513, 1030, 1300, 2100};  // chunks cross 64, 512, 1024
     Model m = make_model(D, n_head, n_head_kv, block_size, lens, rng);
     Layout lay = make_layout(m, seed + 1);
     // Each sequence: a prefill chunk of its last min(len, 40) positions, plus a decode row at len - 1.
@@ -346,8 +350,9 @@ void test_shape(int D, int n_head, int n_head_kv, int block_size, unsigned seed,
             max_err = std::isnan(e) ? INFINITY : std::max(max_err, e);
         }
         const std::string shape = "D=" + std::to_string(D) + " heads " + std::to_string(n_head) + "/" +
-                                  std::to_string(n_head_kv) + " bs=" + std::to_string(block_size) + " " + label_of(v);
-        std::printf("%-50s %zu rows, max |err| vs float64 = %.2e\n", shape.c_str(), qs.size(), max_err);
+                                  std::to_string(n_head_kv) + " bs=" + std::to_string(block_size) + " ctx<=" +
+                                  std::to_string(*std::max_element(lens.begin(), lens.end())) + " " + label_of(v);
+        std::printf("%-60s %zu rows, max |err| vs float64 = %.2e\n", shape.c_str(), qs.size(), max_err);
         expect(max_err < 2e-3, shape + ": max error " + std::to_string(max_err) + " >= 2e-3");
 
         // Invariance: each row alone, with a wider table (more splits in the grid) and another block layout.
@@ -814,6 +819,8 @@ int main(int argc, char ** argv) {
         test_shape(128, 8, 8, 16, 9, all);    // GQA 1
         test_shape(128, 16, 8, 32, 10, all);  // GQA 2, blocks of 32
         test_shape(128, 24, 8, 16, 17, all);  // GQA 3
+        test_shape(64, 32, 8, 16, 18, all, kLongLens);    // long rows, Llama-3.2-1B
+        test_shape(128, 32, 8, 32, 19, all, kLongLens);   // long rows, Llama-3.1-8B, blocks of 32
         test_prefill_shape(64, 32, 8, 16, 4096, 700, 11);     // GQA 4, D 64
         test_prefill_shape(128, 32, 8, 32, 6000, 2048, 12);   // GQA 4, D 128, blocks of 32
         test_prefill_shape(128, 8, 8, 16, 3000, 300, 13);     // GQA 1

@@ -48,6 +48,24 @@ static_assert(kShortSplitKeys >= 32 && kShortSplitKeys <= kPagedSplitKeys &&
                   (kShortSplitKeys & (kShortSplitKeys - 1)) == 0,
               "CF_PA_SHORT_SPLIT must be a power of two in [32, 256]");
 
+// Longer splits for long rows (stop 48, a build knob until measured): rows of more than kLongFromKeys keys use
+// splits of CF_PA_LONG_SPLIT keys (a power of two in [256, 1024]; 256, the default, keeps one rule for every row
+// longer than 16 short splits). Fewer, longer splits amortize each CTA's fixed work (query and block-table loads,
+// two block-wide reductions, the partial state's writes) and the combine's per-split loads over more keys, and
+// shrink the grid of a batch of long rows toward one resident wave; a lone long row gets fewer CTAs. The pipelined
+// kernel with fixed splits measured the trade on an H100 (results/h200_gpu/stop35): B=8 at 8K 124.7 us per layer
+// at 256 keys, 80.5 at 1,024, 72.0 at 2,048. Like every split rule it looks at ctx alone (batch invariance).
+// kMaxSplitKeys: the longest split (the score and row-index buffers of one CTA: at 1,024 keys, G 8 and D 256 the
+// kernel's static shared memory is 44 KB of the 48 a static declaration may take).
+#ifndef CF_PA_LONG_SPLIT
+#define CF_PA_LONG_SPLIT 256
+#endif
+constexpr int kLongSplitKeys = CF_PA_LONG_SPLIT;
+constexpr int kLongFromKeys = 16 * kPagedSplitKeys;
+constexpr int kMaxSplitKeys = kLongSplitKeys;
+static_assert(kLongSplitKeys >= kPagedSplitKeys && kLongSplitKeys <= 1024 && (kLongSplitKeys & (kLongSplitKeys - 1)) == 0,
+              "CF_PA_LONG_SPLIT must be a power of two in [256, 1024]");
+
 __host__ __device__ inline int split_keys_for(int ctx) {
     if (ctx <= 8 * kShortSplitKeys) {
         return kShortSplitKeys;
@@ -55,7 +73,7 @@ __host__ __device__ inline int split_keys_for(int ctx) {
     if (2 * kShortSplitKeys <= kPagedSplitKeys && ctx <= 16 * kShortSplitKeys) {
         return 2 * kShortSplitKeys;
     }
-    return kPagedSplitKeys;
+    return ctx > kLongFromKeys ? kLongSplitKeys : kPagedSplitKeys;
 }
 
 __host__ __device__ inline int split_count(int ctx) {
@@ -160,9 +178,9 @@ __device__ __forceinline__ void load_split_inputs(const PagedAttentionCudaArgs &
 // Score of key i for every query head from this lane's 16 bytes of its K row: the lanes' partial dots meet
 // in a butterfly over the TG lanes; lane 0 stores scale * dot (soft-capped) in p_s[h][i] when i < nkeys.
 // Every lane of the warp must call it (shuffles).
-template <int G, int TG>
+template <int G, int TG, int kRow = kPagedSplitKeys>
 __device__ __forceinline__ void store_scores(const float (&qr)[G][8], const uint4 & raw, int i, int nkeys, int li,
-                                             const PagedAttentionCudaArgs & a, float (*p_s)[kPagedSplitKeys]) {
+                                             const PagedAttentionCudaArgs & a, float (*p_s)[kRow]) {
     float kf[8];
     halves_to_float(raw, kf);
 #pragma unroll
@@ -187,9 +205,9 @@ __device__ __forceinline__ void store_scores(const float (&qr)[G][8], const uint
 }
 
 // acc[h][0..8) += p_s[h][i] * (this lane's 8 dims of key i's V row), for every query head.
-template <int G>
+template <int G, int kRow = kPagedSplitKeys>
 __device__ __forceinline__ void accumulate_pv(float (&acc)[G][8], const uint4 & raw, int i,
-                                              const float (*p_s)[kPagedSplitKeys]) {
+                                              const float (*p_s)[kRow]) {
     float vf[8];
     halves_to_float(raw, vf);
 #pragma unroll
@@ -205,8 +223,8 @@ __device__ __forceinline__ void accumulate_pv(float (&acc)[G][8], const uint4 & 
 // Softmax over the split's nkeys scores, all heads at once: max, exp, sum (fixed orders, see block_reduce);
 // p_s becomes the unnormalized probabilities, m_s/l_s the max and sum (written by thread 0, read after the
 // caller's next __syncthreads). Ends with a __syncthreads (inside block_reduce): every p_s write is visible.
-template <int G, int kThreads>
-__device__ __forceinline__ void softmax_split(float (*p_s)[kPagedSplitKeys], int nkeys, float (*scratch)[G],
+template <int G, int kThreads, int kRow = kPagedSplitKeys>
+__device__ __forceinline__ void softmax_split(float (*p_s)[kRow], int nkeys, float (*scratch)[G],
                                               float * m_s, float * l_s) {
     constexpr int kWarps = kThreads / 32;
     const int tid = threadIdx.x;
@@ -303,7 +321,7 @@ __device__ __forceinline__ void finish_split(float (&acc)[G][8], float * big_s, 
 }
 
 // One CTA: query heads [head0, head0 + HG) of KV head kvh (blockIdx.y = kvh * (G / HG) + the head group), token
-// blockIdx.z, keys [split * S, (split + 1) * S) with S = split_keys_for(the row's context length) <= kPagedSplitKeys.
+// blockIdx.z, keys [split * S, (split + 1) * S) with S = split_keys_for(the row's context length) <= kMaxSplitKeys.
 // D: head size; G: query heads per KV head; R: K/V rows in flight per lane group (kRowsInFlight or
 // kRowsInFlightWide); kPrefetchV: the first round of V rows is loaded before the softmax; HG: query heads per CTA, a
 // divisor of G (G: the whole GQA group, each K/V row loaded once per CTA; fewer: G / HG CTAs share each row through
@@ -322,16 +340,16 @@ paged_attention_split_kernel(const PagedAttentionCudaArgs a, float * part_o /* [
     constexpr int TG = D / 8;            // threads per key in Q.K (16 bytes of the K row each)
     constexpr int NG = kThreads / TG;    // keys in flight in Q.K
     // P.V uses the same split of a row: group g of TG threads per key, lane li holds dims [8 li, 8 li + 8).
-    constexpr int kScoreFloats = HG * kPagedSplitKeys;
+    constexpr int kScoreFloats = HG * kMaxSplitKeys;
     constexpr int kReduceFloats = kWarps * HG * D;
 
     __shared__ float q_s[HG][D];
-    // Scores, then probabilities [HG][kPagedSplitKeys]; after P.V the per-warp partial outputs
+    // Scores, then probabilities [HG][kMaxSplitKeys]; after P.V the per-warp partial outputs
     // [kWarps][HG][D] reuse the space.
     __shared__ float big_s[kScoreFloats > kReduceFloats ? kScoreFloats : kReduceFloats];
-    __shared__ int32_t row_s[kPagedSplitKeys];
+    __shared__ int32_t row_s[kMaxSplitKeys];
     __shared__ float scratch[kWarps][HG];
-    float (*p_s)[kPagedSplitKeys] = reinterpret_cast<float (*)[kPagedSplitKeys]>(big_s);
+    float (*p_s)[kMaxSplitKeys] = reinterpret_cast<float (*)[kMaxSplitKeys]>(big_s);
 
     // Programmatic dependent launch, when the launcher asks for it (opt-in, pdl = 1): nothing global is touched
     // before the wait (a no-op in a grid launched without PDL); the next grid is let in at once, and it waits for
@@ -383,7 +401,7 @@ paged_attention_split_kernel(const PagedAttentionCudaArgs a, float * part_o /* [
             }
 #pragma unroll
             for (int u = 0; u < R; ++u) {
-                store_scores<HG, TG>(qr, raw[u], base + u * NG + g, nkeys, li, a, p_s);
+                store_scores<HG, TG, kMaxSplitKeys>(qr, raw[u], base + u * NG + g, nkeys, li, a, p_s);
             }
         }
     }
@@ -409,7 +427,7 @@ paged_attention_split_kernel(const PagedAttentionCudaArgs a, float * part_o /* [
     // Softmax over the split, all heads at once: max, exp, sum (fixed orders, see block_reduce).
     __shared__ float m_s[HG];
     __shared__ float l_s[HG];
-    softmax_split<HG, kThreads>(p_s, nkeys, scratch, m_s, l_s);
+    softmax_split<HG, kThreads, kMaxSplitKeys>(p_s, nkeys, scratch, m_s, l_s);
     // (block_reduce ended with __syncthreads: every p_s write is visible; m_s/l_s are read after the
     // __syncthreads that follows P.V)
 
@@ -441,7 +459,7 @@ paged_attention_split_kernel(const PagedAttentionCudaArgs a, float * part_o /* [
                 if (i >= nkeys) {
                     break;
                 }
-                accumulate_pv<HG>(acc, raw[u], i, p_s);
+                accumulate_pv<HG, kMaxSplitKeys>(acc, raw[u], i, p_s);
             }
         }
         finish_split<D, HG, kThreads>(acc, big_s, m_s, l_s, a, t, head0, split, ctx <= split_keys, part_o, part_ml,
@@ -567,8 +585,12 @@ inline int two_pass_num_splits(const PagedAttentionCudaArgs & a) {
     if (max_ctx <= short_max) {
         return (int) ((max_ctx + kShortSplitKeys - 1) / kShortSplitKeys);
     }
-    const int64_t long_splits = (max_ctx + kPagedSplitKeys - 1) / kPagedSplitKeys;
-    return (int) (long_splits > 8 ? long_splits : 8);
+    // rows up to kLongFromKeys: at most 16 splits of kPagedSplitKeys (8 below that); longer rows: kLongSplitKeys each
+    const int64_t mid_ctx = max_ctx < kLongFromKeys ? max_ctx : kLongFromKeys;
+    const int64_t mid_splits = (mid_ctx + kPagedSplitKeys - 1) / kPagedSplitKeys;
+    const int64_t long_splits = max_ctx > kLongFromKeys ? (max_ctx + kLongSplitKeys - 1) / kLongSplitKeys : 0;
+    const int64_t most = mid_splits > long_splits ? mid_splits : long_splits;
+    return (int) (most > 8 ? most : 8);
 }
 
 }  // namespace two_pass
