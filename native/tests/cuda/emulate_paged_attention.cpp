@@ -214,6 +214,31 @@ void launch_g(const PagedAttentionCudaArgs & a, std::vector<float> & ws, int n, 
     }
 }
 
+// The two-pass combine kernel alone on synthetic split states of one token's row of `ctx` keys (with 256-key splits,
+// 640,000 keys are 2,500 splits: three chunks of kCombineChunk), two query heads, against the serial merge.
+template <int D>
+void test_combine_chunks(int ctx, unsigned seed) {
+    const int ns = two_pass::split_count(ctx);
+    std::mt19937 rng(seed);
+    std::uniform_real_distribution<float> u(-1, 1);
+    std::vector<float> out(2 * D, NAN);
+    std::vector<int32_t> ctx_len = {ctx};
+    PagedAttentionCudaArgs a{};
+    a.n_tokens = 1; a.n_head = 2; a.n_head_kv = 1; a.head_dim = D; a.token_ctx_len = ctx_len.data(); a.out = out.data();
+    std::vector<float> ws;
+    const auto [po, pml] = partials<D>(ws, a, ns);
+    for (int i = 0; i < 2 * ns; ++i) {
+        pml[2 * i] = 5 * u(rng);                // the split's max score
+        pml[2 * i + 1] = 1 + 9 * (u(rng) + 1);  // its sum of exp, in [1, 19]
+        for (int d = 0; d < D; ++d) po[(size_t) i * D + d] = u(rng);
+    }
+    const int before = g_fail;
+    run_grid(a.n_head, 1, 1, [&] { two_pass::paged_attention_combine_kernel<D>(a, po, pml, ns, false); });
+    check_serial_merge<D>(a, po, pml, ns, [](int c) { return two_pass::split_count(c); }, 2);
+    std::printf("combine alone: D=%d, %d splits (chunks of %d): %s\n", D, ns, two_pass::kCombineChunk,
+                g_fail == before ? "bits of the serial merge ok" : "FAIL");
+}
+
 // qs: (seq, ctx) queries; returns out [n][nh][D].
 std::vector<float> run_case(const Case & c, Kern loads, const std::vector<int> & lens,
                             const std::vector<std::pair<int, int>> & qs, const std::vector<float> & q,
@@ -399,6 +424,8 @@ int main(int argc, char ** argv) {
                     (long long) mc, pipelined::max_split_count(mc, 0), brute0, pipelined::max_split_count(mc, 100),
                     brute1, ok ? "ok" : "FAIL");
     }
+    test_combine_chunks<64>(640000, 21);
+    test_combine_chunks<256>(300000, 22);
     if (quick) {
         test({64, 32, 8, 16, 0, false}, {1, 33, 200, 257, 1300}, 1);
         test({64, 8, 2, 16, 0, true}, {5000}, 7);

@@ -17,7 +17,7 @@
 //     output directly, longer rows write (max, sum, partial output) per split and a combine kernel merges
 //     them in an order fixed by the split count;
 //   - two-pass kernel (paged_attention_two_pass.cuh): S = kPagedSplitKeys = 256 for every row (split_keys_for;
-//     shorter splits for short rows behind a build knob), scores of the whole split, a block-wide softmax,
+//     shorter splits for short rows and longer ones for rows over 4,096 keys behind build knobs), scores of the whole split, a block-wide softmax,
 //     then P.V; load shapes with bit-identical outputs (PagedLoads): narrow (4 K/V rows in flight per lane
 //     group), for grids of at most two CTAs per SM wide (16 rows, the first V round issued before the
 //     softmax), so a lone row's CTA waits for fewer memory round trips, and for grids beyond one resident wave

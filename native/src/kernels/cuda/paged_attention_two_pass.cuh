@@ -48,15 +48,16 @@ static_assert(kShortSplitKeys >= 32 && kShortSplitKeys <= kPagedSplitKeys &&
                   (kShortSplitKeys & (kShortSplitKeys - 1)) == 0,
               "CF_PA_SHORT_SPLIT must be a power of two in [32, 256]");
 
-// Longer splits for long rows (stop 48, a build knob until measured): rows of more than kLongFromKeys keys use
-// splits of CF_PA_LONG_SPLIT keys (a power of two in [256, 1024]; 256, the default, keeps one rule for every row
-// longer than 16 short splits). Fewer, longer splits amortize each CTA's fixed work (query and block-table loads,
-// two block-wide reductions, the partial state's writes) and the combine's per-split loads over more keys, and
-// shrink the grid of a batch of long rows toward one resident wave; a lone long row gets fewer CTAs. The pipelined
-// kernel with fixed splits measured the trade on an H100 (results/h200_gpu/stop35): B=8 at 8K 124.7 us per layer
-// at 256 keys, 80.5 at 1,024, 72.0 at 2,048. Like every split rule it looks at ctx alone (batch invariance).
-// kMaxSplitKeys: the longest split (the score and row-index buffers of one CTA: at 1,024 keys, G 8 and D 256 the
-// kernel's static shared memory is 44 KB of the 48 a static declaration may take).
+// Longer splits for long rows (stop 48, a build knob): rows of more than kLongFromKeys (4,096) keys use splits of
+// CF_PA_LONG_SPLIT keys (a power of two in [256, 1024]; 256, the default, keeps 256-key splits for every row past the
+// short-split range). Fewer, longer splits amortize each CTA's fixed work (query and block-table loads, two
+// block-wide reductions, the partial state's writes) and the combine's per-split loads over more keys, and shrink the
+// grid of a batch of long rows; a lone long row, or a few, gets fewer CTAs than the SMs could run. Measured on an H100
+// (results/h200_gpu/stop48, us per layer, 256 -> 1,024 keys, two runs each): B=4 at 32K 128 -> 109 (69% -> 81% of
+// copy), B=32 at 8K 224 -> 206, D 128 B=32 at 8K 408 -> 393; but B=8 at 8K 67 -> 83, D 128 B=8 at 8K 114 -> 154,
+// B=1 at 8K 19 -> 32, B=1 at 32K 43 -> 52. A rule may look at ctx alone (batch invariance), so no length wins both
+// ways and the default stays 256. The knob also enlarges every CTA's static shared memory (kMaxSplitKeys), short
+// rows' too: at 1,024 keys, G 8 and D 256 it is 44 KB of the 48 a static declaration may take.
 #ifndef CF_PA_LONG_SPLIT
 #define CF_PA_LONG_SPLIT 256
 #endif
@@ -514,7 +515,7 @@ __device__ void combine_splits(const PagedAttentionCudaArgs & a, int t, int head
     }
     for (int c0 = 0; c0 < ns; c0 += kCombineChunk) {
         const int nc = min(kCombineChunk, ns - c0);
-        __syncthreads();  // the previous chunk's weights (and m_red) are no longer read
+        __syncthreads();  // the previous chunk's weights are no longer read
         for (int s = tid; s < nc; s += kCombineThreads) {
             const float2 ml = *reinterpret_cast<const float2 *>(part_ml + 2 * (base + c0 + s));  // 8-byte aligned
             w_s[s] = expf(ml.x - mx);

@@ -350,7 +350,8 @@ split_kernel(const PagedAttentionCudaArgs a, float * part_o, float * part_ml, in
 
 // Merge the splits of rows of more than `merged` splits (the split kernel's W: rows of fewer were merged there), in
 // split order (the formula above, two_pass::combine_splits): grid (n_head, n_tokens), kCombineThreads threads. PDL as
-// in the split kernel.
+// in the split kernel. combine_splits writes a.out_f16 where it is set; the launcher clears it for this kernel (its
+// split kernel never writes it), so rows of any split count leave it alone.
 template <int D>
 __global__ void __launch_bounds__(kCombineThreads)
 combine_kernel(const PagedAttentionCudaArgs a, const float * part_o, const float * part_ml, int n_splits, int merged,
