@@ -158,7 +158,8 @@ void launch(const PagedAttentionCudaArgs & a, std::vector<float> & ws, int n_spl
     run_grid(n_splits, a.n_head_kv * (G / HG), a.n_tokens,
              [&] { two_pass::paged_attention_split_kernel<D, G, R, kPf, HG>(a, po, pml, n_splits, false); });
     if (n_splits > 1) {
-        run_grid(a.n_head, a.n_tokens, 1, [&] { two_pass::paged_attention_combine_kernel<D>(a, po, pml, n_splits, false); });
+        run_grid(a.n_head, a.n_tokens, 1,
+                 [&] { two_pass::paged_attention_combine_kernel<D>(a, po, pml, n_splits, false); });
         check_serial_merge<D>(a, po, pml, n_splits, [](int c) { return two_pass::split_count(c); }, 2);
     }
 }

@@ -17,11 +17,11 @@
 //     output directly, longer rows write (max, sum, partial output) per split and a combine kernel merges
 //     them in an order fixed by the split count;
 //   - two-pass kernel (paged_attention_two_pass.cuh): S = kPagedSplitKeys = 256 for every row (split_keys_for;
-//     shorter splits for short rows and longer ones for rows over 4,096 keys behind build knobs), scores of the whole split, a block-wide softmax,
-//     then P.V; load shapes with bit-identical outputs (PagedLoads): narrow (4 K/V rows in flight per lane
-//     group), for grids of at most two CTAs per SM wide (16 rows, the first V round issued before the
-//     softmax), so a lone row's CTA waits for fewer memory round trips, and for grids beyond one resident wave
-//     narrow8 (narrow with registers bounded for 8 CTAs per SM instead of 7);
+//     shorter splits for short rows and longer ones for rows over 4,096 keys behind build knobs), scores of the
+//     whole split, a block-wide softmax, then P.V; load shapes with bit-identical outputs (PagedLoads): narrow (4
+//     K/V rows in flight per lane group), for grids of at most two CTAs per SM wide (16 rows, the first V round
+//     issued before the softmax), so a lone row's CTA waits for fewer memory round trips, and for grids beyond one
+//     resident wave narrow8 (narrow with registers bounded for 8 CTAs per SM instead of 7);
 //   - pipelined kernel (paged_attention_pipelined.cuh, issue 11's long rows): S = max(256, pow2 >= ctx / 32)
 //     (about 32 splits per long row), each warp streams its own tiles with an online softmax, K/V of the next
 //     tile in flight while one is computed; the combine kernel and the split kernel use programmatic

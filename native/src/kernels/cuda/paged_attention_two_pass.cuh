@@ -64,7 +64,8 @@ static_assert(kShortSplitKeys >= 32 && kShortSplitKeys <= kPagedSplitKeys &&
 constexpr int kLongSplitKeys = CF_PA_LONG_SPLIT;
 constexpr int kLongFromKeys = 16 * kPagedSplitKeys;
 constexpr int kMaxSplitKeys = kLongSplitKeys;
-static_assert(kLongSplitKeys >= kPagedSplitKeys && kLongSplitKeys <= 1024 && (kLongSplitKeys & (kLongSplitKeys - 1)) == 0,
+static_assert(kLongSplitKeys >= kPagedSplitKeys && kLongSplitKeys <= 1024 &&
+                  (kLongSplitKeys & (kLongSplitKeys - 1)) == 0,
               "CF_PA_LONG_SPLIT must be a power of two in [256, 1024]");
 
 __host__ __device__ inline int split_keys_for(int ctx) {
