@@ -1,17 +1,41 @@
 #!/usr/bin/env bash
 # For the next stop's device run (stop 48's job.sh did not fit the device time left; scripts/device_poll.sh, results
 # under /tmp/res, last line of /tmp/res/run.log "[time] exit 0"; carry ["_carry/llama.cpp", "_carry/tokenizer.gguf",
-# "_carry/wheels"]): the CUDA build, then the engine's decode with stop 47-48's kernels in place (narrow8 by the grid,
-# the combine of stop 48) against CACHEFLOW_PA_LOADS=narrow, each row against its own llama-batched-bench: B=256 and
-# 64 at 128/128, B=8 at 8K; then the whole GPU suite, last because it is long (keep polling: a machine with no call
-# in flight goes back, and the job with it).
+# "_carry/wheels"]): the CUDA build, beside it two standalone test binaries (this tree, and -DCF_PA_SPLITS_PER_CTA=2:
+# its tests, then both timed on every decode shape, alternating twice); then the engine's decode with stop 47-48's
+# kernels in place (narrow8 by the grid, the combine of stop 48) against CACHEFLOW_PA_LOADS=narrow, each row against
+# its own llama-batched-bench: B=256 and 64 at 128/128, B=8 at 8K; then the whole GPU suite, last because it is long
+# (keep polling: a machine with no call in flight goes back, and the job with it).
 set -u
 cd "$(dirname "$0")/../../.."
 mkdir -p /tmp/res
 say() { echo "[$(date +%H:%M:%S)] $*" >> /tmp/res/run.log; }
 say "start"
+mkdir -p /tmp/res/k
+tpa() {  # the standalone paged attention test: $1 binary, then extra nvcc flags
+  local bin=$1; shift
+  nvcc -std=c++17 -arch=sm_90 -O3 --use_fast_math "$@" -I native/src/kernels/cuda \
+      native/src/kernels/cuda/paged_attention.cu native/src/kernels/cuda/paged_prefill_mma.cu \
+      native/tests/cuda/test_paged_attention_cuda.cu -o "$bin" \
+      > "/tmp/res/k/nvcc_$(basename "$bin").log" 2>&1
+}
+tpa /tmp/tpa &
+tpa /tmp/tpa_s2 -DCF_PA_SPLITS_PER_CTA=2 &
 OUT=/tmp/res/b STAGES="build" bash scripts/h200_gpu_tests.sh
 grep -v "] exit " /tmp/res/b/run.log | tail -2 >> /tmp/res/run.log  # not its exit line: device_poll.sh waits for ours
+wait
+say "tpa_s2 (two splits per CTA): tests"
+/tmp/tpa_s2 > /tmp/res/k/tests_s2.txt 2>&1
+echo "rc $?" >> /tmp/res/k/tests_s2.txt
+grep -E "PASS|FAIL|failed|^rc" /tmp/res/k/tests_s2.txt >> /tmp/res/run.log
+for round in 1 2; do
+  for bin in tpa tpa_s2; do
+    say "splits per CTA A/B round $round: $bin --bench (default loads, timings only)"
+    CF_BENCH_SKIP_TESTS=1 CF_BENCH_DEFAULT_ONLY=1 "/tmp/$bin" --bench > "/tmp/res/k/bench_${bin}_$round.txt" 2>&1
+    grep -E "bench decode|copy" "/tmp/res/k/bench_${bin}_$round.txt" | sed 's/heads 32\/8 //; s/ max|diff| 0.0e+00//' \
+        | cut -c1-150 >> /tmp/res/run.log
+  done
+done
 OUT=/tmp/res/d STAGES="decode" NPL="256 64" ITER="3" DECODE_MODES=paged \
     DECODE_PA_KERNELS="default CACHEFLOW_PA_LOADS=narrow default" bash scripts/h200_gpu_tests.sh
 grep -E "decode:|ratio_tg|median" /tmp/res/d/run.log >> /tmp/res/run.log
