@@ -45,3 +45,4 @@ def test_cuda_paged_attention_kernels_emulated_on_the_cpu(tmp_path: Path) -> Non
     assert result.returncode == 0, result.stdout + result.stderr
     assert "PASS" in result.stdout
     assert result.stdout.count("invariant yes ok") == 20, result.stdout  # 2 cases x 10 kernels, load shapes, head placements, CTA widths
+    assert result.stdout.count("bits of the serial merge ok") == 2, result.stdout  # the combine alone, D 64 and 256

@@ -378,10 +378,10 @@ void test(const Case & c, const std::vector<int> & lens, unsigned seed, const st
             std::memcpy(&u, &x, 4);
             hash = (hash ^ u) * 1099511628211ull;
         }
-        std::printf("D=%d heads %d/%d bs=%d softcap %.0f stage %d split %d %-9s: max err %.2e, same bits as its "
-                    "kernel's first shape %s, invariant %s, bits %016llx %s\n", c.D, c.nh, c.nkv, c.bs, c.softcap,
-                    (int) c.stage, c.fixed, name_of(loads), max_err, is_pipe ? "-" : same ? "yes" : "NO",
-                    inv ? "yes" : "NO", (unsigned long long) hash, ok ? "ok" : "FAIL");
+        std::printf("D=%d heads %d/%d bs=%d softcap %.0f stage %d split %d %-9s: max err %.2e, bits %016llx, same "
+                    "bits as its kernel's first shape %s, invariant %s %s\n", c.D, c.nh, c.nkv, c.bs, c.softcap,
+                    (int) c.stage, c.fixed, name_of(loads), max_err, (unsigned long long) hash,
+                    is_pipe ? "-" : same ? "yes" : "NO", inv ? "yes" : "NO", ok ? "ok" : "FAIL");
         std::fflush(stdout);
     }
 }
