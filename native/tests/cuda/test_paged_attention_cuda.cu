@@ -756,6 +756,14 @@ void bench_decode(int batch, int ctx, int D, int n_head, int n_head_kv, const st
 
 // Both kernels on every shape; at contexts >= 8K also the pipelined kernel with fixed split lengths and without PDL.
 void bench_shape(int batch, int ctx, int D) {
+    // CF_BENCH_ONLY="B,ctx,D": that one shape alone (e.g. under ncu, whose per-kernel durations split a layer's time
+    // between the split kernel and the combine kernel)
+    if (const char * only = std::getenv("CF_BENCH_ONLY")) {
+        int ob = 0, oc = 0, od = 0;
+        if (std::sscanf(only, "%d,%d,%d", &ob, &oc, &od) == 3 && (ob != batch || oc != ctx || od != D)) {
+            return;
+        }
+    }
     std::vector<Variant> vs = {kTwoPass,       kTwoPassNarrow, kTwoPassNarrow8,  kTwoPassNarrowPf, kTwoPassWide,
                                kTwoPassByGrid, kTwoPassPdl,    kTwoPassNarrowPdl, kTwoPassGroup,   kTwoPassOne,
                                kTwoPassOneWide, kTwoPassOnePdl, kWarp,           kWarpNarrow,      kWarpWide,

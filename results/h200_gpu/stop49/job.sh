@@ -34,6 +34,19 @@ for round in 1 2; do
         | cut -c1-150 >> /tmp/res/run.log
   done
 done
+# Where a long row's layer time goes: ncu's duration of each kernel (split kernel, combine kernel) of the 21st call
+# (after the 20 warm-up calls), L2 flushed between kernels (ncu's default cache control), clocks left alone.
+NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+for shape in 1,8192,64 8,8192,64 32,8192,64 1,32768,64 4,32768,64; do
+  for bin in tpa tpa_s2; do
+    say "ncu $bin $shape"
+    CF_BENCH_ONLY=$shape CF_BENCH_SKIP_TESTS=1 CF_BENCH_DEFAULT_ONLY=1 timeout 90 "$NCU" --clock-control none \
+        --metrics gpu__time_duration.sum --launch-skip 40 --launch-count 2 "/tmp/$bin" --bench long \
+        > "/tmp/res/k/ncu_${bin}_${shape//,/_}.txt" 2>&1
+    grep -E "^  [a-z_].*\(|gpu__time_duration" "/tmp/res/k/ncu_${bin}_${shape//,/_}.txt" | cut -c1-250 \
+        >> /tmp/res/run.log
+  done
+done
 OUT=/tmp/res/d STAGES="decode" NPL="256 64" ITER="3" DECODE_MODES=paged \
     DECODE_PA_KERNELS="default CACHEFLOW_PA_LOADS=narrow default" bash scripts/h200_gpu_tests.sh
 grep -E "decode:|ratio_tg|median" /tmp/res/d/run.log >> /tmp/res/run.log
