@@ -34,6 +34,9 @@ for round in 1 2; do
         | cut -c1-150 >> /tmp/res/run.log
   done
 done
+say "tpa --bench long, CF_BENCH_HEADS_ONLY (the default against group / one head per CTA at >= 8K)"
+CF_BENCH_SKIP_TESTS=1 CF_BENCH_HEADS_ONLY=1 /tmp/tpa --bench long > /tmp/res/k/bench_heads_long.txt 2>&1
+grep -E "bench decode" /tmp/res/k/bench_heads_long.txt | sed 's/heads 32\/8 //' | cut -c1-150 >> /tmp/res/run.log
 # Where a long row's layer time goes: ncu's duration of each kernel (split kernel, combine kernel) of the 21st call
 # (after the 20 warm-up calls), L2 flushed between kernels (ncu's default cache control), clocks left alone.
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
