@@ -528,33 +528,61 @@ paged_attention_split_kernel(const PagedAttentionCudaArgs a, float * part_o /* [
 }
 
 // The combine kernels' CTA size (two-pass and warp-split), the splits whose weights one pass stages in shared memory
-// (a row of any length goes through them in chunks of this many, in split order) and the part_o loads each thread
-// has in flight in the merge's sums.
+// (a row of any length goes through them in chunks of this many, in split order) and the part_o floats one round
+// stages in shared memory (kCombineStageFloats / D splits: 64 at D 64, 32 at D 128, 16 at D 256).
 constexpr int kCombineThreads = 128;
 constexpr int kCombineChunk = 1024;
-constexpr int kCombineLoads = 16;
+constexpr int kCombineStageFloats = 4096;
 
 // Merge the ns > 1 split states of query head `head` of token t (part_o [n_splits][D] and part_ml [n_splits][2] of
-// that (token, head), the split kernels' layout) in split order: m = max_s m_s, w_s = exp(m_s - m),
-// l = sum_s w_s l_s and o[d] = sum_s w_s o_s[d] (fmaf, s = 0, 1, ..., ns - 1), out[d] = o[d] / l, and out_f16 where
-// set (launch clears it where the kernel does not write it). Each output element is summed by one thread, one split
-// after another, so the bits are those of that serial loop whatever the CTA size: the one-thread-per-element kernel
-// of stops 19-47 (which loaded one split state at a time) gave the same ones. The loads move ahead of the sums: all
-// (m_s, l_s) of a chunk in one round (then w_s by one thread each), and kCombineLoads part_o values per thread at a
-// time, where the old kernel waited on L2 about twice per split (B=1 at 32K: 128 splits).
+// that (token, head), the split kernels' layout; part_o 16-byte aligned, as the launcher checks the workspace) in
+// split order: m = max_s m_s, w_s = exp(m_s - m), l = sum_s w_s l_s and o[d] = sum_s w_s o_s[d] (fmaf, s = 0, 1,
+// ..., ns - 1), out[d] = o[d] / l, and out_f16 where set (launch clears it where the kernel does not write it). Each
+// output element is summed by one thread, one split after another, so the bits are those of that serial loop whatever
+// the CTA size or the staging: the one-thread-per-element kernel of stops 19-47 gave the same ones. Memory round
+// trips (stop 49): the part_o values move in rounds of kCombineStageFloats / D whole splits, 16-byte loads spread
+// over all threads, through shared memory; the first round is issued before the max over the splits' m_s and each
+// next one before the current one is summed, and the (m_s, l_s) of the first chunk are staged by the max's own loads.
+// Under ncu on an H100 (results/h200_gpu/stop49) stop 48's kernel, which waited on L2 or DRAM about once per 16
+// splits, took 14.6 us of a 44 us layer at B=1 and 32K keys (128 splits per head).
 // Every thread of a kCombineThreads-thread CTA calls it (barriers).
 template <int D>
 __device__ void combine_splits(const PagedAttentionCudaArgs & a, int t, int head, const float * part_o,
                                const float * part_ml, int n_splits, int ns) {
     constexpr int kPer = (D + kCombineThreads - 1) / kCombineThreads;  // output elements per thread
-    __shared__ float w_s[kCombineChunk];  // weight exp(m_s - m) of each split of the chunk
+    constexpr int kRound = kCombineStageFloats / D;                   // splits per staged round
+    constexpr int kVecs = kCombineStageFloats / 4 / kCombineThreads;  // 16-byte loads per thread per round
+    static_assert(D % 4 == 0 && kRound * D == kCombineStageFloats && kCombineChunk % kRound == 0 &&
+                      kVecs * 4 * kCombineThreads == kCombineStageFloats,
+                  "combine staging: D must divide kCombineStageFloats");
+    __shared__ float w_s[kCombineChunk];  // the chunk's m_s, then its weights exp(m_s - m)
     __shared__ float l_s[kCombineChunk];
+    __shared__ float4 stage_s[kCombineStageFloats / 4];  // one round's part_o, [kRound][D] floats
     __shared__ float m_red[kCombineThreads / 32];
     const int tid = threadIdx.x;
     const int64_t base = ((int64_t) t * a.n_head + head) * n_splits;
+    const float4 * po4 = reinterpret_cast<const float4 *>(part_o + base * D);
+    const float * st = reinterpret_cast<const float *>(stage_s);
+    // The part_o floats of splits [s0, s0 + kRound) (those below ns) into registers: a contiguous run of
+    // kRound * D floats, float4 index tid + v * kCombineThreads of the run in next[v].
+    float4 next[kVecs];
+    auto load_round = [&](int s0) {
+        const int n4 = min(kRound, ns - s0) * (D / 4);
+#pragma unroll
+        for (int v = 0; v < kVecs; ++v) {
+            const int q = tid + v * kCombineThreads;
+            next[v] = q < n4 ? po4[(int64_t) s0 * (D / 4) + q] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+    };
+    load_round(0);
     float mx = -INFINITY;
     for (int s = tid; s < ns; s += kCombineThreads) {
-        mx = fmaxf(mx, part_ml[2 * (base + s)]);
+        const float2 ml = *reinterpret_cast<const float2 *>(part_ml + 2 * (base + s));  // 8-byte aligned
+        mx = fmaxf(mx, ml.x);
+        if (s < kCombineChunk) {  // the first chunk's states, kept for its weights
+            w_s[s] = ml.x;
+            l_s[s] = ml.y;
+        }
     }
     mx = warp_max(mx);  // a max: exact in any order
     if (tid % 32 == 0) {
@@ -565,42 +593,49 @@ __device__ void combine_splits(const PagedAttentionCudaArgs & a, int t, int head
     for (int w = 1; w < kCombineThreads / 32; ++w) {
         mx = fmaxf(mx, m_red[w]);
     }
-    const float * po = part_o + base * D;
     float l = 0.0f;
     float o[kPer];
 #pragma unroll
     for (int k = 0; k < kPer; ++k) {
         o[k] = 0.0f;
     }
-    for (int c0 = 0; c0 < ns; c0 += kCombineChunk) {
-        const int nc = min(kCombineChunk, ns - c0);
-        __syncthreads();  // the previous chunk's weights are no longer read
-        for (int s = tid; s < nc; s += kCombineThreads) {
-            const float2 ml = *reinterpret_cast<const float2 *>(part_ml + 2 * (base + c0 + s));  // 8-byte aligned
-            w_s[s] = expf(ml.x - mx);
-            l_s[s] = ml.y;
+    for (int s0 = 0; s0 < ns; s0 += kRound) {
+        const int c0 = s0 - s0 % kCombineChunk;  // the chunk holding this round (rounds never straddle chunks)
+        if (s0 == c0) {  // a chunk's first round: its weights, then l over them
+            const int nc = min(kCombineChunk, ns - c0);
+            if (c0 > 0) {
+                __syncthreads();  // the previous chunk's weights are no longer read
+                for (int s = tid; s < nc; s += kCombineThreads) {
+                    const float2 ml = *reinterpret_cast<const float2 *>(part_ml + 2 * (base + c0 + s));
+                    w_s[s] = ml.x;
+                    l_s[s] = ml.y;
+                }
+            }
+            for (int s = tid; s < nc; s += kCombineThreads) {  // the entries this thread stored
+                w_s[s] = expf(w_s[s] - mx);
+            }
+            __syncthreads();
+            for (int s = 0; s < nc; ++s) {
+                l = fmaf(w_s[s], l_s[s], l);
+            }
+        }
+        __syncthreads();  // the last round's stage_s reads are done
+#pragma unroll
+        for (int v = 0; v < kVecs; ++v) {
+            stage_s[tid + v * kCombineThreads] = next[v];
         }
         __syncthreads();
-        for (int s = 0; s < nc; ++s) {
-            l = fmaf(w_s[s], l_s[s], l);
+        if (s0 + kRound < ns) {
+            load_round(s0 + kRound);  // in flight during this round's sums
         }
+        const int n = min(kRound, ns - s0);
+        const float * w = w_s + (s0 - c0);
 #pragma unroll
         for (int k = 0; k < kPer; ++k) {
             const int d = tid + k * kCombineThreads;
-            if (d >= D) {
-                break;
-            }
-            for (int s0 = 0; s0 < nc; s0 += kCombineLoads) {
-                float v[kCombineLoads];
-#pragma unroll
-                for (int j = 0; j < kCombineLoads; ++j) {
-                    v[j] = s0 + j < nc ? po[(int64_t) (c0 + s0 + j) * D + d] : 0.0f;
-                }
-#pragma unroll
-                for (int j = 0; j < kCombineLoads; ++j) {
-                    if (s0 + j < nc) {
-                        o[k] = fmaf(w_s[s0 + j], v[j], o[k]);
-                    }
+            if (d < D) {
+                for (int s = 0; s < n; ++s) {
+                    o[k] = fmaf(w[s], st[s * D + d], o[k]);
                 }
             }
         }
