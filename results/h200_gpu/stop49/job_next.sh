@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# For the next stop's device run (stop 49 ran out of device time after one round of the staged combine):
+# scripts/device_poll.sh, results under /tmp/res, last line of /tmp/res/run.log "[time] exit 0"; carry
+# ["_carry/llama.cpp", "_carry/tokenizer.gguf", "_carry/wheels", "_carry/bin", "_carry/flashinfer"] (_carry/bin: `tpa`,
+# stop 49's run1 binary with stop 48's combine kernel, built with nvcc 13.0). Order:
+# 1. the CUDA build, beside it `tpa_c` (this tree's standalone test) compiled and its correctness tests run (they time
+#    nothing);
+# 2. timings alone: tpa vs tpa_c --bench long, alternating twice; ncu's per-kernel durations of tpa_c's long shapes;
+# 3. the engine's decode with the staged combine: B=256 and 64 at 128/128, B=8 at 8K, each against its own
+#    llama-batched-bench;
+# 4. the whole GPU suite (not run since stop 46); 5. FlashInfer side by side (issue 11).
+# Keep polling: a machine with no call in flight goes back, and the job with it.
+set -u
+cd "$(dirname "$0")/../../.."
+mkdir -p /tmp/res/k
+say() { echo "[$(date +%H:%M:%S)] $*" >> /tmp/res/run.log; }
+say "start"
+chmod +x _carry/bin/* 2>/dev/null
+(nvcc -std=c++17 -arch=sm_90 -O3 --use_fast_math -I native/src/kernels/cuda \
+     native/src/kernels/cuda/paged_attention.cu native/src/kernels/cuda/paged_prefill_mma.cu \
+     native/tests/cuda/test_paged_attention_cuda.cu -o /tmp/tpa_c > /tmp/res/k/nvcc_tpa_c.log 2>&1 \
+ && /tmp/tpa_c > /tmp/res/k/tests_c.txt 2>&1; echo "rc $?" >> /tmp/res/k/tests_c.txt) &
+OUT=/tmp/res/b STAGES="build" bash scripts/h200_gpu_tests.sh
+grep -v "] exit " /tmp/res/b/run.log | tail -2 >> /tmp/res/run.log  # not its exit line: device_poll.sh waits for ours
+wait
+say "tpa_c: tests, run during the build"
+grep -E "PASS|FAIL|failed|^rc" /tmp/res/k/tests_c.txt | cut -c1-170 >> /tmp/res/run.log
+for round in 1 2; do
+  for bin in _carry/bin/tpa /tmp/tpa_c; do
+    name=$(basename "$bin")
+    say "combine A/B round $round: $name --bench long (default loads, timings only)"
+    CF_BENCH_SKIP_TESTS=1 CF_BENCH_DEFAULT_ONLY=1 "$bin" --bench long > "/tmp/res/k/long_${name}_$round.txt" 2>&1
+    grep -E "bench decode|copy" "/tmp/res/k/long_${name}_$round.txt" | sed 's/heads 32\/8 //; s/ max|diff| 0.0e+00//' \
+        | cut -c1-150 >> /tmp/res/run.log
+  done
+done
+NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+for shape in 1,8192,64 8,8192,64 1,32768,64 4,32768,64; do
+  say "ncu tpa_c $shape"
+  CF_BENCH_ONLY=$shape CF_BENCH_SKIP_TESTS=1 CF_BENCH_DEFAULT_ONLY=1 timeout 60 "$NCU" --clock-control none \
+      --metrics gpu__time_duration.sum --launch-skip 40 --launch-count 2 /tmp/tpa_c --bench long \
+      > "/tmp/res/k/ncu_tpa_c_${shape//,/_}.txt" 2>&1
+  grep -E "^  [a-z_].*\(|gpu__time_duration" "/tmp/res/k/ncu_tpa_c_${shape//,/_}.txt" | cut -c1-120 >> /tmp/res/run.log
+done
+OUT=/tmp/res/d STAGES="decode" NPL="256 64" ITER="3" DECODE_MODES=paged DECODE_PA_KERNELS="default" \
+    bash scripts/h200_gpu_tests.sh
+grep -E "decode:|ratio_tg|median" /tmp/res/d/run.log >> /tmp/res/run.log
+OUT=/tmp/res/d8 STAGES="decode" NPP=8192 NPL="8" ITER="2" DECODE_MODES=paged DECODE_PA_KERNELS="default" \
+    bash scripts/h200_gpu_tests.sh
+grep -E "decode:|ratio_tg|median" /tmp/res/d8/run.log >> /tmp/res/run.log
+OUT=/tmp/res/t STAGES="tests" bash scripts/h200_gpu_tests.sh
+grep -E "passed|failed" /tmp/res/t/run.log | tail -2 >> /tmp/res/run.log
+OUT=/tmp/res/f STAGES="flashinfer" bash scripts/h200_gpu_tests.sh
+grep -E "ctx=(8192|32768)|copy" /tmp/res/f/flashinfer_vs_cacheflow.txt | head -40 >> /tmp/res/run.log
+say "exit 0"
