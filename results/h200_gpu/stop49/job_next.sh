@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # For the next stop's device run (stop 49 ran out of device time after one round of the staged combine):
 # scripts/device_poll.sh, results under /tmp/res, last line of /tmp/res/run.log "[time] exit 0"; carry
-# ["_carry/llama.cpp", "_carry/tokenizer.gguf", "_carry/wheels", "_carry/bin", "_carry/flashinfer"] (_carry/bin: `tpa`,
-# stop 49's run1 binary with stop 48's combine kernel, built with nvcc 13.0). Order:
-# 1. the CUDA build, beside it `tpa_c` (this tree's standalone test) compiled and its correctness tests run (they time
-#    nothing);
+# ["_carry/llama.cpp", "_carry/tokenizer.gguf", "_carry/wheels", "_carry/old48", "_carry/flashinfer"] (_carry/old48:
+# paged_attention_two_pass.cuh of commit 4a512b4, stop 48's combine kernel; a binary would overrun the 64 MiB carry).
+# Order:
+# 1. the CUDA build, beside it two standalone test binaries: `tpa_c` (this tree; its correctness tests run then, they
+#    time nothing) and `tpa` (the kernel sources with stop 48's two-pass header);
 # 2. timings alone: tpa vs tpa_c --bench long, alternating twice; ncu's per-kernel durations of tpa_c's long shapes;
 # 3. the engine's decode with the staged combine: B=256 and 64 at 128/128, B=8 at 8K, each against its own
 #    llama-batched-bench;
@@ -15,7 +16,11 @@ cd "$(dirname "$0")/../../.."
 mkdir -p /tmp/res/k
 say() { echo "[$(date +%H:%M:%S)] $*" >> /tmp/res/run.log; }
 say "start"
-chmod +x _carry/bin/* 2>/dev/null
+rm -rf /tmp/old48 && cp -r native/src/kernels/cuda /tmp/old48
+cp _carry/old48/paged_attention_two_pass.cuh /tmp/old48/
+nvcc -std=c++17 -arch=sm_90 -O3 --use_fast_math -I /tmp/old48 /tmp/old48/paged_attention.cu \
+    /tmp/old48/paged_prefill_mma.cu native/tests/cuda/test_paged_attention_cuda.cu -o /tmp/tpa \
+    > /tmp/res/k/nvcc_tpa.log 2>&1 &
 (nvcc -std=c++17 -arch=sm_90 -O3 --use_fast_math -I native/src/kernels/cuda \
      native/src/kernels/cuda/paged_attention.cu native/src/kernels/cuda/paged_prefill_mma.cu \
      native/tests/cuda/test_paged_attention_cuda.cu -o /tmp/tpa_c > /tmp/res/k/nvcc_tpa_c.log 2>&1 \
@@ -26,7 +31,7 @@ wait
 say "tpa_c: tests, run during the build"
 grep -E "PASS|FAIL|failed|^rc" /tmp/res/k/tests_c.txt | cut -c1-170 >> /tmp/res/run.log
 for round in 1 2; do
-  for bin in _carry/bin/tpa /tmp/tpa_c; do
+  for bin in /tmp/tpa /tmp/tpa_c; do
     name=$(basename "$bin")
     say "combine A/B round $round: $name --bench long (default loads, timings only)"
     CF_BENCH_SKIP_TESTS=1 CF_BENCH_DEFAULT_ONLY=1 "$bin" --bench long > "/tmp/res/k/long_${name}_$round.txt" 2>&1
