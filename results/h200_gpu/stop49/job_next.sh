@@ -6,7 +6,8 @@
 # Order:
 # 1. the CUDA build, beside it two standalone test binaries: `tpa_c` (this tree; its correctness tests run then, they
 #    time nothing) and `tpa` (the kernel sources with stop 48's two-pass header);
-# 2. timings alone: tpa vs tpa_c --bench long, alternating twice; ncu's per-kernel durations of tpa_c's long shapes;
+# 2. timings alone: tpa vs tpa_c --bench (every decode shape: the combine's occupancy halved, so the large grids too),
+#    alternating twice; ncu's per-kernel durations of tpa_c's long shapes;
 # 3. the engine's decode with the staged combine: B=256 and 64 at 128/128, B=8 at 8K, each against its own
 #    llama-batched-bench;
 # 4. the whole GPU suite (not run since stop 46); 5. FlashInfer side by side (issue 11).
@@ -33,8 +34,8 @@ grep -E "PASS|FAIL|failed|^rc" /tmp/res/k/tests_c.txt | cut -c1-170 >> /tmp/res/
 for round in 1 2; do
   for bin in /tmp/tpa /tmp/tpa_c; do
     name=$(basename "$bin")
-    say "combine A/B round $round: $name --bench long (default loads, timings only)"
-    CF_BENCH_SKIP_TESTS=1 CF_BENCH_DEFAULT_ONLY=1 "$bin" --bench long > "/tmp/res/k/long_${name}_$round.txt" 2>&1
+    say "combine A/B round $round: $name --bench (default loads, timings only)"
+    CF_BENCH_SKIP_TESTS=1 CF_BENCH_DEFAULT_ONLY=1 "$bin" --bench > "/tmp/res/k/long_${name}_$round.txt" 2>&1
     grep -E "bench decode|copy" "/tmp/res/k/long_${name}_$round.txt" | sed 's/heads 32\/8 //; s/ max|diff| 0.0e+00//' \
         | cut -c1-150 >> /tmp/res/run.log
   done

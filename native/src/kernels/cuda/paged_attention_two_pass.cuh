@@ -547,7 +547,9 @@ constexpr int kCombineStageFloats = 4096;
 // Under ncu on an H100 (results/h200_gpu/stop49) stop 48's kernel, which waited on L2 or DRAM about once per 16
 // splits, took 14.6 us of a 44 us layer at B=1 and 32K keys (128 splits per head); with the staged rounds the layer
 // took 39.8 instead of 43.1 us, and 120.3 instead of 128.4 at B=4 and 32K (one A/B round, H100, stop 49).
-// Every thread of a kCombineThreads-thread CTA calls it (barriers).
+// Every thread of a kCombineThreads-thread CTA calls it (barriers), once per CTA: a second call's first writes to w_s
+// are not ordered after this one's last reads. Its cost in occupancy: 60-62 registers and 24.6 KB of shared memory,
+// 8 CTAs per SM (stop 48's: 16); not yet timed on grids over one wave of them (B=64 at 2K: 2,048 CTAs).
 template <int D>
 __device__ void combine_splits(const PagedAttentionCudaArgs & a, int t, int head, const float * part_o,
                                const float * part_ml, int n_splits, int ns) {
