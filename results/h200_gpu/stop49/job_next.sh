@@ -7,7 +7,7 @@
 # 1. the CUDA build, beside it two standalone test binaries: `tpa_c` (this tree; its correctness tests run then, they
 #    time nothing) and `tpa` (the kernel sources with stop 48's two-pass header);
 # 2. timings alone: tpa vs tpa_c --bench (every decode shape: the combine's occupancy halved, so the large grids too),
-#    alternating twice; ncu's per-kernel durations of tpa_c's long shapes;
+#    alternating twice, and tpa_c's long shapes with CACHEFLOW_PA_PDL=1; ncu's per-kernel durations of tpa_c's long shapes;
 # 3. the engine's decode with the staged combine: B=256 and 64 at 128/128, B=8 at 8K, each against its own
 #    llama-batched-bench;
 # 4. the whole GPU suite (not run since stop 46); 5. FlashInfer side by side (issue 11).
@@ -39,6 +39,11 @@ for round in 1 2; do
     grep -E "bench decode|copy" "/tmp/res/k/long_${name}_$round.txt" | sed 's/heads 32\/8 //; s/ max|diff| 0.0e+00//' \
         | cut -c1-150 >> /tmp/res/run.log
   done
+  say "round $round: tpa_c --bench long with CACHEFLOW_PA_PDL=1 (PDL between the split and the combine on every grid)"
+  CACHEFLOW_PA_PDL=1 CF_BENCH_SKIP_TESTS=1 CF_BENCH_DEFAULT_ONLY=1 /tmp/tpa_c --bench long \
+      > "/tmp/res/k/long_tpa_c_pdl_$round.txt" 2>&1
+  grep -E "bench decode" "/tmp/res/k/long_tpa_c_pdl_$round.txt" | sed 's/heads 32\/8 //; s/ max|diff| 0.0e+00//' \
+      | cut -c1-150 >> /tmp/res/run.log
 done
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 for shape in 1,8192,64 8,8192,64 1,32768,64 4,32768,64; do
