@@ -7,7 +7,8 @@
 # 1. the CUDA build, beside it two standalone test binaries: `tpa_c` (this tree; its correctness tests run then, they
 #    time nothing) and `tpa` (the kernel sources with stop 48's two-pass header);
 # 2. timings alone: tpa vs tpa_c --bench (every decode shape: the combine's occupancy halved, so the large grids
-#    too), alternating twice, and tpa_c's long shapes with CACHEFLOW_PA_PDL=1; ncu's per-kernel durations of tpa_c's long shapes;
+#    too), alternating twice, and tpa_c's long shapes with CACHEFLOW_PA_PDL=1; ncu's per-kernel durations of tpa_c's
+#    long shapes;
 # 3. the engine's decode with the staged combine: B=256 and 64 at 128/128, B=8 at 8K, each against its own
 #    llama-batched-bench;
 # 4. the whole GPU suite (not run since stop 46); 5. FlashInfer side by side (issue 11).
