@@ -56,7 +56,7 @@ from pycacheflow.text import encode_utf8
 
 if TYPE_CHECKING:
     from pycacheflow import LLM, RequestOutput
-    from pycacheflow.outputs import EngineStats
+    from pycacheflow.outputs import EngineStats, ModelInfo
 
 DEFAULT_PROMPT = "Write a haiku about caching."
 
@@ -283,7 +283,7 @@ def generate(
             _export_trace(llm, trace)
     except PromptTooLongError as exc:  # a usage error, numbered as the CLI numbers prompts (from 1)
         message = re.sub(r"\bprompts\[(\d+)\]", lambda m: f"prompt {int(m.group(1)) + 1}", str(exc))
-        raise click.UsageError(f"{message} (-c/--ctx-size sets the sequence size)") from None
+        raise click.UsageError(f"{message} ({_sequence_limit_hint(llm.info)})") from None
     except CacheFlowError as exc:
         raise to_click_error(exc) from None
     finally:
@@ -293,6 +293,17 @@ def generate(
     if not quiet:
         click.echo(format_summary(outputs, wall_s, stats), err=True)
     _exit_on_request_errors(outputs)
+
+
+def _sequence_limit_hint(info: ModelInfo) -> str:
+    """What sets a sequence's token limit (info.n_ctx_per_seq), for a too-long prompt's error: the model's trained
+    context where it caps the sequence, else --ctx-size (in stock mode divided among the -c sequences)."""
+    if info.n_ctx_per_seq >= info.n_ctx_train:
+        return f"the model's trained context, {info.n_ctx_train} tokens, caps a sequence; --ctx-size cannot raise it"
+    if info.n_ctx_per_seq >= info.n_ctx:
+        return "--ctx-size sets the KV cache, and with it the most tokens one sequence may hold"
+    return (f"--ctx-size sets the KV cache, {info.n_ctx} tokens, which {info.kv_mode_name} mode divides among the "
+            f"-c/--concurrency sequences")
 
 
 def _stopped_at_context_limit(out: RequestOutput, max_tokens: int) -> bool:

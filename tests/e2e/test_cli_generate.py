@@ -155,7 +155,8 @@ def test_prompt_too_long(tiny_model_path):
     result = run_cli("generate", "-m", str(tiny_model_path), "-c", "1", "--ctx-size", "64",
                      "word " * 600)
     assert result.exit_code == 2  # a usage error, like an empty prompt
-    assert "Error: prompt 1 has 601 tokens" in result.output and "-c/--ctx-size" in result.output
+    assert "Error: prompt 1 has 601 tokens" in result.output
+    assert "--ctx-size sets the KV cache" in result.output and "-c/--ctx-size" not in result.output
     result = run_cli("generate", "-m", str(tiny_model_path), "-c", "1", "--ctx-size", "64",
                      "hi", "word " * 600)
     assert result.exit_code == 2
