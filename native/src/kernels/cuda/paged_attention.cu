@@ -351,8 +351,7 @@ cudaError_t launch(const PagedAttentionCudaArgs & args, const Plan & plan, void 
                   : plan.loads == kPagedLoadsWide     ? paged_attention_split_kernel<D, G, kRowsInFlightWide, true>
                   : plan.loads == kPagedLoadsNarrowPf ? paged_attention_split_kernel<D, G, kRowsInFlight, true>
                                                       : paged_attention_split_kernel<D, G, kRowsInFlight, false>;
-    const dim3 hgrid((unsigned) split_ctas(n_splits), (unsigned) (a.n_head_kv * (plan.one_head ? G : 1)),
-                     (unsigned) a.n_tokens);
+    const dim3 hgrid((unsigned) n_splits, (unsigned) (a.n_head_kv * (plan.one_head ? G : 1)), (unsigned) a.n_tokens);
     cudaError_t err =
         launch_ex(kernel, hgrid, dim3(threads_for(D)), plan.pdl, stream, a, part_o, part_ml, n_splits, plan.pdl);
     if (err == cudaSuccess && n_splits > 1) {

@@ -322,24 +322,8 @@ __device__ __forceinline__ void finish_split(float (&acc)[G][8], float * big_s, 
     }
 }
 
-// Splits per CTA (stop 48, a build knob: CF_PA_SPLITS_PER_CTA = 1, the default, 2 or 4): a CTA runs that many
-// consecutive splits of its row, one after another, each with the sums a CTA of its own would run (so the same bits),
-// loading the query once and the next split's pool row indices while the current split's softmax and P.V run, where
-// a CTA per split waits for them before its first K load (kernels README, "Long rows at small batches"). Measured on
-// an H100 in stop 49, 2 loses (us per layer, 1 -> 2: B=1 at 32K 44.0 -> 58.7, B=1 at 8K 19.3 -> 23.5, B=4 at 32K 131
-// -> 133), so the default stays 1. The launcher's grid rules (loads_for_grid, small_grid, one_head_for_grid,
-// bounded_for_grid) still count one CTA per split.
-#ifndef CF_PA_SPLITS_PER_CTA
-#define CF_PA_SPLITS_PER_CTA 1
-#endif
-constexpr int kSplitsPerCta = CF_PA_SPLITS_PER_CTA;
-static_assert(kSplitsPerCta == 1 || kSplitsPerCta == 2 || kSplitsPerCta == 4, "CF_PA_SPLITS_PER_CTA must be 1, 2 or 4");
-// CTAs along the grid's x for n_splits splits of a row.
-__host__ __device__ constexpr int split_ctas(int n_splits) { return (n_splits + kSplitsPerCta - 1) / kSplitsPerCta; }
-
 // One CTA: query heads [head0, head0 + HG) of KV head kvh (blockIdx.y = kvh * (G / HG) + the head group), token
-// blockIdx.z, splits blockIdx.x * kSplitsPerCta + j (j < kSplitsPerCta), split s keys [s * S, (s + 1) * S) with
-// S = split_keys_for(the row's context length) <= kMaxSplitKeys.
+// blockIdx.z, keys [split * S, (split + 1) * S) with S = split_keys_for(the row's context length) <= kMaxSplitKeys.
 // D: head size; G: query heads per KV head; R: K/V rows in flight per lane group (kRowsInFlight or
 // kRowsInFlightWide); kPrefetchV: the first round of V rows is loaded before the softmax; HG: query heads per CTA, a
 // divisor of G (G: the whole GQA group, each K/V row loaded once per CTA; fewer: G / HG CTAs share each row through
@@ -365,8 +349,7 @@ paged_attention_split_kernel(const PagedAttentionCudaArgs a, float * part_o /* [
     // Scores, then probabilities [HG][kMaxSplitKeys]; after P.V the per-warp partial outputs
     // [kWarps][HG][D] reuse the space.
     __shared__ float big_s[kScoreFloats > kReduceFloats ? kScoreFloats : kReduceFloats];
-    // pool rows of the split's keys; with several splits per CTA two buffers, the next split's filled during this one
-    __shared__ int32_t row_buf[kSplitsPerCta > 1 ? 2 : 1][kMaxSplitKeys];
+    __shared__ int32_t row_s[kMaxSplitKeys];
     __shared__ float scratch[kWarps][HG];
     float (*p_s)[kMaxSplitKeys] = reinterpret_cast<float (*)[kMaxSplitKeys]>(big_s);
 
@@ -378,153 +361,111 @@ paged_attention_split_kernel(const PagedAttentionCudaArgs a, float * part_o /* [
     if (pdl) {
         pipelined::grid_launch_dependents();
     }
+    const int split = blockIdx.x;
     const int kvh = (int) blockIdx.y / kGroups;
     const int head0 = kvh * G + ((int) blockIdx.y % kGroups) * HG;
     const int t = blockIdx.z;
     const int tid = threadIdx.x;
     const int ctx = a.token_ctx_len[t];
     const int split_keys = split_keys_for(ctx);
-    const int split0 = (int) blockIdx.x * kSplitsPerCta;
-    if (split0 * split_keys >= ctx) {
+    const int k0 = split * split_keys;
+    if (k0 >= ctx) {
         return;  // beyond this row's context (the grid covers the most splits any row may have)
     }
     if (split_count(ctx) > n_splits) {
         return;  // a context longer than the block table allows: nothing is written (broken contract)
     }
+    const int nkeys = min(split_keys, ctx - k0);
     const int32_t stage_base = (int32_t) a.stage_base_row;  // INT32_MAX without streaming (launch)
-    const int k_first = split0 * split_keys;
-    load_split_inputs<D, HG, kThreads>(a, t, head0, k_first, min(split_keys, ctx - k_first), q_s, row_buf[0]);
+    load_split_inputs<D, HG, kThreads>(a, t, head0, k0, nkeys, q_s, row_s);
+
+    // Q.K: group g of TG threads takes keys g, g + NG, ...; lane li holds dims [8 li, 8 li + 8).
+    {
+        const int g = tid / TG;
+        const int li = tid % TG;
+        float qr[HG][8];
+#pragma unroll
+        for (int h = 0; h < HG; ++h) {
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+                qr[h][j] = q_s[h][li * 8 + j];
+            }
+        }
+        // Every thread runs the same number of iterations (the lane shuffles below need whole warps),
+        // and issues the loads of R keys before using any of them.
+        for (int base = 0; base < nkeys; base += R * NG) {
+            uint4 raw[R];
+#pragma unroll
+            for (int u = 0; u < R; ++u) {
+                const int i = base + u * NG + g;
+                raw[u] = i < nkeys ? *reinterpret_cast<const uint4 *>(kv_row(a.k_pool, a.k_stage, a.k_stride_row, row_s[i], stage_base, kvh * D + li * 8))
+                                   : make_uint4(0u, 0u, 0u, 0u);
+            }
+#pragma unroll
+            for (int u = 0; u < R; ++u) {
+                store_scores<HG, TG, kMaxSplitKeys>(qr, raw[u], base + u * NG + g, nkeys, li, a, p_s);
+            }
+        }
+    }
+    __syncthreads();
+
+    // The first round of V rows of this lane group (keys g, g + NG, ..., g + (R - 1) NG), in flight during the
+    // softmax when kPrefetchV.
+    const int g_pv = tid / TG;
+    const int li_pv = tid % TG;
+    auto load_v_round = [&](int base, uint4 (&raw)[R]) {
+#pragma unroll
+        for (int u = 0; u < R; ++u) {
+            const int i = base + u * NG;
+            raw[u] = i < nkeys ? *reinterpret_cast<const uint4 *>(kv_row(a.v_pool, a.v_stage, a.v_stride_row, row_s[i], stage_base, kvh * D + li_pv * 8))
+                               : make_uint4(0u, 0u, 0u, 0u);
+        }
+    };
+    uint4 v_first[R];
+    if (kPrefetchV) {
+        load_v_round(g_pv, v_first);
+    }
+
+    // Softmax over the split, all heads at once: max, exp, sum (fixed orders, see block_reduce).
     __shared__ float m_s[HG];
     __shared__ float l_s[HG];
-    for (int js = 0; js < kSplitsPerCta; ++js) {
-        const int split = split0 + js;
-        const int k0 = split * split_keys;
-        if (k0 >= ctx) {
-            break;  // the row ends before this split (the same for every thread)
-        }
-        const int nkeys = min(split_keys, ctx - k0);
-        const int32_t * row_s = row_buf[kSplitsPerCta > 1 ? (js & 1) : 0];
-        if (js > 0) {
-            __syncthreads();  // the last split's finish_split has read big_s, and this split's row indices are stored
-        }
+    softmax_split<HG, kThreads, kMaxSplitKeys>(p_s, nkeys, scratch, m_s, l_s);
+    // (block_reduce ended with __syncthreads: every p_s write is visible; m_s/l_s are read after the
+    // __syncthreads that follows P.V)
 
-        // Q.K: group g of TG threads takes keys g, g + NG, ...; lane li holds dims [8 li, 8 li + 8).
-        {
-            const int g = tid / TG;
-            const int li = tid % TG;
-            float qr[HG][8];
+    // P.V: NG keys in flight, TG threads per key, each thread 8 dims (16 bytes of V) of every head.
+    // Partial sums meet across the groups of a warp (lane butterfly), then across warps in order.
+    {
+        const int g = g_pv;
+        float acc[HG][8];
 #pragma unroll
-            for (int h = 0; h < HG; ++h) {
+        for (int h = 0; h < HG; ++h) {
 #pragma unroll
-                for (int j = 0; j < 8; ++j) {
-                    qr[h][j] = q_s[h][li * 8 + j];
-                }
+            for (int j = 0; j < 8; ++j) {
+                acc[h][j] = 0.0f;
             }
-            // Every thread runs the same number of iterations (the lane shuffles below need whole warps),
-            // and issues the loads of R keys before using any of them.
-            for (int base = 0; base < nkeys; base += R * NG) {
-                uint4 raw[R];
+        }
+        for (int base = g; base < nkeys; base += R * NG) {
+            uint4 raw[R];
+            if (kPrefetchV && base == g) {
 #pragma unroll
                 for (int u = 0; u < R; ++u) {
-                    const int i = base + u * NG + g;
-                    raw[u] = i < nkeys ? *reinterpret_cast<const uint4 *>(kv_row(a.k_pool, a.k_stage, a.k_stride_row,
-                                                                                 row_s[i], stage_base,
-                                                                                 kvh * D + li * 8))
-                                       : make_uint4(0u, 0u, 0u, 0u);
+                    raw[u] = v_first[u];
                 }
-#pragma unroll
-                for (int u = 0; u < R; ++u) {
-                    store_scores<HG, TG, kMaxSplitKeys>(qr, raw[u], base + u * NG + g, nkeys, li, a, p_s);
-                }
+            } else {
+                load_v_round(base, raw);
             }
-        }
-        __syncthreads();
-
-        // Several splits per CTA: the next split's pool row indices into registers, stored after this split's P.V.
-        constexpr int kRowsPerThread = (kMaxSplitKeys + kThreads - 1) / kThreads;
-        int32_t next_rows[kSplitsPerCta > 1 ? kRowsPerThread : 1];
-        const int next_k0 = k0 + split_keys;
-        const int next_nkeys =
-            kSplitsPerCta > 1 && js + 1 < kSplitsPerCta && next_k0 < ctx ? min(split_keys, ctx - next_k0) : 0;
-        if (kSplitsPerCta > 1) {
-            const int32_t * table = a.block_tables + (int64_t) a.token_seq_idx[t] * a.block_table_stride;
-#pragma unroll
-            for (int r = 0; r < kRowsPerThread; ++r) {
-                const int i = tid + r * kThreads;
-                if (i < next_nkeys) {
-                    const int p = next_k0 + i;
-                    next_rows[r] = table[p / a.block_size] * a.block_size + p % a.block_size;
-                }
-            }
-        }
-
-        // The first round of V rows of this lane group (keys g, g + NG, ..., g + (R - 1) NG), in flight during the
-        // softmax when kPrefetchV.
-        const int g_pv = tid / TG;
-        const int li_pv = tid % TG;
-        auto load_v_round = [&](int base, uint4 (&raw)[R]) {
 #pragma unroll
             for (int u = 0; u < R; ++u) {
                 const int i = base + u * NG;
-                raw[u] = i < nkeys ? *reinterpret_cast<const uint4 *>(kv_row(a.v_pool, a.v_stage, a.v_stride_row,
-                                                                             row_s[i], stage_base, kvh * D + li_pv * 8))
-                                   : make_uint4(0u, 0u, 0u, 0u);
-            }
-        };
-        uint4 v_first[R];
-        if (kPrefetchV) {
-            load_v_round(g_pv, v_first);
-        }
-
-        // Softmax over the split, all heads at once: max, exp, sum (fixed orders, see block_reduce).
-        softmax_split<HG, kThreads, kMaxSplitKeys>(p_s, nkeys, scratch, m_s, l_s);
-        // (block_reduce ended with __syncthreads: every p_s write is visible; m_s/l_s are read after the
-        // __syncthreads that follows P.V)
-
-        // P.V: NG keys in flight, TG threads per key, each thread 8 dims (16 bytes of V) of every head.
-        // Partial sums meet across the groups of a warp (lane butterfly), then across warps in order.
-        {
-            const int g = g_pv;
-            float acc[HG][8];
-#pragma unroll
-            for (int h = 0; h < HG; ++h) {
-#pragma unroll
-                for (int j = 0; j < 8; ++j) {
-                    acc[h][j] = 0.0f;
+                if (i >= nkeys) {
+                    break;
                 }
-            }
-            for (int base = g; base < nkeys; base += R * NG) {
-                uint4 raw[R];
-                if (kPrefetchV && base == g) {
-#pragma unroll
-                    for (int u = 0; u < R; ++u) {
-                        raw[u] = v_first[u];
-                    }
-                } else {
-                    load_v_round(base, raw);
-                }
-#pragma unroll
-                for (int u = 0; u < R; ++u) {
-                    const int i = base + u * NG;
-                    if (i >= nkeys) {
-                        break;
-                    }
-                    accumulate_pv<HG, kMaxSplitKeys>(acc, raw[u], i, p_s);
-                }
-            }
-            finish_split<D, HG, kThreads>(acc, big_s, m_s, l_s, a, t, head0, split, ctx <= split_keys, part_o, part_ml,
-                                         n_splits);
-        }
-        if (kSplitsPerCta > 1) {  // the other buffer: its last reads were the previous split's, before this split began
-            int32_t * next = row_buf[kSplitsPerCta > 1 ? ((js + 1) & 1) : 0];
-#pragma unroll
-            for (int r = 0; r < kRowsPerThread; ++r) {
-                const int i = tid + r * kThreads;
-                if (i < next_nkeys) {
-                    next[i] = next_rows[r];
-                }
+                accumulate_pv<HG, kMaxSplitKeys>(acc, raw[u], i, p_s);
             }
         }
+        finish_split<D, HG, kThreads>(acc, big_s, m_s, l_s, a, t, head0, split, ctx <= split_keys, part_o, part_ml,
+                                     n_splits);
     }
 }
 
