@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# For the next stop's device run (stop 49 ran out of device time after one round of the staged combine):
+# Stop 50's device run (stop 49 ran out of device time after one round of the staged combine; written there as
+# job_next.sh, reordered here so that what matters most finishes first within the device time left):
 # scripts/device_poll.sh, results under /tmp/res, last line of /tmp/res/run.log "[time] exit 0"; carry
 # ["_carry/llama.cpp", "_carry/tokenizer.gguf", "_carry/wheels", "_carry/old48", "_carry/flashinfer"] (_carry/old48:
 # paged_attention_two_pass.cuh of commit 4a512b4, stop 48's combine kernel; a binary would overrun the 64 MiB carry).
@@ -7,11 +8,10 @@
 # 1. the CUDA build, beside it two standalone test binaries: `tpa_c` (this tree; its correctness tests run then, they
 #    time nothing) and `tpa` (the kernel sources with stop 48's two-pass header);
 # 2. timings alone: tpa vs tpa_c --bench (every decode shape: the combine's occupancy halved, so the large grids
-#    too), alternating twice, and tpa_c's long shapes with CACHEFLOW_PA_PDL=1; ncu's per-kernel durations of tpa_c's
-#    long shapes;
+#    too), and tpa_c's long shapes with CACHEFLOW_PA_PDL=1; ncu's per-kernel durations of tpa_c's long shapes;
 # 3. the engine's decode with the staged combine: B=256 and 64 at 128/128, B=8 at 8K, each against its own
 #    llama-batched-bench;
-# 4. the whole GPU suite (not run since stop 46); 5. FlashInfer side by side (issue 11).
+# 4. the whole GPU suite (not run since stop 46); 5. a second A/B round; 6. FlashInfer side by side (issue 11).
 # Keep polling: a machine with no call in flight goes back, and the job with it.
 set -u
 cd "$(dirname "$0")/../../.."
@@ -32,12 +32,13 @@ grep -v "] exit " /tmp/res/b/run.log | tail -2 >> /tmp/res/run.log  # not its ex
 wait
 say "tpa_c: tests, run during the build"
 grep -E "PASS|FAIL|failed|^rc" /tmp/res/k/tests_c.txt | cut -c1-170 >> /tmp/res/run.log
-for round in 1 2; do
+ab_round() {
+  local round=$1 bin name
   for bin in /tmp/tpa /tmp/tpa_c; do
     name=$(basename "$bin")
     say "combine A/B round $round: $name --bench (default loads, timings only)"
-    CF_BENCH_SKIP_TESTS=1 CF_BENCH_DEFAULT_ONLY=1 "$bin" --bench > "/tmp/res/k/long_${name}_$round.txt" 2>&1
-    grep -E "bench decode|copy" "/tmp/res/k/long_${name}_$round.txt" | sed 's/heads 32\/8 //; s/ max|diff| 0.0e+00//' \
+    CF_BENCH_SKIP_TESTS=1 CF_BENCH_DEFAULT_ONLY=1 "$bin" --bench > "/tmp/res/k/bench_${name}_$round.txt" 2>&1
+    grep -E "bench decode|copy" "/tmp/res/k/bench_${name}_$round.txt" | sed 's/heads 32\/8 //; s/ max|diff| 0.0e+00//' \
         | cut -c1-150 >> /tmp/res/run.log
   done
   say "round $round: tpa_c --bench long with CACHEFLOW_PA_PDL=1 (PDL between the split and the combine on every grid)"
@@ -45,7 +46,8 @@ for round in 1 2; do
       > "/tmp/res/k/long_tpa_c_pdl_$round.txt" 2>&1
   grep -E "bench decode" "/tmp/res/k/long_tpa_c_pdl_$round.txt" | sed 's/heads 32\/8 //; s/ max|diff| 0.0e+00//' \
       | cut -c1-150 >> /tmp/res/run.log
-done
+}
+ab_round 1
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 for shape in 1,8192,64 8,8192,64 1,32768,64 4,32768,64; do
   say "ncu tpa_c $shape"
@@ -62,6 +64,7 @@ OUT=/tmp/res/d8 STAGES="decode" NPP=8192 NPL="8" ITER="2" DECODE_MODES=paged DEC
 grep -E "decode:|ratio_tg|median" /tmp/res/d8/run.log >> /tmp/res/run.log
 OUT=/tmp/res/t STAGES="tests" bash scripts/h200_gpu_tests.sh
 grep -E "passed|failed" /tmp/res/t/run.log | tail -2 >> /tmp/res/run.log
+ab_round 2
 OUT=/tmp/res/f STAGES="flashinfer" bash scripts/h200_gpu_tests.sh
 grep -E "ctx=(8192|32768)|copy" /tmp/res/f/flashinfer_vs_cacheflow.txt | head -40 >> /tmp/res/run.log
 say "exit 0"
