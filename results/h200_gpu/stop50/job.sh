@@ -8,9 +8,10 @@
 # 1. the CUDA build, beside it two standalone test binaries: `tpa_c` (this tree; its correctness tests run then, they
 #    time nothing) and `tpa` (the kernel sources with stop 48's two-pass header);
 # 2. timings alone: tpa vs tpa_c --bench (every decode shape: the combine's occupancy halved, so the large grids
-#    too), and tpa_c's long shapes with CACHEFLOW_PA_PDL=1; ncu's per-kernel durations of tpa_c's long shapes;
-# 3. the engine's decode with the staged combine: B=256 and 64 at 128/128, B=8 at 8K, each against its own
-#    llama-batched-bench;
+#    too), tpa_c's combine kernel against its last-CTA merge (stop 50, CF_BENCH_LAST_CTA), and tpa_c's long shapes
+#    with CACHEFLOW_PA_PDL=1; ncu's per-kernel durations of tpa_c's long shapes;
+# 3. the engine's decode with the staged combine, and with CACHEFLOW_PA_COMBINE=last_cta: B=256 and 64 at 128/128,
+#    B=8 at 8K, each against its own llama-batched-bench;
 # 4. the whole GPU suite (not run since stop 46); 5. a second A/B round; 6. FlashInfer side by side (issue 11).
 # Keep polling: a machine with no call in flight goes back, and the job with it.
 set -u
@@ -41,6 +42,11 @@ ab_round() {
     grep -E "bench decode|copy" "/tmp/res/k/bench_${name}_$round.txt" | sed 's/heads 32\/8 //; s/ max|diff| 0.0e+00//' \
         | cut -c1-150 >> /tmp/res/run.log
   done
+  say "round $round: tpa_c --bench, the combine kernel against the last-CTA merge (CF_BENCH_LAST_CTA, same binary)"
+  CF_BENCH_LAST_CTA=1 CF_BENCH_SKIP_TESTS=1 CF_BENCH_DEFAULT_ONLY=1 /tmp/tpa_c --bench \
+      > "/tmp/res/k/bench_last_cta_$round.txt" 2>&1
+  grep -E "bench decode|copy" "/tmp/res/k/bench_last_cta_$round.txt" | sed 's/heads 32\/8 //; s/ max|diff| 0.0e+00//' \
+      | cut -c1-150 >> /tmp/res/run.log
   say "round $round: tpa_c --bench long with CACHEFLOW_PA_PDL=1 (PDL between the split and the combine on every grid)"
   CACHEFLOW_PA_PDL=1 CF_BENCH_SKIP_TESTS=1 CF_BENCH_DEFAULT_ONLY=1 /tmp/tpa_c --bench long \
       > "/tmp/res/k/long_tpa_c_pdl_$round.txt" 2>&1
@@ -56,10 +62,11 @@ for shape in 1,8192,64 8,8192,64 1,32768,64 4,32768,64; do
       > "/tmp/res/k/ncu_tpa_c_${shape//,/_}.txt" 2>&1
   grep -E "^  [a-z_].*\(|gpu__time_duration" "/tmp/res/k/ncu_tpa_c_${shape//,/_}.txt" | cut -c1-120 >> /tmp/res/run.log
 done
-OUT=/tmp/res/d STAGES="decode" NPL="256 64" ITER="3" DECODE_MODES=paged DECODE_PA_KERNELS="default" \
+OUT=/tmp/res/d STAGES="decode" NPL="256 64" ITER="3" DECODE_MODES=paged DECODE_PA_KERNELS="default CACHEFLOW_PA_COMBINE=last_cta" \
     bash scripts/h200_gpu_tests.sh
 grep -E "decode:|ratio_tg|median" /tmp/res/d/run.log >> /tmp/res/run.log
-OUT=/tmp/res/d8 STAGES="decode" NPP=8192 NPL="8" ITER="2" DECODE_MODES=paged DECODE_PA_KERNELS="default" \
+OUT=/tmp/res/d8 STAGES="decode" NPP=8192 NPL="8" ITER="2" DECODE_MODES=paged \
+    DECODE_PA_KERNELS="default CACHEFLOW_PA_COMBINE=last_cta" \
     bash scripts/h200_gpu_tests.sh
 grep -E "decode:|ratio_tg|median" /tmp/res/d8/run.log >> /tmp/res/run.log
 OUT=/tmp/res/t STAGES="tests" bash scripts/h200_gpu_tests.sh
