@@ -12,7 +12,8 @@
 #    with CACHEFLOW_PA_PDL=1; ncu's per-kernel durations of tpa_c's long shapes;
 # 3. the engine's decode with the staged combine, and with CACHEFLOW_PA_COMBINE=last_cta: B=256 and 64 at 128/128,
 #    B=8 at 8K, each against its own llama-batched-bench;
-# 4. the GPU suite (not run since stop 46) but its standalone kernel test (tpa_c's, run in 1); 5. a second A/B round; 6. FlashInfer side by side (issue 11).
+# 4. the GPU suite (not run since stop 46) but its standalone kernel test (tpa_c's, run in 1); 5. a second A/B
+#    round; 6. FlashInfer side by side (issue 11).
 # Keep polling: a machine with no call in flight goes back, and the job with it.
 set -u
 cd "$(dirname "$0")/../../.."
