@@ -34,9 +34,9 @@ grep -v "] exit " /tmp/res/b/run.log | tail -2 >> /tmp/res/run.log  # not its ex
 wait
 say "tpa_c: tests, run during the build"
 grep -E "PASS|FAIL|failed|^rc" /tmp/res/k/tests_c.txt | cut -c1-170 >> /tmp/res/run.log
-ab_round() {
+ab_round() {  # round [bins]: tpa / tpa_c --bench each (the staged combine's A/B), then the last-CTA and PDL benches
   local round=$1 bin name
-  for bin in /tmp/tpa /tmp/tpa_c; do
+  for bin in ${2:-}; do
     name=$(basename "$bin")
     say "combine A/B round $round: $name --bench (default loads, timings only)"
     CF_BENCH_SKIP_TESTS=1 CF_BENCH_DEFAULT_ONLY=1 "$bin" --bench > "/tmp/res/k/bench_${name}_$round.txt" 2>&1
@@ -54,7 +54,7 @@ ab_round() {
   grep -E "bench decode" "/tmp/res/k/long_tpa_c_pdl_$round.txt" | sed 's/heads 32\/8 //; s/ max|diff| 0.0e+00//' \
       | cut -c1-150 >> /tmp/res/run.log
 }
-ab_round 1
+ab_round 1  # (the staged combine's A/B in round 2, after the suite: device time)
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 for shape in 1,8192,64 8,8192,64 1,32768,64 4,32768,64; do
   say "ncu tpa_c $shape"
@@ -73,7 +73,7 @@ grep -E "decode:|ratio_tg|median" /tmp/res/d8/run.log >> /tmp/res/run.log
 # the suite without its standalone kernel test (~210 s), which tpa_c ran above (the same source, built the same way)
 OUT=/tmp/res/t STAGES="tests" GPU_TESTS_K="not test_paged_attention_cuda_matches_reference" bash scripts/h200_gpu_tests.sh
 grep -E "passed|failed" /tmp/res/t/run.log | tail -2 >> /tmp/res/run.log
-ab_round 2
+ab_round 2 "/tmp/tpa /tmp/tpa_c"
 OUT=/tmp/res/f STAGES="flashinfer" bash scripts/h200_gpu_tests.sh
 grep -E "ctx=(8192|32768)|copy" /tmp/res/f/flashinfer_vs_cacheflow.txt | head -40 >> /tmp/res/run.log
 say "exit 0"
