@@ -63,7 +63,8 @@ for shape in 1,8192,64 8,8192,64 1,32768,64 4,32768,64; do
       > "/tmp/res/k/ncu_tpa_c_${shape//,/_}.txt" 2>&1
   grep -E "^  [a-z_].*\(|gpu__time_duration" "/tmp/res/k/ncu_tpa_c_${shape//,/_}.txt" | cut -c1-120 >> /tmp/res/run.log
 done
-OUT=/tmp/res/d STAGES="decode" NPL="256 64" ITER="3" DECODE_MODES=paged DECODE_PA_KERNELS="default CACHEFLOW_PA_COMBINE=last_cta" \
+OUT=/tmp/res/d STAGES="decode" NPL="256 64" ITER="3" DECODE_MODES=paged \
+    DECODE_PA_KERNELS="default CACHEFLOW_PA_COMBINE=last_cta" \
     bash scripts/h200_gpu_tests.sh
 grep -E "decode:|ratio_tg|median" /tmp/res/d/run.log >> /tmp/res/run.log
 OUT=/tmp/res/d8 STAGES="decode" NPP=8192 NPL="8" ITER="2" DECODE_MODES=paged \
@@ -71,7 +72,8 @@ OUT=/tmp/res/d8 STAGES="decode" NPP=8192 NPL="8" ITER="2" DECODE_MODES=paged \
     bash scripts/h200_gpu_tests.sh
 grep -E "decode:|ratio_tg|median" /tmp/res/d8/run.log >> /tmp/res/run.log
 # the suite without its standalone kernel test (~210 s), which tpa_c ran above (the same source, built the same way)
-OUT=/tmp/res/t STAGES="tests" GPU_TESTS_K="not test_paged_attention_cuda_matches_reference" bash scripts/h200_gpu_tests.sh
+OUT=/tmp/res/t STAGES="tests" GPU_TESTS_K="not test_paged_attention_cuda_matches_reference" \
+    bash scripts/h200_gpu_tests.sh
 grep -E "passed|failed" /tmp/res/t/run.log | tail -2 >> /tmp/res/run.log
 ab_round 2 "/tmp/tpa /tmp/tpa_c"
 OUT=/tmp/res/f STAGES="flashinfer" bash scripts/h200_gpu_tests.sh

@@ -368,12 +368,13 @@ cudaError_t launch(const PagedAttentionCudaArgs & args, const Plan & plan, void 
     const bool narrow8 = !one_head && (plan.loads == kPagedLoadsNarrow8 ||
                                        (plan.loads_by_grid && plan.loads == kPagedLoadsNarrow &&
                                         bounded_for_grid<D, G>(group_ctas)));
-    // The last-CTA merge (PagedCombine): whole groups in narrow8 (every whole-group load shape: the same bits), one head
-    // per CTA narrow or wide. Narrow with the registers bounded as narrow8's (bounded_ctas), where the merge's code
-    // would otherwise raise them (ptxas sm_90, D 64 / G 4: whole groups 72 -> 89, one head 46 -> 96).
+    // The last-CTA merge (PagedCombine): whole groups in narrow8 (every whole-group load shape: the same bits), one
+    // head per CTA narrow or wide. Narrow with the registers bounded as narrow8's (bounded_ctas), where the merge's
+    // code would otherwise raise them (ptxas sm_90, D 64 / G 4: whole groups 72 -> 89, one head 46 -> 96).
     constexpr bool kLast = true;
+    constexpr int kGroupCtas = bounded_ctas(D, G);
     auto kernel = plan.last_cta
-                      ? (!one_head ? paged_attention_split_kernel<D, G, kRowsInFlight, false, G, bounded_ctas(D, G), kLast>
+                      ? (!one_head ? paged_attention_split_kernel<D, G, kRowsInFlight, false, G, kGroupCtas, kLast>
                          : plan.loads == kPagedLoadsWide
                              ? paged_attention_split_kernel<D, G, kRowsInFlightWide, true, 1, 1, kLast>
                              : paged_attention_split_kernel<D, G, kRowsInFlight, false, 1, bounded_ctas(D, 1), kLast>)

@@ -395,13 +395,15 @@ __device__ void combine_splits(const PagedAttentionCudaArgs & a, int t, int head
 #pragma unroll
         for (int v = 0; v < kVecs; ++v) {
             const int q = tid + v * kCombineThreads;
-            next[v] = q < n4 ? load_state<kViaL2>(po4 + (int64_t) s0 * (D / 4) + q) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            next[v] = q < n4 ? load_state<kViaL2>(po4 + (int64_t) s0 * (D / 4) + q)
+                             : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         }
     };
     load_round(0);
     float mx = -INFINITY;
     for (int s = tid; s < ns; s += kCombineThreads) {
-        const float2 ml = load_state<kViaL2>(reinterpret_cast<const float2 *>(part_ml + 2 * (base + s)));  // 8-byte aligned
+        // 8-byte aligned
+        const float2 ml = load_state<kViaL2>(reinterpret_cast<const float2 *>(part_ml + 2 * (base + s)));
         mx = fmaxf(mx, ml.x);
         if (s < kChunk) {  // the first chunk's states, kept for its weights
             w_s[s] = ml.x;
@@ -430,7 +432,8 @@ __device__ void combine_splits(const PagedAttentionCudaArgs & a, int t, int head
             if (c0 > 0) {
                 __syncthreads();  // the previous chunk's weights are no longer read
                 for (int s = tid; s < nc; s += kCombineThreads) {
-                    const float2 ml = load_state<kViaL2>(reinterpret_cast<const float2 *>(part_ml + 2 * (base + c0 + s)));
+                    const float2 ml =
+                        load_state<kViaL2>(reinterpret_cast<const float2 *>(part_ml + 2 * (base + c0 + s)));
                     w_s[s] = ml.x;
                     l_s[s] = ml.y;
                 }
