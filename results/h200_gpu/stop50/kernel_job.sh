@@ -7,7 +7,7 @@
 # Order: 1. tpa_c's correctness tests (every two-pass variant including the last-CTA merge, D 64/128/256, long rows,
 # prefill); 2. the combine kernel against the last-CTA merge on every decode shape (CF_BENCH_LAST_CTA), twice;
 # 3. ncu's per-kernel durations at the long shapes with either merge; 4. tpa vs tpa_c --bench (the staged combine
-# of stop 49 against stop 48's), 5. a second last-CTA round.
+# of stop 49 against stop 48's).
 set -u
 cd "$(dirname "$0")/../../.."
 mkdir -p /tmp/res/k
@@ -46,5 +46,4 @@ for bin in tpa tpa_c; do
   CF_BENCH_SKIP_TESTS=1 CF_BENCH_DEFAULT_ONLY=1 $B/$bin --bench > "/tmp/res/k/bench_${bin}.txt" 2>&1
   grep -E "bench decode|copy" "/tmp/res/k/bench_${bin}.txt" | strip_line >> /tmp/res/run.log
 done
-last_cta_round 3
 say "exit 0"
