@@ -21,8 +21,9 @@
 #define __shared__ static
 #define __forceinline__ inline
 #define __launch_bounds__(...)
-// the split kernel's dynamic shared memory (combine_if_last): one static array, as __shared__ is here
-#define CF_DYNAMIC_SHARED(type, name) alignas(16) static type name[8192 / sizeof(type) * 4]
+// the split kernel's dynamic shared memory (combine_if_last): one static array of the launch's size, as __shared__ is
+// here
+#define CF_DYNAMIC_SHARED(type, name) alignas(16) static type name[kLastCtaSmemBytes / sizeof(type)]
 #include <cuda_fp16.h>
 #include <vector_functions.h>
 #include <vector_types.h>

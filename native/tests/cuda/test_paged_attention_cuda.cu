@@ -732,6 +732,11 @@ void bench_decode(int batch, int ctx, int D, int n_head, int n_head_kv, const st
         const double us = time_layer_us(a, ws.ptr);
         const std::vector<float> out = d_out.download();
         const double us_graph = time_layer_us_graph(a, ws.ptr, d_k_all.ptr, d_v_all.ptr, pool.size(), copies);
+        // the graph's replays (PDL and the last-CTA merge's counts included) must leave the bits the launches did
+        const std::vector<float> out_graph = d_out.download();
+        expect(std::memcmp(out_graph.data(), out.data(), out.size() * sizeof(float)) == 0,
+               "bench B=" + std::to_string(batch) + " ctx=" + std::to_string(ctx) + " " + label_of(v) +
+                   ": the graph's replays give other bits than the launches");
         double diff = 0;
         if (first.empty()) {
             first = out;

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Stop 50, kernel-only fallback for job.sh once device time no longer covered the CUDA build (959 s left after nine
 # calls that found no machine): the standalone test binaries built here and carried (carry ["_carry/bin50"], ~20 MB):
-# tpa_c = this tree's native/src/kernels/cuda + native/tests/cuda/test_paged_attention_cuda.cu (commit f759994's
-# sources), tpa = commit 32038b8's with stop 48's two-pass header (_carry/old48), nvcc 13.0 -arch=sm_90 -O3
-# --use_fast_math, stripped. Run with scripts/device_poll.sh; results under /tmp/res, last line "[time] exit 0".
+# tpa_c = native/src/kernels/cuda + native/tests/cuda/test_paged_attention_cuda.cu of the commit that last changed
+# this line's neighbours ("last-CTA merge: review fixes"), tpa = commit 32038b8's with stop 48's two-pass header
+# (_carry/old48); nvcc 13.0 -arch=sm_90 -O3 --use_fast_math, stripped. Run with scripts/device_poll.sh; results under /tmp/res, last line "[time] exit 0".
 # Order: 1. tpa_c's correctness tests (every two-pass variant including the last-CTA merge, D 64/128/256, long rows,
 # prefill); 2. the combine kernel against the last-CTA merge on every decode shape (CF_BENCH_LAST_CTA), twice;
 # 3. ncu's per-kernel durations at the long shapes with either merge; 4. tpa vs tpa_c --bench (the staged combine

@@ -10,6 +10,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
+#include <set>
+#include <utility>
 
 namespace cf {
 namespace cuda {
@@ -311,10 +314,25 @@ cudaError_t launch_ex(void (*kernel)(Params...), dim3 grid, dim3 block, bool pdl
 }
 
 // Lets `kernel` take two_pass::kLastCtaSmemBytes of dynamic shared memory beside its static shared memory (more than
-// the 48 KB a launch gets without asking, at head size 256 and GQA 8). Set at every such launch: a host-side attribute
-// (no stream work, so also while a graph is captured), and these launches are opt-in.
-template <typename Kernel> cudaError_t allow_last_cta_smem(Kernel kernel) {
-    return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) two_pass::kLastCtaSmemBytes);
+// the 48 KB a launch gets without asking, at head size 256 and GQA 8): a host-side attribute (no stream work, so also
+// while a graph is captured), set once per kernel and device.
+cudaError_t allow_last_cta_smem(const void * kernel) {
+    static std::mutex mu;
+    static std::set<std::pair<const void *, int>> done;
+    int dev = 0;
+    cudaError_t err = cudaGetDevice(&dev);
+    if (err != cudaSuccess) {
+        return err;
+    }
+    std::lock_guard<std::mutex> lock(mu);
+    if (done.count({kernel, dev}) == 0) {
+        err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   (int) two_pass::kLastCtaSmemBytes);
+        if (err == cudaSuccess) {
+            done.insert({kernel, dev});
+        }
+    }
+    return err;
 }
 
 template <int D, int G>
@@ -368,26 +386,30 @@ cudaError_t launch(const PagedAttentionCudaArgs & args, const Plan & plan, void 
     const bool narrow8 = !one_head && (plan.loads == kPagedLoadsNarrow8 ||
                                        (plan.loads_by_grid && plan.loads == kPagedLoadsNarrow &&
                                         bounded_for_grid<D, G>(group_ctas)));
-    // The last-CTA merge (PagedCombine): whole groups in narrow8 (every whole-group load shape: the same bits), one
-    // head per CTA narrow or wide. Narrow with the registers bounded as narrow8's (bounded_ctas), where the merge's
-    // code would otherwise raise them (ptxas sm_90, D 64 / G 4: whole groups 72 -> 89, one head 46 -> 96).
-    constexpr bool kLast = true;
-    constexpr int kGroupCtas = bounded_ctas(D, G);
-    auto kernel = plan.last_cta
-                      ? (!one_head ? paged_attention_split_kernel<D, G, kRowsInFlight, false, G, kGroupCtas, kLast>
-                         : plan.loads == kPagedLoadsWide
-                             ? paged_attention_split_kernel<D, G, kRowsInFlightWide, true, 1, 1, kLast>
-                             : paged_attention_split_kernel<D, G, kRowsInFlight, false, 1, bounded_ctas(D, 1), kLast>)
-                  : narrow8 ? paged_attention_split_kernel<D, G, kRowsInFlight, false, G, bounded_ctas(D, G)>
+    auto kernel = narrow8 ? paged_attention_split_kernel<D, G, kRowsInFlight, false, G, bounded_ctas(D, G)>
                   : one_head
                       ? (plan.loads == kPagedLoadsWide ? paged_attention_split_kernel<D, G, kRowsInFlightWide, true, 1>
                                                        : paged_attention_split_kernel<D, G, kRowsInFlight, false, 1>)
                   : plan.loads == kPagedLoadsWide     ? paged_attention_split_kernel<D, G, kRowsInFlightWide, true>
                   : plan.loads == kPagedLoadsNarrowPf ? paged_attention_split_kernel<D, G, kRowsInFlight, true>
                                                       : paged_attention_split_kernel<D, G, kRowsInFlight, false>;
+    // The last-CTA merge (PagedCombine; plan_for sets last_cta only at kCombineThreads threads per CTA): whole groups
+    // in narrow8 (every whole-group load shape: the same bits), one head per CTA narrow or wide. Narrow with the
+    // registers bounded as narrow8's (bounded_ctas), where the merge's code would otherwise raise them (ptxas sm_90,
+    // D 64 / G 4: whole groups 72 -> 89, one head 46 -> 96).
+    if constexpr (threads_for(D) == kCombineThreads) {
+        constexpr bool kLast = true;
+        if (plan.last_cta) {
+            constexpr int kGroupCtas = bounded_ctas(D, G);
+            kernel = !one_head ? paged_attention_split_kernel<D, G, kRowsInFlight, false, G, kGroupCtas, kLast>
+                     : plan.loads == kPagedLoadsWide
+                         ? paged_attention_split_kernel<D, G, kRowsInFlightWide, true, 1, 1, kLast>
+                         : paged_attention_split_kernel<D, G, kRowsInFlight, false, 1, bounded_ctas(D, 1), kLast>;
+        }
+    }
     const dim3 hgrid((unsigned) n_splits, (unsigned) (a.n_head_kv * (plan.one_head ? G : 1)), (unsigned) a.n_tokens);
     const size_t smem = plan.last_cta ? two_pass::kLastCtaSmemBytes : 0;
-    cudaError_t err = plan.last_cta ? allow_last_cta_smem(kernel) : cudaSuccess;
+    cudaError_t err = plan.last_cta ? allow_last_cta_smem(reinterpret_cast<const void *>(kernel)) : cudaSuccess;
     if (err == cudaSuccess) {
         err = launch_ex_smem(kernel, hgrid, dim3(threads_for(D)), smem, plan.pdl, stream, a, part_o, part_ml, n_splits,
                              plan.pdl);

@@ -493,7 +493,9 @@ __device__ void combine_splits(const PagedAttentionCudaArgs & a, int t, int head
 // bits: the merge is combine_splits, split by split in order, whatever CTA runs it.
 // Limits (the launcher checks them, else it launches the combine kernel): at most kArrivalSlots (token, head group)
 // pairs per launch, threads_for(D) == kCombineThreads. The counts are one array per device and module: two streams
-// that ran such launches at the same time would mix them (the engine runs attention on one stream).
+// that ran such launches at the same time would mix them, and a count left above zero would then make later merges of
+// its slot start early until the module is reloaded (the engine runs attention on one stream; counts in the
+// workspace, zeroed by a memset node per launch, would lift this at the cost of that node).
 constexpr int kArrivalSlots = 1 << 16;
 static __device__ unsigned int g_split_arrivals[kArrivalSlots];  // zero at module load, zero again after each launch
 // The last CTA's staging: chunks of 256 splits' weights (2 KB; longer rows go through several, as in the combine
@@ -521,6 +523,7 @@ __device__ void combine_if_last(const PagedAttentionCudaArgs & a, int t, int hea
         last_s = atomicAdd(&g_split_arrivals[slot], 1u) == (unsigned) ns - 1u;
         if (last_s) {
             atomicExch(&g_split_arrivals[slot], 0u);  // all ns have arrived: nothing else counts here this launch
+            __threadfence();  // (acquire) in the thread that saw the count, before the barrier passes it on
         }
     }
     __syncthreads();
