@@ -44,8 +44,5 @@ def test_cuda_paged_attention_kernels_emulated_on_the_cpu(tmp_path: Path) -> Non
     result = subprocess.run([str(exe), "--quick"], capture_output=True, text=True, check=False, timeout=1200)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "PASS" in result.stdout
-    # 2 cases x 12 kernels: load shapes, head placements, the last-CTA merge, CTA widths
-    assert result.stdout.count("invariant yes ok") == 24, result.stdout
-    assert " last     : " in result.stdout and " one_last : " in result.stdout, result.stdout
-    # the combine alone, D 64 and 256, in the combine kernel's and the last-CTA merge's staging
-    assert result.stdout.count("bits of the serial merge ok") == 4, result.stdout
+    assert result.stdout.count("invariant yes ok") == 20, result.stdout  # 2 cases x 10 kernels, load shapes, head placements, CTA widths
+    assert result.stdout.count("bits of the serial merge ok") == 2, result.stdout  # the combine alone, D 64 and 256

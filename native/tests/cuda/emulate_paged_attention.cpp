@@ -21,9 +21,6 @@
 #define __shared__ static
 #define __forceinline__ inline
 #define __launch_bounds__(...)
-// the split kernel's dynamic shared memory (combine_if_last): one static array of the launch's size, as __shared__ is
-// here
-#define CF_DYNAMIC_SHARED(type, name) alignas(16) static type name[kLastCtaSmemBytes / sizeof(type)]
 #include <cuda_fp16.h>
 #include <vector_functions.h>
 #include <vector_types.h>
@@ -57,11 +54,6 @@ template <class T> T __shfl_xor_sync(unsigned, T v, int off, int = 32) {
     g_warp_bar[w]->arrive_and_wait();
     return r;
 }
-// The last-CTA merge's device memory operations (combine_if_last); CTAs run one at a time, so plain ones suffice.
-inline void __threadfence() {}
-template <class T> T __ldcg(const T * p) { return *p; }
-inline unsigned atomicAdd(unsigned * p, unsigned v) { const unsigned old = *p; *p = old + v; return old; }
-inline unsigned atomicExch(unsigned * p, unsigned v) { const unsigned old = *p; *p = v; return old; }
 #include "paged_attention_pipelined.cuh"
 #include "paged_attention_two_pass.cuh"
 #include "paged_attention_warp_split.cuh"
@@ -70,14 +62,11 @@ using namespace cf::cuda;
 // The kernels under test: the two-pass kernel in a load shape, the warp-split kernel in a load shape, or the
 // pipelined kernel in a register budget (tile rows 8 or 4).
 // warp1: the warp-split kernel's one-warp CTAs (small grids), wide rounds. one / one_wide: the two-pass kernel with
-// one query head per CTA (PagedHeads), narrow or wide loads. last / one_last: narrow, whole groups or one head per
-// CTA, with the merge in each row's last split CTA (PagedCombine kPagedCombineLastCta; its CTAs run in a shuffled
-// order, so that any split may be the last to arrive).
-enum class Kern { narrow, narrow_pf, wide, one, one_wide, last, one_last, warp, warp_narrow, warp1, pipelined,
-                  pipelined_narrow };
+// one query head per CTA (PagedHeads), narrow or wide loads.
+enum class Kern { narrow, narrow_pf, wide, one, one_wide, warp, warp_narrow, warp1, pipelined, pipelined_narrow };
 const std::vector<Kern> kAll = {Kern::narrow,      Kern::narrow_pf, Kern::wide,        Kern::one,
-                                Kern::one_wide,    Kern::last,      Kern::one_last,    Kern::warp,
-                                Kern::warp_narrow, Kern::warp1,     Kern::pipelined,   Kern::pipelined_narrow};
+                                Kern::one_wide,    Kern::warp,      Kern::warp_narrow, Kern::warp1,
+                                Kern::pipelined,   Kern::pipelined_narrow};
 
 static_assert(two_pass::threads_for(64) == 128 && two_pass::threads_for(256) == 128, "the pool runs 128 lanes");
 
@@ -123,17 +112,11 @@ std::pair<float *, float *> partials(std::vector<float> & ws, const PagedAttenti
     return {ws.data(), ws.data() + (size_t) a.n_tokens * a.n_head * n_splits * D};
 }
 
-// fn as CTA (x, y, z) for every x < nx, y < ny, z < nz, one CTA at a time; shuffle_seed != 0: in a shuffled order.
-void run_grid(int nx, int ny, int nz, const std::function<void()> & fn, int threads = 128, unsigned shuffle_seed = 0) {
-    std::vector<uint3> order;
+// fn as CTA (x, y, z) for every x < nx, y < ny, z < nz, one CTA at a time.
+void run_grid(int nx, int ny, int nz, const std::function<void()> & fn, int threads = 128) {
     for (int z = 0; z < nz; ++z)
         for (int y = 0; y < ny; ++y)
-            for (int x = 0; x < nx; ++x) order.push_back(make_uint3(x, y, z));
-    if (shuffle_seed != 0) {
-        std::mt19937 rng(shuffle_seed);
-        std::shuffle(order.begin(), order.end(), rng);
-    }
-    for (const uint3 & b : order) g_pool->run(b, fn, threads);
+            for (int x = 0; x < nx; ++x) g_pool->run(make_uint3(x, y, z), fn, threads);
 }
 
 int g_fail = 0;
@@ -171,29 +154,11 @@ void check_serial_merge(const PagedAttentionCudaArgs & a, const float * po, cons
 }
 
 template <int D, int G, int R, bool kPf, int HG = G>
-void launch(const PagedAttentionCudaArgs & a, std::vector<float> & ws, int n_splits, bool last_cta = false) {
+void launch(const PagedAttentionCudaArgs & a, std::vector<float> & ws, int n_splits) {
     const auto [po, pml] = partials<D>(ws, a, n_splits);
     run_grid(n_splits, a.n_head_kv * (G / HG), a.n_tokens,
-             [&] {
-                 if (last_cta) {
-                     two_pass::paged_attention_split_kernel<D, G, R, kPf, HG, 1, true>(a, po, pml, n_splits, false);
-                 } else {
-                     two_pass::paged_attention_split_kernel<D, G, R, kPf, HG>(a, po, pml, n_splits, false);
-                 }
-             },
-             128, last_cta ? 1234u + n_splits : 0u);
-    if (last_cta) {  // every count back at 0 for the next launch
-        for (int i = 0; i < two_pass::kArrivalSlots; ++i) {
-            if (two_pass::g_split_arrivals[i] != 0) {
-                std::printf("last-CTA merge: arrival count %d left at %u FAIL\n", i, two_pass::g_split_arrivals[i]);
-                ++g_fail;
-                two_pass::g_split_arrivals[i] = 0;
-            }
-        }
-        if (n_splits > 1) {
-            check_serial_merge<D>(a, po, pml, n_splits, [](int c) { return two_pass::split_count(c); }, 2);
-        }
-    } else if (n_splits > 1) {
+             [&] { two_pass::paged_attention_split_kernel<D, G, R, kPf, HG>(a, po, pml, n_splits, false); });
+    if (n_splits > 1) {
         run_grid(a.n_head, a.n_tokens, 1,
                  [&] { two_pass::paged_attention_combine_kernel<D>(a, po, pml, n_splits, false); });
         check_serial_merge<D>(a, po, pml, n_splits, [](int c) { return two_pass::split_count(c); }, 2);
@@ -234,8 +199,6 @@ void launch_loads(const PagedAttentionCudaArgs & a, std::vector<float> & ws, int
         case Kern::narrow_pf: launch<D, G, two_pass::kRowsInFlight, true>(a, ws, n); break;
         case Kern::one: launch<D, G, two_pass::kRowsInFlight, false, 1>(a, ws, n); break;
         case Kern::one_wide: launch<D, G, two_pass::kRowsInFlightWide, true, 1>(a, ws, n); break;
-        case Kern::last: launch<D, G, two_pass::kRowsInFlight, false>(a, ws, n, true); break;
-        case Kern::one_last: launch<D, G, two_pass::kRowsInFlight, false, 1>(a, ws, n, true); break;
         case Kern::warp: launch_warp<D, G, warp_split::kRoundRowsWide>(a, ws); break;
         case Kern::warp_narrow: launch_warp<D, G, warp_split::kRoundRowsNarrow>(a, ws); break;
         case Kern::warp1: launch_warp<D, G, warp_split::kRoundRowsWide, warp_split::kWarpsOne>(a, ws); break;
@@ -276,22 +239,6 @@ void test_combine_chunks(int ctx, unsigned seed) {
     check_serial_merge<D>(a, po, pml, ns, [](int c) { return two_pass::split_count(c); }, 2);
     std::printf("combine alone: D=%d, %d splits (chunks of %d): %s\n", D, ns, two_pass::kCombineChunk,
                 g_fail == before ? "bits of the serial merge ok" : "FAIL");
-    // the last-CTA merge's configuration (combine_if_last: its chunks, staging and L2 loads), both heads in one CTA
-    std::fill(out.begin(), out.end(), NAN);
-    using two_pass::kLastCtaChunk;
-    using two_pass::kLastCtaStage;
-    run_grid(1, 1, 1, [&] {
-        alignas(16) static float4 stage[kLastCtaStage / 4];
-        static float w[kLastCtaChunk], l[kLastCtaChunk], m_red[two_pass::kCombineThreads / 32];
-        const two_pass::CombineSmem<kLastCtaChunk, kLastCtaStage> sm{w, l, stage, m_red};
-        for (int h = 0; h < 2; ++h) {
-            if (h > 0) __syncthreads();
-            two_pass::combine_splits<D, kLastCtaChunk, kLastCtaStage, true>(a, 0, h, po, pml, ns, ns, sm);
-        }
-    });
-    check_serial_merge<D>(a, po, pml, ns, [](int c) { return two_pass::split_count(c); }, 2);
-    std::printf("combine alone, last-CTA staging: D=%d, %d splits (chunks of %d), two heads in one CTA: %s\n", D, ns,
-                kLastCtaChunk, g_fail == before ? "bits of the serial merge ok" : "FAIL");
 }
 
 // qs: (seq, ctx) queries; returns out [n][nh][D].
@@ -354,7 +301,6 @@ std::vector<float> run_case(const Case & c, Kern loads, const std::vector<int> &
 
 const char * name_of(Kern k) {
     return k == Kern::wide ? "wide" : k == Kern::narrow_pf ? "narrow_pf" : k == Kern::one ? "one" : k == Kern::one_wide ? "one_wide"
-           : k == Kern::last ? "last" : k == Kern::one_last ? "one_last"
            : k == Kern::warp ? "warp"
            : k == Kern::warp_narrow ? "warp_nrw" : k == Kern::warp1 ? "warp1" : k == Kern::pipelined ? "pipe" : k == Kern::pipelined_narrow ? "pipe_nrw"
            : "narrow";
@@ -418,8 +364,6 @@ void test(const Case & c, const std::vector<int> & lens, unsigned seed, const st
                                : loads == Kern::warp1       ? Kern::warp_narrow
                                : loads == Kern::wide        ? Kern::narrow
                                : loads == Kern::one_wide    ? Kern::narrow
-                               : loads == Kern::last        ? Kern::one_last
-                               : loads == Kern::one_last    ? Kern::last
                                                             : Kern::wide;
             auto alone = run_case(c, other, lens, {qs[i]}, q1, K, V, seed + 77, 300);
             inv &= std::memcmp(alone.data(), got.data() + i * c.nh * c.D, alone.size() * 4) == 0;

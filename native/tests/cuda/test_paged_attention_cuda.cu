@@ -155,7 +155,6 @@ struct Variant {
     int32_t loads;       // a PagedLoads, 0 = the launcher's default (two_pass: narrow; warp: by the grid)
     int32_t cta_warps = 0;  // warp: warps per CTA, 0 = the launcher's default (CACHEFLOW_PA_WARP_CTA, else 4)
     int32_t heads = 0;      // two_pass: a PagedHeads, 0 = the launcher's default (CACHEFLOW_PA_HEADS, else by_grid)
-    int32_t combine = 0;    // two_pass: a PagedCombine, 0 = the launcher's default (CACHEFLOW_PA_COMBINE, else kernel)
 };
 
 constexpr Variant kTwoPass{"two_pass", cf::cuda::kPagedKernelTwoPass, 0, 0, 0, 0};
@@ -177,11 +176,6 @@ constexpr Variant kTwoPassOneWide{"two_pass", cf::cuda::kPagedKernelTwoPass, 0, 
                                   cf::cuda::kPagedHeadsOne};
 constexpr Variant kTwoPassOnePdl{"two_pass", cf::cuda::kPagedKernelTwoPass, 0, 1, 0, cf::cuda::kPagedLoadsNarrow, 0,
                                  cf::cuda::kPagedHeadsOne};
-// The merge in each row's last split CTA (PagedCombine), whole groups and one head per CTA: same bits as the others.
-constexpr Variant kTwoPassLastCta{"two_pass", cf::cuda::kPagedKernelTwoPass, 0, 0, 0, 0, 0, 0,
-                                  cf::cuda::kPagedCombineLastCta};
-constexpr Variant kTwoPassOneLastCta{"two_pass", cf::cuda::kPagedKernelTwoPass, 0, 0, 0, cf::cuda::kPagedLoadsNarrow, 0,
-                                     cf::cuda::kPagedHeadsOne, cf::cuda::kPagedCombineLastCta};
 constexpr Variant kPipelined{"pipelined", cf::cuda::kPagedKernelPipelined, 0, 0, 0, 0};
 constexpr Variant kWarp{"warp", cf::cuda::kPagedKernelWarp, 0, 0, 0, 0};  // load shape by the grid
 constexpr Variant kWarpNarrow{"warp", cf::cuda::kPagedKernelWarp, 0, 0, 0, cf::cuda::kPagedLoadsNarrow};
@@ -210,8 +204,6 @@ std::string label_of(const Variant & v) {
     if (v.heads == cf::cuda::kPagedHeadsGroup) label += " group";
     if (v.heads == cf::cuda::kPagedHeadsOne) label += " one";
     if (v.heads == cf::cuda::kPagedHeadsByGrid) label += " heads_by_grid";
-    if (v.combine == cf::cuda::kPagedCombineKernel) label += " combine_kernel";
-    if (v.combine == cf::cuda::kPagedCombineLastCta) label += " last_cta";
     if (v.pdl < 0) label += " no PDL";
     if (v.pdl > 0) label += " PDL";
     return label;
@@ -225,7 +217,6 @@ void apply(const Variant & v, PagedAttentionCudaArgs & a) {
     a.loads = v.loads;
     a.cta_warps = v.cta_warps;
     a.heads = v.heads;
-    a.combine = v.combine;
 }
 
 // Runs the kernel over `queries` (q values from q_of(query index)); returns [n][n_head][head_dim].
@@ -732,7 +723,7 @@ void bench_decode(int batch, int ctx, int D, int n_head, int n_head_kv, const st
         const double us = time_layer_us(a, ws.ptr);
         const std::vector<float> out = d_out.download();
         const double us_graph = time_layer_us_graph(a, ws.ptr, d_k_all.ptr, d_v_all.ptr, pool.size(), copies);
-        // the graph's replays (PDL and the last-CTA merge's counts included) must leave the bits the launches did
+        // the graph's replays (PDL included) must leave the bits the launches did (K/V copies of the same values)
         const std::vector<float> out_graph = d_out.download();
         expect(std::memcmp(out_graph.data(), out.data(), out.size() * sizeof(float)) == 0,
                "bench B=" + std::to_string(batch) + " ctx=" + std::to_string(ctx) + " " + label_of(v) +
@@ -790,16 +781,13 @@ void bench_shape(int batch, int ctx, int D) {
     if (std::getenv("CF_BENCH_HEADS_ONLY") != nullptr) {  // the default and the head placements (PagedHeads) alone
         vs = {kTwoPass, kTwoPassGroup, kTwoPassOne, kTwoPassOneWide, kTwoPassOnePdl};
     }
-    if (std::getenv("CF_BENCH_LAST_CTA") != nullptr) {  // the default's combine kernel against the last-CTA merge
-        vs = {kTwoPass, kTwoPassLastCta};
-    }
     // CF_BENCH_DEFAULT_ONLY: the default alone; CF_BENCH_NARROW8 (over the others): the default, narrow and narrow8
     // (kPagedLoadsNarrow8). Either leaves out the pipelined kernel's extra variants at contexts >= 8K.
     const bool default_only = std::getenv("CF_BENCH_DEFAULT_ONLY") != nullptr;
     const bool narrow8_only = std::getenv("CF_BENCH_NARROW8") != nullptr;
     if (narrow8_only) {
         vs = {kTwoPass, kTwoPassNarrow, kTwoPassNarrow8};
-    } else if (default_only && std::getenv("CF_BENCH_LAST_CTA") == nullptr) {
+    } else if (default_only) {
         vs = {kTwoPass};
     }
     if (ctx >= 8192 && !default_only && !narrow8_only) {
@@ -825,7 +813,6 @@ int main(int argc, char ** argv) {
     const std::vector<Variant> all = {kTwoPass,    kTwoPassNarrowPf, kTwoPassWide,     kTwoPassByGrid,
                                       kTwoPassNarrow8,
                                       kTwoPassGroup, kTwoPassOne,    kTwoPassOneWide,  kTwoPassOnePdl,
-                                      kTwoPassLastCta, kTwoPassOneLastCta,
                                       kWarp,       kWarpNarrow,      kWarpWide,        kWarp1,
                                       kWarp4,      kWarpNoPdl,       kTwoPassPdl,      kPipelined,
                                       kPipelinedNarrow, kPipelinedNoPdl, pipelined_split(64)};

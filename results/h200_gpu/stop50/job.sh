@@ -1,21 +1,19 @@
 #!/usr/bin/env bash
-# Stop 50's device run (stop 49 ran out of device time after one round of the staged combine; written there as
-# job_next.sh, reordered here so that what matters most finishes first within the device time left):
+# For the next stop's device run (never run in stop 50: no machine came until 314 s of device time were left, which
+# went to kernel_job.sh). Stop 49's job_next.sh, reordered so that what matters most finishes first:
 # scripts/device_poll.sh, results under /tmp/res, last line of /tmp/res/run.log "[time] exit 0"; carry
 # ["_carry/llama.cpp", "_carry/tokenizer.gguf", "_carry/wheels", "_carry/old48", "_carry/flashinfer"] (_carry/old48:
 # paged_attention_two_pass.cuh of commit 4a512b4, stop 48's combine kernel; a binary would overrun the 64 MiB carry).
 # Order:
-# 1. the CUDA build, beside it two standalone test binaries: `tpa_c` (this tree; its correctness tests run then, then
-#    a first round of its combine kernel against its last-CTA merge, CF_BENCH_LAST_CTA, while the build runs on the
-#    CPUs) and `tpa` (the kernel sources with stop 48's two-pass header);
-# 2. timings alone: tpa_c's combine kernel against its last-CTA merge (stop 50) on every decode shape, and tpa_c's
-#    long shapes with CACHEFLOW_PA_PDL=1; ncu's per-kernel durations of tpa_c's long shapes, both merges;
-# 3. the engine's decode with the staged combine, and with CACHEFLOW_PA_COMBINE=last_cta: B=256 and 64 at 128/128,
-#    B=8 at 8K, each against its own llama-batched-bench;
+# 1. the CUDA build, beside it two standalone test binaries: `tpa_c` (this tree; its correctness tests run then,
+#    to the end: stops 49 and 50 reached 240 of their lines) and `tpa` (the kernel sources with stop 48's two-pass
+#    header);
+# 2. timings alone: tpa_c's long shapes with CACHEFLOW_PA_PDL=1; ncu's per-kernel durations of tpa_c's long shapes;
+# 3. the engine's decode with the staged combine: B=256 and 64 at 128/128, B=8 at 8K, each against its own
+#    llama-batched-bench;
 # 4. the GPU suite (not run since stop 46) but its standalone kernel test (tpa_c's, run in 1) and the kv_stream
 #    standalone test (~170 s; its kernels are unchanged since stop 46); 5. the staged combine's A/B, tpa vs tpa_c
 #    --bench (every decode shape: the combine's occupancy halved, so the large grids too); 6. FlashInfer side by side.
-# Device time left at the start: 1,154 s, so 5 and 6 may not run.
 # Keep polling: a machine with no call in flight goes back, and the job with it.
 set -u
 cd "$(dirname "$0")/../../.."
@@ -30,18 +28,13 @@ nvcc -std=c++17 -arch=sm_90 -O3 --use_fast_math -I /tmp/old48 /tmp/old48/paged_a
 (nvcc -std=c++17 -arch=sm_90 -O3 --use_fast_math -I native/src/kernels/cuda \
      native/src/kernels/cuda/paged_attention.cu native/src/kernels/cuda/paged_prefill_mma.cu \
      native/tests/cuda/test_paged_attention_cuda.cu -o /tmp/tpa_c > /tmp/res/k/nvcc_tpa_c.log 2>&1 \
- && /tmp/tpa_c > /tmp/res/k/tests_c.txt 2>&1; echo "rc $?" >> /tmp/res/k/tests_c.txt
- CF_BENCH_LAST_CTA=1 CF_BENCH_SKIP_TESTS=1 CF_BENCH_DEFAULT_ONLY=1 /tmp/tpa_c --bench \
-     > /tmp/res/k/bench_last_cta_0.txt 2>&1) &
+ && /tmp/tpa_c > /tmp/res/k/tests_c.txt 2>&1; echo "rc $?" >> /tmp/res/k/tests_c.txt) &
 OUT=/tmp/res/b STAGES="build" bash scripts/h200_gpu_tests.sh
 grep -v "] exit " /tmp/res/b/run.log | tail -2 >> /tmp/res/run.log  # not its exit line: device_poll.sh waits for ours
 wait
 say "tpa_c: tests, run during the build"
 grep -E "PASS|FAIL|failed|^rc" /tmp/res/k/tests_c.txt | cut -c1-170 >> /tmp/res/run.log
-say "round 0 (during the build): tpa_c --bench, the combine kernel against the last-CTA merge"
-grep -E "bench decode|copy" /tmp/res/k/bench_last_cta_0.txt | sed 's/heads 32\/8 //; s/ max|diff| 0.0e+00//' \
-    | cut -c1-150 >> /tmp/res/run.log
-ab_round() {  # round [bins]: tpa / tpa_c --bench each (the staged combine's A/B), then the last-CTA and PDL benches
+ab_round() {  # round [bins]: tpa / tpa_c --bench each (the staged combine's A/B), then the PDL bench
   local round=$1 bin name
   for bin in ${2:-}; do
     name=$(basename "$bin")
@@ -50,36 +43,26 @@ ab_round() {  # round [bins]: tpa / tpa_c --bench each (the staged combine's A/B
     grep -E "bench decode|copy" "/tmp/res/k/bench_${name}_$round.txt" | sed 's/heads 32\/8 //; s/ max|diff| 0.0e+00//' \
         | cut -c1-150 >> /tmp/res/run.log
   done
-  say "round $round: tpa_c --bench, the combine kernel against the last-CTA merge (CF_BENCH_LAST_CTA, same binary)"
-  CF_BENCH_LAST_CTA=1 CF_BENCH_SKIP_TESTS=1 CF_BENCH_DEFAULT_ONLY=1 /tmp/tpa_c --bench \
-      > "/tmp/res/k/bench_last_cta_$round.txt" 2>&1
-  grep -E "bench decode|copy" "/tmp/res/k/bench_last_cta_$round.txt" | sed 's/heads 32\/8 //; s/ max|diff| 0.0e+00//' \
-      | cut -c1-150 >> /tmp/res/run.log
   say "round $round: tpa_c --bench long with CACHEFLOW_PA_PDL=1 (PDL between the split and the combine on every grid)"
   CACHEFLOW_PA_PDL=1 CF_BENCH_SKIP_TESTS=1 CF_BENCH_DEFAULT_ONLY=1 /tmp/tpa_c --bench long \
       > "/tmp/res/k/long_tpa_c_pdl_$round.txt" 2>&1
   grep -E "bench decode" "/tmp/res/k/long_tpa_c_pdl_$round.txt" | sed 's/heads 32\/8 //; s/ max|diff| 0.0e+00//' \
       | cut -c1-150 >> /tmp/res/run.log
 }
-ab_round 1  # (the staged combine's A/B in round 2, after the suite: device time)
+ab_round 1  # (the staged combine's A/B in round 2, after the suite)
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 for shape in 1,8192,64 8,8192,64 1,32768,64 4,32768,64; do
-  for comb in kernel last_cta; do
-    say "ncu tpa_c $shape CACHEFLOW_PA_COMBINE=$comb"
-    CACHEFLOW_PA_COMBINE=$comb CF_BENCH_ONLY=$shape CF_BENCH_SKIP_TESTS=1 CF_BENCH_DEFAULT_ONLY=1 timeout 60 "$NCU" \
-        --clock-control none --metrics gpu__time_duration.sum --launch-skip 40 --launch-count 2 /tmp/tpa_c \
-        --bench long > "/tmp/res/k/ncu_tpa_c_${shape//,/_}_$comb.txt" 2>&1
-    grep -E "^  [a-z_].*\(|gpu__time_duration" "/tmp/res/k/ncu_tpa_c_${shape//,/_}_$comb.txt" | cut -c1-120 \
-        >> /tmp/res/run.log
-  done
+  say "ncu tpa_c $shape"
+  CF_BENCH_ONLY=$shape CF_BENCH_SKIP_TESTS=1 CF_BENCH_DEFAULT_ONLY=1 timeout 60 "$NCU" --clock-control none \
+      --metrics gpu__time_duration.sum --launch-skip 40 --launch-count 2 /tmp/tpa_c --bench long \
+      > "/tmp/res/k/ncu_tpa_c_${shape//,/_}.txt" 2>&1
+  grep -E "^  [a-z_].*\(|gpu__time_duration" "/tmp/res/k/ncu_tpa_c_${shape//,/_}.txt" | cut -c1-120 >> /tmp/res/run.log
 done
 OUT=/tmp/res/d STAGES="decode" NPL="256 64" ITER="3" DECODE_MODES=paged \
-    DECODE_PA_KERNELS="default CACHEFLOW_PA_COMBINE=last_cta" \
-    bash scripts/h200_gpu_tests.sh
+    DECODE_PA_KERNELS="default" bash scripts/h200_gpu_tests.sh
 grep -E "decode:|ratio_tg|median" /tmp/res/d/run.log >> /tmp/res/run.log
 OUT=/tmp/res/d8 STAGES="decode" NPP=8192 NPL="8" ITER="2" DECODE_MODES=paged \
-    DECODE_PA_KERNELS="default CACHEFLOW_PA_COMBINE=last_cta" \
-    bash scripts/h200_gpu_tests.sh
+    DECODE_PA_KERNELS="default" bash scripts/h200_gpu_tests.sh
 grep -E "decode:|ratio_tg|median" /tmp/res/d8/run.log >> /tmp/res/run.log
 # the suite without its standalone kernel test (~210 s), which tpa_c ran above (the same source, built the same way),
 # and the kv_stream standalone test (~170 s)

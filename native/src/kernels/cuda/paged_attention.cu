@@ -10,9 +10,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <mutex>
-#include <set>
-#include <utility>
 
 namespace cf {
 namespace cuda {
@@ -30,8 +27,7 @@ using namespace two_pass;
 // CACHEFLOW_PA_TILE_ROWS=4|8 (pipelined: the narrow or wide register budget), CACHEFLOW_PA_LOADS=narrow|narrow_pf|
 // wide|by_grid|narrow8 (the two-pass and warp kernels' load shapes; the warp kernel takes by_grid when unset, and
 // runs narrow8 as narrow),
-// CACHEFLOW_PA_HEADS=group|one|by_grid (the two-pass kernel's query heads per CTA, PagedHeads), CACHEFLOW_PA_COMBINE=
-// kernel|last_cta (where the two-pass kernel merges split states, PagedCombine).
+// CACHEFLOW_PA_HEADS=group|one|by_grid (the two-pass kernel's query heads per CTA, PagedHeads).
 // The pipelined kernel stays opt-in until it has passed the standalone test on a GPU (it was written and compiled
 // for sm_90 without one); then kPagedKernelPipelined becomes the default here.
 struct EnvDefaults {
@@ -41,7 +37,6 @@ struct EnvDefaults {
     int32_t tile_rows = 0;
     int32_t loads = kPagedLoadsDefault;
     int32_t heads = kPagedHeadsByGrid;
-    int32_t combine = kPagedCombineKernel;
 };
 
 // A named choice of an environment variable: `out` = the value of the name `var` is set to; unset leaves `out`, and a
@@ -89,8 +84,6 @@ const EnvDefaults & env_defaults() {
                    e.loads);
         env_choice("CACHEFLOW_PA_HEADS",
                    {{"group", kPagedHeadsGroup}, {"one", kPagedHeadsOne}, {"by_grid", kPagedHeadsByGrid}}, e.heads);
-        env_choice("CACHEFLOW_PA_COMBINE", {{"kernel", kPagedCombineKernel}, {"last_cta", kPagedCombineLastCta}},
-                   e.combine);
         return e;
     }();
     return d;
@@ -228,7 +221,6 @@ struct Plan {
     bool loads_by_grid;  // two-pass: loads came from by_grid, so a narrow group grid larger than one resident wave of
                          // the narrow kernel runs narrow8 where that adds a CTA per SM (launch, bounded_for_grid)
     bool one_head;     // two-pass: one query head per CTA (else the whole GQA group)
-    bool last_cta;     // two-pass: rows of several splits merged by their last split CTA (no combine kernel)
     // Whether some row may write split states for a combine kernel (the workspace is needed). For the warp-split
     // kernel it is sized for one-warp CTAs whatever cta_warps is (every row of more than one split).
     bool partials() const { return n_splits > (warp ? warp_split::kWarpsOne : 1); }
@@ -274,11 +266,6 @@ Plan plan_for(const PagedAttentionCudaArgs & a) {
         const int32_t loads = a.loads != kPagedLoadsDefault ? a.loads : env.loads;
         p.loads_by_grid = loads == kPagedLoadsDefault || loads == kPagedLoadsByGrid;
         p.loads = p.loads_by_grid ? loads_for_grid(launched) : (PagedLoads) loads;
-        // the merge in the last CTA where its limits hold (two_pass::combine_if_last), else the combine kernel
-        const int32_t combine = a.combine != kPagedCombineDefault ? a.combine : env.combine;
-        const int64_t slots = (int64_t) a.n_head_kv * (p.one_head ? G : 1) * a.n_tokens;
-        p.last_cta = combine == kPagedCombineLastCta && p.n_splits > 1 && slots <= two_pass::kArrivalSlots &&
-                     threads_for(a.head_dim) == kCombineThreads;
         return p;
     }
     p.split_keys = a.split_keys != 0 ? a.split_keys : env.split_keys;
@@ -291,48 +278,19 @@ Plan plan_for(const PagedAttentionCudaArgs & a) {
 
 // cudaLaunchKernelEx, with the programmatic-stream-serialization attribute when pdl.
 template <typename... Params, typename... Args>
-cudaError_t launch_ex_smem(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, bool pdl,
-                           cudaStream_t stream, Args... args) {
+cudaError_t launch_ex(void (*kernel)(Params...), dim3 grid, dim3 block, bool pdl, cudaStream_t stream,
+                      Args... args) {
     cudaLaunchAttribute attr[1];
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[0].val.programmaticStreamSerializationAllowed = 1;
     cudaLaunchConfig_t cfg{};
     cfg.gridDim = grid;
     cfg.blockDim = block;
-    cfg.dynamicSmemBytes = smem;
+    cfg.dynamicSmemBytes = 0;
     cfg.stream = stream;
     cfg.attrs = attr;
     cfg.numAttrs = pdl ? 1 : 0;
     return cudaLaunchKernelEx(&cfg, kernel, args...);
-}
-
-// launch_ex_smem without dynamic shared memory.
-template <typename... Params, typename... Args>
-cudaError_t launch_ex(void (*kernel)(Params...), dim3 grid, dim3 block, bool pdl, cudaStream_t stream,
-                      Args... args) {
-    return launch_ex_smem(kernel, grid, block, 0, pdl, stream, args...);
-}
-
-// Lets `kernel` take two_pass::kLastCtaSmemBytes of dynamic shared memory beside its static shared memory (more than
-// the 48 KB a launch gets without asking, at head size 256 and GQA 8): a host-side attribute (no stream work, so also
-// while a graph is captured), set once per kernel and device.
-cudaError_t allow_last_cta_smem(const void * kernel) {
-    static std::mutex mu;
-    static std::set<std::pair<const void *, int>> done;
-    int dev = 0;
-    cudaError_t err = cudaGetDevice(&dev);
-    if (err != cudaSuccess) {
-        return err;
-    }
-    std::lock_guard<std::mutex> lock(mu);
-    if (done.count({kernel, dev}) == 0) {
-        err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                   (int) two_pass::kLastCtaSmemBytes);
-        if (err == cudaSuccess) {
-            done.insert({kernel, dev});
-        }
-    }
-    return err;
 }
 
 template <int D, int G>
@@ -393,28 +351,10 @@ cudaError_t launch(const PagedAttentionCudaArgs & args, const Plan & plan, void 
                   : plan.loads == kPagedLoadsWide     ? paged_attention_split_kernel<D, G, kRowsInFlightWide, true>
                   : plan.loads == kPagedLoadsNarrowPf ? paged_attention_split_kernel<D, G, kRowsInFlight, true>
                                                       : paged_attention_split_kernel<D, G, kRowsInFlight, false>;
-    // The last-CTA merge (PagedCombine; plan_for sets last_cta only at kCombineThreads threads per CTA): whole groups
-    // in narrow8 (every whole-group load shape: the same bits), one head per CTA narrow or wide. Narrow with the
-    // registers bounded as narrow8's (bounded_ctas), where the merge's code would otherwise raise them (ptxas sm_90,
-    // D 64 / G 4: whole groups 72 -> 89, one head 46 -> 96).
-    if constexpr (threads_for(D) == kCombineThreads) {
-        constexpr bool kLast = true;
-        if (plan.last_cta) {
-            constexpr int kGroupCtas = bounded_ctas(D, G);
-            kernel = !one_head ? paged_attention_split_kernel<D, G, kRowsInFlight, false, G, kGroupCtas, kLast>
-                     : plan.loads == kPagedLoadsWide
-                         ? paged_attention_split_kernel<D, G, kRowsInFlightWide, true, 1, 1, kLast>
-                         : paged_attention_split_kernel<D, G, kRowsInFlight, false, 1, bounded_ctas(D, 1), kLast>;
-        }
-    }
     const dim3 hgrid((unsigned) n_splits, (unsigned) (a.n_head_kv * (plan.one_head ? G : 1)), (unsigned) a.n_tokens);
-    const size_t smem = plan.last_cta ? two_pass::kLastCtaSmemBytes : 0;
-    cudaError_t err = plan.last_cta ? allow_last_cta_smem(reinterpret_cast<const void *>(kernel)) : cudaSuccess;
-    if (err == cudaSuccess) {
-        err = launch_ex_smem(kernel, hgrid, dim3(threads_for(D)), smem, plan.pdl, stream, a, part_o, part_ml, n_splits,
-                             plan.pdl);
-    }
-    if (err == cudaSuccess && n_splits > 1 && !plan.last_cta) {
+    cudaError_t err =
+        launch_ex(kernel, hgrid, dim3(threads_for(D)), plan.pdl, stream, a, part_o, part_ml, n_splits, plan.pdl);
+    if (err == cudaSuccess && n_splits > 1) {
         err = launch_ex(paged_attention_combine_kernel<D>, cgrid, dim3(kCombineThreads), plan.pdl, stream, a,
                         (const float *) part_o, (const float *) part_ml, n_splits, plan.pdl);
     }
@@ -461,10 +401,9 @@ const char * paged_attention_cuda_unsupported(const PagedAttentionCudaArgs & a) 
         a.pdl > 1 || (a.tile_rows != 0 && a.tile_rows != 4 && a.tile_rows != 8) || a.loads < kPagedLoadsDefault ||
         a.loads > kPagedLoadsNarrow8 ||
         (a.cta_warps != 0 && a.cta_warps != warp_split::kWarpsOne && a.cta_warps != warp_split::kWarps) ||
-        a.heads < kPagedHeadsDefault || a.heads > kPagedHeadsByGrid || a.combine < kPagedCombineDefault ||
-        a.combine > kPagedCombineLastCta) {
+        a.heads < kPagedHeadsDefault || a.heads > kPagedHeadsByGrid) {
         return "kernel must be a PagedKernel, split_keys >= 0, pdl -1, 0 or 1, tile_rows 0, 4 or 8, loads a PagedLoads, "
-               "cta_warps 0, 1 or 4, heads a PagedHeads, combine a PagedCombine";
+               "cta_warps 0, 1 or 4, heads a PagedHeads";
     }
     return nullptr;
 }

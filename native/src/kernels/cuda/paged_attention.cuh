@@ -107,8 +107,6 @@ struct PagedAttentionCudaArgs {
     //     (paged_attention.cu, warps_per_cta). Outputs are bit-identical for every value.
     //   heads (two_pass only): a PagedHeads, the query heads of one CTA; 0 = CACHEFLOW_PA_HEADS (group | one |
     //     by_grid) if set, else by_grid. Outputs are bit-identical for every value.
-    //   combine (two_pass only): a PagedCombine, where rows of several splits are merged; 0 = CACHEFLOW_PA_COMBINE
-    //     (kernel | last_cta) if set, else kernel. Outputs are bit-identical for every value.
     int32_t kernel;
     int32_t split_keys;
     int32_t pdl;
@@ -116,7 +114,6 @@ struct PagedAttentionCudaArgs {
     int32_t loads;
     int32_t cta_warps;
     int32_t heads;
-    int32_t combine;
 };
 
 // How many query heads one CTA of the two-pass kernel computes (paged_attention_two_pass.cuh, template argument HG).
@@ -126,14 +123,6 @@ enum PagedHeads : int32_t {
     kPagedHeadsGroup = 1,    // the whole GQA group: each K/V row loaded once per CTA (every grid before stop 40)
     kPagedHeadsOne = 2,      // one query head per CTA: G times the CTAs, each with 1/G of the arithmetic
     kPagedHeadsByGrid = 3,   // one while the group's grid fits in two CTAs per SM (small batches), else group
-};
-
-// Where the two-pass kernel merges the split states of rows of more than one split (paged_attention_two_pass.cuh,
-// combine_if_last). Work placement only: the merge's sums are the same, in the same order, so no choice changes a bit.
-enum PagedCombine : int32_t {
-    kPagedCombineDefault = 0,  // CACHEFLOW_PA_COMBINE, else kernel
-    kPagedCombineKernel = 1,   // a combine kernel after the split kernel's grid (every launch before stop 50)
-    kPagedCombineLastCta = 2,  // the split kernel's last CTA of each row and head group (opt-in, stop 50)
 };
 
 // How the two-pass kernel moves K/V (paged_attention.cu, kRowsInFlightWide): rows in flight per lane group and

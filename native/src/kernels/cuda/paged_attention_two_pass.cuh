@@ -11,11 +11,6 @@
 
 #include <cstdint>
 
-// Dynamic shared memory of a kernel (the CPU emulator defines its own: a static array).
-#ifndef CF_DYNAMIC_SHARED
-#define CF_DYNAMIC_SHARED(type, name) extern __shared__ type name[]
-#endif
-
 namespace cf {
 namespace cuda {
 namespace two_pass {
@@ -327,221 +322,6 @@ __device__ __forceinline__ void finish_split(float (&acc)[G][8], float * big_s, 
     }
 }
 
-// The combine kernels' CTA size (two-pass and warp-split), the splits whose weights one pass stages in shared memory
-// (a row of any length goes through them in chunks of this many, in split order) and the part_o floats one round
-// stages in shared memory (kCombineStageFloats / D splits: 64 at D 64, 32 at D 128, 16 at D 256).
-constexpr int kCombineThreads = 128;
-constexpr int kCombineChunk = 1024;
-constexpr int kCombineStageFloats = 4096;
-
-// Merge the ns > 1 split states of query head `head` of token t (part_o [n_splits][D] and part_ml [n_splits][2] of
-// that (token, head), the split kernels' layout; part_o 16-byte aligned, as the launcher checks the workspace) in
-// split order: m = max_s m_s, w_s = exp(m_s - m), l = sum_s w_s l_s and o[d] = sum_s w_s o_s[d] (fmaf, s = 0, 1,
-// ..., ns - 1), out[d] = o[d] / l, and out_f16 where set (launch clears it where the kernel does not write it). Each
-// output element is summed by one thread, one split after another, so the bits are those of that serial loop whatever
-// the CTA size or the staging: the one-thread-per-element kernel of stops 19-47 gave the same ones. Memory round
-// trips (stop 49): the part_o values move in rounds of kCombineStageFloats / D whole splits, 16-byte loads spread
-// over all threads, through shared memory; the first round is issued before the max over the splits' m_s and each
-// next one before the current one is summed, and the (m_s, l_s) of the first chunk are staged by the max's own loads.
-// Under ncu on an H100 (results/h200_gpu/stop49) stop 48's kernel, which waited on L2 or DRAM about once per 16
-// splits, took 14.6 us of a 44 us layer at B=1 and 32K keys (128 splits per head); with the staged rounds the layer
-// took 39.8 instead of 43.1 us, and 120.3 instead of 128.4 at B=4 and 32K (one A/B round, H100, stop 49).
-// Every thread of a kCombineThreads-thread CTA calls it (barriers); a second call in the same CTA must come after a
-// __syncthreads (its first writes to w_s would race with this one's last reads). The combine kernels' cost in occupancy: 60-62 registers and 24.6 KB of shared memory,
-// 8 CTAs per SM (stop 48's: 16); not yet timed on grids over one wave of them (B=64 at 2K: 2,048 CTAs).
-// The shared memory it works in (CombineSmem): w_s and l_s [kChunk] floats (the chunk's m_s, then its weights
-// exp(m_s - m); its l_s), stage_s [kStage / 4] float4 (one round's part_o, [kStage / D][D] floats), m_red
-// [kCombineThreads / 32]. kChunk and kStage move work only (any sizes give the bits of the serial loop). kViaL2: part_o
-// and part_ml are read through L2 alone (ld.global.cg), for a caller that reads states other CTAs of its own grid
-// wrote (combine_if_last); the combine kernels, which run after the split kernel's grid, read them as usual.
-template <int kChunk, int kStage>
-struct CombineSmem {
-    float * w_s;
-    float * l_s;
-    float4 * stage_s;
-    float * m_red;
-};
-
-template <bool kViaL2, typename T>
-__device__ __forceinline__ T load_state(const T * p) {
-    if constexpr (kViaL2) {
-        return __ldcg(p);
-    } else {
-        return *p;
-    }
-}
-
-template <int D, int kChunk = kCombineChunk, int kStage = kCombineStageFloats, bool kViaL2 = false>
-__device__ void combine_splits(const PagedAttentionCudaArgs & a, int t, int head, const float * part_o,
-                               const float * part_ml, int n_splits, int ns, const CombineSmem<kChunk, kStage> & sm) {
-    constexpr int kPer = (D + kCombineThreads - 1) / kCombineThreads;  // output elements per thread
-    constexpr int kRound = kStage / D;                                // splits per staged round
-    constexpr int kVecs = kStage / 4 / kCombineThreads;               // 16-byte loads per thread per round
-    static_assert(D % 4 == 0 && kRound * D == kStage && kChunk % kRound == 0 && kVecs * 4 * kCombineThreads == kStage,
-                  "combine staging: D must divide kStage, kStage / D divide kChunk");
-    float * const w_s = sm.w_s;
-    float * const l_s = sm.l_s;
-    float4 * const stage_s = sm.stage_s;
-    float * const m_red = sm.m_red;
-    const int tid = threadIdx.x;
-    const int64_t base = ((int64_t) t * a.n_head + head) * n_splits;
-    const float4 * po4 = reinterpret_cast<const float4 *>(part_o + base * D);
-    const float * st = reinterpret_cast<const float *>(stage_s);
-    // The part_o floats of splits [s0, s0 + kRound) (those below ns) into registers: a contiguous run of
-    // kRound * D floats, float4 index tid + v * kCombineThreads of the run in next[v].
-    float4 next[kVecs];
-    auto load_round = [&](int s0) {
-        const int n4 = min(kRound, ns - s0) * (D / 4);
-#pragma unroll
-        for (int v = 0; v < kVecs; ++v) {
-            const int q = tid + v * kCombineThreads;
-            next[v] = q < n4 ? load_state<kViaL2>(po4 + (int64_t) s0 * (D / 4) + q)
-                             : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        }
-    };
-    load_round(0);
-    float mx = -INFINITY;
-    for (int s = tid; s < ns; s += kCombineThreads) {
-        // 8-byte aligned
-        const float2 ml = load_state<kViaL2>(reinterpret_cast<const float2 *>(part_ml + 2 * (base + s)));
-        mx = fmaxf(mx, ml.x);
-        if (s < kChunk) {  // the first chunk's states, kept for its weights
-            w_s[s] = ml.x;
-            l_s[s] = ml.y;
-        }
-    }
-    mx = warp_max(mx);  // a max: exact in any order
-    if (tid % 32 == 0) {
-        m_red[tid / 32] = mx;
-    }
-    __syncthreads();
-    mx = m_red[0];
-    for (int w = 1; w < kCombineThreads / 32; ++w) {
-        mx = fmaxf(mx, m_red[w]);
-    }
-    float l = 0.0f;
-    float o[kPer];
-#pragma unroll
-    for (int k = 0; k < kPer; ++k) {
-        o[k] = 0.0f;
-    }
-    for (int s0 = 0; s0 < ns; s0 += kRound) {
-        const int c0 = s0 - s0 % kChunk;  // the chunk holding this round (rounds never straddle chunks)
-        if (s0 == c0) {  // a chunk's first round: its weights, then l over them
-            const int nc = min(kChunk, ns - c0);
-            if (c0 > 0) {
-                __syncthreads();  // the previous chunk's weights are no longer read
-                for (int s = tid; s < nc; s += kCombineThreads) {
-                    const float2 ml =
-                        load_state<kViaL2>(reinterpret_cast<const float2 *>(part_ml + 2 * (base + c0 + s)));
-                    w_s[s] = ml.x;
-                    l_s[s] = ml.y;
-                }
-            }
-            for (int s = tid; s < nc; s += kCombineThreads) {  // the entries this thread stored
-                w_s[s] = expf(w_s[s] - mx);
-            }
-            __syncthreads();
-            for (int s = 0; s < nc; ++s) {
-                l = fmaf(w_s[s], l_s[s], l);
-            }
-        }
-        __syncthreads();  // the last round's stage_s reads are done
-#pragma unroll
-        for (int v = 0; v < kVecs; ++v) {
-            stage_s[tid + v * kCombineThreads] = next[v];
-        }
-        __syncthreads();
-        if (s0 + kRound < ns) {
-            load_round(s0 + kRound);  // in flight during this round's sums
-        }
-        const int n = min(kRound, ns - s0);
-        const float * w = w_s + (s0 - c0);
-#pragma unroll
-        for (int k = 0; k < kPer; ++k) {
-            const int d = tid + k * kCombineThreads;
-            if (d < D) {
-                for (int s = 0; s < n; ++s) {
-                    o[k] = fmaf(w[s], st[s * D + d], o[k]);
-                }
-            }
-        }
-    }
-#pragma unroll
-    for (int k = 0; k < kPer; ++k) {
-        const int d = tid + k * kCombineThreads;
-        if (d < D) {
-            const int64_t at = ((int64_t) t * a.n_head + head) * D + d;
-            const float r = o[k] / l;
-            a.out[at] = r;
-            if (a.out_f16 != nullptr) {
-                a.out_f16[at] = __float2half(r);
-            }
-        }
-    }
-}
-
-// ---- The merge in the split kernel's last CTA of a row (opt-in: PagedCombine kPagedCombineLastCta) ----
-// Instead of a combine kernel after the split kernel's grid, the CTA that finishes a row's splits last (per token and
-// head group: the ns CTAs that share query heads [head0, head0 + HG)) merges them: every CTA writes its split state,
-// fences it, and counts its arrival in g_split_arrivals[slot]; the CTA whose arrival is the ns-th runs combine_splits
-// for its HG heads and sets the count back to 0 for the next launch (so a captured graph replays with the counts at 0).
-// The pattern is the "last block" reduction of the CUDA C++ Programming Guide (memory fence functions: each block
-// stores its partial result, __threadfence, atomicInc on a count, the block that sees the last value reads them all).
-// What it saves: the combine kernel's launch and its wait for the
-// whole split grid (a row's merge starts as soon as its own last split is done, beside other rows' splits). Same
-// bits: the merge is combine_splits, split by split in order, whatever CTA runs it.
-// Limits (the launcher checks them, else it launches the combine kernel): at most kArrivalSlots (token, head group)
-// pairs per launch, threads_for(D) == kCombineThreads. The counts are one array per device and module: two streams
-// that ran such launches at the same time would mix them, and a count left above zero would then make later merges of
-// its slot start early until the module is reloaded (the engine runs attention on one stream; counts in the
-// workspace, zeroed by a memset node per launch, would lift this at the cost of that node).
-constexpr int kArrivalSlots = 1 << 16;
-static __device__ unsigned int g_split_arrivals[kArrivalSlots];  // zero at module load, zero again after each launch
-// The last CTA's staging: chunks of 256 splits' weights (2 KB; longer rows go through several, as in the combine
-// kernel) and CF_PA_LAST_CTA_STAGE floats of part_o per round (2,048: 8 KB, 32 splits at D 64; a build knob, any
-// multiple of 4 * kCombineThreads that D divides and whose splits per round divide 256). Its registers within the
-// split kernel (ptxas sm_90, D 64 / G 4, under narrow8's bound of 64): 4,096 floats spill 96 bytes, 2,048 16 bytes,
-// 1,024 the 4 of narrow8 alone. Dynamic shared memory, so that launches without the merge keep the split kernel's
-// footprint: [stage (kLastCtaStage floats)][w_s (kLastCtaChunk)][l_s (kLastCtaChunk)][m_red].
-constexpr int kLastCtaChunk = 256;
-#ifndef CF_PA_LAST_CTA_STAGE
-#define CF_PA_LAST_CTA_STAGE 2048
-#endif
-constexpr int kLastCtaStage = CF_PA_LAST_CTA_STAGE;
-constexpr size_t kLastCtaSmemBytes = sizeof(float) * (kLastCtaStage + 2 * kLastCtaChunk + kCombineThreads / 32);
-
-// Called by every thread of a split CTA of a row of ns > 1 splits after finish_split wrote its state; slot: this
-// (token, head group)'s count, t * (n_head_kv * G / HG) + blockIdx.y. Needs kLastCtaSmemBytes of dynamic shared memory.
-template <int D, int HG>
-__device__ void combine_if_last(const PagedAttentionCudaArgs & a, int t, int head0, int slot, int ns,
-                                const float * part_o, const float * part_ml, int n_splits) {
-    __shared__ int last_s;
-    __threadfence();  // this CTA's state (every thread's stores) is visible device-wide before its arrival counts
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        last_s = atomicAdd(&g_split_arrivals[slot], 1u) == (unsigned) ns - 1u;
-        if (last_s) {
-            atomicExch(&g_split_arrivals[slot], 0u);  // all ns have arrived: nothing else counts here this launch
-            __threadfence();  // (acquire) in the thread that saw the count, before the barrier passes it on
-        }
-    }
-    __syncthreads();
-    if (!last_s) {
-        return;
-    }
-    __threadfence();  // the others' states are read after their arrivals were seen (through L2: kViaL2)
-    CF_DYNAMIC_SHARED(float4, dyn_s);
-    float * f = reinterpret_cast<float *>(dyn_s + kLastCtaStage / 4);
-    const CombineSmem<kLastCtaChunk, kLastCtaStage> sm{f, f + kLastCtaChunk, dyn_s, f + 2 * kLastCtaChunk};
-    for (int h = 0; h < HG; ++h) {
-        if (h > 0) {
-            __syncthreads();  // the previous head's merge is done with the shared memory
-        }
-        combine_splits<D, kLastCtaChunk, kLastCtaStage, true>(a, t, head0 + h, part_o, part_ml, n_splits, ns, sm);
-    }
-}
-
 // One CTA: query heads [head0, head0 + HG) of KV head kvh (blockIdx.y = kvh * (G / HG) + the head group), token
 // blockIdx.z, keys [split * S, (split + 1) * S) with S = split_keys_for(the row's context length) <= kMaxSplitKeys.
 // D: head size; G: query heads per KV head; R: K/V rows in flight per lane group (kRowsInFlight or
@@ -550,11 +330,8 @@ __device__ void combine_if_last(const PagedAttentionCudaArgs & a, int t, int hea
 // L2, each with 1/(G/HG) of the arithmetic, for grids that leave SMs idle). R, kPrefetchV and HG move loads and
 // work only: every sum of a head runs over the same lanes, keys and warps in the same order whatever they are (no
 // reduction crosses heads), so outputs are bit-identical for every choice (see kRowsInFlightWide). kMinCtas: CTAs per
-// SM the register allocation must allow (1, or bounded_ctas for narrow8); registers only, the same bits. kLastCta: rows
-// of several splits are merged by their last split CTA (combine_if_last) instead of a combine kernel; a template
-// argument, so that the kernels without it keep their registers (the merge's staging would raise them: 72 -> 128 at D
-// 64 / G 4 narrow when it was a run-time flag, ptxas sm_90).
-template <int D, int G, int R, bool kPrefetchV, int HG = G, int kMinCtas = 1, bool kLastCta = false>
+// SM the register allocation must allow (1, or bounded_ctas for narrow8); registers only, the same bits.
+template <int D, int G, int R, bool kPrefetchV, int HG = G, int kMinCtas = 1>
 __global__ void __launch_bounds__(threads_for(D), kMinCtas)
 paged_attention_split_kernel(const PagedAttentionCudaArgs a, float * part_o /* [n_tokens][n_head][n_splits][D] */,
                              float * part_ml /* [n_tokens][n_head][n_splits][2] */, int n_splits, bool pdl) {
@@ -690,11 +467,136 @@ paged_attention_split_kernel(const PagedAttentionCudaArgs a, float * part_o /* [
         finish_split<D, HG, kThreads>(acc, big_s, m_s, l_s, a, t, head0, split, ctx <= split_keys, part_o, part_ml,
                                      n_splits);
     }
-    if constexpr (kLastCta) {
-        static_assert(kThreads == kCombineThreads, "the last-CTA merge runs on the split kernel's threads");
-        if (ctx > split_keys) {  // the same for every thread of the CTA
-            combine_if_last<D, HG>(a, t, head0, t * (a.n_head_kv * kGroups) + (int) blockIdx.y, split_count(ctx),
-                                   part_o, part_ml, n_splits);
+}
+
+// The combine kernels' CTA size (two-pass and warp-split), the splits whose weights one pass stages in shared memory
+// (a row of any length goes through them in chunks of this many, in split order) and the part_o floats one round
+// stages in shared memory (kCombineStageFloats / D splits: 64 at D 64, 32 at D 128, 16 at D 256).
+constexpr int kCombineThreads = 128;
+constexpr int kCombineChunk = 1024;
+constexpr int kCombineStageFloats = 4096;
+
+// Merge the ns > 1 split states of query head `head` of token t (part_o [n_splits][D] and part_ml [n_splits][2] of
+// that (token, head), the split kernels' layout; part_o 16-byte aligned, as the launcher checks the workspace) in
+// split order: m = max_s m_s, w_s = exp(m_s - m), l = sum_s w_s l_s and o[d] = sum_s w_s o_s[d] (fmaf, s = 0, 1,
+// ..., ns - 1), out[d] = o[d] / l, and out_f16 where set (launch clears it where the kernel does not write it). Each
+// output element is summed by one thread, one split after another, so the bits are those of that serial loop whatever
+// the CTA size or the staging: the one-thread-per-element kernel of stops 19-47 gave the same ones. Memory round
+// trips (stop 49): the part_o values move in rounds of kCombineStageFloats / D whole splits, 16-byte loads spread
+// over all threads, through shared memory; the first round is issued before the max over the splits' m_s and each
+// next one before the current one is summed, and the (m_s, l_s) of the first chunk are staged by the max's own loads.
+// Under ncu on an H100 (results/h200_gpu/stop49) stop 48's kernel, which waited on L2 or DRAM about once per 16
+// splits, took 14.6 us of a 44 us layer at B=1 and 32K keys (128 splits per head); with the staged rounds the layer
+// took 39.8 instead of 43.1 us, and 120.3 instead of 128.4 at B=4 and 32K (one A/B round, H100, stop 49).
+// Every thread of a kCombineThreads-thread CTA calls it (barriers), once per CTA: a second call's first writes to w_s
+// are not ordered after this one's last reads. Its cost in occupancy: 60-62 registers and 24.6 KB of shared memory,
+// 8 CTAs per SM (stop 48's: 16). On a grid of several waves of them (B=64 at 2K: 2,048 CTAs) no loss seen: 121.9 /
+// 118.6 us per layer back to back / graph (stop 50, H100), 122.1-122.7 / 118.9-119.0 with stop 48's (stop 49's runs,
+// another H100). Stop 50 measured merging in each row's last split CTA instead of this kernel: slower (kernels README).
+template <int D>
+__device__ void combine_splits(const PagedAttentionCudaArgs & a, int t, int head, const float * part_o,
+                               const float * part_ml, int n_splits, int ns) {
+    constexpr int kPer = (D + kCombineThreads - 1) / kCombineThreads;  // output elements per thread
+    constexpr int kRound = kCombineStageFloats / D;                   // splits per staged round
+    constexpr int kVecs = kCombineStageFloats / 4 / kCombineThreads;  // 16-byte loads per thread per round
+    static_assert(D % 4 == 0 && kRound * D == kCombineStageFloats && kCombineChunk % kRound == 0 &&
+                      kVecs * 4 * kCombineThreads == kCombineStageFloats,
+                  "combine staging: D must divide kCombineStageFloats");
+    __shared__ float w_s[kCombineChunk];  // the chunk's m_s, then its weights exp(m_s - m)
+    __shared__ float l_s[kCombineChunk];
+    __shared__ float4 stage_s[kCombineStageFloats / 4];  // one round's part_o, [kRound][D] floats
+    __shared__ float m_red[kCombineThreads / 32];
+    const int tid = threadIdx.x;
+    const int64_t base = ((int64_t) t * a.n_head + head) * n_splits;
+    const float4 * po4 = reinterpret_cast<const float4 *>(part_o + base * D);
+    const float * st = reinterpret_cast<const float *>(stage_s);
+    // The part_o floats of splits [s0, s0 + kRound) (those below ns) into registers: a contiguous run of
+    // kRound * D floats, float4 index tid + v * kCombineThreads of the run in next[v].
+    float4 next[kVecs];
+    auto load_round = [&](int s0) {
+        const int n4 = min(kRound, ns - s0) * (D / 4);
+#pragma unroll
+        for (int v = 0; v < kVecs; ++v) {
+            const int q = tid + v * kCombineThreads;
+            next[v] = q < n4 ? po4[(int64_t) s0 * (D / 4) + q] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+    };
+    load_round(0);
+    float mx = -INFINITY;
+    for (int s = tid; s < ns; s += kCombineThreads) {
+        const float2 ml = *reinterpret_cast<const float2 *>(part_ml + 2 * (base + s));  // 8-byte aligned
+        mx = fmaxf(mx, ml.x);
+        if (s < kCombineChunk) {  // the first chunk's states, kept for its weights
+            w_s[s] = ml.x;
+            l_s[s] = ml.y;
+        }
+    }
+    mx = warp_max(mx);  // a max: exact in any order
+    if (tid % 32 == 0) {
+        m_red[tid / 32] = mx;
+    }
+    __syncthreads();
+    mx = m_red[0];
+    for (int w = 1; w < kCombineThreads / 32; ++w) {
+        mx = fmaxf(mx, m_red[w]);
+    }
+    float l = 0.0f;
+    float o[kPer];
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) {
+        o[k] = 0.0f;
+    }
+    for (int s0 = 0; s0 < ns; s0 += kRound) {
+        const int c0 = s0 - s0 % kCombineChunk;  // the chunk holding this round (rounds never straddle chunks)
+        if (s0 == c0) {  // a chunk's first round: its weights, then l over them
+            const int nc = min(kCombineChunk, ns - c0);
+            if (c0 > 0) {
+                __syncthreads();  // the previous chunk's weights are no longer read
+                for (int s = tid; s < nc; s += kCombineThreads) {
+                    const float2 ml = *reinterpret_cast<const float2 *>(part_ml + 2 * (base + c0 + s));
+                    w_s[s] = ml.x;
+                    l_s[s] = ml.y;
+                }
+            }
+            for (int s = tid; s < nc; s += kCombineThreads) {  // the entries this thread stored
+                w_s[s] = expf(w_s[s] - mx);
+            }
+            __syncthreads();
+            for (int s = 0; s < nc; ++s) {
+                l = fmaf(w_s[s], l_s[s], l);
+            }
+        }
+        __syncthreads();  // the last round's stage_s reads are done
+#pragma unroll
+        for (int v = 0; v < kVecs; ++v) {
+            stage_s[tid + v * kCombineThreads] = next[v];
+        }
+        __syncthreads();
+        if (s0 + kRound < ns) {
+            load_round(s0 + kRound);  // in flight during this round's sums
+        }
+        const int n = min(kRound, ns - s0);
+        const float * w = w_s + (s0 - c0);
+#pragma unroll
+        for (int k = 0; k < kPer; ++k) {
+            const int d = tid + k * kCombineThreads;
+            if (d < D) {
+                for (int s = 0; s < n; ++s) {
+                    o[k] = fmaf(w[s], st[s * D + d], o[k]);
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) {
+        const int d = tid + k * kCombineThreads;
+        if (d < D) {
+            const int64_t at = ((int64_t) t * a.n_head + head) * D + d;
+            const float r = o[k] / l;
+            a.out[at] = r;
+            if (a.out_f16 != nullptr) {
+                a.out_f16[at] = __float2half(r);
+            }
         }
     }
 }
@@ -714,12 +616,7 @@ paged_attention_combine_kernel(const PagedAttentionCudaArgs a, const float * par
     if (ns == 1 || ns > n_splits) {
         return;  // written by the split kernel (or a broken contract, see there); the whole CTA returns
     }
-    __shared__ float w_s[kCombineChunk];
-    __shared__ float l_s[kCombineChunk];
-    __shared__ float4 stage_s[kCombineStageFloats / 4];
-    __shared__ float m_red[kCombineThreads / 32];
-    combine_splits<D>(a, t, head, part_o, part_ml, n_splits, ns,
-                      CombineSmem<kCombineChunk, kCombineStageFloats>{w_s, l_s, stage_s, m_red});
+    combine_splits<D>(a, t, head, part_o, part_ml, n_splits, ns);
 }
 
 // Splits of the two-pass kernel's grid: the most split_count(ctx) of any ctx the block table width allows

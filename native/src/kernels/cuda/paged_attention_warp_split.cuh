@@ -366,14 +366,7 @@ combine_kernel(const PagedAttentionCudaArgs a, const float * part_o, const float
     if (ns <= merged || ns > n_splits) {
         return;  // written by the split kernel (or a broken contract, see there)
     }
-    using two_pass::kCombineChunk;
-    using two_pass::kCombineStageFloats;
-    __shared__ float w_s[kCombineChunk];
-    __shared__ float l_s[kCombineChunk];
-    __shared__ float4 stage_s[kCombineStageFloats / 4];
-    __shared__ float m_red[kCombineThreads / 32];
-    two_pass::combine_splits<D>(a, t, head, part_o, part_ml, n_splits, ns,
-                                two_pass::CombineSmem<kCombineChunk, kCombineStageFloats>{w_s, l_s, stage_s, m_red});
+    two_pass::combine_splits<D>(a, t, head, part_o, part_ml, n_splits, ns);
 }
 
 }  // namespace warp_split
