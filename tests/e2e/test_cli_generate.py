@@ -161,6 +161,12 @@ def test_prompt_too_long(tiny_model_path):
                      "hi", "word " * 600)
     assert result.exit_code == 2
     assert "Error: prompt 2 has 601 tokens" in result.output  # numbered from 1, as other prompt errors
+    # stock mode divides --ctx-size among the -c sequences, and the hint says so
+    result = run_cli("generate", "-m", str(tiny_model_path), "-c", "2", "--kv-mode", "stock", "--ctx-size", "128",
+                     "word " * 600)
+    assert result.exit_code == 2
+    assert "Error: prompt 1 has 601 tokens" in result.output
+    assert "stock mode divides among the -c/--concurrency sequences" in result.output
 
 
 @pytest.mark.parametrize(
