@@ -50,14 +50,7 @@ ab_round() {  # round [bins]: tpa / tpa_c --bench each (the staged combine's A/B
       | cut -c1-150 >> /tmp/res/run.log
 }
 ab_round 1  # (the staged combine's A/B in round 2, after the suite)
-NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-for shape in 1,8192,64 8,8192,64 1,32768,64 4,32768,64; do
-  say "ncu tpa_c $shape"
-  CF_BENCH_ONLY=$shape CF_BENCH_SKIP_TESTS=1 CF_BENCH_DEFAULT_ONLY=1 timeout 60 "$NCU" --clock-control none \
-      --metrics gpu__time_duration.sum --launch-skip 40 --launch-count 2 /tmp/tpa_c --bench long \
-      > "/tmp/res/k/ncu_tpa_c_${shape//,/_}.txt" 2>&1
-  grep -E "^  [a-z_].*\(|gpu__time_duration" "/tmp/res/k/ncu_tpa_c_${shape//,/_}.txt" | cut -c1-120 >> /tmp/res/run.log
-done
+bash scripts/ncu_decode_layer.sh /tmp/tpa_c /tmp/res/k 1,8192,64 8,8192,64 1,32768,64 4,32768,64 >> /tmp/res/run.log
 OUT=/tmp/res/d STAGES="decode" NPL="256 64" ITER="3" DECODE_MODES=paged \
     DECODE_PA_KERNELS="default" bash scripts/h200_gpu_tests.sh
 grep -E "decode:|ratio_tg|median" /tmp/res/d/run.log >> /tmp/res/run.log
