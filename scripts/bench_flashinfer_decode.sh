@@ -8,7 +8,8 @@
 # kernel failed the float64 check.
 # Usage: OUT=results/h200_gpu bash scripts/bench_flashinfer_decode.sh [extra args for the binary]
 #   ARCH (default native), FI_INCLUDE (default _carry/flashinfer/include), BIN (default /tmp/cf_fi_decode),
-#   NVCC_FLAGS (more nvcc flags, e.g. -DCF_PA_THREADS=256 for a kernel variant)
+#   NVCC_FLAGS (more nvcc flags, e.g. -DCF_PA_THREADS=256 for a kernel variant); BUILD_ONLY=1: compile $BIN and stop
+#   (for a caller that runs the binary itself, e.g. scripts/ncu_vs_flashinfer.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-results/h200_gpu}
@@ -28,6 +29,9 @@ nvcc -std=c++17 -O3 -DNDEBUG --use_fast_math --expt-relaxed-constexpr \
     native/src/kernels/cuda/paged_attention.cu native/src/kernels/cuda/paged_prefill_mma.cu \
     native/tests/cuda/bench_flashinfer_decode.cu -o "$BIN" \
     > "$OUT/flashinfer_vs_cacheflow_build.log" 2>&1 || { tail -30 "$OUT/flashinfer_vs_cacheflow_build.log" >&2; exit 1; }
+if [ "${BUILD_ONLY:-0}" = 1 ]; then
+  exit 0
+fi
 rc=0
 {
   echo "== $(date -u +%FT%TZ) $(nvcc --version | tail -1); FlashInfer: $(cat "$FI_INCLUDE/../VERSION" 2>/dev/null || echo "$FI_INCLUDE")"
