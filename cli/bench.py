@@ -25,6 +25,7 @@ from cli.common import (
     LONG_PREFILL_OPTION,
     PREEMPTION_OPTION,
     SWAP_SPACE_OPTION,
+    THREADS,
     ByteSize,
     engine_error,
     kv_stream_config,
@@ -79,9 +80,9 @@ def _common(fn: Callable) -> Callable:
         click.option(
             "-t",
             "--threads",
-            type=click.IntRange(min=0),
+            type=THREADS,
             default=0,
-            help="CPU threads per engine; 0 = all cores.",
+            help="CPU threads per engine; 0 or -1 = one per physical core (llama.cpp's default).",
         ),
         click.option(
             "--batch-tokens",
@@ -361,10 +362,23 @@ def _offline(
         click.echo()
         kv_medians = results.summarize(rows, ["variant", "concurrency"], KV_COLUMNS)
         _print_table(kv_medians, [], KV_COLUMNS)
+    kv_file = f", {command}_kv_timeseries.csv" if kv_rows else ""
     click.echo(
-        f"wrote {out}/{command}_results.csv, {command}_requests.csv, {command}_summary.json",
+        f"wrote {out}/{command}_results.csv, {command}_requests.csv{kv_file}, {command}_summary.json",
         err=True,
     )
+
+
+def _json_value(value: object) -> object:
+    """An option's value as JSON keeps it: numbers, booleans, null and text as they are, tuples (repeated options)
+    as lists, anything else (paths, and inf: --request-rate's "all at once", which JSON cannot spell) as text."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (tuple, list)):
+        return [_json_value(v) for v in value]
+    return str(value)
 
 
 def _make_out_dir(path: object) -> Path:
@@ -469,7 +483,7 @@ class _Context:
         except click.ClickException:
             self.close()
             raise
-        self.threads = int(opts.get("threads") or 0) or os.cpu_count() or 1
+        self.threads = int(opts.get("threads") or 0) or _native.default_threads()  # the engine's count
         click.echo("measuring memory copy bandwidth...", err=True)
         bandwidth = max(environment.measure_copy_bandwidth(threads=t) for t in {1, self.threads})
         self.hw = offline.HardwareModel(
@@ -927,7 +941,7 @@ def serve(url: str, baselines: tuple[str, ...], client_check: bool, **opts: obje
         "command": "serve",
         "environment": environment.environment(model, 0),
         "parameters": {
-            **{k: str(v) for k, v in opts.items()},
+            **{k: _json_value(v) for k, v in opts.items()},
             "url": url,
             "baselines": list(baselines),
         },

@@ -201,6 +201,23 @@ def kv_stream_config(options: dict) -> dict[str, object]:
     }
 
 
+class ThreadCount(click.ParamType):
+    """-t/--threads: an int >= -1; -1 (llama.cpp's and `cacheflow serve`'s default) reads as 0, the engine's
+    default (EngineConfig.n_threads: one thread per physical core). Larger values are checked by the engine (at most
+    512)."""
+
+    name = "integer"
+
+    def convert(self, value, param, ctx) -> int:
+        n = click.INT.convert(value, param, ctx)
+        if n < -1:
+            self.fail(f"{n} is not a thread count (0 or -1: one per physical core)", param, ctx)
+        return max(n, 0)
+
+
+THREADS = ThreadCount()
+
+
 def swap_space_bytes(gib: float) -> int:
     """--swap-space GiB as bytes (swap_space_bytes)."""
     return int(gib * 2**30)

@@ -29,6 +29,7 @@ from cli.common import (
     LONG_PREFILL_OPTION,
     PREEMPTION_OPTION,
     SWAP_SPACE_OPTION,
+    THREADS,
     kv_stream_config,
     kv_stream_options,
     ByteSize,
@@ -198,7 +199,7 @@ def cacheflow() -> None:
     help="Token budget per engine step (max_num_batched_tokens).",
 )
 @click.option(
-    "-t", "--threads", type=int, default=0, help="CPU threads; 0 = all cores (n_threads)."
+    "-t", "--threads", type=THREADS, default=0, help="CPU threads; 0 or -1 = one per physical core (n_threads)."
 )
 @click.option(
     "--gpu-layers",
@@ -274,6 +275,12 @@ def generate(
                    ENGINE_OPTION_NAMES, explicit_fields(ENGINE_PARAMS), ENGINE_OPTION_HINTS)
     for line in kv_stream.flag_warnings(llm):
         click.echo(line, err=True)
+    if params.max_tokens > llm.info.n_ctx_per_seq:  # said now, not only after a long run
+        click.echo(
+            f"cacheflow: -n {params.max_tokens} is more than a sequence's context ({llm.info.n_ctx_per_seq} "
+            "tokens): each output stops at the context limit",
+            err=True,
+        )
     try:
         t0 = time.perf_counter()
         outputs = _run(llm, prompt_list, params, chat, stream, as_json)
@@ -378,6 +385,9 @@ def _collect_prompts(prompts: tuple[str, ...], prompts_file: str | None) -> list
 
 
 def _sampling_params(options: dict[str, object]) -> SamplingParams:
+    seed = options["seed"]
+    if seed is not None and not -1 <= seed < 2**63:  # the CLI's terms (SamplingParams says None for random)
+        raise click.UsageError(f"Invalid value for --seed: seed must be -1 (random) or in [0, 2**63), got {seed}")
     try:
         return SamplingParams(
             max_tokens=options["max_tokens"],

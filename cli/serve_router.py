@@ -200,9 +200,9 @@ def _start_replicas(
     if options["model"] is None:  # resolve (and download) the default model once, not N times
         args += ["-m", str(_default_model(bool(options["offline"])))]
     if int(options["threads"]) == -1:
-        num_cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
-            os.cpu_count() or 1)  # fmt: skip
-        args += ["-t", str(max(1, num_cores // num_replicas))]
+        from pycacheflow import _native  # -t -1: the engine's default, one thread per physical core
+
+        args += ["-t", str(max(1, _native.default_threads() // num_replicas))]
     gpus = gpu_ids()
     if gpus and len(gpus) < num_replicas:
         click.echo(f"cacheflow serve: {num_replicas} replicas on {len(gpus)} GPU(s): replicas "

@@ -114,6 +114,11 @@ def _check(rc: int, library: object = None) -> None:
     raise cls(message or f"cf_status {rc}", status=rc)
 
 
+def default_threads() -> int:
+    """The CPU threads n_threads = 0 stands for (cf_default_threads): one per physical core of the affinity mask."""
+    return int(lib.cf_default_threads())
+
+
 def version() -> str:
     """The native library's version string, e.g. "0.1.0 (llama.cpp 0c1e570)"."""
     return ffi.string(lib.cf_version()).decode()

@@ -38,7 +38,8 @@ class EngineConfig:
         max_num_seqs: sequences running at once, >= 1 (the concurrency).
         max_num_batched_tokens: per-step token budget (llama.cpp n_batch = n_ubatch), >= 1;
             prompts longer than it are prefilled in chunks.
-        n_threads: CPU threads for decode; 0 = number of cores.
+        n_threads: CPU threads for decode; 0 = one per physical core the process may use
+            (llama.cpp's default; SMT siblings not counted).
         n_gpu_layers: layers offloaded to a GPU backend; 0 = CPU only; -1 = all (as llama.cpp).
         kv_mode: "auto" (paged where supported, else stock), "stock" (llama.cpp KV cache, one
             stream per sequence), "stock-unified" (one stream shared by all sequences) or

@@ -53,10 +53,14 @@ typedef enum cf_status {
  * the library and valid until the next cf_* call on the same thread. Thread-safe. */
 CF_API const char * cf_last_error(void);
 
-/* Library version string, e.g. "0.1.0+1a2b3c4 (llama.cpp 0c1e570)": the package version, the
+/* Library version string, e.g. "0.1.0+1a2b3c4 (llama.cpp 0c1e570, Release)": the package version, the
  * CacheFlow git commit it was built from ("-dirty" with uncommitted changes; no "+..." outside
- * a git checkout) and the llama.cpp commit. Static storage. */
+ * a git checkout), the llama.cpp commit and CMake's build type (absent when none was set). Static storage. */
 CF_API const char * cf_version(void);
+
+/* The CPU threads n_threads = 0 stands for: one per physical core this process may run on (its affinity
+ * mask; SMT siblings count once, as llama.cpp's default thread count), >= 1. */
+CF_API int32_t cf_default_threads(void);
 
 /* Current time of the monotonic clock the engine stamps events with, in nanoseconds. */
 CF_API int64_t cf_clock_ns(void);
@@ -139,7 +143,7 @@ typedef struct cf_engine_config {
                                         <= 256 with the stock KV cache (llama.cpp's limit)    */
     int32_t max_num_batched_tokens;  /* per-step token budget = llama n_batch = n_ubatch,
                                         default 512; chunked prefill splits prompts under it  */
-    int32_t n_threads;               /* CPU threads for decode; 0 = number of cores            */
+    int32_t n_threads;               /* CPU threads for decode; 0 = physical cores (llama.cpp) */
     int32_t n_gpu_layers;            /* layers offloaded to a GPU backend; 0 = CPU only        */
     int32_t kv_mode;                 /* cf_kv_mode, default CF_KV_MODE_AUTO                    */
     int32_t block_size;              /* paged mode: tokens per KV block, default 16            */

@@ -21,6 +21,9 @@
 #ifndef CACHEFLOW_GIT_COMMIT
 #define CACHEFLOW_GIT_COMMIT ""
 #endif
+#ifndef CACHEFLOW_BUILD_TYPE
+#define CACHEFLOW_BUILD_TYPE ""
+#endif
 #ifndef CACHEFLOW_LLAMA_COMMIT
 #define CACHEFLOW_LLAMA_COMMIT "0c1e570"
 #endif
@@ -49,9 +52,22 @@ const char * cf_last_error(void) {
 }
 
 const char * cf_version(void) {
-    return sizeof(CACHEFLOW_GIT_COMMIT) > 1 ? CACHEFLOW_VERSION "+" CACHEFLOW_GIT_COMMIT " (llama.cpp " CACHEFLOW_LLAMA_COMMIT ")"
-                                           : CACHEFLOW_VERSION " (llama.cpp " CACHEFLOW_LLAMA_COMMIT ")";
+    // "0.1.0+1a2b3c4 (llama.cpp 0c1e570, Release)": built once (function-local static: thread-safe in C++11)
+    static const std::string version = [] {
+        std::string v = CACHEFLOW_VERSION;
+        if (sizeof(CACHEFLOW_GIT_COMMIT) > 1) {
+            v += "+" CACHEFLOW_GIT_COMMIT;
+        }
+        v += " (llama.cpp " CACHEFLOW_LLAMA_COMMIT;
+        if (sizeof(CACHEFLOW_BUILD_TYPE) > 1) {
+            v += ", " CACHEFLOW_BUILD_TYPE;
+        }
+        return v + ")";
+    }();
+    return version.c_str();
 }
+
+int32_t cf_default_threads(void) { return cf::default_thread_count(); }
 
 int64_t cf_clock_ns(void) {
     return cf::clock_ns();

@@ -55,6 +55,13 @@ def build_commit() -> str:
     return head.split("+", 1)[1] if "+" in head else ""
 
 
+def native_build_type(version: str) -> str:
+    """CMake's build type the native library names in its version (cf_version: "0.1.0+1a2b3c4 (llama.cpp 0c1e570,
+    Release)"); "" if it names none."""
+    inside = version.rpartition("(")[2].rstrip(")")
+    return inside.split(", ", 1)[1] if ", " in inside else ""
+
+
 def cpu_model() -> str:
     """CPU model name from /proc/cpuinfo (else platform.processor())."""
     try:
@@ -123,7 +130,7 @@ def environment(model_path: str, threads: int, build_type: str = "") -> dict[str
         "git_commit": git_commit(),
         "cacheflow_version": pycacheflow.__version__,
         "native_version": version,
-        "build_type": build_type,
+        "build_type": build_type or native_build_type(version),  # the build folder's, else the library's
         "model": os.path.basename(model_path),
         "model_path": str(model_path),
         "cpu": cpu_model(),

@@ -51,6 +51,9 @@ _IGNORED_OPTIONS: Mapping[str, object] = {
     "t_max_predict_ms": None,
     "samplers": None,
     "lora": None,
+    # a slot of one's choosing: the continuous batcher places every request itself (the value is still checked: an
+    # integer >= -1; llama-server wraps larger ones around its slot count)
+    "id_slot": -1,
 }
 
 PromptInput = Union[str, list]  # text, or a list of token ids and text pieces
@@ -583,6 +586,7 @@ def _generation(
     if grammar:
         body = {**body, "grammar": grammar}
     num_choices = read_int(body, ("n_cmpl", "n"), 1, low=1, high=defaults.max_choices)
+    read_int(body, ("id_slot",), -1, low=-1)  # checked only (_IGNORED_OPTIONS)
     n_predict = read_int(
         body, ("n_predict", "max_completion_tokens", "max_tokens"), default_n_predict, low=-1
     )

@@ -202,6 +202,18 @@ def test_output_cut_by_the_context_limit_is_noted(tiny_model_path):
     assert out["finish_reason"] == "length" and out["truncated"] is False
 
 
+def test_max_tokens_beyond_the_context_is_noted_before_the_run(tiny_model_path):
+    # -n larger than a sequence's context: said at the start (a long run without --stream prints nothing until its
+    # end), then the output's own note; -t -1 is llama.cpp's default thread count, as 0
+    result = run_cli("generate", "-m", str(tiny_model_path), "-q", "-n", "300", "--ctx-size", "256", "-c", "1",
+                     "-t", "-1", "--ignore-eos", "hi")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    first, second = result.stderr.splitlines()
+    assert first == ("cacheflow: -n 300 is more than a sequence's context (256 tokens): each output stops at the "
+                     "context limit")  # fmt: skip
+    assert second.startswith("cacheflow: prompt 1 stopped at the context limit (256 tokens per sequence) after ")
+
+
 def test_a_large_concurrency_with_the_default_context_is_warned_before_loading(tiny_model_path):
     """llama.cpp's users pass the context size to -c; the warning comes before the KV cache is allocated (here the
     run then stops at a usage error, so nothing is allocated)."""
@@ -268,7 +280,7 @@ def test_seed_minus_one_is_random_as_in_llama_cpp(tiny_model_path):
                      "-n", "2", "hi")  # fmt: skip
     assert result.exit_code == 0, result.output
     result = run_cli("generate", "-m", str(tiny_model_path), "-q", "--seed", "-2", "-n", "2", "hi")
-    assert result.exit_code == 2 and "seed must be in [0, 2**63)" in result.output
+    assert result.exit_code == 2 and "seed must be -1 (random) or in [0, 2**63), got -2" in result.output
 
 
 def test_swap_without_swap_space_says_it_recomputes(tiny_model_path, capfd):

@@ -73,6 +73,7 @@ static cf_status fail(cf_status status, const char * message) {
 
 const char * cf_last_error(void) { return g_error; }
 const char * cf_version(void) { return "fake"; }
+int32_t cf_default_threads(void) { return 1; }
 
 int64_t cf_clock_ns(void) {
     struct timespec t;

@@ -562,3 +562,23 @@ def test_bench_lengths_against_the_trained_context():
         "(prompt + output), so every request would stop after 8184 output tokens; lower -p or -o "
         "(-p + -o <= 8192)"
     )
+
+
+def test_serve_summary_keeps_option_types():
+    # serve_summary.json's parameters read as the other summaries' do: numbers, booleans and null as JSON has them
+    from cli.bench import _json_value
+
+    opts = {"num_requests": 12, "request_rate": float("inf"), "burst": 4.0, "model": None, "cache_prompt": False,
+            "out_dir": Path("/tmp/x"), "baseline": ("http://a", "http://b")}  # fmt: skip
+    assert {k: _json_value(v) for k, v in opts.items()} == {
+        "num_requests": 12, "request_rate": "inf", "burst": 4.0, "model": None, "cache_prompt": False,
+        "out_dir": "/tmp/x", "baseline": ["http://a", "http://b"]}  # fmt: skip
+
+
+def test_build_type_from_the_native_version():
+    # installed outside the checkout no build folder is found: the library's version names its build type
+    from pycacheflow.bench.environment import native_build_type
+
+    assert native_build_type("0.1.0+1a2b3c4 (llama.cpp 0c1e570, Release)") == "Release"
+    assert native_build_type("0.1.0 (llama.cpp 0c1e570)") == ""
+    assert native_build_type("fake") == ""

@@ -47,6 +47,8 @@ def test_model_path(runner, tmp_path, monkeypatch):
         (["generate", "--temperature", "-1", "hi"], "--temperature"),
         (["generate", "--temp", "-1", "hi"], "--temperature"),  # llama.cpp's spelling
         (["generate", "-t", "two", "hi"], "--threads"),
+        (["generate", "-t", "-2", "hi"], "-2 is not a thread count (0 or -1: one per physical core)"),
+        (["bench", "throughput", "-t", "-2"], "-2 is not a thread count (0 or -1: one per physical core)"),
         (["generate", "-n", "0", "hi"], "--max-tokens"),
         (["generate", "--kv-mode", "fast", "hi"], "--kv-mode"),
         (["generate", "--stream", "--json", "hi"], "cannot be combined"),
@@ -237,7 +239,8 @@ def test_trace_into_a_missing_directory_fails_before_the_run(runner, tmp_path):
     [
         (["-n", str(2**40)], "-n/--max-tokens: max_tokens must fit a C int32_t ([-2**31, 2**31)), got 1099511627776"),
         (["--top-k", str(2**31)], "--top-k: top_k must fit a C int32_t ([-2**31, 2**31)), got 2147483648"),
-        (["--seed", str(2**70)], "--seed: seed must be in [0, 2**63) or None, got 1180591620717411303424"),
+        (["--seed", str(2**70)], "--seed: seed must be -1 (random) or in [0, 2**63), got 1180591620717411303424"),
+        (["--seed", "-7"], "--seed: seed must be -1 (random) or in [0, 2**63), got -7"),
         (["--temperature", "1e300"], "--temperature: temperature must fit a C float (magnitude at most 3.403e+38), got 1e+300"),
         (["--mirostat", "3"], "--mirostat: mirostat must be 0, 1 or 2, got 3"),
         (["--xtc-probability", "2"], "--xtc-probability: xtc_probability must be in [0, 1], got 2"),

@@ -57,6 +57,8 @@ def test_n_predict_aliases_and_server_default():
         ({"echo": True}, "no echo"),
         ({"suffix": "x"}, "Unsupported param: suffix"),
         ({"stream_options": 1}, "stream_options"),
+        ({"id_slot": "x"}, "Field 'id_slot': expected an integer, got string"),
+        ({"id_slot": -2}, "Field 'id_slot'"),
     ],
 )
 def test_bad_fields_name_the_field(body, fragment):
@@ -93,6 +95,7 @@ def test_stop_seed_priority_and_ignored_options():
                      repeat_penalty=1.3)  # fmt: skip
     assert req.params.stop == ("END",) and req.params.seed is None and req.priority == -3
     assert req.ignored_fields == ("n_keep",)  # null is absent
+    assert completion(id_slot=-1).ignored_fields == () and completion(id_slot=3).ignored_fields == ("id_slot",)
     assert req.params.repeat_penalty == 1.3  # implemented: llama.cpp's penalties sampler
     assert completion(seed=42).params.seed == 42
 

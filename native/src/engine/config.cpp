@@ -7,7 +7,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <fstream>
+#include <set>
+#include <string>
 #include <thread>
+
+#if defined(__linux__)
+#include <sched.h>
+#endif
 
 namespace cf {
 
@@ -69,6 +76,36 @@ void check_devices(const cf_engine_config & c) {
 }
 
 }  // namespace
+
+// n_threads = 0: one thread per physical core this process may run on (llama.cpp's default is its physical cores,
+// common_cpu_get_num_math: SMT siblings share a core's vector units, so a second thread per core slows ggml's
+// matrix kernels down). On Linux: the CPUs of the affinity mask (taskset, cgroup cpusets), one per distinct
+// topology/thread_siblings_list; elsewhere, or if that cannot be read, std::thread::hardware_concurrency().
+int32_t default_thread_count() {
+    const int32_t logical = (int32_t) std::max(1u, std::thread::hardware_concurrency());
+#if defined(__linux__)
+    cpu_set_t mask;
+    CPU_ZERO(&mask);
+    if (sched_getaffinity(0, sizeof(mask), &mask) != 0) {
+        return logical;
+    }
+    std::set<std::string> cores;
+    for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+        if (!CPU_ISSET(cpu, &mask)) {
+            continue;
+        }
+        std::ifstream f("/sys/devices/system/cpu/cpu" + std::to_string(cpu) + "/topology/thread_siblings_list");
+        std::string siblings;
+        if (!std::getline(f, siblings) || siblings.empty()) {
+            return std::max(1, CPU_COUNT(&mask));  // no topology (some containers): every allowed CPU
+        }
+        cores.insert(siblings);
+    }
+    return cores.empty() ? logical : (int32_t) cores.size();
+#else
+    return logical;
+#endif
+}
 
 EngineConfig EngineConfig::from_c(const cf_engine_config & c) {
     if (c.model_path == nullptr || c.model_path[0] == '\0') {
@@ -137,7 +174,7 @@ EngineConfig EngineConfig::from_c(const cf_engine_config & c) {
     out.n_ctx = c.n_ctx;
     out.max_num_seqs = c.max_num_seqs;
     out.max_num_batched_tokens = c.max_num_batched_tokens;
-    out.n_threads = c.n_threads > 0 ? c.n_threads : (int32_t) std::max(1u, std::thread::hardware_concurrency());
+    out.n_threads = c.n_threads > 0 ? c.n_threads : default_thread_count();
     out.n_gpu_layers = c.n_gpu_layers;
     out.kv_mode = resolve_kv_mode(c.kv_mode);
     out.block_size = c.block_size;

@@ -22,7 +22,7 @@ struct EngineConfig {
     int32_t n_ctx = 0;  // requested total KV rows; 0 = max_num_seqs * min(n_ctx_train, 2048)
     int32_t max_num_seqs = 16;
     int32_t max_num_batched_tokens = 512;
-    int32_t n_threads = 0;  // 0 = hardware concurrency (resolved by from_c)
+    int32_t n_threads = 0;  // 0 = default_thread_count() (resolved by from_c)
     int32_t n_gpu_layers = 0;
     cf_kv_mode kv_mode = CF_KV_MODE_STOCK;  // AUTO until LlamaSession resolves it (PAGED or STOCK)
     int32_t block_size = 16;
@@ -56,6 +56,8 @@ struct EngineConfig {
     static EngineConfig from_c(const cf_engine_config & config);
 };
 
+// The threads n_threads = 0 stands for: one per physical core of the process's affinity mask (config.cpp).
+int32_t default_thread_count();
 cf_engine_config default_engine_config();
 cf_sampling_params default_sampling_params();
 
