@@ -82,7 +82,7 @@ def _common(fn: Callable) -> Callable:
             "--threads",
             type=THREADS,
             default=0,
-            help="CPU threads per engine; 0 or -1 = one per physical core (llama.cpp's default).",
+            help="CPU threads per engine; 0 or -1 = one per physical core (llama.cpp's count without -t).",
         ),
         click.option(
             "--batch-tokens",
@@ -939,7 +939,7 @@ def serve(url: str, baselines: tuple[str, ...], client_check: bool, **opts: obje
 
     summary = {
         "command": "serve",
-        "environment": environment.environment(model, 0),
+        "environment": environment.environment(model, 0, library_build_type=False),
         "parameters": {
             **{k: _json_value(v) for k, v in opts.items()},
             "url": url,

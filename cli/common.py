@@ -202,9 +202,9 @@ def kv_stream_config(options: dict) -> dict[str, object]:
 
 
 class ThreadCount(click.ParamType):
-    """-t/--threads: an int >= -1; -1 (llama.cpp's and `cacheflow serve`'s default) reads as 0, the engine's
-    default (EngineConfig.n_threads: one thread per physical core). Larger values are checked by the engine (at most
-    512)."""
+    """-t/--threads: an int >= -1; -1 (`cacheflow serve`'s default) reads as 0, the engine's default
+    (EngineConfig.n_threads: one thread per physical core, the count llama.cpp takes without -t; its explicit -1
+    means every logical CPU). Larger values are checked by the engine (at most 512)."""
 
     name = "integer"
 

@@ -275,10 +275,10 @@ def generate(
                    ENGINE_OPTION_NAMES, explicit_fields(ENGINE_PARAMS), ENGINE_OPTION_HINTS)
     for line in kv_stream.flag_warnings(llm):
         click.echo(line, err=True)
-    if params.max_tokens > llm.info.n_ctx_per_seq:  # said now, not only after a long run
+    if params.max_tokens >= llm.info.n_ctx_per_seq:  # said now, not only after a long run
         click.echo(
-            f"cacheflow: -n {params.max_tokens} is more than a sequence's context ({llm.info.n_ctx_per_seq} "
-            "tokens): each output stops at the context limit",
+            f"cacheflow: -n {params.max_tokens} does not fit a sequence's context ({llm.info.n_ctx_per_seq} "
+            "tokens) beside a prompt: each output stops at the context limit",
             err=True,
         )
     try:

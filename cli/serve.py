@@ -150,7 +150,7 @@ def _env(name: str) -> str:
     type=click.IntRange(min=-1),
     default=-1,
     envvar=_env("THREADS"),
-    help="CPU threads for decode; -1 = one per physical core (as llama-server).",
+    help="CPU threads for decode; -1 = one per physical core (llama-server's count without -t).",
 )
 @click.option(
     "-ngl",

@@ -193,16 +193,25 @@ def serve_data_parallel(options: dict[str, object], raw_args: Sequence[str]) -> 
             sock.close()
 
 
+def _default_threads() -> int:
+    """The engine's default thread count (one per physical core; cf_default_threads); the CPUs this process may
+    use if the native library cannot say (the router itself never needs it otherwise)."""
+    try:
+        from pycacheflow import _native
+
+        return _native.default_threads()
+    except (ImportError, OSError, AttributeError):
+        return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 def _start_replicas(
     num_replicas: int, options: dict[str, object], raw_args: Sequence[str]
 ) -> list[ReplicaProcess]:
     args = replica_args(raw_args)
     if options["model"] is None:  # resolve (and download) the default model once, not N times
         args += ["-m", str(_default_model(bool(options["offline"])))]
-    if int(options["threads"]) == -1:
-        from pycacheflow import _native  # -t -1: the engine's default, one thread per physical core
-
-        args += ["-t", str(max(1, _native.default_threads() // num_replicas))]
+    if int(options["threads"]) <= 0:  # -1 or 0: the engine's default count, split between the replicas
+        args += ["-t", str(max(1, _default_threads() // num_replicas))]
     gpus = gpu_ids()
     if gpus and len(gpus) < num_replicas:
         click.echo(f"cacheflow serve: {num_replicas} replicas on {len(gpus)} GPU(s): replicas "

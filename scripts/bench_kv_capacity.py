@@ -87,7 +87,7 @@ def main() -> None:
     ap.add_argument("-n", "--num-requests", type=int, default=48)
     ap.add_argument("--dataset", choices=("sharegpt", "random"), default="sharegpt")
     ap.add_argument("--paged-seqs", type=int, default=64, help="max_num_seqs of the paged engine")
-    ap.add_argument("-t", "--threads", type=int, default=0, help="0 = all cores")
+    ap.add_argument("-t", "--threads", type=int, default=0, help="0 = one per physical core")
     ap.add_argument("--batch-tokens", type=int, default=512)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=ROOT / "results" / "kv_capacity")

@@ -155,7 +155,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("-m", "--model", help="GGUF model (default: the default model)")
     parser.add_argument("-t", "--threads", type=int, default=1,
-                        help="CPU threads; 0 = all cores (1: the least contention on a shared CPU)")
+                        help="CPU threads; 0 = one per physical core (1: the least contention on a shared CPU)")
     parser.add_argument("--num-low", type=int, default=8)
     parser.add_argument("--low-prompt", type=int, default=32)
     parser.add_argument("--low-tokens", type=int, default=48)

@@ -2,7 +2,7 @@
 """`cacheflow serve` vs the in-process `LLM.generate` on the same requests (issue 12's CPU target).
 
 Both run the default model with the same engine settings (-np/max_num_seqs = --streams, the
-default n_ctx, all cores); the requests are --streams random token prompts of --prompt-len tokens,
+default n_ctx, default threads); the requests are --streams random token prompts of --prompt-len tokens,
 each generating exactly --output-len tokens (ignore_eos, greedy). For each of --repeats rounds:
 
   generate:  LLM.generate(all requests) in this process; output tokens / wall seconds;

@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <new>
 #include <string>
+#include <thread>
 
 #ifndef CACHEFLOW_VERSION
 #define CACHEFLOW_VERSION "0.1.0"
@@ -67,7 +68,13 @@ const char * cf_version(void) {
     return version.c_str();
 }
 
-int32_t cf_default_threads(void) { return cf::default_thread_count(); }
+int32_t cf_default_threads(void) {
+    try {
+        return cf::default_thread_count();
+    } catch (...) {  // std::bad_alloc of the topology reads: nothing crosses the C ABI as an exception
+        return (int32_t) std::max(1u, std::thread::hardware_concurrency());
+    }
+}
 
 int64_t cf_clock_ns(void) {
     return cf::clock_ns();

@@ -115,8 +115,13 @@ def measure_copy_bandwidth(
     return 2 * src.nbytes / statistics.median(times)
 
 
-def environment(model_path: str, threads: int, build_type: str = "") -> dict[str, object]:
-    """The environment record stored in every results JSON."""
+def environment(
+    model_path: str, threads: int, build_type: str = "", library_build_type: bool = True
+) -> dict[str, object]:
+    """The environment record stored in every results JSON.
+
+    library_build_type: with no ``build_type``, take the loaded native library's (False where the library measured
+    is not this process's: ``bench serve`` measures a server, maybe llama-server)."""
     import pycacheflow
 
     try:
@@ -130,7 +135,7 @@ def environment(model_path: str, threads: int, build_type: str = "") -> dict[str
         "git_commit": git_commit(),
         "cacheflow_version": pycacheflow.__version__,
         "native_version": version,
-        "build_type": build_type or native_build_type(version),  # the build folder's, else the library's
+        "build_type": build_type or (native_build_type(version) if library_build_type else ""),
         "model": os.path.basename(model_path),
         "model_path": str(model_path),
         "cpu": cpu_model(),

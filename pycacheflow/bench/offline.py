@@ -255,7 +255,7 @@ def run_variants(
         concurrency: requests in flight (and the engines' max_num_seqs).
         workload: iteration -> requests (the same list for every variant of an iteration).
         iterations: >= 1.
-        threads: CPU threads per engine (0 = all cores).
+        threads: CPU threads per engine (0 = one per physical core).
         batch_tokens: max_num_batched_tokens.
         on_finish: progress callback, once per finished request.
         preemption: preemption_mode / swap_space_bytes of every engine (see engine_config).

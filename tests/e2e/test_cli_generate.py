@@ -204,13 +204,13 @@ def test_output_cut_by_the_context_limit_is_noted(tiny_model_path):
 
 def test_max_tokens_beyond_the_context_is_noted_before_the_run(tiny_model_path):
     # -n larger than a sequence's context: said at the start (a long run without --stream prints nothing until its
-    # end), then the output's own note; -t -1 is llama.cpp's default thread count, as 0
+    # end), then the output's own note; -t -1 reads as 0 (the default count)
     result = run_cli("generate", "-m", str(tiny_model_path), "-q", "-n", "300", "--ctx-size", "256", "-c", "1",
                      "-t", "-1", "--ignore-eos", "hi")  # fmt: skip
     assert result.exit_code == 0, result.output
     first, second = result.stderr.splitlines()
-    assert first == ("cacheflow: -n 300 is more than a sequence's context (256 tokens): each output stops at the "
-                     "context limit")  # fmt: skip
+    assert first == ("cacheflow: -n 300 does not fit a sequence's context (256 tokens) beside a prompt: each "
+                     "output stops at the context limit")  # fmt: skip
     assert second.startswith("cacheflow: prompt 1 stopped at the context limit (256 tokens per sequence) after ")
 
 

@@ -77,12 +77,15 @@ void check_devices(const cf_engine_config & c) {
 
 }  // namespace
 
-// n_threads = 0: one thread per physical core this process may run on (llama.cpp's default is its physical cores,
-// common_cpu_get_num_math: SMT siblings share a core's vector units, so a second thread per core slows ggml's
-// matrix kernels down). On Linux: the CPUs of the affinity mask (taskset, cgroup cpusets), one per distinct
-// topology/thread_siblings_list; elsewhere, or if that cannot be read, std::thread::hardware_concurrency().
+// n_threads = 0: one thread per physical core this process may run on. llama.cpp's default (no -t) counts physical
+// cores too (common_cpu_get_num_math: SMT siblings share a core's vector units, so a second thread per core slows
+// ggml's matrix kernels down); unlike it, this follows the affinity mask (taskset, cgroup cpusets) and does not leave
+// out the E-cores of hybrid x86 CPUs; llama.cpp's explicit -t -1 means every logical CPU. On Linux: the CPUs of the
+// affinity mask, one per distinct topology/thread_siblings_list (a CPU without one counts as its own core);
+// elsewhere, or if the mask cannot be read (more than CPU_SETSIZE CPU ids), std::thread::hardware_concurrency().
+// At most GGML_MAX_N_THREADS.
 int32_t default_thread_count() {
-    const int32_t logical = (int32_t) std::max(1u, std::thread::hardware_concurrency());
+    const int32_t logical = std::min((int32_t) std::max(1u, std::thread::hardware_concurrency()), GGML_MAX_N_THREADS);
 #if defined(__linux__)
     cpu_set_t mask;
     CPU_ZERO(&mask);
@@ -97,11 +100,11 @@ int32_t default_thread_count() {
         std::ifstream f("/sys/devices/system/cpu/cpu" + std::to_string(cpu) + "/topology/thread_siblings_list");
         std::string siblings;
         if (!std::getline(f, siblings) || siblings.empty()) {
-            return std::max(1, CPU_COUNT(&mask));  // no topology (some containers): every allowed CPU
+            siblings = "cpu" + std::to_string(cpu);  // no topology (some containers): a core of its own
         }
         cores.insert(siblings);
     }
-    return cores.empty() ? logical : (int32_t) cores.size();
+    return cores.empty() ? logical : std::min((int32_t) cores.size(), GGML_MAX_N_THREADS);
 #else
     return logical;
 #endif
