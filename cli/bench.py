@@ -491,7 +491,7 @@ class _Context:
             info.kv_bytes_per_token,
             bandwidth,
         )
-        self.params = {k: (str(v) if isinstance(v, Path) else v) for k, v in opts.items()}
+        self.params = {k: _json_value(v) for k, v in opts.items()}  # as every summary JSON keeps options
         self._cache: dict[tuple[int, bool], list] = {}
 
     def _check_urls(self) -> None:
