@@ -54,7 +54,9 @@ template <class T> T __shfl_xor_sync(unsigned, T v, int off, int = 32) {
     g_warp_bar[w]->arrive_and_wait();
     return r;
 }
+template <class T> T __ldg(const T * p) { return *p; }
 #include "paged_attention_pipelined.cuh"
+#include "paged_attention_ring.cuh"
 #include "paged_attention_two_pass.cuh"
 #include "paged_attention_warp_split.cuh"
 using namespace cf::cuda;
@@ -63,10 +65,12 @@ using namespace cf::cuda;
 // pipelined kernel in a register budget (tile rows 8 or 4).
 // warp1: the warp-split kernel's one-warp CTAs (small grids), wide rounds. one / one_wide: the two-pass kernel with
 // one query head per CTA (PagedHeads), narrow or wide loads.
-enum class Kern { narrow, narrow_pf, wide, one, one_wide, warp, warp_narrow, warp1, pipelined, pipelined_narrow };
+// ring / ring2 / ring16: the ring kernel (paged_attention_ring.cuh) with 1, 2 or 16 splits per CTA (the same bits).
+enum class Kern { narrow, narrow_pf, wide, one, one_wide, warp, warp_narrow, warp1, pipelined, pipelined_narrow,
+                  ring, ring2, ring16 };
 const std::vector<Kern> kAll = {Kern::narrow,      Kern::narrow_pf, Kern::wide,        Kern::one,
                                 Kern::one_wide,    Kern::warp,      Kern::warp_narrow, Kern::warp1,
-                                Kern::pipelined,   Kern::pipelined_narrow};
+                                Kern::pipelined,   Kern::pipelined_narrow, Kern::ring, Kern::ring2, Kern::ring16};
 
 static_assert(two_pass::threads_for(64) == 128 && two_pass::threads_for(256) == 128, "the pool runs 128 lanes");
 
@@ -190,6 +194,24 @@ void launch_pipelined(const PagedAttentionCudaArgs & a, std::vector<float> & ws,
     }
 }
 
+// The ring kernel where it covers <D, G> (else the two-pass kernel, as the launcher does), spc splits per CTA, then
+// the two-pass combine.
+template <int D, int G>
+void launch_ring(const PagedAttentionCudaArgs & a, std::vector<float> & ws, int n_splits, int spc) {
+    if constexpr (ring::covers(D, G)) {
+        const int bs_shift = (a.block_size & (a.block_size - 1)) == 0 ? __builtin_ctz(a.block_size) : -1;
+        const auto [po, pml] = partials<D>(ws, a, n_splits);
+        run_grid((n_splits + spc - 1) / spc, a.n_head_kv, a.n_tokens,
+                 [&] { ring::split_kernel<D, G>(a, po, pml, n_splits, spc, bs_shift, false); });
+        if (n_splits > 1) {
+            run_grid(a.n_head, a.n_tokens, 1,
+                     [&] { two_pass::paged_attention_combine_kernel<D>(a, po, pml, n_splits, false); });
+        }
+    } else {
+        launch<D, G, two_pass::kRowsInFlight, false>(a, ws, n_splits);
+    }
+}
+
 template <int D, int G>
 void launch_loads(const PagedAttentionCudaArgs & a, std::vector<float> & ws, int n, Kern k, int fixed) {
     switch (k) {
@@ -202,6 +224,9 @@ void launch_loads(const PagedAttentionCudaArgs & a, std::vector<float> & ws, int
         case Kern::warp: launch_warp<D, G, warp_split::kRoundRowsWide>(a, ws); break;
         case Kern::warp_narrow: launch_warp<D, G, warp_split::kRoundRowsNarrow>(a, ws); break;
         case Kern::warp1: launch_warp<D, G, warp_split::kRoundRowsWide, warp_split::kWarpsOne>(a, ws); break;
+        case Kern::ring: launch_ring<D, G>(a, ws, n, 1); break;
+        case Kern::ring2: launch_ring<D, G>(a, ws, n, 2); break;
+        case Kern::ring16: launch_ring<D, G>(a, ws, n, 16); break;
         default: launch<D, G, two_pass::kRowsInFlight, false>(a, ws, n); break;
     }
 }
@@ -209,6 +234,7 @@ template <int D>
 void launch_g(const PagedAttentionCudaArgs & a, std::vector<float> & ws, int n, Kern loads, int fixed) {
     switch (a.n_head / a.n_head_kv) {
         case 1: launch_loads<D, 1>(a, ws, n, loads, fixed); break;
+        case 2: launch_loads<D, 2>(a, ws, n, loads, fixed); break;
         case 3: launch_loads<D, 3>(a, ws, n, loads, fixed); break;
         case 4: launch_loads<D, 4>(a, ws, n, loads, fixed); break;
         case 8: launch_loads<D, 8>(a, ws, n, loads, fixed); break;
@@ -303,6 +329,7 @@ const char * name_of(Kern k) {
     return k == Kern::wide ? "wide" : k == Kern::narrow_pf ? "narrow_pf" : k == Kern::one ? "one" : k == Kern::one_wide ? "one_wide"
            : k == Kern::warp ? "warp"
            : k == Kern::warp_narrow ? "warp_nrw" : k == Kern::warp1 ? "warp1" : k == Kern::pipelined ? "pipe" : k == Kern::pipelined_narrow ? "pipe_nrw"
+           : k == Kern::ring ? "ring" : k == Kern::ring2 ? "ring2" : k == Kern::ring16 ? "ring16"
            : "narrow";
 }
 
@@ -321,7 +348,7 @@ void test(const Case & c, const std::vector<int> & lens, unsigned seed, const st
     for (int s = 0; s < (int) lens.size(); ++s) { qs.push_back({s, lens[s]}); if (lens[s] > 3) qs.push_back({s, lens[s] / 2 + 1}); }
     std::vector<float> q(qs.size() * c.nh * c.D);
     for (auto & x : q) x = 2 * u(rng);
-    std::vector<float> first, first_warp;
+    std::vector<float> first, first_warp, first_ring;
     for (Kern loads : kernels) {
         auto got = run_case(c, loads, lens, qs, q, K, V, seed + 1, 0);
         double max_err = 0;
@@ -350,7 +377,8 @@ void test(const Case & c, const std::vector<int> & lens, unsigned seed, const st
         // kernels sum in different orders)
         const bool is_warp = loads == Kern::warp || loads == Kern::warp_narrow || loads == Kern::warp1;
         const bool is_pipe = loads == Kern::pipelined || loads == Kern::pipelined_narrow;
-        std::vector<float> & ref = is_warp ? first_warp : first;
+        const bool is_ring = loads == Kern::ring || loads == Kern::ring2 || loads == Kern::ring16;
+        std::vector<float> & ref = is_warp ? first_warp : is_ring ? first_ring : first;
         const bool same = is_pipe || ref.empty() || std::memcmp(ref.data(), got.data(), got.size() * 4) == 0;
         if (ref.empty() && !is_pipe) ref = got;
         // invariance: each query alone, wider table (more splits in the grid), another layout; in the other shapes
@@ -359,6 +387,8 @@ void test(const Case & c, const std::vector<int> & lens, unsigned seed, const st
         for (size_t i = 0; i < qs.size(); i += 3) {
             std::vector<float> q1(q.begin() + i * c.nh * c.D, q.begin() + (i + 1) * c.nh * c.D);
             const Kern other = is_pipe                      ? loads
+                               : loads == Kern::ring        ? Kern::ring16
+                               : is_ring                    ? Kern::ring
                                : loads == Kern::warp        ? Kern::warp_narrow
                                : loads == Kern::warp_narrow ? Kern::warp1
                                : loads == Kern::warp1       ? Kern::warp_narrow
@@ -434,10 +464,26 @@ int main(int argc, char ** argv) {
                     (long long) mc, pipelined::max_split_count(mc, 0), brute0, pipelined::max_split_count(mc, 100),
                     brute1, ok ? "ok" : "FAIL");
     }
+    if (argc > 1 && std::strcmp(argv[1], "--ring") == 0) {  // the ring kernel alone, on every shape it covers
+        const std::vector<Kern> kRing = {Kern::ring, Kern::ring2, Kern::ring16};
+        const std::vector<int> lens = {1, 5, 33, 200, 256, 257, 700, 1300};
+        test({64, 32, 8, 16, 0, false}, lens, 1, kRing);    // GQA 4, D 64
+        test({64, 8, 8, 16, 0, true}, lens, 2, kRing);      // GQA 1, staging
+        test({64, 16, 8, 5, 0, false}, lens, 3, kRing);     // GQA 2, block size 5
+        test({64, 16, 2, 32, 0, false}, lens, 4, kRing);    // GQA 8
+        test({128, 32, 8, 16, 30, false}, lens, 5, kRing);  // D 128, soft cap
+        test({128, 8, 1, 16, 0, false}, lens, 6, kRing);    // D 128, GQA 8 (one key group)
+        test({256, 8, 2, 12, 0, true}, lens, 7, kRing);     // D 256, GQA 4, staging
+        test({256, 4, 4, 16, 0, false}, lens, 8, kRing);    // D 256, GQA 1
+        test({64, 8, 2, 16, 0, false}, {5000}, 9, kRing);   // one long row: 20 splits
+        std::printf(g_fail ? "%d FAILED\n" : "PASS\n", g_fail);
+        return g_fail != 0;
+    }
     test_combine_chunks<64>(640000, 21);
     test_combine_chunks<256>(300000, 22);
     if (quick) {
         test({64, 32, 8, 16, 0, false}, {1, 33, 200, 257, 1300}, 1);
+        test({128, 16, 2, 32, 0, true}, {1, 300, 2100}, 8, {Kern::ring, Kern::ring2});
         test({64, 8, 2, 16, 0, true}, {5000}, 7);
         std::printf(g_fail ? "%d FAILED\n" : "PASS\n", g_fail);
         return g_fail != 0;

@@ -155,6 +155,7 @@ struct Variant {
     int32_t loads;       // a PagedLoads, 0 = the launcher's default (two_pass: narrow; warp: by the grid)
     int32_t cta_warps = 0;  // warp: warps per CTA, 0 = the launcher's default (CACHEFLOW_PA_WARP_CTA, else 4)
     int32_t heads = 0;      // two_pass: a PagedHeads, 0 = the launcher's default (CACHEFLOW_PA_HEADS, else by_grid)
+    int32_t ring_spc = 0;   // ring: splits per CTA, 0 = the launcher's default (CACHEFLOW_PA_RING_SPC, else by the grid)
 };
 
 constexpr Variant kTwoPass{"two_pass", cf::cuda::kPagedKernelTwoPass, 0, 0, 0, 0};
@@ -189,6 +190,13 @@ constexpr Variant kTwoPassNarrowPdl{"two_pass", cf::cuda::kPagedKernelTwoPass, 0
 constexpr Variant kPipelinedNarrow{"pipelined", cf::cuda::kPagedKernelPipelined, 0, 0, 4, 0};
 constexpr Variant kPipelinedNoPdl{"pipelined", cf::cuda::kPagedKernelPipelined, 0, -1, 0, 0};
 
+// The ring kernel (paged_attention_ring.cuh), splits per CTA by the grid or fixed: the same bits for every count.
+constexpr Variant kRing{"ring", cf::cuda::kPagedKernelRing, 0, 0, 0, 0};
+constexpr Variant kRing1{"ring", cf::cuda::kPagedKernelRing, 0, 0, 0, 0, 0, 0, 1};
+constexpr Variant kRing2{"ring", cf::cuda::kPagedKernelRing, 0, 0, 0, 0, 0, 0, 2};
+constexpr Variant kRing4{"ring", cf::cuda::kPagedKernelRing, 0, 0, 0, 0, 0, 0, 4};
+constexpr Variant kRing16{"ring", cf::cuda::kPagedKernelRing, 0, 0, 0, 0, 0, 0, 16};
+
 Variant pipelined_split(int32_t keys) { return {"pipelined", cf::cuda::kPagedKernelPipelined, keys, 0, 0, 0}; }
 
 std::string label_of(const Variant & v) {
@@ -204,6 +212,7 @@ std::string label_of(const Variant & v) {
     if (v.heads == cf::cuda::kPagedHeadsGroup) label += " group";
     if (v.heads == cf::cuda::kPagedHeadsOne) label += " one";
     if (v.heads == cf::cuda::kPagedHeadsByGrid) label += " heads_by_grid";
+    if (v.ring_spc) label += " spc=" + std::to_string(v.ring_spc);
     if (v.pdl < 0) label += " no PDL";
     if (v.pdl > 0) label += " PDL";
     return label;
@@ -217,6 +226,7 @@ void apply(const Variant & v, PagedAttentionCudaArgs & a) {
     a.loads = v.loads;
     a.cta_warps = v.cta_warps;
     a.heads = v.heads;
+    a.ring_spc = v.ring_spc;
 }
 
 // Runs the kernel over `queries` (q values from q_of(query index)); returns [n][n_head][head_dim].
@@ -258,8 +268,8 @@ std::vector<float> run(const Variant & v, const Model & m, const Layout & lay, c
     const std::vector<half> out_f16 = d_out_f16.download();
     const bool writes = cf::cuda::paged_attention_cuda_writes_f16(a);
     if (v.kernel != cf::cuda::kPagedKernelDefault) {
-        expect(writes == (v.kernel == cf::cuda::kPagedKernelTwoPass),
-               label_of(v) + ": paged_attention_cuda_writes_f16 must be true for the two-pass kernel alone");
+        expect(writes == (v.kernel == cf::cuda::kPagedKernelTwoPass || v.kernel == cf::cuda::kPagedKernelRing),
+               label_of(v) + ": paged_attention_cuda_writes_f16 must be true for the two-pass and ring kernels alone");
     }
     size_t wrong = 0;  // two-pass: out rounded to nearest even, bit for bit; other kernels: untouched (all bits set)
     for (size_t i = 0; i < out.size(); ++i) {
@@ -331,12 +341,16 @@ void test_shape(int D, int n_head, int n_head_kv, int block_size, unsigned seed,
     const std::vector<float> want = reference(m, qs, q);
     Layout other = make_layout(m, seed + 99);
 
-    // the first two_pass / warp variant's outputs: every load shape of that kernel must equal them
-    std::vector<float> two_pass_bits, warp_bits;
+    // the first two_pass / warp / ring variant's outputs: every load shape of that kernel must equal them (the ring
+    // kernel runs the two-pass kernel where it does not cover the shape: then its bits are the two-pass kernel's)
+    std::vector<float> two_pass_bits, warp_bits, ring_bits;
     for (const Variant & v : variants) {
         const std::vector<float> got = run(v, m, lay, qs, q);
-        if (v.kernel == cf::cuda::kPagedKernelTwoPass || v.kernel == cf::cuda::kPagedKernelWarp) {
-            std::vector<float> & bits = v.kernel == cf::cuda::kPagedKernelWarp ? warp_bits : two_pass_bits;
+        if (v.kernel == cf::cuda::kPagedKernelTwoPass || v.kernel == cf::cuda::kPagedKernelWarp ||
+            v.kernel == cf::cuda::kPagedKernelRing) {
+            std::vector<float> & bits = v.kernel == cf::cuda::kPagedKernelWarp ? warp_bits
+                                        : v.kernel == cf::cuda::kPagedKernelRing ? ring_bits
+                                                                                 : two_pass_bits;
             if (bits.empty()) {
                 bits = got;
             } else {
@@ -772,11 +786,15 @@ void bench_shape(int batch, int ctx, int D) {
     std::vector<Variant> vs = {kTwoPass,       kTwoPassNarrow, kTwoPassNarrow8,  kTwoPassNarrowPf, kTwoPassWide,
                                kTwoPassByGrid, kTwoPassPdl,    kTwoPassNarrowPdl, kTwoPassGroup,   kTwoPassOne,
                                kTwoPassOneWide, kTwoPassOnePdl, kWarp,           kWarpNarrow,      kWarpWide,
-                               kWarp1,         kWarp4,         kWarpNoPdl,       kPipelined,       kPipelinedNarrow};
+                               kWarp1,         kWarp4,         kWarpNoPdl,       kPipelined,       kPipelinedNarrow,
+                               kRing};
     if (std::getenv("CF_BENCH_TWO_PASS_ONLY") != nullptr) {  // the two-pass kernel's variants alone (shorter runs)
         vs.erase(std::remove_if(vs.begin(), vs.end(),
                                 [](const Variant & v) { return v.kernel != cf::cuda::kPagedKernelTwoPass; }),
                  vs.end());
+    }
+    if (std::getenv("CF_BENCH_RING") != nullptr) {  // the default against the ring kernel's splits per CTA
+        vs = {kTwoPass, kRing, kRing1, kRing2, kRing4};
     }
     if (std::getenv("CF_BENCH_HEADS_ONLY") != nullptr) {  // the default and the head placements (PagedHeads) alone
         vs = {kTwoPass, kTwoPassGroup, kTwoPassOne, kTwoPassOneWide, kTwoPassOnePdl};
@@ -790,7 +808,7 @@ void bench_shape(int batch, int ctx, int D) {
     } else if (default_only) {
         vs = {kTwoPass};
     }
-    if (ctx >= 8192 && !default_only && !narrow8_only) {
+    if (ctx >= 8192 && !default_only && !narrow8_only && std::getenv("CF_BENCH_RING") == nullptr) {
         vs.push_back(kPipelinedNoPdl);
         for (int keys : {128, 256, 512, 1024, 2048}) {
             vs.push_back(pipelined_split(keys));
@@ -815,7 +833,8 @@ int main(int argc, char ** argv) {
                                       kTwoPassGroup, kTwoPassOne,    kTwoPassOneWide,  kTwoPassOnePdl,
                                       kWarp,       kWarpNarrow,      kWarpWide,        kWarp1,
                                       kWarp4,      kWarpNoPdl,       kTwoPassPdl,      kPipelined,
-                                      kPipelinedNarrow, kPipelinedNoPdl, pipelined_split(64)};
+                                      kPipelinedNarrow, kPipelinedNoPdl, pipelined_split(64),
+                                      kRing,       kRing1,           kRing2,           kRing16};
     // CF_BENCH_SKIP_TESTS (with --bench): the decode timings alone (no correctness checks, no prefill bench), for
     // repeated A/B runs of build-time knobs in one device call
     const bool tests = !(bench && std::getenv("CF_BENCH_SKIP_TESTS") != nullptr);

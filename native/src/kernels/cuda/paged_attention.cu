@@ -1,6 +1,7 @@
 // paged_attention.cu - CUDA paged attention; the contract and the work split are in paged_attention.cuh.
 #include "paged_attention.cuh"
 #include "paged_attention_pipelined.cuh"
+#include "paged_attention_ring.cuh"
 #include "paged_attention_two_pass.cuh"
 #include "paged_attention_warp_split.cuh"
 #include "paged_prefill_mma.cuh"
@@ -23,7 +24,7 @@ using namespace two_pass;
 #define CF_CUDA_WHERE __FILE__ ":" CF_CUDA_STR(__LINE__) ": "
 
 // The process's defaults for the A/B knobs of PagedAttentionCudaArgs (read once): CACHEFLOW_PA_KERNEL=two_pass|
-// pipelined|warp, CACHEFLOW_PA_SPLIT_KEYS=N (pipelined: N keys per split), CACHEFLOW_PA_PDL=0|1,
+// pipelined|warp|ring, CACHEFLOW_PA_RING_SPC=N (ring: N splits per CTA), CACHEFLOW_PA_SPLIT_KEYS=N (pipelined: N keys per split), CACHEFLOW_PA_PDL=0|1,
 // CACHEFLOW_PA_TILE_ROWS=4|8 (pipelined: the narrow or wide register budget), CACHEFLOW_PA_LOADS=narrow|narrow_pf|
 // wide|by_grid|narrow8 (the two-pass and warp kernels' load shapes; the warp kernel takes by_grid when unset, and
 // runs narrow8 as narrow),
@@ -37,6 +38,7 @@ struct EnvDefaults {
     int32_t tile_rows = 0;
     int32_t loads = kPagedLoadsDefault;
     int32_t heads = kPagedHeadsByGrid;
+    int32_t ring_spc = 0;
 };
 
 // A named choice of an environment variable: `out` = the value of the name `var` is set to; unset leaves `out`, and a
@@ -67,8 +69,15 @@ const EnvDefaults & env_defaults() {
     static const EnvDefaults d = [] {
         EnvDefaults e;
         env_choice("CACHEFLOW_PA_KERNEL",
-                   {{"two_pass", kPagedKernelTwoPass}, {"pipelined", kPagedKernelPipelined}, {"warp", kPagedKernelWarp}},
+                   {{"two_pass", kPagedKernelTwoPass},
+                    {"pipelined", kPagedKernelPipelined},
+                    {"warp", kPagedKernelWarp},
+                    {"ring", kPagedKernelRing}},
                    e.kernel);
+        if (const char * v = std::getenv("CACHEFLOW_PA_RING_SPC")) {
+            const int n = std::atoi(v);
+            e.ring_spc = n >= 1 && n <= ring::kMaxSplitsPerCta ? n : 0;
+        }
         if (const char * v = std::getenv("CACHEFLOW_PA_SPLIT_KEYS")) {
             e.split_keys = std::atoi(v) > 0 ? std::atoi(v) : 0;
         }
@@ -208,6 +217,37 @@ int warps_per_cta() {
     return forced != 0 ? forced : warp_split::kWarps;
 }
 
+// The ring kernel's splits per CTA for a grid of n_splits splits per (token, KV head): the fewest that fit the grid in
+// one resident wave of the kernel (the occupancy API; cached per device for each <D, G>), at most
+// ring::kMaxSplitsPerCta, then evened out over the CTAs of a row. A CTA streams its splits through one ring, so a
+// large batch's grid runs as one wave without a longer split (which would change the sums: batch invariance); the
+// count moves work between CTAs only, every split's sums are the same. 1 where the runtime cannot say.
+template <int D, int G> int ring_splits_per_cta(int n_splits, const PagedAttentionCudaArgs & a) {
+    static std::atomic<int> cached[64] = {};  // resident CTAs per SM, 0 = not known yet
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) {
+        return 1;
+    }
+    int per_sm = cached[dev].load(std::memory_order_relaxed);
+    if (per_sm == 0) {
+        per_sm = resident_ctas_per_sm(ring::split_kernel<D, G>, ring::kThreads);
+        if (per_sm <= 0) {
+            return 1;
+        }
+        cached[dev].store(per_sm, std::memory_order_relaxed);
+    }
+    const int64_t slots = (int64_t) per_sm * device_sm_count();
+    const int64_t ctas = (int64_t) n_splits * a.n_head_kv * a.n_tokens;
+    if (slots <= 0 || ctas <= slots) {
+        return 1;
+    }
+    int64_t spc = (ctas + slots - 1) / slots;
+    spc = spc < ring::kMaxSplitsPerCta ? spc : ring::kMaxSplitsPerCta;
+    spc = spc < n_splits ? spc : n_splits;
+    const int64_t per_row = (n_splits + spc - 1) / spc;  // CTAs per (token, KV head)
+    return (int) ((n_splits + per_row - 1) / per_row);
+}
+
 // What one call launches: the kernel, its split rule and grid splits, PDL.
 struct Plan {
     bool pipelined;
@@ -221,6 +261,8 @@ struct Plan {
     bool loads_by_grid;  // two-pass: loads came from by_grid, so a narrow group grid larger than one resident wave of
                          // the narrow kernel runs narrow8 where that adds a CTA per SM (launch, bounded_for_grid)
     bool one_head;     // two-pass: one query head per CTA (else the whole GQA group)
+    bool ring;         // the ring kernel (paged_attention_ring.cuh) where it covers the shape, else two-pass
+    int ring_spc;      // ring: splits per CTA, 0 = by the grid (launch, ring_splits_per_cta)
     // Whether some row may write split states for a combine kernel (the workspace is needed). For the warp-split
     // kernel it is sized for one-warp CTAs whatever cta_warps is (every row of more than one split).
     bool partials() const { return n_splits > (warp ? warp_split::kWarpsOne : 1); }
@@ -232,6 +274,16 @@ Plan plan_for(const PagedAttentionCudaArgs & a) {
     const int32_t kernel = a.kernel != kPagedKernelDefault ? a.kernel : env.kernel;
     p.pipelined = kernel == kPagedKernelPipelined;
     p.warp = kernel == kPagedKernelWarp;
+    const int G = a.n_head_kv > 0 ? a.n_head / a.n_head_kv : 1;
+    p.ring = kernel == kPagedKernelRing && a.n_head_kv > 0 && a.n_head % a.n_head_kv == 0 &&
+             ring::covers(a.head_dim, G);
+    if (p.ring) {  // the two-pass kernel's splits and combine
+        p.n_splits = two_pass_num_splits(a);
+        p.ring_spc = a.ring_spc != 0 ? a.ring_spc : env.ring_spc;
+        const int32_t pdl = a.pdl != 0 ? a.pdl : env.pdl;
+        p.pdl = pdl == 1 && device_has_pdl();
+        return p;
+    }
     if (p.warp) {  // its round rows: PagedLoads as for the two-pass kernel, by the grid unless set (same bits)
         p.n_splits = warp_split::max_split_count(a.block_table_stride * a.block_size);
         const int32_t loads = a.loads != kPagedLoadsDefault ? a.loads : env.loads;
@@ -249,7 +301,6 @@ Plan plan_for(const PagedAttentionCudaArgs & a) {
     if (!p.pipelined) {
         p.n_splits = two_pass_num_splits(a);
         const int32_t heads = a.heads != kPagedHeadsDefault ? a.heads : env.heads;
-        const int G = a.n_head_kv > 0 ? a.n_head / a.n_head_kv : 1;
         const int64_t group_ctas = (int64_t) p.n_splits * a.n_head_kv * a.n_tokens;
         p.one_head = heads == kPagedHeadsOne || (heads == kPagedHeadsByGrid && one_head_for_grid(group_ctas, G));
         const int64_t launched = group_ctas * (p.one_head ? G : 1);
@@ -325,6 +376,21 @@ cudaError_t launch(const PagedAttentionCudaArgs & args, const Plan & plan, void 
         }
         return err != cudaSuccess ? err : cudaGetLastError();
     }
+    if constexpr (ring::covers(D, G)) {
+        if (plan.ring) {
+            const int spc = plan.ring_spc > 0 ? plan.ring_spc : ring_splits_per_cta<D, G>(n_splits, a);
+            const int bs_shift =
+                (a.block_size & (a.block_size - 1)) == 0 ? __builtin_ctz((unsigned) a.block_size) : -1;
+            const dim3 rgrid((unsigned) ((n_splits + spc - 1) / spc), (unsigned) a.n_head_kv, (unsigned) a.n_tokens);
+            cudaError_t err = launch_ex(ring::split_kernel<D, G>, rgrid, dim3(ring::kThreads), plan.pdl, stream, a,
+                                        part_o, part_ml, n_splits, spc, bs_shift, plan.pdl);
+            if (err == cudaSuccess && n_splits > 1) {
+                err = launch_ex(paged_attention_combine_kernel<D>, cgrid, dim3(kCombineThreads), plan.pdl, stream, a,
+                                (const float *) part_o, (const float *) part_ml, n_splits, plan.pdl);
+            }
+            return err != cudaSuccess ? err : cudaGetLastError();
+        }
+    }
     if (plan.pipelined) {
         const int bs_shift = (a.block_size & (a.block_size - 1)) == 0 ? __builtin_ctz((unsigned) a.block_size) : -1;
         auto kernel = plan.narrow ? pipelined::split_kernel<D, G, pipelined::kTileRowsNarrow>
@@ -397,13 +463,14 @@ const char * paged_attention_cuda_unsupported(const PagedAttentionCudaArgs & a) 
     if (a.block_size < 1 || a.block_table_stride < 1 || a.n_tokens < 0) {
         return "block size, block table width and token count must be positive";
     }
-    if (a.kernel < kPagedKernelDefault || a.kernel > kPagedKernelWarp || a.split_keys < 0 || a.pdl < -1 ||
+    if (a.kernel < kPagedKernelDefault || a.kernel > kPagedKernelRing || a.ring_spc < 0 ||
+        a.ring_spc > ring::kMaxSplitsPerCta || a.split_keys < 0 || a.pdl < -1 ||
         a.pdl > 1 || (a.tile_rows != 0 && a.tile_rows != 4 && a.tile_rows != 8) || a.loads < kPagedLoadsDefault ||
         a.loads > kPagedLoadsNarrow8 ||
         (a.cta_warps != 0 && a.cta_warps != warp_split::kWarpsOne && a.cta_warps != warp_split::kWarps) ||
         a.heads < kPagedHeadsDefault || a.heads > kPagedHeadsByGrid) {
         return "kernel must be a PagedKernel, split_keys >= 0, pdl -1, 0 or 1, tile_rows 0, 4 or 8, loads a PagedLoads, "
-               "cta_warps 0, 1 or 4, heads a PagedHeads";
+               "cta_warps 0, 1 or 4, heads a PagedHeads, ring_spc 0 to 16";
     }
     return nullptr;
 }

@@ -92,7 +92,7 @@ struct PagedAttentionCudaArgs {
     int64_t stage_base_row;          // desc->stage_base_block * block_size, in [0, INT32_MAX]
     // Kernel choice, for A/B runs (all 0 = the defaults; each is constant for a node, so batch invariance and
     // captured CUDA graphs hold).
-    //   kernel: a PagedKernel; 0 = CACHEFLOW_PA_KERNEL (two_pass | pipelined | warp) if set, else two_pass
+    //   kernel: a PagedKernel; 0 = CACHEFLOW_PA_KERNEL (two_pass | pipelined | warp | ring) if set, else two_pass
     //     (paged_attention.cu, EnvDefaults).
     //   split_keys (pipelined only): > 0 = every split that many keys (at least ctx / 1024); 0 =
     //     CACHEFLOW_PA_SPLIT_KEYS if set, else the rule (paged_attention_pipelined.cuh, split_keys_for).
@@ -114,6 +114,10 @@ struct PagedAttentionCudaArgs {
     int32_t loads;
     int32_t cta_warps;
     int32_t heads;
+    //   ring_spc (ring only): splits one CTA streams, 1 to ring::kMaxSplitsPerCta; 0 = CACHEFLOW_PA_RING_SPC if set,
+    //     else by the grid (about one resident wave; paged_attention.cu, ring_splits_per_cta). Outputs are
+    //     bit-identical for every value.
+    int32_t ring_spc;
 };
 
 // How many query heads one CTA of the two-pass kernel computes (paged_attention_two_pass.cuh, template argument HG).
@@ -142,6 +146,8 @@ enum PagedKernel : int32_t {
     kPagedKernelTwoPass = 1,    // paged_attention.cu's register kernel (the only one before issue 11's work)
     kPagedKernelPipelined = 2,  // paged_attention_pipelined.cuh
     kPagedKernelWarp = 3,       // paged_attention_warp_split.cuh: one warp per split, 4 (or cta_warps) per CTA
+    kPagedKernelRing = 4,       // paged_attention_ring.cuh: heads across threads, a cp.async ring, several splits per
+                                // CTA; shapes it does not cover (ring::covers) run the two-pass kernel
 };
 
 // nullptr if the kernel covers these shapes (head size, GQA ratio up to 8, alignment), else why not.

@@ -1,0 +1,345 @@
+// paged_attention_ring.cuh - the ring kernel of paged_attention.cu (PagedKernel kPagedKernelRing, opt-in): query heads
+// across threads, K/V tiles through a cp.async ring in shared memory, an online softmax per key group, and CTAs that
+// stream several splits of one row. Contract, work split and batch invariance: paged_attention.cuh.
+//
+// Why (issue 11, results/h200_gpu/stop51): under Nsight Compute the two-pass kernel's split CTA and FlashInfer's
+// batch decode kernel had the same registers and occupancy at B=8 / 8K, yet the two-pass kernel ran 60.6 against
+// 53.4 us. Its instruction stream stalled 2.5x as long on shared-memory and shuffle results and 2.6x on fixed-latency
+// chains: each thread loops over its GQA group's heads (qr[HG][8]), the split's scores go through shared memory and
+// two block-wide reductions separate the K phase from the V phase, and its grid ran 1.94 waves. This kernel takes the
+// thread layout of FlashInfer's decode kernel (flashinfer/decode.cuh, BatchDecodeWithPagedKVCacheKernel: bdx lanes
+// per head row, bdy = the GQA group, bdz key groups, cp.async stages; read to learn, not copied) under this project's
+// rule that a row's sums run in an order fixed by its own length:
+//   - splits are the two-pass kernel's (two_pass::split_keys_for: 256 keys for every row by default, absolute
+//     boundaries); a split's partial state (m, l, o) is written exactly as the two-pass kernel writes it and merged by
+//     the same combine kernel (two_pass::paged_attention_combine_kernel), so rows of one split write their output
+//     directly and longer rows go through the combine in split order;
+//   - a CTA streams `spc` consecutive splits of one (token, KV head), its K/V tiles flowing through the ring across
+//     split boundaries; spc is the launcher's choice from the grid (about one resident wave) and changes no sum: each
+//     split's state is reset at its start and written at its end;
+//   - thread (x, y, z) of the CTA (x < TX = D / 8 lanes, 16 bytes of a head row each; y < G query heads; z < TZ key
+//     groups) computes query head y over dims [8x, 8x + 8) for keys z * KPZ + j (j < KPZ) of every tile of KT keys:
+//     one head's 8 FMAs per key, the lanes' partial dots summed in an xor butterfly over the TX lanes (offsets TX/2,
+//     ..., 1), an online softmax over the key group's keys in key order (Milakov and Gimelshein 2018), and at the
+//     split's end the TZ key groups' states merged in the order z = 0, 1, ..., TZ - 1;
+//   - none of this looks at the batch: the bits of a row are a function of its context length, the model's shape and
+//     the values, so the kernel is batch-invariant. They are not the two-pass kernel's bits (another order of the
+//     same sums; the standalone test compares both with a float64 reference), so one node must not mix the two.
+// Covered shapes: head sizes 64, 128 and 256, GQA groups 1, 2, 4 and 8 with TX * G <= 128 (ring::covers); the
+// launcher runs the two-pass kernel elsewhere.
+#pragma once
+
+#include "paged_attention.cuh"
+#include "paged_attention_pipelined.cuh"
+#include "paged_attention_two_pass.cuh"
+
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace cf {
+namespace cuda {
+namespace ring {
+
+constexpr int kThreads = 128;
+// Most splits one CTA streams (the launcher's spc is clamped to it).
+constexpr int kMaxSplitsPerCta = 16;
+
+__host__ __device__ constexpr bool covers(int D, int G) {
+    return (D == 64 || D == 128 || D == 256) && (G == 1 || G == 2 || G == 4 || G == 8) && (D / 8) * G <= kThreads;
+}
+
+// The CTA's layout for head size D and GQA group G (covers(D, G)):
+//   TX lanes per head row (16 bytes = 8 halves each), TZ key groups, CH 16-byte chunks of K (and of V) each thread
+//   copies per tile, KT = 1024 * CH / D keys per tile (CH * 2 KB of K and as much of V), KPZ = KT / TZ keys per key
+//   group per tile, NS tiles in the ring (stages). Small groups take more chunks per thread, so that a tile carries
+//   a few keys per key group (FlashInfer's tile_size_per_bdx plays that part).
+template <int D, int G> struct Shape {
+    static constexpr int TX = D / 8;
+    static constexpr int TZ = kThreads / (TX * G);
+    static constexpr int CH = G == 1 ? 4 : G == 2 ? 2 : 1;
+    static constexpr int KT = 1024 * CH / D;
+    static constexpr int KPZ = KT / TZ;
+    static constexpr int NS = CH == 1 ? 4 : 2;
+    static_assert(covers(D, G), "ring: head size 64/128/256, GQA 1/2/4/8, D / 8 * G <= 128");
+    static_assert(TX * G * TZ == kThreads && KT * TX == CH * kThreads && KPZ * TZ == KT && KPZ >= 1, "ring layout");
+};
+
+// cp.async of 16 bytes global -> shared, bypassing L1 (.cg); src_bytes 0 fills the 16 bytes with zeros (keys past
+// the range: their V must be 0, not stale or uninitialized shared memory, since p * NaN is NaN).
+__device__ __forceinline__ void cp_async16(void * smem, const void * gmem, int src_bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    const unsigned s = (unsigned) __cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(src_bytes) : "memory");
+#else
+    uint4 v = make_uint4(0u, 0u, 0u, 0u);
+    if (src_bytes > 0) {
+        v = *reinterpret_cast<const uint4 *>(gmem);
+    }
+    *reinterpret_cast<uint4 *>(smem) = v;
+#endif
+}
+
+__device__ __forceinline__ void cp_async_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+
+template <int N> __device__ __forceinline__ void cp_async_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+#endif
+}
+
+// One CTA: token blockIdx.z, KV head blockIdx.y (query heads kvh * G .. kvh * G + G - 1), splits [c * spc, c * spc +
+// spc) of the row (c = blockIdx.x) that exist. Writes, per split and query head, the output (rows of one split:
+// out = o / l, and out_f16 when set) or the partial state part_o [n_tokens][n_head][n_splits][D] / part_ml
+// [n_tokens][n_head][n_splits][2] (the two-pass kernel's layout, merged by its combine kernel). bs_shift: log2 of the
+// block size when it is a power of two, else -1. 128 threads.
+template <int D, int G>
+__global__ void __launch_bounds__(kThreads)
+split_kernel(const PagedAttentionCudaArgs a, float * part_o, float * part_ml, int n_splits, int spc, int bs_shift,
+             bool pdl) {
+    using S = Shape<D, G>;
+    constexpr int TX = S::TX, TZ = S::TZ, CH = S::CH, KT = S::KT, KPZ = S::KPZ, NS = S::NS;
+    __shared__ __align__(16) half k_s[NS][KT * D];  // the ring: tile i in stage i % NS, [key][D] as in the pool
+    __shared__ __align__(16) half v_s[NS][KT * D];
+    // the key groups' states at a split's end: o [TZ][G][D], m and l [TZ][G] (unused when TZ == 1)
+    __shared__ float mo_s[TZ > 1 ? TZ * G * D : 1];
+    __shared__ float mm_s[TZ > 1 ? TZ * G : 1];
+    __shared__ float ml_s[TZ > 1 ? TZ * G : 1];
+
+    pipelined::grid_dependency_wait();  // q, K/V and the tables may come from the previous kernels (PDL)
+    if (pdl) {
+        pipelined::grid_launch_dependents();
+    }
+    const int tid = threadIdx.x;
+    const int tx = tid % TX;
+    const int ty = (tid / TX) % G;
+    const int tz = tid / (TX * G);
+    const int kvh = blockIdx.y;
+    const int t = blockIdx.z;
+    const int ctx = a.token_ctx_len[t];
+    const int split_keys = two_pass::split_keys_for(ctx);
+    const int ns = two_pass::split_count(ctx);
+    const int s_begin = (int) blockIdx.x * spc;
+    if (s_begin >= ns || ns > n_splits) {
+        return;  // past this row's splits, or a context longer than the table allows (nothing written)
+    }
+    const int s_end = min(s_begin + spc, ns);
+    const int tiles_per_split = (split_keys + KT - 1) / KT;
+    const int last_keys = ctx - (ns - 1) * split_keys;  // keys of the row's last split
+    const int n_tiles = (s_end - s_begin - 1) * tiles_per_split +
+                        (s_end == ns ? (last_keys + KT - 1) / KT : tiles_per_split);
+    const int32_t * table = a.block_tables + (int64_t) a.token_seq_idx[t] * a.block_table_stride;
+    const int32_t stage_base = (int32_t) a.stage_base_row;  // INT32_MAX without streaming (launch)
+    const int head = kvh * G + ty;
+
+    // Pool rows of this thread's chunks of tile i (-1: past the tile's split or the row), chunk c = key
+    // (tid + c * kThreads) / TX of the tile, 16 bytes at column part * 8 of the KV head's D.
+    auto tile_rows = [&](int i, int32_t (&rows)[CH]) {
+        const int sp = s_begin + i / tiles_per_split;
+        const int k0 = sp * split_keys + (i % tiles_per_split) * KT;
+        const int kend = min((sp + 1) * split_keys, ctx);
+#pragma unroll
+        for (int c = 0; c < CH; ++c) {
+            const int p = k0 + (tid + c * kThreads) / TX;
+            int32_t r = -1;
+            if (i < n_tiles && p < kend) {
+                const int blk = bs_shift >= 0 ? p >> bs_shift : p / a.block_size;
+                const int off = bs_shift >= 0 ? p & (a.block_size - 1) : p % a.block_size;
+                r = __ldg(table + blk) * a.block_size + off;
+            }
+            rows[c] = r;
+        }
+    };
+    auto issue_tile = [&](int i, const int32_t (&rows)[CH]) {
+        const int st = i % NS;
+#pragma unroll
+        for (int c = 0; c < CH; ++c) {
+            const int q = tid + c * kThreads;
+            const int col = kvh * D + (q % TX) * 8;
+            const bool ok = rows[c] >= 0;
+            const half * kp = ok ? pipelined::kv_row(a.k_pool, a.k_stage, a.k_stride_row, rows[c], stage_base, col)
+                                 : a.k_pool;
+            const half * vp = ok ? pipelined::kv_row(a.v_pool, a.v_stage, a.v_stride_row, rows[c], stage_base, col)
+                                 : a.v_pool;
+            cp_async16(&k_s[st][q * 8], kp, ok ? 16 : 0);
+            cp_async16(&v_s[st][q * 8], vp, ok ? 16 : 0);
+        }
+    };
+
+    // the ring's first NS - 1 tiles, and the rows of tile NS - 1 (issued in the loop's first step)
+    int32_t rows[CH];
+#pragma unroll
+    for (int i = 0; i < NS - 1; ++i) {
+        tile_rows(i, rows);
+        issue_tile(i, rows);
+        cp_async_commit();
+    }
+    tile_rows(NS - 1, rows);
+
+    float q[8];
+    {
+        const float * qp = a.q + (int64_t) t * a.q_stride_token + (int64_t) head * a.q_stride_head + tx * 8;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            q[j] = qp[j];
+        }
+    }
+    float m = -INFINITY;
+    float l = 0.0f;
+    float o[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+        o[j] = 0.0f;
+    }
+
+    for (int i = 0; i < n_tiles; ++i) {
+        cp_async_wait<NS - 2>();  // this thread's copies of tile i have landed
+        __syncthreads();          // everyone's have, and stage (i - 1) % NS is read by no one
+        issue_tile(i + NS - 1, rows);
+        cp_async_commit();  // one group per step, empty past the range, so that the wait count above holds
+        tile_rows(i + NS, rows);  // its table loads are in flight during this tile's arithmetic
+
+        const half * kt = &k_s[i % NS][0];
+        const half * vt = &v_s[i % NS][0];
+        const int sp = s_begin + i / tiles_per_split;
+        const int k0 = sp * split_keys + (i % tiles_per_split) * KT;
+        const int kend = min((sp + 1) * split_keys, ctx);
+        // scores of this key group's KPZ keys for head ty
+        float s[KPZ];
+#pragma unroll
+        for (int j = 0; j < KPZ; ++j) {
+            const int kk = tz * KPZ + j;
+            const uint4 raw = *reinterpret_cast<const uint4 *>(kt + kk * D + tx * 8);
+            float kf[8];
+            pipelined::halves_to_float(raw, kf);
+            float d = 0.0f;
+#pragma unroll
+            for (int e = 0; e < 8; ++e) {
+                d = fmaf(q[e], kf[e], d);
+            }
+#pragma unroll
+            for (int off = TX / 2; off > 0; off >>= 1) {
+                d += __shfl_xor_sync(0xffffffffu, d, off);
+            }
+            d *= a.scale;
+            if (a.softcap != 0.0f) {
+                d = a.softcap * tanhf(d / a.softcap);
+            }
+            s[j] = k0 + kk < kend ? d : -INFINITY;
+        }
+        // online softmax over the key group's keys, in key order
+        float m_new = m;
+#pragma unroll
+        for (int j = 0; j < KPZ; ++j) {
+            m_new = fmaxf(m_new, s[j]);
+        }
+        const float m_use = m_new == -INFINITY ? 0.0f : m_new;  // no key yet: every weight below is 0
+        const float alpha = expf(m - m_use);
+        l *= alpha;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+            o[e] *= alpha;
+        }
+#pragma unroll
+        for (int j = 0; j < KPZ; ++j) {
+            const float p = expf(s[j] - m_use);
+            l += p;
+            const uint4 raw = *reinterpret_cast<const uint4 *>(vt + (tz * KPZ + j) * D + tx * 8);
+            float vf[8];
+            pipelined::halves_to_float(raw, vf);
+#pragma unroll
+            for (int e = 0; e < 8; ++e) {
+                o[e] = fmaf(p, vf[e], o[e]);
+            }
+        }
+        m = m_new;
+
+        const bool split_end = (i + 1) % tiles_per_split == 0 || i + 1 == n_tiles;
+        if (!split_end) {
+            continue;
+        }
+        // the split's state: merge the key groups (z in order), then the output or the partial state
+        const bool one_split = ns == 1;
+        const int64_t part = ((int64_t) t * a.n_head + head) * n_splits + sp;
+        if (TZ == 1) {
+#pragma unroll
+            for (int e = 0; e < 8; ++e) {
+                const int dd = tx * 8 + e;
+                if (one_split) {
+                    const int64_t at = ((int64_t) t * a.n_head + head) * D + dd;
+                    const float r = o[e] / l;
+                    a.out[at] = r;
+                    if (a.out_f16 != nullptr) {
+                        a.out_f16[at] = __float2half(r);
+                    }
+                } else {
+                    part_o[part * D + dd] = o[e];
+                }
+            }
+            if (!one_split && tx == 0) {
+                part_ml[2 * part] = m;
+                part_ml[2 * part + 1] = l;
+            }
+        } else {
+#pragma unroll
+            for (int e = 0; e < 8; ++e) {
+                mo_s[(tz * G + ty) * D + tx * 8 + e] = o[e];
+            }
+            if (tx == 0) {
+                mm_s[tz * G + ty] = m;
+                ml_s[tz * G + ty] = l;
+            }
+            __syncthreads();
+            for (int idx = tid; idx < G * D; idx += kThreads) {
+                const int h = idx / D;
+                const int dd = idx % D;
+                float mx = mm_s[h];
+#pragma unroll
+                for (int z = 1; z < TZ; ++z) {
+                    mx = fmaxf(mx, mm_s[z * G + h]);
+                }
+                float oo = 0.0f;
+                float ll = 0.0f;
+#pragma unroll
+                for (int z = 0; z < TZ; ++z) {
+                    const float w = expf(mm_s[z * G + h] - mx);  // a key group without keys: exp(-inf) = 0
+                    oo = fmaf(w, mo_s[(z * G + h) * D + dd], oo);
+                    ll = fmaf(w, ml_s[z * G + h], ll);
+                }
+                const int hh = kvh * G + h;
+                if (one_split) {
+                    const int64_t at = ((int64_t) t * a.n_head + hh) * D + dd;
+                    const float r = oo / ll;
+                    a.out[at] = r;
+                    if (a.out_f16 != nullptr) {
+                        a.out_f16[at] = __float2half(r);
+                    }
+                } else {
+                    const int64_t ph = ((int64_t) t * a.n_head + hh) * n_splits + sp;
+                    part_o[ph * D + dd] = oo;
+                    if (dd == 0) {
+                        part_ml[2 * ph] = mx;
+                        part_ml[2 * ph + 1] = ll;
+                    }
+                }
+            }
+            // mo_s / mm_s / ml_s are written again at the next split's end, after the next step's __syncthreads
+        }
+        m = -INFINITY;
+        l = 0.0f;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+            o[e] = 0.0f;
+        }
+    }
+    cp_async_wait<0>();  // no copy outlives the CTA (the groups past the range are empty)
+}
+
+}  // namespace ring
+}  // namespace cuda
+}  // namespace cf
