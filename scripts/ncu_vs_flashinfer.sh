@@ -7,6 +7,9 @@
 # name filter, then the 5th matching launch (past the correctness launch and the warm-up), caches flushed before it
 # (ncu's default) as in the bench's "graph over cold K/V", clocks as the device runs them.
 # Usage: scripts/ncu_vs_flashinfer.sh BIN OUTDIR SHAPE...   (SHAPE: B,ctx,D with D 64 or 128)
+#   NCU_KERNELS: the kernel name filters (regexes over ncu's function names), default the four above; e.g. with
+#   CACHEFLOW_PA_KERNEL=ring in the environment "split_kernel paged_attention_combine_kernel" for the ring kernel's
+#   (namespace cf::cuda::ring) split and the combine. NCU_TAG: a word added to the output files' names.
 # Writes OUTDIR/ncu_fi_<B>_<ctx>_<D>_<kernel>.txt per kernel and prints, per kernel, its duration, DRAM throughput,
 # achieved occupancy, registers and the top warp-stall lines (for the caller's log).
 set -u
@@ -27,9 +30,9 @@ for r in long_scoreboard barrier lg_throttle short_scoreboard wait math_pipe_thr
   stalls="$stalls,smsp__average_warps_issue_stalled_${r}_per_issue_active.ratio"
 done
 for shape in "$@"; do
-  for k in paged_attention_split_kernel paged_attention_combine_kernel BatchDecodeWithPagedKVCacheKernel \
-           PersistentVariableLengthMergeStatesKernel; do
-    f="$out/ncu_fi_${shape//,/_}_$k.txt"
+  for k in ${NCU_KERNELS:-paged_attention_split_kernel paged_attention_combine_kernel BatchDecodeWithPagedKVCacheKernel \
+           PersistentVariableLengthMergeStatesKernel}; do
+    f="$out/ncu_fi_${shape//,/_}_${NCU_TAG:+${NCU_TAG}_}$k.txt"
     echo "ncu $shape $k"
     # shellcheck disable=SC2086  # $sections: several words on purpose
     timeout 120 "$ncu" --clock-control none $sections --metrics "${stalls#,}" -k "regex:$k" --launch-skip 4 \
