@@ -87,7 +87,7 @@ def run_cacheflow(llm, args: argparse.Namespace, seed: int) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("-m", "--model", default=None, help="GGUF path (default model if unset)")
     parser.add_argument("--npp", type=int, default=128, help="prompt tokens per request")
     parser.add_argument("--ntg", type=int, default=64, help="output tokens per request")

@@ -118,7 +118,7 @@ def run_case(model: str, mode: str, prompts: list[list[int]], output_len: int, c
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("-m", "--model", required=True, help="GGUF path")
     ap.add_argument("--cases", nargs="+", default=["32768x1", "32768x4"], help="PROMPTxBATCH, e.g. 65536x2")
     ap.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))

@@ -47,7 +47,7 @@ def workload(args: argparse.Namespace) -> list[tuple[float, list[int], int, bool
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("-m", "--model", default=None, help="GGUF (default: the default model)")
     parser.add_argument("-t", "--threads", type=int, default=0)
     parser.add_argument("-ngl", "--gpu-layers", type=int, default=0)

@@ -141,7 +141,7 @@ def workloads(args: argparse.Namespace, model: str, n_vocab: int):
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("-m", "--model", default=None, help="GGUF path (default model if unset)")
     ap.add_argument("--dataset", choices=("random", "sharegpt"), default="random",
                     help="random: --prompt-lens x --output-len; sharegpt: ShareGPT's prompts and reply lengths")

@@ -89,7 +89,7 @@ def short_name(name: str, width: int = 70) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("csv_path")
     ap.add_argument("--last", type=int, default=100, help="graph launches analysed, the last ones of the trace")
     ap.add_argument("--min-nodes", type=int, default=20, help="smaller graphs are not decode steps")

@@ -87,7 +87,7 @@ def _tuple(names: tuple[str, ...]) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--readme", type=Path, default=README)
     parser.add_argument("--check", action="store_true", help="exit 1 if the table is stale")
     args = parser.parse_args()

@@ -21,7 +21,7 @@ UNITS_US = {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("csv_path")
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--per-step-kernel", default="paged_attention_split")

@@ -19,7 +19,7 @@ from pycacheflow.bench.results import read_csv  # noqa: E402
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("-d", "--dir", type=Path, default=Path("results"), help="results directory")
     args = parser.parse_args()
     d = args.dir

@@ -20,7 +20,7 @@ from pycacheflow import LLM, SamplingParams
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("-m", "--model", required=True, help="GGUF path")
     ap.add_argument("--npp", type=int, default=128, help="prompt tokens per request")
     ap.add_argument("--ntg", type=int, default=128, help="output tokens per request")
