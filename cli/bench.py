@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+import shlex
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -369,6 +370,12 @@ def _offline(
     )
 
 
+def invocation() -> str:
+    """The command line this process was started with, as a shell would take it back: `cacheflow` and
+    the arguments after the program name (the report's "reproduce" line)."""
+    return shlex.join(["cacheflow", *sys.argv[1:]])
+
+
 def _json_value(value: object) -> object:
     """An option's value as JSON keeps it: numbers, booleans, null and text as they are, tuples (repeated options)
     as lists, anything else (paths, and inf: --request-rate's "all at once", which JSON cannot spell) as text."""
@@ -665,6 +672,7 @@ class _Context:
         self._tokenizer.close()
         return {
             "command": command,
+            "command_line": invocation(),
             "environment": env,
             "parameters": {**self.params, "concurrency_levels": list(levels)},
             "hardware": {
@@ -939,6 +947,7 @@ def serve(url: str, baselines: tuple[str, ...], client_check: bool, **opts: obje
 
     summary = {
         "command": "serve",
+        "command_line": invocation(),
         "environment": environment.environment(model, 0, library_build_type=False),
         "parameters": {
             **{k: _json_value(v) for k, v in opts.items()},

@@ -59,6 +59,10 @@ def _table(header: Sequence[str], body: Sequence[Sequence[str]]) -> list[str]:
 
 
 def _command_line(s: dict) -> str:
+    """The command that wrote summary s: as typed (its command_line, since stop 52), else rebuilt from its
+    parameters (older results; options outside the ones below are not shown)."""
+    if s.get("command_line"):
+        return str(s["command_line"])
     p = s.get("parameters", {})
     cmd = s.get("command", "").replace("_", "-")
     parts = [

@@ -48,11 +48,8 @@ def serve_sections(d: Path) -> list[str]:
     ]
     for path in paths:
         summary_path = path.with_name("serve_summary.json")
-        params = (
-            json.loads(summary_path.read_text()).get("parameters", {})
-            if summary_path.exists()
-            else {}
-        )
+        summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
+        params = summary.get("parameters", {})
         subject = params.get("url", "")
         baselines = set(params.get("baselines", []))
         rows = [r for r in read_csv(path) if r["variant"] != "no-op server"]
@@ -87,6 +84,8 @@ def serve_sections(d: Path) -> list[str]:
                 ]
             )
         lines += [f"`{path.parent.relative_to(d) if path.parent != d else '.'}`", ""]
+        if summary.get("command_line"):
+            lines += [f"    {summary['command_line']}", ""]
         lines += _table(
             [
                 "server",

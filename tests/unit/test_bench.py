@@ -435,7 +435,12 @@ def test_report_from_synthetic_files(tmp_path):
     results.write_json(tmp_path / "throughput_summary.json", {**env, "command": "throughput"})
     results.write_json(tmp_path / "scaling_summary.json", {**env, "command": "scaling"})
     text = report.generate(tmp_path).read_text()
-    assert "`abc1234`" in text and "--baseline stock" in text
+    assert "`abc1234`" in text and "--baseline stock" in text  # rebuilt from the parameters
+    typed = "cacheflow bench throughput -n 2 -p 8 -o 4 --kv-mode paged --dataset 'a b.json'"
+    results.write_json(
+        tmp_path / "throughput_summary.json", {**env, "command": "throughput", "command_line": typed}
+    )
+    assert f"    {typed}" in report.generate(tmp_path).read_text()  # as typed, where recorded
     assert "| cacheflow | stock | 2 | 1 | 30.0 |" in text
     assert "| 1.50 |" in text  # 30 / 20, from the CSV
     assert "10.0%" in text  # ceiling fraction
@@ -460,9 +465,11 @@ def test_report_serving_and_kv_capacity_sections(tmp_path):
     ]  # fmt: skip
     results.write_csv(serve_dir / "serve_results.csv", rows)
     results.write_json(serve_dir / "serve_summary.json",
-                       {"parameters": {"url": "http://a", "baselines": ["http://b"]}})
+                       {"parameters": {"url": "http://a", "baselines": ["http://b"]},
+                        "command_line": "cacheflow bench serve http://a --baseline http://b -r 0.5"})
     text = "\n".join(report_extra.serve_sections(tmp_path))
     assert "`cpu_serve/rate_0.5`" in text
+    assert "    cacheflow bench serve http://a --baseline http://b -r 0.5" in text
     assert "| under test `http://a` | sharegpt | 0.5 | 8 (0 failed) | 90.0 | 100.0 | 400.0 |" in text
     assert "| baseline `http://b` |" in text and "| 1.50x | 0.50 |" in text  # 90/60, 400/800
 
