@@ -55,6 +55,7 @@ template <class T> T __shfl_xor_sync(unsigned, T v, int off, int = 32) {
     return r;
 }
 template <class T> T __ldg(const T * p) { return *p; }
+inline int __ffs(int x) { return __builtin_ffs(x); }
 #include "paged_attention_pipelined.cuh"
 #include "paged_attention_ring.cuh"
 #include "paged_attention_two_pass.cuh"

@@ -6,8 +6,9 @@
 # Order:
 # 1. the CUDA build (scripts/h200_gpu_tests.sh build), beside it the standalone test binary `tpa_r` (this tree; its
 #    `--ring` correctness tests run then: the two-pass kernel and the ring kernel at 1, 2, 16 and by-the-grid splits
-#    per CTA on every shape, long rows included) and the FlashInfer bench binary;
-# 2. timings: tpa_r --bench long with CF_BENCH_RING (two-pass, ring by the grid, ring at 1, 2, 4 splits per CTA);
+#    per CTA on every shape, long rows included), `tpa_r6` (the ring at 6 / 3 stages) and the FlashInfer bench binary;
+# 2. timings: tpa_r and tpa_r6 --bench long with CF_BENCH_RING (two-pass, ring by the grid, ring at 1, 2, 4 splits
+#    per CTA);
 #    FlashInfer side by side with CACHEFLOW_PA_KERNEL=ring on the long shapes, plain launches and graphs; ncu of the
 #    ring kernel at B=8 / 8K and B=1 / 32K (scripts/ncu_vs_flashinfer.sh, NCU_KERNELS);
 # 3. the engine's decode, default (two-pass) and ring: B=256 and 64 at 128/128, B=8 at 8K, each against its own
@@ -25,6 +26,9 @@ say "start"
      native/src/kernels/cuda/paged_attention.cu native/src/kernels/cuda/paged_prefill_mma.cu \
      native/tests/cuda/test_paged_attention_cuda.cu -o /tmp/tpa_r > /tmp/res/k/nvcc_tpa_r.log 2>&1 \
  && /tmp/tpa_r --ring > /tmp/res/k/tests_ring.txt 2>&1; echo "rc $?" >> /tmp/res/k/tests_ring.txt) &
+nvcc -std=c++17 -arch=sm_90 -O3 --use_fast_math -DCF_RING_STAGES_1=6 -DCF_RING_STAGES_N=3 -I native/src/kernels/cuda \
+    native/src/kernels/cuda/paged_attention.cu native/src/kernels/cuda/paged_prefill_mma.cu \
+    native/tests/cuda/test_paged_attention_cuda.cu -o /tmp/tpa_r6 > /tmp/res/k/nvcc_tpa_r6.log 2>&1 &
 BUILD_ONLY=1 OUT=/tmp/res/k BIN=/tmp/cf_fi_decode ARCH=sm_90 bash scripts/bench_flashinfer_decode.sh &
 OUT=/tmp/res/b STAGES="build" bash scripts/h200_gpu_tests.sh
 grep -v "] exit " /tmp/res/b/run.log | tail -2 >> /tmp/res/run.log  # not its exit line: device_poll.sh waits for ours
@@ -34,6 +38,9 @@ grep -E "PASS|FAIL|failed|^rc" /tmp/res/k/tests_ring.txt | cut -c1-170 >> /tmp/r
 say "tpa_r --bench long, CF_BENCH_RING (us per layer back to back | graph over cold K/V)"
 CF_BENCH_RING=1 CF_BENCH_SKIP_TESTS=1 /tmp/tpa_r --bench long > /tmp/res/k/bench_ring_long.txt 2>&1
 grep -E "bench decode|copy|issue 11|FAIL|fail" /tmp/res/k/bench_ring_long.txt | strip >> /tmp/res/run.log
+say "tpa_r6 (6 / 3 stages in the ring) --bench long, CF_BENCH_RING"
+CF_BENCH_RING=1 CF_BENCH_SKIP_TESTS=1 /tmp/tpa_r6 --bench long > /tmp/res/k/bench_ring6_long.txt 2>&1
+grep -E "bench decode|issue 11|FAIL|fail" /tmp/res/k/bench_ring6_long.txt | strip >> /tmp/res/run.log
 say "FlashInfer side by side, CACHEFLOW_PA_KERNEL=ring, long shapes"
 for g in "" --graph; do
   for s in 1,8192,64 8,8192,64 32,8192,64 1,32768,64 4,32768,64 8,8192,128 32,8192,128; do

@@ -43,6 +43,15 @@ namespace cuda {
 namespace ring {
 
 constexpr int kThreads = 128;
+// Tiles in the ring (build knobs for the standalone bench, -D at compile time; no output bit depends on them): with one
+// 16-byte chunk of K and one of V per thread per tile (GQA 4 and 8) CF_RING_STAGES_1, with two (GQA 2)
+// CF_RING_STAGES_N, with four (GQA 1) 2.
+#ifndef CF_RING_STAGES_1
+#define CF_RING_STAGES_1 4
+#endif
+#ifndef CF_RING_STAGES_N
+#define CF_RING_STAGES_N 2
+#endif
 // Most splits one CTA streams (the launcher's spc is clamped to it).
 constexpr int kMaxSplitsPerCta = 16;
 
@@ -61,8 +70,9 @@ template <int D, int G> struct Shape {
     static constexpr int CH = G == 1 ? 4 : G == 2 ? 2 : 1;
     static constexpr int KT = 1024 * CH / D;
     static constexpr int KPZ = KT / TZ;
-    static constexpr int NS = CH == 1 ? 4 : 2;
+    static constexpr int NS = CH == 1 ? CF_RING_STAGES_1 : CH == 2 ? CF_RING_STAGES_N : 2;  // GQA 1: 32 KB already
     static_assert(covers(D, G), "ring: head size 64/128/256, GQA 1/2/4/8, D / 8 * G <= 128");
+    static_assert(NS >= 2, "ring: at least two stages");
     static_assert(TX * G * TZ == kThreads && KT * TX == CH * kThreads && KPZ * TZ == KT && KPZ >= 1, "ring layout");
 };
 
@@ -129,7 +139,9 @@ split_kernel(const PagedAttentionCudaArgs a, float * part_o, float * part_ml, in
         return;  // past this row's splits, or a context longer than the table allows (nothing written)
     }
     const int s_end = min(s_begin + spc, ns);
+    // split_keys and KT are powers of two, so tiles map to (split, tile of the split) by shifts
     const int tiles_per_split = (split_keys + KT - 1) / KT;
+    const int tps_shift = __ffs(tiles_per_split) - 1;
     const int last_keys = ctx - (ns - 1) * split_keys;  // keys of the row's last split
     const int n_tiles = (s_end - s_begin - 1) * tiles_per_split +
                         (s_end == ns ? (last_keys + KT - 1) / KT : tiles_per_split);
@@ -140,8 +152,8 @@ split_kernel(const PagedAttentionCudaArgs a, float * part_o, float * part_ml, in
     // Pool rows of this thread's chunks of tile i (-1: past the tile's split or the row), chunk c = key
     // (tid + c * kThreads) / TX of the tile, 16 bytes at column part * 8 of the KV head's D.
     auto tile_rows = [&](int i, int32_t (&rows)[CH]) {
-        const int sp = s_begin + i / tiles_per_split;
-        const int k0 = sp * split_keys + (i % tiles_per_split) * KT;
+        const int sp = s_begin + (i >> tps_shift);
+        const int k0 = sp * split_keys + (i & (tiles_per_split - 1)) * KT;
         const int kend = min((sp + 1) * split_keys, ctx);
 #pragma unroll
         for (int c = 0; c < CH; ++c) {
@@ -206,8 +218,8 @@ split_kernel(const PagedAttentionCudaArgs a, float * part_o, float * part_ml, in
 
         const half * kt = &k_s[i % NS][0];
         const half * vt = &v_s[i % NS][0];
-        const int sp = s_begin + i / tiles_per_split;
-        const int k0 = sp * split_keys + (i % tiles_per_split) * KT;
+        const int sp = s_begin + (i >> tps_shift);
+        const int k0 = sp * split_keys + (i & (tiles_per_split - 1)) * KT;
         const int kend = min((sp + 1) * split_keys, ctx);
         // scores of this key group's KPZ keys for head ty
         float s[KPZ];
@@ -259,7 +271,7 @@ split_kernel(const PagedAttentionCudaArgs a, float * part_o, float * part_ml, in
         }
         m = m_new;
 
-        const bool split_end = (i + 1) % tiles_per_split == 0 || i + 1 == n_tiles;
+        const bool split_end = ((i + 1) & (tiles_per_split - 1)) == 0 || i + 1 == n_tiles;
         if (!split_end) {
             continue;
         }
