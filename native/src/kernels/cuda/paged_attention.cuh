@@ -6,7 +6,7 @@
 // block_tables[row][p / block_size] * block_size + p % block_size. Causality comes from the context
 // lengths, so no KQ mask exists. Query head h reads KV head h / (n_head / n_head_kv).
 //
-// Work decomposition (grid = splits x KV heads x tokens, 128 threads per CTA), three kernels behind one launcher
+// Work decomposition (grid = splits x KV heads x tokens, 128 threads per CTA), four kernels behind one launcher
 // (PagedAttentionCudaArgs::kernel, default CACHEFLOW_PA_KERNEL, else the two-pass kernel until the pipelined one has
 // passed on a GPU):
 //   - one CTA (in the warp-split kernel, one warp) computes all n_head / n_head_kv query heads of one KV
@@ -26,6 +26,9 @@
 //     (about 32 splits per long row), each warp streams its own tiles with an online softmax, K/V of the next
 //     tile in flight while one is computed; the combine kernel and the split kernel use programmatic
 //     dependent launch on sm_90;
+//   - ring kernel (paged_attention_ring.cuh, stop 52, opt-in): the two-pass kernel's splits and combine, the query
+//     heads across threads, K/V tiles through a cp.async ring, an online softmax per key group, and CTAs that stream
+//     several splits of their row (a grid choice: the same bits);
 //   - warp-split kernel (paged_attention_warp_split.cuh, stop 34, opt-in): a split is one warp's (S = 64 keys up to
 //     4,096-key rows, then about 64 splits of at most 256), four splits per CTA in parallel; a row of at most four
 //     splits is merged in its CTA, longer rows by a combine kernel.
