@@ -203,7 +203,13 @@ void launch_ring(const PagedAttentionCudaArgs & a, std::vector<float> & ws, int 
         const int bs_shift = (a.block_size & (a.block_size - 1)) == 0 ? __builtin_ctz(a.block_size) : -1;
         const auto [po, pml] = partials<D>(ws, a, n_splits);
         run_grid((n_splits + spc - 1) / spc, a.n_head_kv, a.n_tokens,
-                 [&] { ring::split_kernel<D, G>(a, po, pml, n_splits, spc, bs_shift, false); });
+                 [&] {
+                     if (a.softcap != 0.0f) {
+                         ring::split_kernel<D, G, true>(a, po, pml, n_splits, spc, bs_shift, false);
+                     } else {
+                         ring::split_kernel<D, G, false>(a, po, pml, n_splits, spc, bs_shift, false);
+                     }
+                 });
         if (n_splits > 1) {
             run_grid(a.n_head, a.n_tokens, 1,
                      [&] { two_pass::paged_attention_combine_kernel<D>(a, po, pml, n_splits, false); });

@@ -230,7 +230,7 @@ template <int D, int G> int ring_splits_per_cta(int n_splits, const PagedAttenti
     }
     int per_sm = cached[dev].load(std::memory_order_relaxed);
     if (per_sm == 0) {
-        per_sm = resident_ctas_per_sm(ring::split_kernel<D, G>, ring::kThreads);
+        per_sm = resident_ctas_per_sm(ring::split_kernel<D, G, false>, ring::kThreads);
         if (per_sm <= 0) {
             return 1;
         }
@@ -382,8 +382,9 @@ cudaError_t launch(const PagedAttentionCudaArgs & args, const Plan & plan, void 
             const int bs_shift =
                 (a.block_size & (a.block_size - 1)) == 0 ? __builtin_ctz((unsigned) a.block_size) : -1;
             const dim3 rgrid((unsigned) ((n_splits + spc - 1) / spc), (unsigned) a.n_head_kv, (unsigned) a.n_tokens);
-            cudaError_t err = launch_ex(ring::split_kernel<D, G>, rgrid, dim3(ring::kThreads), plan.pdl, stream, a,
-                                        part_o, part_ml, n_splits, spc, bs_shift, plan.pdl);
+            auto kernel = a.softcap != 0.0f ? ring::split_kernel<D, G, true> : ring::split_kernel<D, G, false>;
+            cudaError_t err = launch_ex(kernel, rgrid, dim3(ring::kThreads), plan.pdl, stream, a, part_o, part_ml,
+                                        n_splits, spc, bs_shift, plan.pdl);
             if (err == cudaSuccess && n_splits > 1) {
                 err = launch_ex(paged_attention_combine_kernel<D>, cgrid, dim3(kCombineThreads), plan.pdl, stream, a,
                                 (const float *) part_o, (const float *) part_ml, n_splits, plan.pdl);

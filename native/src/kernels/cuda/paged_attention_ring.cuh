@@ -44,8 +44,8 @@ namespace ring {
 
 constexpr int kThreads = 128;
 // Tiles in the ring (build knobs for the standalone bench, -D at compile time; no output bit depends on them): with one
-// 16-byte chunk of K and one of V per thread per tile (GQA 4 and 8) CF_RING_STAGES_1, with two (GQA 2)
-// CF_RING_STAGES_N, with four (GQA 1) 2.
+// 16-byte chunk of K and one of V per thread per tile (GQA 8) CF_RING_STAGES_1, with two (GQA 4) CF_RING_STAGES_N,
+// with four (GQA 1 and 2) 2.
 #ifndef CF_RING_STAGES_1
 #define CF_RING_STAGES_1 4
 #endif
@@ -63,14 +63,15 @@ __host__ __device__ constexpr bool covers(int D, int G) {
 //   TX lanes per head row (16 bytes = 8 halves each), TZ key groups, CH 16-byte chunks of K (and of V) each thread
 //   copies per tile, KT = 1024 * CH / D keys per tile (CH * 2 KB of K and as much of V), KPZ = KT / TZ keys per key
 //   group per tile, NS tiles in the ring (stages). Small groups take more chunks per thread, so that a tile carries
-//   a few keys per key group (FlashInfer's tile_size_per_bdx plays that part).
+//   4-8 keys per key group (FlashInfer's tile_size_per_bdx plays that part): the per-tile work (block table, addresses,
+//   barrier, the softmax's rescale) is paid once per KPZ keys. KPZ: 4 at GQA 1, 8 otherwise.
 template <int D, int G> struct Shape {
     static constexpr int TX = D / 8;
     static constexpr int TZ = kThreads / (TX * G);
-    static constexpr int CH = G == 1 ? 4 : G == 2 ? 2 : 1;
+    static constexpr int CH = G <= 2 ? 4 : G == 4 ? 2 : 1;
     static constexpr int KT = 1024 * CH / D;
     static constexpr int KPZ = KT / TZ;
-    static constexpr int NS = CH == 1 ? CF_RING_STAGES_1 : CH == 2 ? CF_RING_STAGES_N : 2;  // GQA 1: 32 KB already
+    static constexpr int NS = CH == 1 ? CF_RING_STAGES_1 : CH == 2 ? CF_RING_STAGES_N : 2;  // CH 4: 32 KB already
     static_assert(covers(D, G), "ring: head size 64/128/256, GQA 1/2/4/8, D / 8 * G <= 128");
     static_assert(NS >= 2, "ring: at least two stages");
     static_assert(TX * G * TZ == kThreads && KT * TX == CH * kThreads && KPZ * TZ == KT && KPZ >= 1, "ring layout");
@@ -107,8 +108,12 @@ template <int N> __device__ __forceinline__ void cp_async_wait() {
 // spc) of the row (c = blockIdx.x) that exist. Writes, per split and query head, the output (rows of one split:
 // out = o / l, and out_f16 when set) or the partial state part_o [n_tokens][n_head][n_splits][D] / part_ml
 // [n_tokens][n_head][n_splits][2] (the two-pass kernel's layout, merged by its combine kernel). bs_shift: log2 of the
-// block size when it is a power of two, else -1. 128 threads.
-template <int D, int G>
+// block size when it is a power of two, else -1. kSoftcap: a.softcap != 0 (the launcher's choice; a template argument
+// so that the plain kernel carries no tanh path). 128 threads.
+// Scores are kept in log2 units (FlashInfer's use of exp2): q is scaled by scale * log2(e) once (without a soft cap;
+// with one by scale, and the capped score by log2(e)), so that every exponential is one ex2; the states written for
+// the combine kernel carry m in natural units (m * ln 2), as the two-pass kernel's do.
+template <int D, int G, bool kSoftcap>
 __global__ void __launch_bounds__(kThreads)
 split_kernel(const PagedAttentionCudaArgs a, float * part_o, float * part_ml, int n_splits, int spc, int bs_shift,
              bool pdl) {
@@ -173,11 +178,14 @@ split_kernel(const PagedAttentionCudaArgs a, float * part_o, float * part_ml, in
         for (int c = 0; c < CH; ++c) {
             const int q = tid + c * kThreads;
             const int col = kvh * D + (q % TX) * 8;
-            const bool ok = rows[c] >= 0;
-            const half * kp = ok ? pipelined::kv_row(a.k_pool, a.k_stage, a.k_stride_row, rows[c], stage_base, col)
-                                 : a.k_pool;
-            const half * vp = ok ? pipelined::kv_row(a.v_pool, a.v_stage, a.v_stride_row, rows[c], stage_base, col)
-                                 : a.v_pool;
+            const int32_t r = rows[c];
+            const bool ok = r >= 0;
+            // pool row r, or with streaming row r - stage_base of the staging slot (pipelined::kv_row) as selects;
+            // a chunk past the range reads nothing (row 0 of the pool as its address, zero-filled)
+            const bool staged = r >= stage_base;
+            const int64_t row = ok ? (staged ? r - stage_base : r) : 0;
+            const half * kp = (staged ? a.k_stage : a.k_pool) + row * a.k_stride_row + col;
+            const half * vp = (staged ? a.v_stage : a.v_pool) + row * a.v_stride_row + col;
             cp_async16(&k_s[st][q * 8], kp, ok ? 16 : 0);
             cp_async16(&v_s[st][q * 8], vp, ok ? 16 : 0);
         }
@@ -193,12 +201,17 @@ split_kernel(const PagedAttentionCudaArgs a, float * part_o, float * part_ml, in
     }
     tile_rows(NS - 1, rows);
 
+    constexpr float kLog2e = 1.4426950408889634f;
+    constexpr float kLn2 = 0.6931471805599453f;
+    const float cap_inv = kSoftcap ? 1.0f / a.softcap : 0.0f;
+    const float cap_log2 = kSoftcap ? a.softcap * kLog2e : 0.0f;
     float q[8];
     {
         const float * qp = a.q + (int64_t) t * a.q_stride_token + (int64_t) head * a.q_stride_head + tx * 8;
+        const float qscale = kSoftcap ? a.scale : a.scale * kLog2e;
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
-            q[j] = qp[j];
+            q[j] = qp[j] * qscale;
         }
     }
     float m = -INFINITY;
@@ -238,9 +251,8 @@ split_kernel(const PagedAttentionCudaArgs a, float * part_o, float * part_ml, in
             for (int off = TX / 2; off > 0; off >>= 1) {
                 d += __shfl_xor_sync(0xffffffffu, d, off);
             }
-            d *= a.scale;
-            if (a.softcap != 0.0f) {
-                d = a.softcap * tanhf(d / a.softcap);
+            if (kSoftcap) {
+                d = cap_log2 * tanhf(d * cap_inv);
             }
             s[j] = k0 + kk < kend ? d : -INFINITY;
         }
@@ -251,7 +263,7 @@ split_kernel(const PagedAttentionCudaArgs a, float * part_o, float * part_ml, in
             m_new = fmaxf(m_new, s[j]);
         }
         const float m_use = m_new == -INFINITY ? 0.0f : m_new;  // no key yet: every weight below is 0
-        const float alpha = expf(m - m_use);
+        const float alpha = exp2f(m - m_use);
         l *= alpha;
 #pragma unroll
         for (int e = 0; e < 8; ++e) {
@@ -259,7 +271,7 @@ split_kernel(const PagedAttentionCudaArgs a, float * part_o, float * part_ml, in
         }
 #pragma unroll
         for (int j = 0; j < KPZ; ++j) {
-            const float p = expf(s[j] - m_use);
+            const float p = exp2f(s[j] - m_use);
             l += p;
             const uint4 raw = *reinterpret_cast<const uint4 *>(vt + (tz * KPZ + j) * D + tx * 8);
             float vf[8];
@@ -294,7 +306,7 @@ split_kernel(const PagedAttentionCudaArgs a, float * part_o, float * part_ml, in
                 }
             }
             if (!one_split && tx == 0) {
-                part_ml[2 * part] = m;
+                part_ml[2 * part] = m * kLn2;
                 part_ml[2 * part + 1] = l;
             }
         } else {
@@ -319,7 +331,7 @@ split_kernel(const PagedAttentionCudaArgs a, float * part_o, float * part_ml, in
                 float ll = 0.0f;
 #pragma unroll
                 for (int z = 0; z < TZ; ++z) {
-                    const float w = expf(mm_s[z * G + h] - mx);  // a key group without keys: exp(-inf) = 0
+                    const float w = exp2f(mm_s[z * G + h] - mx);  // a key group without keys: exp2(-inf) = 0
                     oo = fmaf(w, mo_s[(z * G + h) * D + dd], oo);
                     ll = fmaf(w, ml_s[z * G + h], ll);
                 }
@@ -335,7 +347,7 @@ split_kernel(const PagedAttentionCudaArgs a, float * part_o, float * part_ml, in
                     const int64_t ph = ((int64_t) t * a.n_head + hh) * n_splits + sp;
                     part_o[ph * D + dd] = oo;
                     if (dd == 0) {
-                        part_ml[2 * ph] = mx;
+                        part_ml[2 * ph] = mx * kLn2;
                         part_ml[2 * ph + 1] = ll;
                     }
                 }
