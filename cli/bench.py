@@ -371,9 +371,19 @@ def _offline(
 
 
 def invocation() -> str:
-    """The command line this process was started with, as a shell would take it back: `cacheflow` and
-    the arguments after the program name (the report's "reproduce" line)."""
-    return shlex.join(["cacheflow", *sys.argv[1:]])
+    """The command line of this run as a shell would take it back (the report's "reproduce" line):
+    `cacheflow` and the process's arguments when they hold the running subcommand (e.g. `bench
+    throughput`), else `cacheflow` and the subcommand alone (a run started inside another program, e.g. by
+    click's test runner, whose sys.argv is not this command's). One line: newlines are written as \\n."""
+    words: list[str] = []  # the subcommand's names below the program's, e.g. ["bench", "throughput"]
+    ctx = click.get_current_context(silent=True)
+    while ctx is not None and ctx.parent is not None:
+        words.insert(0, str(ctx.info_name))
+        ctx = ctx.parent
+    argv = sys.argv[1:]
+    ours = any(argv[i : i + len(words)] == words for i in range(len(argv) - len(words) + 1))
+    line = shlex.join(["cacheflow", *(argv if ours and words else words)])
+    return line.replace("\n", "\\n")
 
 
 def _json_value(value: object) -> object:

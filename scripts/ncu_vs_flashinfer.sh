@@ -8,8 +8,10 @@
 # (ncu's default) as in the bench's "graph over cold K/V", clocks as the device runs them.
 # Usage: scripts/ncu_vs_flashinfer.sh BIN OUTDIR SHAPE...   (SHAPE: B,ctx,D with D 64 or 128)
 #   NCU_KERNELS: the kernel name filters (regexes over ncu's function names), default the four above; e.g. with
-#   CACHEFLOW_PA_KERNEL=ring in the environment "split_kernel paged_attention_combine_kernel" for the ring kernel's
-#   (namespace cf::cuda::ring) split and the combine. NCU_TAG: a word added to the output files' names.
+#   CACHEFLOW_PA_KERNEL=ring in the environment "^split_kernel paged_attention_combine_kernel" for the ring kernel's
+#   (namespace cf::cuda::ring) split and the combine ("^": not paged_attention_split_kernel, which a shape the ring
+#   kernel does not cover runs). NCU_TAG: a word added to the output files' names (the filters' other characters are
+#   left out of them).
 # Writes OUTDIR/ncu_fi_<B>_<ctx>_<D>_<kernel>.txt per kernel and prints, per kernel, its duration, DRAM throughput,
 # achieved occupancy, registers and the top warp-stall lines (for the caller's log).
 set -u
@@ -30,9 +32,9 @@ for r in long_scoreboard barrier lg_throttle short_scoreboard wait math_pipe_thr
   stalls="$stalls,smsp__average_warps_issue_stalled_${r}_per_issue_active.ratio"
 done
 for shape in "$@"; do
-  for k in ${NCU_KERNELS:-paged_attention_split_kernel paged_attention_combine_kernel BatchDecodeWithPagedKVCacheKernel \
-           PersistentVariableLengthMergeStatesKernel}; do
-    f="$out/ncu_fi_${shape//,/_}_${NCU_TAG:+${NCU_TAG}_}$k.txt"
+  for k in ${NCU_KERNELS:-paged_attention_split_kernel paged_attention_combine_kernel \
+           BatchDecodeWithPagedKVCacheKernel PersistentVariableLengthMergeStatesKernel}; do
+    f="$out/ncu_fi_${shape//,/_}_${NCU_TAG:+${NCU_TAG}_}${k//[^A-Za-z0-9_]/}.txt"
     echo "ncu $shape $k"
     # shellcheck disable=SC2086  # $sections: several words on purpose
     timeout 120 "$ncu" --clock-control none $sections --metrics "${stalls#,}" -k "regex:$k" --launch-skip 4 \

@@ -589,3 +589,33 @@ def test_build_type_from_the_native_version():
     assert native_build_type("0.1.0+1a2b3c4 (llama.cpp 0c1e570, Release)") == "Release"
     assert native_build_type("0.1.0 (llama.cpp 0c1e570)") == ""
     assert native_build_type("fake") == ""
+
+
+def test_invocation_is_the_typed_command_or_the_subcommand_alone(monkeypatch):
+    """The summaries' command_line: the process's arguments when they hold the running subcommand
+    (quoted as a shell takes them back, on one line), else the subcommand alone (click's test runner
+    runs inside pytest, whose sys.argv is not the command's)."""
+    import click
+
+    from cli.bench import invocation
+
+    seen = []
+
+    @click.group("cacheflow")
+    def top():
+        pass
+
+    @top.group("bench")
+    def bench():
+        pass
+
+    @bench.command("throughput")
+    @click.option("--dataset")
+    def throughput(dataset):
+        seen.append(invocation())
+
+    monkeypatch.setattr(sys, "argv", ["/x/cacheflow", "bench", "throughput", "--dataset", "a b\nc.json"])
+    top.main(["bench", "throughput", "--dataset", "a b\nc.json"], standalone_mode=False)
+    monkeypatch.setattr(sys, "argv", ["pytest", "-q", "tests"])
+    top.main(["bench", "throughput"], standalone_mode=False)
+    assert seen == ["cacheflow bench throughput --dataset 'a b\\nc.json'", "cacheflow bench throughput"]

@@ -20,6 +20,7 @@
 // Exit status 0 = every check passed.
 #include "device_helpers.cuh"
 #include "paged_attention.cuh"
+#include "paged_attention_ring.cuh"  // ring::covers
 #include "paged_prefill_mma.cuh"
 
 #include <algorithm>
@@ -155,7 +156,7 @@ struct Variant {
     int32_t loads;       // a PagedLoads, 0 = the launcher's default (two_pass: narrow; warp: by the grid)
     int32_t cta_warps = 0;  // warp: warps per CTA, 0 = the launcher's default (CACHEFLOW_PA_WARP_CTA, else 4)
     int32_t heads = 0;      // two_pass: a PagedHeads, 0 = the launcher's default (CACHEFLOW_PA_HEADS, else by_grid)
-    int32_t ring_spc = 0;   // ring: splits per CTA, 0 = the launcher's default (CACHEFLOW_PA_RING_SPC, else by the grid)
+    int32_t ring_spc = 0;   // ring: splits per CTA, 0 = the launcher's default (CACHEFLOW_PA_RING_SPC, else the grid's)
 };
 
 constexpr Variant kTwoPass{"two_pass", cf::cuda::kPagedKernelTwoPass, 0, 0, 0, 0};
@@ -378,6 +379,12 @@ void test_shape(int D, int n_head, int n_head_kv, int block_size, unsigned seed,
                    shape + ": row " + std::to_string(i) + " (ctx " + std::to_string(qs[i].ctx) +
                        ") differs alone/relocated from its batched output");
         }
+    }
+    // where the ring kernel does not cover the shape (GQA 3, D 256 at GQA 8), the ring setting runs the two-pass kernel
+    if (!cf::cuda::ring::covers(D, n_head / n_head_kv) && !ring_bits.empty() && !two_pass_bits.empty()) {
+        expect(std::memcmp(ring_bits.data(), two_pass_bits.data(), ring_bits.size() * sizeof(float)) == 0,
+               "D=" + std::to_string(D) + " GQA " + std::to_string(n_head / n_head_kv) +
+                   ": the ring setting must run the two-pass kernel where the ring kernel does not cover the shape");
     }
 }
 

@@ -5,11 +5,12 @@
 # "_carry/flashinfer"] (scripts/prepare_gpu_carry.sh). About 1,000 s with the machine's start.
 # Order:
 # 1. the CUDA build (scripts/h200_gpu_tests.sh build) in the background, niced, for 3-4 below; the standalone test
-#    binary `tpa_r` (this tree), `tpa_r6` (the ring at 6 / 3 stages) and the FlashInfer bench binary; tpa_r's `--ring`
-#    correctness tests (the two-pass kernel and the ring kernel at 1, 2, 16 and by-the-grid splits per CTA on every
-#    shape, long rows included);
+#    binary `tpa_r` (this tree), `tpa_r6` (more ring stages: CF_RING_STAGES_1=6 for GQA 8, CF_RING_STAGES_N=3 for GQA
+#    4, the bench's shapes; run1 of stop 52 had the first revision, where GQA 4 took CF_RING_STAGES_1) and the
+#    FlashInfer bench binary;
 # 2. timings: tpa_r and tpa_r6 --bench long with CF_BENCH_RING (two-pass, ring by the grid, ring at 1, 2, 4 splits
-#    per CTA);
+#    per CTA); then tpa_r's `--ring` correctness tests (the two-pass kernel and the ring kernel at 1, 2, 16 and
+#    by-the-grid splits per CTA on 11 shapes, long rows included);
 #    FlashInfer side by side with CACHEFLOW_PA_KERNEL=ring on the long shapes, plain launches and graphs; ncu of the
 #    ring kernel at B=8 / 8K and B=1 / 32K (scripts/ncu_vs_flashinfer.sh, NCU_KERNELS);
 # 3. the engine's decode, default (two-pass) and ring: B=256 and 64 at 128/128, B=8 at 8K, each against its own
@@ -44,7 +45,7 @@ say "standalone binaries built"
 say "tpa_r --bench long, CF_BENCH_RING (us per layer back to back | graph over cold K/V)"
 CF_BENCH_RING=1 CF_BENCH_SKIP_TESTS=1 /tmp/tpa_r --bench long > /tmp/res/k/bench_ring_long.txt 2>&1
 grep -E "bench decode|copy|issue 11|FAIL|fail" /tmp/res/k/bench_ring_long.txt | strip >> /tmp/res/run.log
-say "tpa_r6 (6 / 3 stages in the ring) --bench long, CF_BENCH_RING"
+say "tpa_r6 (CF_RING_STAGES_1=6, CF_RING_STAGES_N=3) --bench long, CF_BENCH_RING"
 CF_BENCH_RING=1 CF_BENCH_SKIP_TESTS=1 /tmp/tpa_r6 --bench long > /tmp/res/k/bench_ring6_long.txt 2>&1
 grep -E "bench decode|issue 11|FAIL|fail" /tmp/res/k/bench_ring6_long.txt | strip >> /tmp/res/run.log
 /tmp/tpa_r --ring > /tmp/res/k/tests_ring.txt 2>&1; echo "rc $?" >> /tmp/res/k/tests_ring.txt
@@ -58,7 +59,7 @@ for g in "" --graph; do
 done
 grep -E "ctx=|copy|FAIL" /tmp/res/k/fi_ring.txt | cut -c1-200 >> /tmp/res/run.log
 say "ncu: the ring kernel's split and the combine (scripts/ncu_vs_flashinfer.sh)"
-CACHEFLOW_PA_KERNEL=ring NCU_TAG=ring NCU_KERNELS="split_kernel paged_attention_combine_kernel" \
+CACHEFLOW_PA_KERNEL=ring NCU_TAG=ring NCU_KERNELS="^split_kernel paged_attention_combine_kernel" \
     bash scripts/ncu_vs_flashinfer.sh /tmp/cf_fi_decode /tmp/res/k 8,8192,64 1,32768,64 >> /tmp/res/run.log 2>&1
 if [ "${KERNEL_ONLY:-0}" = 1 ]; then
   say "exit 0"

@@ -24,7 +24,8 @@ using namespace two_pass;
 #define CF_CUDA_WHERE __FILE__ ":" CF_CUDA_STR(__LINE__) ": "
 
 // The process's defaults for the A/B knobs of PagedAttentionCudaArgs (read once): CACHEFLOW_PA_KERNEL=two_pass|
-// pipelined|warp|ring, CACHEFLOW_PA_RING_SPC=N (ring: N splits per CTA), CACHEFLOW_PA_SPLIT_KEYS=N (pipelined: N keys per split), CACHEFLOW_PA_PDL=0|1,
+// pipelined|warp|ring, CACHEFLOW_PA_RING_SPC=N (ring: N splits per CTA),
+// CACHEFLOW_PA_SPLIT_KEYS=N (pipelined: N keys per split), CACHEFLOW_PA_PDL=0|1,
 // CACHEFLOW_PA_TILE_ROWS=4|8 (pipelined: the narrow or wide register budget), CACHEFLOW_PA_LOADS=narrow|narrow_pf|
 // wide|by_grid|narrow8 (the two-pass and warp kernels' load shapes; the warp kernel takes by_grid when unset, and
 // runs narrow8 as narrow),
@@ -223,18 +224,22 @@ int warps_per_cta() {
 // large batch's grid runs as one wave without a longer split (which would change the sums: batch invariance); the
 // count moves work between CTAs only, every split's sums are the same. 1 where the runtime cannot say.
 template <int D, int G> int ring_splits_per_cta(int n_splits, const PagedAttentionCudaArgs & a) {
-    static std::atomic<int> cached[64] = {};  // resident CTAs per SM, 0 = not known yet
+    // resident CTAs per SM of the instance the launch runs (without / with a soft cap: their registers differ),
+    // 0 = not known yet
+    static std::atomic<int> cached[2][64] = {};
+    const bool cap = a.softcap != 0.0f;
     int dev = 0;
     if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) {
         return 1;
     }
-    int per_sm = cached[dev].load(std::memory_order_relaxed);
+    int per_sm = cached[cap][dev].load(std::memory_order_relaxed);
     if (per_sm == 0) {
-        per_sm = resident_ctas_per_sm(ring::split_kernel<D, G, false>, ring::kThreads);
+        per_sm = cap ? resident_ctas_per_sm(ring::split_kernel<D, G, true>, ring::kThreads)
+                     : resident_ctas_per_sm(ring::split_kernel<D, G, false>, ring::kThreads);
         if (per_sm <= 0) {
             return 1;
         }
-        cached[dev].store(per_sm, std::memory_order_relaxed);
+        cached[cap][dev].store(per_sm, std::memory_order_relaxed);
     }
     const int64_t slots = (int64_t) per_sm * device_sm_count();
     const int64_t ctas = (int64_t) n_splits * a.n_head_kv * a.n_tokens;
