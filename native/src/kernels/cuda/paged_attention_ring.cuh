@@ -226,7 +226,7 @@ split_kernel(const PagedAttentionCudaArgs a, float * part_o, float * part_ml, in
         cp_async_wait<NS - 2>();  // this thread's copies of tile i have landed
         __syncthreads();          // everyone's have, and stage (i - 1) % NS is read by no one
         issue_tile(i + NS - 1, rows);
-        cp_async_commit();  // one group per step, empty past the range, so that the wait count above holds
+        cp_async_commit();  // one group per step (zero-fill copies past the range), so that the wait count holds
         tile_rows(i + NS, rows);  // its table loads are in flight during this tile's arithmetic
 
         const half * kt = &k_s[i % NS][0];
