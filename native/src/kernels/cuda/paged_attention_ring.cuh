@@ -156,10 +156,15 @@ split_kernel(const PagedAttentionCudaArgs a, float * part_o, float * part_ml, in
 
     // Pool rows of this thread's chunks of tile i (-1: past the tile's split or the row), chunk c = key
     // (tid + c * kThreads) / TX of the tile, 16 bytes at column part * 8 of the KV head's D.
+    // Tile i's split sp and keys [k0, kend) (kend: the split's or the row's end, whichever comes first).
+    auto tile_span = [&](int i, int & sp, int & k0, int & kend) {
+        sp = s_begin + (i >> tps_shift);
+        k0 = sp * split_keys + (i & (tiles_per_split - 1)) * KT;
+        kend = min((sp + 1) * split_keys, ctx);
+    };
     auto tile_rows = [&](int i, int32_t (&rows)[CH]) {
-        const int sp = s_begin + (i >> tps_shift);
-        const int k0 = sp * split_keys + (i & (tiles_per_split - 1)) * KT;
-        const int kend = min((sp + 1) * split_keys, ctx);
+        int sp, k0, kend;
+        tile_span(i, sp, k0, kend);
 #pragma unroll
         for (int c = 0; c < CH; ++c) {
             const int p = k0 + (tid + c * kThreads) / TX;
@@ -231,9 +236,8 @@ split_kernel(const PagedAttentionCudaArgs a, float * part_o, float * part_ml, in
 
         const half * kt = &k_s[i % NS][0];
         const half * vt = &v_s[i % NS][0];
-        const int sp = s_begin + (i >> tps_shift);
-        const int k0 = sp * split_keys + (i & (tiles_per_split - 1)) * KT;
-        const int kend = min((sp + 1) * split_keys, ctx);
+        int sp, k0, kend;
+        tile_span(i, sp, k0, kend);
         // scores of this key group's KPZ keys for head ty
         float s[KPZ];
 #pragma unroll
@@ -287,27 +291,29 @@ split_kernel(const PagedAttentionCudaArgs a, float * part_o, float * part_ml, in
         if (!split_end) {
             continue;
         }
-        // the split's state: merge the key groups (z in order), then the output or the partial state
-        const bool one_split = ns == 1;
-        const int64_t part = ((int64_t) t * a.n_head + head) * n_splits + sp;
+        // the split's state: merge the key groups (z in order), then the output or the partial state.
+        // emit: dim dd of query head kvh * G + h, from the split's (o, m in log2 units, l)
+        auto emit = [&](int h, int dd, float oo, float mm, float ll) {
+            const int64_t row = (int64_t) t * a.n_head + kvh * G + h;
+            if (ns == 1) {
+                const float r = oo / ll;
+                a.out[row * D + dd] = r;
+                if (a.out_f16 != nullptr) {
+                    a.out_f16[row * D + dd] = __float2half(r);
+                }
+                return;
+            }
+            const int64_t part = row * n_splits + sp;
+            part_o[part * D + dd] = oo;
+            if (dd == 0) {
+                part_ml[2 * part] = mm * kLn2;
+                part_ml[2 * part + 1] = ll;
+            }
+        };
         if (TZ == 1) {
 #pragma unroll
             for (int e = 0; e < 8; ++e) {
-                const int dd = tx * 8 + e;
-                if (one_split) {
-                    const int64_t at = ((int64_t) t * a.n_head + head) * D + dd;
-                    const float r = o[e] / l;
-                    a.out[at] = r;
-                    if (a.out_f16 != nullptr) {
-                        a.out_f16[at] = __float2half(r);
-                    }
-                } else {
-                    part_o[part * D + dd] = o[e];
-                }
-            }
-            if (!one_split && tx == 0) {
-                part_ml[2 * part] = m * kLn2;
-                part_ml[2 * part + 1] = l;
+                emit(ty, tx * 8 + e, o[e], m, l);
             }
         } else {
 #pragma unroll
@@ -335,22 +341,7 @@ split_kernel(const PagedAttentionCudaArgs a, float * part_o, float * part_ml, in
                     oo = fmaf(w, mo_s[(z * G + h) * D + dd], oo);
                     ll = fmaf(w, ml_s[z * G + h], ll);
                 }
-                const int hh = kvh * G + h;
-                if (one_split) {
-                    const int64_t at = ((int64_t) t * a.n_head + hh) * D + dd;
-                    const float r = oo / ll;
-                    a.out[at] = r;
-                    if (a.out_f16 != nullptr) {
-                        a.out_f16[at] = __float2half(r);
-                    }
-                } else {
-                    const int64_t ph = ((int64_t) t * a.n_head + hh) * n_splits + sp;
-                    part_o[ph * D + dd] = oo;
-                    if (dd == 0) {
-                        part_ml[2 * ph] = mx * kLn2;
-                        part_ml[2 * ph + 1] = ll;
-                    }
-                }
+                emit(h, dd, oo, mx, ll);
             }
             // mo_s / mm_s / ml_s are written again at the next split's end, after the next step's __syncthreads
         }
@@ -361,7 +352,7 @@ split_kernel(const PagedAttentionCudaArgs a, float * part_o, float * part_ml, in
             o[e] = 0.0f;
         }
     }
-    cp_async_wait<0>();  // no copy outlives the CTA (the groups past the range are empty)
+    cp_async_wait<0>();  // no copy outlives the CTA (the zero-fill groups past the range included)
 }
 
 }  // namespace ring
